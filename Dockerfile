@@ -1,0 +1,33 @@
+# syntax=docker/dockerfile:1
+# outbox-relay container image: `docker build -t outbox-relay .`
+# (docker-compose.yml builds it too). Needs BuildKit (the default builder).
+
+# ---- build ----------------------------------------------------------------
+FROM rust:1-bookworm AS builder
+# librdkafka is compiled from source by rdkafka-sys.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      build-essential cmake pkg-config zlib1g-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# The caches keep the crate downloads and compiled dependencies between builds;
+# the binary is copied out because the target dir is not part of the image.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin outbox-relay \
+ && install -D -m 0755 target/release/outbox-relay /out/outbox-relay
+
+# ---- run ------------------------------------------------------------------
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin relay
+COPY --from=builder /out/outbox-relay /usr/local/bin/outbox-relay
+COPY config/outbox-relay.toml /etc/outbox-relay/outbox-relay.toml
+USER relay
+# Settings come from the config file, overridden by OUTBOX_RELAY__<SECTION>__<KEY>
+# variables (e.g. OUTBOX_RELAY__POSTGRES__URL, OUTBOX_RELAY__KAFKA__BROKERS).
+ENTRYPOINT ["outbox-relay"]
+CMD ["run", "--config", "/etc/outbox-relay/outbox-relay.toml"]

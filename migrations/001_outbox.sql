@@ -1,0 +1,48 @@
+-- 001_outbox.sql: the transactional outbox table and the publication the
+-- relay streams from.
+--
+-- Idempotent: safe to run any number of times (psql -f, or mounted into
+-- /docker-entrypoint-initdb.d by docker-compose.yml).
+--
+-- The column layout follows Debezium's outbox event router, so applications
+-- that already write Debezium-style outbox rows need no change:
+--   id             unique event id; consumers deduplicate on it (delivery to
+--                  Kafka is at-least-once)
+--   aggregatetype  selects the topic (e.g. "order" -> outbox.event.order)
+--   aggregateid    the record key, so all events of one aggregate go to one
+--                  partition and keep their commit order
+--   type           the event type
+--   payload        the record value (JSON)
+--   created_at     for humans and for housekeeping
+
+CREATE TABLE IF NOT EXISTS outbox (
+    id            uuid        PRIMARY KEY,
+    aggregatetype text        NOT NULL,
+    aggregateid   text        NOT NULL,
+    type          text        NOT NULL,
+    payload       jsonb,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- For housekeeping jobs that delete old rows ("DELETE ... WHERE created_at < ...").
+CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON outbox (created_at);
+
+-- The relay reads the outbox through logical decoding (pgoutput) of this
+-- publication, not by polling the table.
+--
+-- publish = 'insert' on purpose: only INSERTs are events. An application may
+-- insert the outbox row and delete it again in the same transaction (or a
+-- cleanup job may delete rows later) to keep the table small; those DELETEs
+-- (and any UPDATE or TRUNCATE) are never decoded into the stream, so the
+-- insert-then-delete pattern stays invisible to the relay and to Kafka, and
+-- the table never needs REPLICA IDENTITY FULL.
+--
+-- CREATE PUBLICATION has no IF NOT EXISTS, hence the DO block. The relay also
+-- creates the publication (and its replication slot) itself when missing.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'outbox_relay_pub') THEN
+        CREATE PUBLICATION outbox_relay_pub FOR TABLE outbox WITH (publish = 'insert');
+    END IF;
+END
+$$;

@@ -1,0 +1,777 @@
+#!/usr/bin/env bash
+# scripts/services.sh: the PostgreSQL and Kafka that the tests and the demo
+# run against, as plain local processes (no Docker), listening on 127.0.0.1
+# only.
+#
+# Usage: scripts/services.sh COMMAND
+#
+#   start              start PostgreSQL and Kafka, wait until both accept
+#                      connections, write the env file; prints its path
+#   stop               stop everything this state dir runs (idempotent)
+#   pg-start|pg-stop   the main PostgreSQL cluster alone (wal_level=logical)
+#   kafka-start|kafka-stop
+#                      the Kafka broker alone; kafka-stop then kafka-start
+#                      brings back the SAME broker (port, data, cluster id)
+#   pg-replica-start|pg-replica-stop
+#                      a second, independent cluster with wal_level=replica;
+#                      pg-replica-start prints its URL, which also goes into
+#                      the env file as OUTBOX_TEST_PG_REPLICA_URL
+#   env                print the env file path (exit 1 if not written yet)
+#   status             say what is running
+#   clean              stop everything and delete the state dir
+#   psql [ARGS]        psql as superuser on the main cluster
+#   kafka-tool CLASS [ARGS]
+#                      run a Kafka tool from the broker's jars, e.g.
+#                      org.apache.kafka.tools.TopicCommand --bootstrap-server
+#                      "$OUTBOX_TEST_KAFKA_BROKERS" --list
+#
+# State lives in ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-run}:
+#   env                     shell `export` lines (source it)
+#   ports/{pg,pg-replica,kafka,kafka-controller}
+#                           the ports picked on first start; reused afterwards
+#   pg/data, pg/postgres.log                 main cluster; socket in pg/
+#   pg-replica/data, pg-replica/postgres.log second cluster
+#   kafka/data, kafka/logs/server.log, kafka/kafka.out, kafka/kafka.pid,
+#   kafka/cluster.id, kafka/server.properties
+# The Kafka classpath (resolved once with Maven from scripts/kafka/pom.xml) is
+# cached in ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/.
+#
+# Messages go to stderr; stdout carries only the documented output, so
+# `source "$(scripts/services.sh start)"` works.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SELF="$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")"
+KAFKA_POM="$SCRIPT_DIR/kafka/pom.xml"
+
+RUN_DIR=${OUTBOX_RUN_DIR:-/tmp/outbox-relay-run}
+case $RUN_DIR in /*) ;; *) RUN_DIR="$PWD/$RUN_DIR" ;; esac
+RUN_DIR=${RUN_DIR%/}
+ENV_FILE="$RUN_DIR/env"
+PORTS_DIR="$RUN_DIR/ports"
+MARKER="$RUN_DIR/.outbox-relay-run"
+KAFKA_DIR="$RUN_DIR/kafka"
+CACHE_DIR="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/outbox-relay"
+
+PG_USER_OS=postgres            # OS user that owns the clusters when we are root
+KAFKA_STOP_TIMEOUT=${OUTBOX_KAFKA_STOP_TIMEOUT:-20}
+KAFKA_START_TIMEOUT=${OUTBOX_KAFKA_START_TIMEOUT:-120}
+PG_START_TIMEOUT=${OUTBOX_PG_START_TIMEOUT:-60}
+
+log() { printf '[services] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# Prints the last lines of each existing file given, to stderr.
+show_tail() {
+    local f
+    for f in "$@"; do
+        if [[ -s $f ]]; then
+            printf -- '----- last lines of %s -----\n' "$f" >&2
+            tail -n 40 "$f" >&2 || true
+            printf -- '----- end of %s -----\n' "$f" >&2
+        fi
+    done
+}
+
+# ---------------------------------------------------------------- state dir
+
+ensure_run_dir() {
+    if [[ ! -d $RUN_DIR ]]; then
+        mkdir -p "$RUN_DIR"
+        : >"$MARKER"
+    fi
+    [[ -f $MARKER ]] || [[ -z $(ls -A "$RUN_DIR") ]] && : >"$MARKER"
+    chmod 755 "$RUN_DIR" 2>/dev/null || true
+    mkdir -p "$PORTS_DIR"
+}
+
+# Serialises the commands that change state (tests may call kafka-stop and
+# kafka-start from several threads). fd 9 is closed for every long-lived
+# child (postgres, java) so that the lock dies with this script.
+take_lock() {
+    exec 9>"$RUN_DIR/.lock"
+    if command -v flock >/dev/null 2>&1; then
+        flock -w 300 9 || die "could not lock $RUN_DIR/.lock within 300 s"
+    fi
+}
+
+# ------------------------------------------------------------------- ports
+
+port_in_use() {
+    local port=$1
+    if command -v ss >/dev/null 2>&1; then
+        [[ -n $(ss -Htln "sport = :$port" 2>/dev/null) ]]
+    else
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
+    fi
+}
+
+# Prints the port saved under NAME, picking and saving a free one first if
+# there is none. Ports come from 15000-31999: below Linux's ephemeral range
+# (32768+), so an outgoing connection cannot grab the port of a broker that
+# is stopped for a while.
+port_for() {
+    local name=$1 file="$PORTS_DIR/$1" port other taken i
+    if [[ -s $file ]]; then
+        cat "$file"
+        return
+    fi
+    for ((i = 0; i < 500; i++)); do
+        port=$((15000 + (RANDOM * 32768 + RANDOM) % 17000))
+        taken=0
+        for other in "$PORTS_DIR"/*; do
+            [[ -s $other ]] && [[ $(cat "$other") == "$port" ]] && taken=1
+        done
+        ((taken)) && continue
+        port_in_use "$port" && continue
+        echo "$port" >"$file"
+        echo "$port"
+        return
+    done
+    die "found no free port for $name"
+}
+
+# ---------------------------------------------------------------- env file
+
+write_env() {
+    local tmp="$ENV_FILE.tmp.$$" pg_port kafka_port replica_port
+    pg_port=$(port_for pg)
+    kafka_port=$(port_for kafka)
+    {
+        echo "# Written by scripts/services.sh; source it: . $ENV_FILE"
+        printf 'export OUTBOX_RUN_DIR=%q\n' "$RUN_DIR"
+        printf 'export OUTBOX_TEST_SERVICES=%q\n' "$SELF"
+        printf 'export OUTBOX_TEST_PG_URL=%q\n' "postgres://postgres@127.0.0.1:$pg_port/postgres"
+        printf 'export OUTBOX_TEST_PG_HOST=%q\n' "127.0.0.1"
+        printf 'export OUTBOX_TEST_PG_PORT=%q\n' "$pg_port"
+        printf 'export OUTBOX_TEST_PG_BIN=%q\n' "${PG_BIN:-$(find_pg_bin || true)}"
+        printf 'export OUTBOX_TEST_PG_DATA=%q\n' "$RUN_DIR/pg/data"
+        printf 'export OUTBOX_TEST_KAFKA_BROKERS=%q\n' "127.0.0.1:$kafka_port"
+        if pg_running pg-replica; then
+            replica_port=$(port_for pg-replica)
+            printf 'export OUTBOX_TEST_PG_REPLICA_URL=%q\n' \
+                "postgres://postgres@127.0.0.1:$replica_port/postgres"
+        fi
+    } >"$tmp"
+    mv -f "$tmp" "$ENV_FILE"
+}
+
+# -------------------------------------------------------------- PostgreSQL
+
+APT_UPDATED=0
+apt_install() {
+    [[ $EUID -eq 0 ]] || die "missing $*; install it (as root: apt-get install $*)"
+    command -v apt-get >/dev/null 2>&1 || die "missing $* and no apt-get to install it"
+    if ((APT_UPDATED == 0)); then
+        log "apt-get update"
+        apt-get update -qq >&2
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" </dev/null >&2
+}
+
+find_pg_bin() {
+    local d
+    if [[ -n ${OUTBOX_PG_BIN:-} ]]; then
+        echo "$OUTBOX_PG_BIN"
+        return 0
+    fi
+    if [[ -x /usr/lib/postgresql/15/bin/postgres ]]; then
+        echo /usr/lib/postgresql/15/bin
+        return 0
+    fi
+    # Another major version (>= 10 has wal_level=logical and pgoutput).
+    d=$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+    if [[ -n $d && -x $d/postgres ]]; then
+        echo "$d"
+        return 0
+    fi
+    if command -v pg_config >/dev/null 2>&1; then
+        d=$(pg_config --bindir)
+        [[ -x $d/postgres ]] && { echo "$d"; return 0; }
+    fi
+    return 1
+}
+
+ensure_pg_installed() {
+    if PG_BIN=$(find_pg_bin); then
+        return
+    fi
+    apt_install postgresql
+    # The Debian package may have started its own cluster on 5432; these
+    # scripts own every process they need, so stop it again.
+    if command -v pg_lsclusters >/dev/null 2>&1; then
+        pg_lsclusters --no-header 2>/dev/null | while read -r ver name _; do
+            pg_ctlcluster --mode fast "$ver" "$name" stop >/dev/null 2>&1 || true
+        done
+    fi
+    PG_BIN=$(find_pg_bin) || die "PostgreSQL still not found after apt-get install postgresql"
+}
+
+# Runs a command as the cluster owner (postgres when we are root).
+as_pg() {
+    if [[ $EUID -eq 0 ]]; then
+        runuser -u "$PG_USER_OS" -- "$@"
+    else
+        "$@"
+    fi
+}
+
+pg_running() {
+    local data="$RUN_DIR/$1/data" bin
+    [[ -f $data/PG_VERSION && -f $data/postmaster.pid ]] || return 1
+    bin=${PG_BIN:-$(find_pg_bin)} || return 1
+    as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1
+}
+
+# Writes the settings file that postgresql.conf includes (rewritten at every
+# start, so that the port and settings always match this script).
+pg_write_conf() {
+    local name=$1 port=$2 dir="$RUN_DIR/$1" data="$RUN_DIR/$1/data"
+    {
+        echo "# Written by scripts/services.sh at every start; edits are lost."
+        echo "listen_addresses = '127.0.0.1'"
+        echo "port = $port"
+        echo "unix_socket_directories = '$dir'"
+        echo "max_connections = 200"
+        echo "fsync = off                 # tests only"
+        echo "synchronous_commit = off    # tests only"
+        echo "full_page_writes = off      # tests only"
+        echo "max_wal_size = 2GB"
+        echo "log_destination = 'stderr'  # pg_ctl -l sends it to postgres.log"
+        echo "logging_collector = off"
+        echo "log_line_prefix = '%m [%p] %q%u@%d '"
+        echo "log_replication_commands = on"
+        if [[ $name == pg ]]; then
+            echo "wal_level = logical"
+            echo "max_replication_slots = 64"
+            echo "max_wal_senders = 64"
+            echo "wal_sender_timeout = '10s'"
+            echo "shared_buffers = 256MB"
+        else
+            # The cluster a pre-flight check must reject: no logical decoding.
+            echo "wal_level = replica"
+            echo "max_replication_slots = 10"
+            echo "max_wal_senders = 10"
+            echo "shared_buffers = 32MB"
+        fi
+    } >"$data/outbox-relay.conf"
+    # Order matters: the first line whose type, user and address match wins.
+    cat >"$data/pg_hba.conf" <<'EOF'
+# Written by scripts/services.sh at every start; edits are lost.
+# TYPE  DATABASE  USER       ADDRESS       METHOD
+local   all       all                      trust
+host    all       md5user    127.0.0.1/32  md5
+host    all       scramuser  127.0.0.1/32  scram-sha-256
+host    all       clearuser  127.0.0.1/32  password
+host    all       all        127.0.0.1/32  trust
+EOF
+    if [[ $EUID -eq 0 ]]; then
+        chown "$PG_USER_OS:" "$data/outbox-relay.conf" "$data/pg_hba.conf"
+    fi
+}
+
+pg_start_cluster() {
+    local name=$1 dir="$RUN_DIR/$1" data="$RUN_DIR/$1/data" logf="$RUN_DIR/$1/postgres.log" port i
+    ensure_pg_installed
+    port=$(port_for "$name")
+    if pg_running "$name"; then
+        log "PostgreSQL ($name) already running on 127.0.0.1:$port"
+        return 0
+    fi
+    mkdir -p "$dir"
+    if [[ $EUID -eq 0 ]]; then
+        id -u "$PG_USER_OS" >/dev/null 2>&1 || die "no OS user '$PG_USER_OS' to run PostgreSQL as"
+        chown "$PG_USER_OS:" "$dir"
+        as_pg test -w "$dir" ||
+            die "user $PG_USER_OS cannot write $dir: set OUTBOX_RUN_DIR to a directory whose parents it can traverse (e.g. under /tmp)"
+    fi
+    if ((${#dir} + 20 > 107)); then
+        die "socket path $dir/.s.PGSQL.$port is too long for a Unix socket: use a shorter OUTBOX_RUN_DIR"
+    fi
+    if [[ ! -f $data/PG_VERSION ]]; then
+        log "initdb $data"
+        rm -rf "$data"
+        as_pg "$PG_BIN/initdb" -D "$data" -U postgres -A trust -E UTF8 --no-locale -N \
+            >"$dir/initdb.log" 2>&1 9>&- || {
+            show_tail "$dir/initdb.log"
+            die "initdb failed for $name"
+        }
+        echo "include = 'outbox-relay.conf'" >>"$data/postgresql.conf"
+    fi
+    if port_in_use "$port"; then
+        die "port $port (saved in $PORTS_DIR/$name) is taken by another process; stop it or run '$SELF clean'"
+    fi
+    pg_write_conf "$name" "$port"
+    log "starting PostgreSQL ($name) on 127.0.0.1:$port"
+    if ! as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$logf" -w -t "$PG_START_TIMEOUT" -s start \
+        </dev/null >&2 9>&-; then
+        show_tail "$logf"
+        die "PostgreSQL ($name) did not start; log: $logf"
+    fi
+    for ((i = 0; i < PG_START_TIMEOUT * 10; i++)); do
+        if "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" -d postgres -U postgres; then
+            log "PostgreSQL ($name) ready on 127.0.0.1:$port"
+            return 0
+        fi
+        sleep 0.1
+    done
+    show_tail "$logf"
+    die "PostgreSQL ($name) does not accept connections on 127.0.0.1:$port; log: $logf"
+}
+
+# Roles the tests log in as (one per password method, one without
+# REPLICATION). Idempotent: passwords are reset at every start.
+pg_setup_roles() {
+    local port
+    port=$(port_for pg)
+    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres \
+        >/dev/null <<'SQL'
+DO $$
+DECLARE r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['md5user', 'scramuser', 'clearuser', 'norepl'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            EXECUTE format('CREATE ROLE %I LOGIN', r);
+        END IF;
+    END LOOP;
+END
+$$;
+SET password_encryption = 'md5';
+ALTER ROLE md5user WITH LOGIN REPLICATION PASSWORD 'md5pass';
+SET password_encryption = 'scram-sha-256';
+ALTER ROLE scramuser WITH LOGIN REPLICATION PASSWORD 'scrampass';
+-- pg_hba sends clearuser through the cleartext 'password' method.
+ALTER ROLE clearuser WITH LOGIN REPLICATION PASSWORD 'clearpass';
+ALTER ROLE norepl WITH LOGIN NOREPLICATION PASSWORD NULL;
+SQL
+    # Schema rights are per database: grant them in postgres, and in template1
+    # so that every database a test creates (CREATE DATABASE copies
+    # template1) has them as well.
+    local db
+    for db in postgres template1; do
+        "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" \
+            >/dev/null <<'SQL'
+GRANT ALL ON SCHEMA public TO md5user, scramuser, clearuser, norepl;
+-- Tables the superuser creates later (e.g. outbox) are usable by them too.
+ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public
+    GRANT ALL ON TABLES TO md5user, scramuser, clearuser, norepl;
+SQL
+    done
+}
+
+pg_stop_cluster() {
+    local name=$1 data="$RUN_DIR/$1/data"
+    [[ -f $data/PG_VERSION ]] || return 0
+    PG_BIN=${PG_BIN:-$(find_pg_bin)} || return 0
+    if ! pg_running "$name"; then
+        return 0
+    fi
+    log "stopping PostgreSQL ($name)"
+    if ! as_pg "$PG_BIN/pg_ctl" -D "$data" -m fast -w -t 30 -s stop >&2 9>&-; then
+        log "fast shutdown of $name failed; immediate shutdown"
+        as_pg "$PG_BIN/pg_ctl" -D "$data" -m immediate -w -t 30 -s stop >&2 9>&- || true
+    fi
+}
+
+# ------------------------------------------------------------------- Kafka
+
+ensure_java_maven() {
+    local missing=()
+    command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+    command -v mvn >/dev/null 2>&1 || missing+=(maven)
+    ((${#missing[@]} == 0)) || apt_install "${missing[@]}"
+}
+
+# Prints the classpath of the broker and tools, resolving it with Maven only
+# when the cached one is missing, stale or points at deleted jars.
+kafka_classpath() {
+    local key cp_file jar ok=1 tmp
+    command -v java >/dev/null 2>&1 || ensure_java_maven
+    key=$(sha256sum "$KAFKA_POM" | cut -c1-16)
+    cp_file="$CACHE_DIR/kafka-classpath-$key.txt"
+    if [[ -s $cp_file ]]; then
+        IFS=: read -r -a jars <"$cp_file"
+        for jar in "${jars[@]}"; do
+            [[ -f $jar ]] || { ok=0; break; }
+        done
+        if ((ok)); then
+            cat "$cp_file"
+            return
+        fi
+    fi
+    ensure_java_maven
+    mkdir -p "$CACHE_DIR"
+    tmp="$cp_file.tmp.$$"
+    log "resolving Kafka jars with Maven (once; cached in $cp_file)"
+    if ! mvn -B -q -f "$KAFKA_POM" dependency:build-classpath -Dmdep.outputFile="$tmp" \
+        </dev/null >"$CACHE_DIR/maven.log" 2>&1 || [[ ! -s $tmp ]]; then
+        show_tail "$CACHE_DIR/maven.log"
+        rm -f "$tmp"
+        die "Maven could not resolve the Kafka jars (log: $CACHE_DIR/maven.log)"
+    fi
+    mv -f "$tmp" "$cp_file"
+    cat "$cp_file"
+}
+
+kafka_pid() {
+    local pid
+    [[ -s $KAFKA_DIR/kafka.pid ]] || return 1
+    pid=$(cat "$KAFKA_DIR/kafka.pid")
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    alive "$pid" || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka' || return 1
+    echo "$pid"
+}
+
+# True while PID exists and is not a zombie.
+alive() {
+    local state
+    [[ -r /proc/$1/stat ]] || return 1
+    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [[ -n $state && $state != Z && $state != X ]]
+}
+
+kafka_write_config() {
+    local port=$1 cport=$2
+    mkdir -p "$KAFKA_DIR/data" "$KAFKA_DIR/logs"
+    cat >"$KAFKA_DIR/server.properties" <<EOF
+# Written by scripts/services.sh at every start; edits are lost.
+# Single-node KRaft (broker and controller in one JVM), for tests only.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+log.dirs=$KAFKA_DIR/data
+
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+auto.create.topics.enable=true
+delete.topic.enable=true
+group.initial.rebalance.delay.ms=0
+# The default; a test relies on a 5 MB record being rejected.
+message.max.bytes=1048588
+num.network.threads=2
+num.io.threads=4
+EOF
+    cat >"$KAFKA_DIR/log4j2.properties" <<'EOF'
+# Broker log: one file, appended across restarts.
+status = warn
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = ${sys:kafka.logs.dir}/server.log
+appender.file.append = true
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = FILE
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+EOF
+    cat >"$KAFKA_DIR/tools-log4j2.properties" <<'EOF'
+# Command-line tools: warnings and errors only, on stderr.
+status = warn
+appender.err.type = Console
+appender.err.name = STDERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = STDERR
+EOF
+}
+
+# A Kafka Uuid in its base64url form (22 chars); never starting with '-',
+# which command lines would take for an option.
+new_cluster_id() {
+    local id
+    while :; do
+        id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+        [[ ${#id} -eq 22 && $id != -* && $id != AAAAAAAAAAAAAAAAAAAAA* ]] && break
+    done
+    echo "$id"
+}
+
+kafka_format() {
+    local cp=$1 cid
+    [[ -f $KAFKA_DIR/data/meta.properties ]] && return 0
+    if [[ ! -s $KAFKA_DIR/cluster.id ]]; then
+        new_cluster_id >"$KAFKA_DIR/cluster.id"
+    fi
+    cid=$(cat "$KAFKA_DIR/cluster.id")
+    log "formatting Kafka storage (cluster id $cid)"
+    if ! java -Xmx256m -XX:TieredStopAtLevel=1 -Xshare:auto \
+        -Dlog4j2.configurationFile="file:$KAFKA_DIR/tools-log4j2.properties" \
+        -cp "$cp" kafka.tools.StorageTool format \
+        --cluster-id "$cid" --config "$KAFKA_DIR/server.properties" --ignore-formatted \
+        </dev/null >"$KAFKA_DIR/format.log" 2>&1 9>&-; then
+        show_tail "$KAFKA_DIR/format.log"
+        die "kafka storage format failed (log: $KAFKA_DIR/format.log)"
+    fi
+}
+
+# Class-data sharing: a JVM class archive of the broker, dumped when a broker
+# started without one exits cleanly, then kept in the cache and mapped by
+# every later start (about a second less start-up). OUTBOX_KAFKA_CDS=0 turns
+# it off. The JVM checks the archive against the JDK and the jars and ignores
+# it when they differ.
+kafka_cds_args() {
+    local key jsa
+    cds_used=
+    [[ ${OUTBOX_KAFKA_CDS:-1} == 0 ]] && return 0
+    key=$( {
+        cat "$KAFKA_POM"
+        stat -c %Y "$CACHE_DIR"/kafka-classpath-*.txt 2>/dev/null
+        java -version 2>&1
+    } | sha256sum | cut -c1-16)
+    jsa="$CACHE_DIR/kafka-cds-$key.jsa"
+    rm -f "$KAFKA_DIR/kafka.jsa" "$KAFKA_DIR/cds.target"
+    if [[ -s $jsa ]]; then
+        java_args+=(-XX:SharedArchiveFile="$jsa")
+        cds_used=$jsa
+    else
+        # Written by the JVM at exit; kafka_stop moves it into the cache.
+        java_args+=(-XX:ArchiveClassesAtExit="$KAFKA_DIR/kafka.jsa")
+        echo "$jsa" >"$KAFKA_DIR/cds.target"
+    fi
+}
+
+kafka_start() {
+    local port cport cp pid offset i logf="$KAFKA_DIR/logs/server.log" outf="$KAFKA_DIR/kafka.out"
+    local -a java_args
+    local cds_used=
+    port=$(port_for kafka)
+    cport=$(port_for kafka-controller)
+    if pid=$(kafka_pid); then
+        log "Kafka already running (pid $pid) on 127.0.0.1:$port"
+        return 0
+    fi
+    cp=$(kafka_classpath)
+    kafka_write_config "$port" "$cport"
+    kafka_format "$cp"
+    for i in "$port" "$cport"; do
+        if port_in_use "$i"; then
+            die "port $i (saved in $PORTS_DIR) is taken by another process; stop it or run '$SELF clean'"
+        fi
+    done
+    offset=0
+    [[ -f $logf ]] && offset=$(stat -c %s "$logf")
+    java_args=(-Xms256m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError
+        -XX:TieredStopAtLevel=1 -Xshare:auto -Djava.awt.headless=true -Djava.net.preferIPv4Stack=true)
+    kafka_cds_args
+    # shellcheck disable=SC2206 # word splitting wanted: several options
+    [[ -n ${OUTBOX_KAFKA_JVM_OPTS:-} ]] && java_args+=($OUTBOX_KAFKA_JVM_OPTS)
+    java_args+=(-Dlog4j2.configurationFile="file:$KAFKA_DIR/log4j2.properties"
+        -Dkafka.logs.dir="$KAFKA_DIR/logs" -cp "$cp" kafka.Kafka "$KAFKA_DIR/server.properties")
+    log "starting Kafka on 127.0.0.1:$port (controller 127.0.0.1:$cport)"
+    rm -f "$KAFKA_DIR/kafka.pid"
+    # setsid: the broker must not get the terminal's Ctrl-C nor hold the
+    # caller's stdout/stderr (a test that runs this script would wait for EOF).
+    # The inner bash writes its own pid, then becomes java (exec keeps the pid).
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    setsid bash -c 'echo $$ >"$0"; exec java "$@"' "$KAFKA_DIR/kafka.pid" "${java_args[@]}" \
+        </dev/null >>"$outf" 2>&1 9>&- &
+    for ((i = 0; i < 200; i++)); do
+        [[ -s $KAFKA_DIR/kafka.pid ]] && break
+        sleep 0.05
+    done
+    pid=$(cat "$KAFKA_DIR/kafka.pid" 2>/dev/null || true)
+    for ((i = 0; i < KAFKA_START_TIMEOUT * 10; i++)); do
+        if [[ -z $pid ]] || ! alive "$pid"; then
+            show_tail "$outf" "$logf"
+            # Should a cached class archive be at fault, the next start goes without it.
+            [[ -n $cds_used ]] && rm -f "$cds_used"
+            die "Kafka exited during start-up; logs: $logf $outf"
+        fi
+        if [[ -f $logf ]] &&
+            tail -c +"$((offset + 1))" "$logf" | grep -Eq 'Kafka Server started|started \(kafka\.server\.KafkaRaftServer\)' &&
+            port_in_use "$port"; then
+            log "Kafka ready on 127.0.0.1:$port (pid $pid)"
+            return 0
+        fi
+        sleep 0.1
+    done
+    show_tail "$outf" "$logf"
+    kafka_stop
+    die "Kafka did not start within ${KAFKA_START_TIMEOUT}s; logs: $logf $outf"
+}
+
+kafka_stop() {
+    local pid i
+    if ! pid=$(kafka_pid); then
+        rm -f "$KAFKA_DIR/kafka.pid"
+        return 0
+    fi
+    log "stopping Kafka (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < KAFKA_STOP_TIMEOUT * 10; i++)); do
+        alive "$pid" || break
+        sleep 0.1
+    done
+    if alive "$pid"; then
+        log "Kafka still running after ${KAFKA_STOP_TIMEOUT}s: SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        for ((i = 0; i < 100; i++)); do
+            alive "$pid" || break
+            sleep 0.1
+        done
+        rm -f "$KAFKA_DIR/kafka.jsa" # maybe half written
+    fi
+    rm -f "$KAFKA_DIR/kafka.pid"
+    if [[ -s $KAFKA_DIR/kafka.jsa && -s $KAFKA_DIR/cds.target ]]; then
+        local target
+        target=$(cat "$KAFKA_DIR/cds.target")
+        mkdir -p "$CACHE_DIR"
+        mv -f "$KAFKA_DIR/kafka.jsa" "$target.tmp.$$" && mv -f "$target.tmp.$$" "$target" &&
+            log "cached the broker's class archive in $target"
+    fi
+    rm -f "$KAFKA_DIR/kafka.jsa" "$KAFKA_DIR/cds.target"
+}
+
+kafka_tool() {
+    local cp
+    (($# >= 1)) || die "usage: $0 kafka-tool CLASS [ARGS...]"
+    cp=$(kafka_classpath)
+    mkdir -p "$KAFKA_DIR"
+    [[ -f $KAFKA_DIR/tools-log4j2.properties ]] || kafka_write_config "$(port_for kafka)" "$(port_for kafka-controller)"
+    exec 9>&-
+    exec java -Xmx512m -XX:TieredStopAtLevel=1 -Xshare:auto \
+        -Dlog4j2.configurationFile="file:$KAFKA_DIR/tools-log4j2.properties" \
+        -cp "$cp" "$@"
+}
+
+# ------------------------------------------------------------------- main
+
+cmd_start() {
+    local kafka_job rc=0
+    # Installs (apt) happen one at a time, before anything runs in parallel.
+    ensure_pg_installed
+    if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
+        ensure_java_maven
+    fi
+    # Kafka (JVM start, maybe Maven) and PostgreSQL start in parallel.
+    kafka_start &
+    kafka_job=$!
+    pg_start_cluster pg || rc=$?
+    if ((rc == 0)); then
+        pg_setup_roles || rc=$?
+    fi
+    wait "$kafka_job" || rc=$?
+    if ((rc != 0)); then
+        log "start failed; stopping what did start"
+        cmd_stop
+        exit "$rc"
+    fi
+    write_env
+    echo "$ENV_FILE"
+}
+
+cmd_stop() {
+    kafka_stop || true
+    pg_stop_cluster pg-replica || true
+    pg_stop_cluster pg || true
+    # Drops OUTBOX_TEST_PG_REPLICA_URL again.
+    if [[ -f $ENV_FILE ]]; then
+        write_env 2>/dev/null || true
+    fi
+}
+
+cmd_status() {
+    local rc=0 pid
+    if pg_running pg; then echo "postgres:   running on 127.0.0.1:$(cat "$PORTS_DIR/pg")"; else echo "postgres:   stopped"; rc=3; fi
+    if pg_running pg-replica; then echo "pg-replica: running on 127.0.0.1:$(cat "$PORTS_DIR/pg-replica")"; else echo "pg-replica: stopped"; fi
+    if pid=$(kafka_pid); then echo "kafka:      running on 127.0.0.1:$(cat "$PORTS_DIR/kafka") (pid $pid)"; else echo "kafka:      stopped"; rc=3; fi
+    [[ -f $ENV_FILE ]] && echo "env file:   $ENV_FILE"
+    return "$rc"
+}
+
+main() {
+    local cmd=${1:-}
+    shift || true
+    case $cmd in
+    start | pg-start | kafka-start | pg-replica-start)
+        ensure_run_dir
+        take_lock
+        case $cmd in
+        start) cmd_start ;;
+        pg-start)
+            pg_start_cluster pg
+            pg_setup_roles
+            write_env
+            ;;
+        kafka-start)
+            kafka_start
+            write_env
+            ;;
+        pg-replica-start)
+            pg_start_cluster pg-replica
+            write_env
+            echo "postgres://postgres@127.0.0.1:$(port_for pg-replica)/postgres"
+            ;;
+        esac
+        ;;
+    stop | pg-stop | kafka-stop | pg-replica-stop)
+        [[ -d $RUN_DIR ]] || exit 0
+        take_lock
+        case $cmd in
+        stop) cmd_stop ;;
+        pg-stop) pg_stop_cluster pg || true ;;
+        kafka-stop) kafka_stop || true ;;
+        pg-replica-stop)
+            pg_stop_cluster pg-replica || true
+            if [[ -f $ENV_FILE ]]; then write_env 2>/dev/null || true; fi
+            ;;
+        esac
+        ;;
+    clean)
+        if [[ -d $RUN_DIR ]]; then
+            take_lock
+            cmd_stop
+            if [[ -f $MARKER ]]; then
+                rm -rf "$RUN_DIR"
+                log "removed $RUN_DIR"
+            else
+                die "$RUN_DIR was not created by this script; not deleting it"
+            fi
+        fi
+        ;;
+    env)
+        echo "$ENV_FILE"
+        [[ -f $ENV_FILE ]]
+        ;;
+    status) cmd_status ;;
+    psql)
+        ensure_pg_installed
+        [[ -s $PORTS_DIR/pg ]] || die "PostgreSQL was never started in $RUN_DIR"
+        exec "$PG_BIN/psql" -X -h 127.0.0.1 -p "$(cat "$PORTS_DIR/pg")" -U postgres -d postgres "$@"
+        ;;
+    kafka-tool)
+        ensure_run_dir
+        kafka_tool "$@"
+        ;;
+    -h | --help | help)
+        sed -n '2,/^set -euo/p' "$SELF" | sed -e '$d' -e 's/^# \{0,1\}//'
+        ;;
+    *)
+        sed -n '2,/^set -euo/p' "$SELF" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
+        exit 2
+        ;;
+    esac
+}
+
+main "$@"

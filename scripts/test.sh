@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# scripts/test.sh: build, start PostgreSQL + Kafka, run every test, stop
+# them again. This is THE test command (CI runs it through .ci/run).
+#
+#   scripts/test.sh                       all tests
+#   scripts/test.sh some_filter           only tests whose name contains it
+#   scripts/test.sh --test e2e            cargo options go before `--`...
+#   scripts/test.sh --test e2e -- --nocapture
+#                                         ...test-binary options after it
+#
+# Services run from a fresh state dir, ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-test}
+# (wiped first unless OUTBOX_KEEP_STATE=1), and are stopped on exit whatever
+# happens; the exit code is cargo test's. Their logs stay in the state dir:
+#   pg/postgres.log  pg-replica/postgres.log  kafka/logs/server.log
+# Needs nothing but what scripts/services.sh installs (PostgreSQL, Java and
+# Maven via apt-get when missing, the Kafka jars via Maven).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+SERVICES="$ROOT/scripts/services.sh"
+export OUTBOX_RUN_DIR=${OUTBOX_RUN_DIR:-/tmp/outbox-relay-test}
+
+log() { printf '[test.sh] %s\n' "$*" >&2; }
+
+locked=()
+[[ -f Cargo.lock ]] && locked=(--locked)
+
+# Split the arguments: before `--` for cargo, after it for the test binaries.
+cargo_args=()
+test_args=()
+seen_dashdash=0
+for arg in "$@"; do
+    if ((seen_dashdash)); then
+        test_args+=("$arg")
+    elif [[ $arg == -- ]]; then
+        seen_dashdash=1
+    else
+        cargo_args+=("$arg")
+    fi
+done
+# --all-targets unless the caller picked targets.
+targets=(--all-targets)
+for arg in "${cargo_args[@]}"; do
+    case $arg in
+    --lib | --bins | --bin | --bin=* | --tests | --test | --test=* | --examples | --example | \
+        --example=* | --benches | --bench | --bench=* | --doc | --all-targets)
+        targets=()
+        ;;
+    esac
+done
+threads=(--test-threads=2)
+for arg in "${test_args[@]}"; do
+    [[ $arg == --test-threads* ]] && threads=()
+done
+
+# Build first (exactly what `cargo test` below runs), so that the services
+# are not kept waiting by the compiler.
+log "building: cargo test --no-run ${targets[*]} ${locked[*]} ${cargo_args[*]}"
+cargo test --no-run "${targets[@]}" "${locked[@]}" "${cargo_args[@]}"
+
+services_started=0
+# shellcheck disable=SC2317 # called through the EXIT trap
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if ((services_started)); then
+        if ((rc != 0)) && [[ ${CI:-} == true ]]; then
+            for f in "$OUTBOX_RUN_DIR/pg/postgres.log" "$OUTBOX_RUN_DIR/kafka/logs/server.log"; do
+                [[ -s $f ]] || continue
+                printf -- '----- last lines of %s -----\n' "$f" >&2
+                tail -n 60 "$f" >&2 || true
+            done
+        fi
+        log "stopping services"
+        bash "$SERVICES" stop || true
+        log "service logs kept in $OUTBOX_RUN_DIR"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if [[ ${OUTBOX_KEEP_STATE:-0} != 1 ]]; then
+    bash "$SERVICES" clean
+fi
+services_started=1
+log "starting PostgreSQL and Kafka in $OUTBOX_RUN_DIR"
+start_time=$SECONDS
+# services.sh prints the log tails itself when a service fails to start.
+env_file=$(bash "$SERVICES" start) || {
+    log "services failed to start (logs in $OUTBOX_RUN_DIR)"
+    exit 1
+}
+bash "$SERVICES" pg-replica-start >/dev/null || {
+    log "the wal_level=replica cluster failed to start (log: $OUTBOX_RUN_DIR/pg-replica/postgres.log)"
+    exit 1
+}
+log "services up in $((SECONDS - start_time))s; env: $env_file"
+# shellcheck disable=SC1090 # written at run time by services.sh
+source "$env_file"
+
+set +e
+cargo test "${targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${test_args[@]}"
+rc=$?
+set -e
+exit "$rc"

@@ -1,0 +1,1962 @@
+//! Configuration: the TOML file, `OUTBOX_RELAY__…` environment overrides, validation.
+//!
+//! Sources, lowest precedence first:
+//!
+//! 1. built-in defaults (the `DEFAULT_*` constants below; `config/outbox-relay.toml` lists them all),
+//! 2. the TOML file, if one is given,
+//! 3. environment variables `OUTBOX_RELAY__<SECTION>__<KEY>` (upper-case, `__` between levels),
+//!    e.g. `OUTBOX_RELAY__POSTGRES__SLOT=orders_relay` or
+//!    `OUTBOX_RELAY__KAFKA__MAX_IN_FLIGHT_MESSAGES=5000`. The string is converted to the type of
+//!    the key (integer, `true`/`false`, string). Entries of `kafka.properties` are set with
+//!    `OUTBOX_RELAY__KAFKA__PROPERTIES__<KEY>`: the key is lower-cased and every `_` becomes `.`,
+//!    so `OUTBOX_RELAY__KAFKA__PROPERTIES__SOCKET_TIMEOUT_MS=60000` sets `socket.timeout.ms`
+//!    (a librdkafka property whose name contains `_` can only be set in the file). The whole
+//!    `OUTBOX_RELAY__` prefix is reserved: a variable naming an unknown key is an error.
+//!
+//! Unknown keys, wrong types and invalid values are errors that name the key, the section and
+//! the source. This module does no I/O except reading the config file ([`Config::load`]) and the
+//! password file ([`PostgresConfig::password`]); secrets never reach `Debug`, `Display` or
+//! [`Config::to_redacted_toml`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Prefix of the environment variables that override config keys.
+pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
+/// What [`Config::to_redacted_toml`], `Debug` and `Display` print instead of a secret.
+pub const REDACTED: &str = "***";
+
+pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const DEFAULT_PASSWORD_FILE: &str = "";
+pub const DEFAULT_SLOT: &str = "outbox_relay";
+pub const DEFAULT_PUBLICATION: &str = "outbox_relay_pub";
+pub const DEFAULT_CREATE_SLOT: bool = true;
+pub const DEFAULT_CREATE_PUBLICATION: bool = true;
+pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
+/// Upper bound of `postgres.status_interval_ms`; well below the server's default
+/// `wal_sender_timeout` (60 s) so an idle relay is never disconnected.
+pub const MAX_STATUS_INTERVAL_MS: u64 = 30_000;
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_RECONNECT_BACKOFF_INITIAL_MS: u64 = 500;
+pub const DEFAULT_RECONNECT_BACKOFF_MAX_MS: u64 = 30_000;
+
+pub const DEFAULT_OUTBOX_TABLE: &str = "public.outbox";
+pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.event.{aggregatetype}";
+pub const DEFAULT_ID_COLUMN: &str = "id";
+pub const DEFAULT_AGGREGATE_TYPE_COLUMN: &str = "aggregatetype";
+pub const DEFAULT_AGGREGATE_ID_COLUMN: &str = "aggregateid";
+pub const DEFAULT_TYPE_COLUMN: &str = "type";
+pub const DEFAULT_PAYLOAD_COLUMN: &str = "payload";
+/// Schema of a bare `outbox.table`.
+pub const DEFAULT_SCHEMA: &str = "public";
+/// Placeholders allowed in `outbox.topic`, written `{name}`.
+pub const TOPIC_PLACEHOLDERS: &[&str] = &[
+    "aggregatetype",
+    "aggregateid",
+    "type",
+    "id",
+    "table",
+    "schema",
+];
+
+pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
+pub const DEFAULT_CLIENT_ID: &str = "outbox-relay";
+pub const DEFAULT_MAX_IN_FLIGHT_MESSAGES: usize = 100_000;
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 32 * 1024 * 1024;
+/// Lower bound of `kafka.max_in_flight_bytes` (1 MiB).
+pub const MIN_MAX_IN_FLIGHT_BYTES: usize = 1024 * 1024;
+pub const DEFAULT_LINGER_MS: u64 = 5;
+/// librdkafka's upper bound of `linger.ms`.
+pub const MAX_LINGER_MS: u64 = 900_000;
+pub const DEFAULT_BATCH_NUM_MESSAGES: usize = 10_000;
+/// librdkafka's upper bound of `batch.num.messages`.
+pub const MAX_BATCH_NUM_MESSAGES: usize = 1_000_000;
+pub const DEFAULT_COMPRESSION: Compression = Compression::Lz4;
+pub const DEFAULT_MESSAGE_TIMEOUT_MS: u64 = 300_000;
+pub const MIN_MESSAGE_TIMEOUT_MS: u64 = 1_000;
+/// librdkafka's upper bound of `message.timeout.ms`.
+pub const MAX_MESSAGE_TIMEOUT_MS: u64 = i32::MAX as u64;
+pub const DEFAULT_ALLOW_UNSAFE_KAFKA_SETTINGS: bool = false;
+
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_LOG_FORMAT: LogFormat = LogFormat::Text;
+
+/// Longest PostgreSQL identifier, in bytes (NAMEDATALEN - 1).
+const MAX_IDENTIFIER_BYTES: usize = 63;
+/// Longest Kafka topic name, in characters.
+const MAX_TOPIC_CHARS: usize = 249;
+
+/// librdkafka properties the relay sets from a dedicated field, with that field.
+const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "kafka.brokers"),
+    ("metadata.broker.list", "kafka.brokers"),
+    ("client.id", "kafka.client_id"),
+    ("linger.ms", "kafka.linger_ms"),
+    ("queue.buffering.max.ms", "kafka.linger_ms"),
+    ("batch.num.messages", "kafka.batch_num_messages"),
+    ("compression.type", "kafka.compression"),
+    ("compression.codec", "kafka.compression"),
+    ("message.timeout.ms", "kafka.message_timeout_ms"),
+    ("delivery.timeout.ms", "kafka.message_timeout_ms"),
+    // The publisher sizes librdkafka's queue from the in-flight caps.
+    (
+        "queue.buffering.max.messages",
+        "kafka.max_in_flight_messages",
+    ),
+    ("queue.buffering.max.kbytes", "kafka.max_in_flight_bytes"),
+];
+
+/// Substrings of `kafka.properties` keys whose values are secrets.
+const SECRET_PROPERTY_MARKERS: &[&str] = &[
+    "password",
+    "secret",
+    "sasl.jaas",
+    "ssl.key",
+    "sasl.oauthbearer.config",
+];
+
+/// A configuration problem. Every message is one line naming the file, variable or field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A file (the config file or `postgres.password_file`) could not be read.
+    #[error("cannot read `{}`: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config text is not TOML, or has an unknown key or a value of the wrong type.
+    #[error("{origin}: {message}")]
+    Parse { origin: String, message: String },
+    /// An `OUTBOX_RELAY__…` environment variable names no key or has an unusable value.
+    #[error("environment variable `{var}`: {message}")]
+    Env { var: String, message: String },
+    /// A value is out of its allowed range or set.
+    #[error("invalid config `{field}`: {problem}")]
+    Invalid { field: String, problem: String },
+}
+
+impl ConfigError {
+    fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    fn env(var: &str, message: impl Into<String>) -> Self {
+        ConfigError::Env {
+            var: var.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A secret string: `Debug` and `Display` print `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The secret itself; pass it on, never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+/// The whole configuration; one field per TOML section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `[postgres]`: the source database, slot and publication.
+    pub postgres: PostgresConfig,
+    /// `[outbox]`: the outbox table, its columns and the topic mapping.
+    pub outbox: OutboxConfig,
+    /// `[kafka]`: the producer.
+    pub kafka: KafkaConfig,
+    /// `[relay]`: process behaviour.
+    pub relay: RelayConfig,
+}
+
+/// `[postgres]`. `Debug` shows the URL with its password replaced by `***`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PostgresConfig {
+    /// Connection string, URL (`postgres://user[:password]@host[:port]/dbname?…`) or libpq
+    /// `key=value` form. Must name a host and a user. The relay opens a normal and a replication
+    /// connection to this database.
+    pub url: String,
+    /// Path of a file holding the password (surrounding whitespace trimmed). Empty: use the
+    /// password in `url`, if any. When set it overrides the URL's password. Read at every connect.
+    pub password_file: String,
+    /// Logical replication slot (pgoutput) the relay consumes: lower-case letters, digits and
+    /// `_`, 1 to 63 characters. Its confirmed LSN only advances past rows Kafka acknowledged.
+    pub slot: String,
+    /// Publication naming the outbox table (an identifier, up to 63 bytes, used quoted).
+    pub publication: String,
+    /// Create the slot (plugin pgoutput) at start-up if it does not exist.
+    pub create_slot: bool,
+    /// Create the publication `FOR TABLE <outbox.table> WITH (publish = 'insert')` at start-up if
+    /// it does not exist.
+    pub create_publication: bool,
+    /// Period of standby status updates (LSN feedback and keepalive replies), in milliseconds;
+    /// 1 to 30000.
+    pub status_interval_ms: u64,
+    /// Time limit for establishing a connection, in milliseconds; > 0.
+    pub connect_timeout_ms: u64,
+    /// First delay before reconnecting after a transient error, in milliseconds; > 0. Doubles on
+    /// every further failure.
+    pub reconnect_backoff_initial_ms: u64,
+    /// Longest delay between reconnect attempts, in milliseconds; >= the initial backoff.
+    pub reconnect_backoff_max_ms: u64,
+}
+
+/// `[outbox]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// Outbox table, `schema.table` or a bare `table` (schema `public`). Each part is used
+    /// verbatim and quoted (case-sensitive), up to 63 bytes; names containing `.` are not
+    /// supported.
+    pub table: String,
+    /// Topic template. Placeholders, replaced by the row's values: `{aggregatetype}`
+    /// `{aggregateid}` `{type}` `{id}` `{table}` `{schema}`. Other characters must be legal in a
+    /// Kafka topic name (`A-Z a-z 0-9 . _ -`).
+    pub topic: String,
+    /// Column holding the event id (sent as a header).
+    pub id_column: String,
+    /// Column holding the aggregate type (usually selects the topic).
+    pub aggregate_type_column: String,
+    /// Column holding the aggregate id: the Kafka key, so one aggregate's events keep their order.
+    pub aggregate_id_column: String,
+    /// Column holding the event type (sent as a header).
+    pub type_column: String,
+    /// Column holding the payload: the Kafka record value.
+    pub payload_column: String,
+}
+
+/// `[kafka]`. `Debug` hides the values of secret `properties`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, comma-separated `host:port` (librdkafka `bootstrap.servers`).
+    pub brokers: String,
+    /// Client id reported to the brokers (librdkafka `client.id`).
+    pub client_id: String,
+    /// Most records handed to the producer and not yet acknowledged; > 0. At the cap the relay
+    /// stops reading WAL until acks arrive.
+    pub max_in_flight_messages: usize,
+    /// Most key + payload bytes handed to the producer and not yet acknowledged, in bytes;
+    /// >= 1 MiB (1048576). At the cap the relay stops reading WAL until acks arrive.
+    pub max_in_flight_bytes: usize,
+    /// How long the producer waits to fill a batch, in milliseconds (librdkafka `linger.ms`);
+    /// 0 to 900000.
+    pub linger_ms: u64,
+    /// Most records per batch (librdkafka `batch.num.messages`); 1 to 1000000.
+    pub batch_num_messages: usize,
+    /// Batch compression (librdkafka `compression.type`): `none`, `gzip`, `snappy`, `lz4`, `zstd`.
+    pub compression: Compression,
+    /// How long a record may wait for the broker before its delivery fails, in milliseconds
+    /// (librdkafka `message.timeout.ms`); 1000 to 2147483647. A failed delivery is retried by
+    /// the relay; the slot never moves past it.
+    pub message_timeout_ms: u64,
+    /// Extra librdkafka producer settings, passed through (string to string). In the file,
+    /// dotted keys may be quoted (`"socket.timeout.ms" = "60000"`) or bare
+    /// (`socket.timeout.ms = 60000`); numbers and booleans become strings. Keys the relay sets
+    /// itself are refused, and so are settings that break at-least-once delivery or per-key order
+    /// (see [`KafkaConfig::unsafe_properties`]) unless `allow_unsafe_kafka_settings` is true.
+    pub properties: BTreeMap<String, String>,
+    /// Accept `properties` that weaken at-least-once delivery or ordering (logged as warnings).
+    pub allow_unsafe_kafka_settings: bool,
+}
+
+/// `[relay]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelayConfig {
+    /// On SIGTERM / Ctrl-C, how long to wait for in-flight deliveries before exiting, in
+    /// milliseconds. Unacknowledged rows are never confirmed; they are sent again after restart.
+    pub shutdown_timeout_ms: u64,
+    /// Log output format: `text` (human-readable) or `json` (one object per line).
+    pub log_format: LogFormat,
+}
+
+/// Kafka batch compression codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+impl Compression {
+    /// Every codec, in the spelling of the config file.
+    pub const NAMES: &'static [&'static str] = &["none", "gzip", "snappy", "lz4", "zstd"];
+
+    /// The librdkafka `compression.type` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Snappy => "snappy",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    /// Every format, in the spelling of the config file.
+    pub const NAMES: &'static [&'static str] = &["text", "json"];
+}
+
+/// Keys whose string value must be one of a fixed set (the enums above), checked before
+/// deserializing so that the error names the field.
+const ENUM_KEYS: &[(&str, &str, &[&str])] = &[
+    ("kafka", "compression", Compression::NAMES),
+    ("relay", "log_format", LogFormat::NAMES),
+];
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            url: DEFAULT_POSTGRES_URL.to_string(),
+            password_file: DEFAULT_PASSWORD_FILE.to_string(),
+            slot: DEFAULT_SLOT.to_string(),
+            publication: DEFAULT_PUBLICATION.to_string(),
+            create_slot: DEFAULT_CREATE_SLOT,
+            create_publication: DEFAULT_CREATE_PUBLICATION,
+            status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
+            connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            reconnect_backoff_initial_ms: DEFAULT_RECONNECT_BACKOFF_INITIAL_MS,
+            reconnect_backoff_max_ms: DEFAULT_RECONNECT_BACKOFF_MAX_MS,
+        }
+    }
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            table: DEFAULT_OUTBOX_TABLE.to_string(),
+            topic: DEFAULT_TOPIC_TEMPLATE.to_string(),
+            id_column: DEFAULT_ID_COLUMN.to_string(),
+            aggregate_type_column: DEFAULT_AGGREGATE_TYPE_COLUMN.to_string(),
+            aggregate_id_column: DEFAULT_AGGREGATE_ID_COLUMN.to_string(),
+            type_column: DEFAULT_TYPE_COLUMN.to_string(),
+            payload_column: DEFAULT_PAYLOAD_COLUMN.to_string(),
+        }
+    }
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: DEFAULT_BROKERS.to_string(),
+            client_id: DEFAULT_CLIENT_ID.to_string(),
+            max_in_flight_messages: DEFAULT_MAX_IN_FLIGHT_MESSAGES,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            linger_ms: DEFAULT_LINGER_MS,
+            batch_num_messages: DEFAULT_BATCH_NUM_MESSAGES,
+            compression: DEFAULT_COMPRESSION,
+            message_timeout_ms: DEFAULT_MESSAGE_TIMEOUT_MS,
+            properties: BTreeMap::new(),
+            allow_unsafe_kafka_settings: DEFAULT_ALLOW_UNSAFE_KAFKA_SETTINGS,
+        }
+    }
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+            log_format: DEFAULT_LOG_FORMAT,
+        }
+    }
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &self.redacted_url())
+            .field("password_file", &self.password_file)
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("create_slot", &self.create_slot)
+            .field("create_publication", &self.create_publication)
+            .field("status_interval_ms", &self.status_interval_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field(
+                "reconnect_backoff_initial_ms",
+                &self.reconnect_backoff_initial_ms,
+            )
+            .field("reconnect_backoff_max_ms", &self.reconnect_backoff_max_ms)
+            .finish()
+    }
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("client_id", &self.client_id)
+            .field("max_in_flight_messages", &self.max_in_flight_messages)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("linger_ms", &self.linger_ms)
+            .field("batch_num_messages", &self.batch_num_messages)
+            .field("compression", &self.compression)
+            .field("message_timeout_ms", &self.message_timeout_ms)
+            .field("properties", &self.redacted_properties())
+            .field(
+                "allow_unsafe_kafka_settings",
+                &self.allow_unsafe_kafka_settings,
+            )
+            .finish()
+    }
+}
+
+type Table = toml::map::Map<String, toml::Value>;
+
+impl Config {
+    /// Loads the configuration: defaults, then the TOML file at `path` (if given; a missing
+    /// file is an error), then `OUTBOX_RELAY__…` variables of the process environment; then
+    /// validates it and checks that `postgres.password_file`, if set, is readable.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let text = match path {
+            Some(path) => {
+                Some(
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                        path: path.to_path_buf(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let origin = match path {
+            Some(path) => format!("config file `{}`", path.display()),
+            None => "config".to_string(),
+        };
+        let env = env_vars()?;
+        let config = Config::build(&origin, text.as_deref(), env)?;
+        config.postgres.password()?;
+        if config.kafka.allow_unsafe_kafka_settings {
+            for (key, value, reason) in config.kafka.unsafe_properties() {
+                tracing::warn!(
+                    property = %key,
+                    value = %value,
+                    reason,
+                    "unsafe Kafka setting accepted (kafka.allow_unsafe_kafka_settings = true)"
+                );
+            }
+        }
+        Ok(config)
+    }
+
+    /// [`Config::load`] without touching the file system or the process environment:
+    /// `toml_text` is the file's content, `env` the environment variables to consider
+    /// (variables without the `OUTBOX_RELAY__` prefix are ignored). Validates the result.
+    pub fn from_sources(
+        toml_text: Option<&str>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        Config::build("config text", toml_text, env)
+    }
+
+    fn build(
+        origin: &str,
+        toml_text: Option<&str>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut merged = match toml::Value::try_from(Config::default()) {
+            Ok(toml::Value::Table(table)) => table,
+            Ok(_) | Err(_) => {
+                return Err(ConfigError::Parse {
+                    origin: "built-in defaults".to_string(),
+                    message: "cannot be represented as a TOML table".to_string(),
+                })
+            }
+        };
+        if let Some(text) = toml_text {
+            let file = text.parse::<Table>().map_err(|err| ConfigError::Parse {
+                origin: origin.to_string(),
+                message: describe_toml_error(text, &err),
+            })?;
+            merge_file(&mut merged, file, "", origin)?;
+        }
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(ENV_PREFIX))
+            .collect();
+        env.sort();
+        for (var, value) in &env {
+            apply_env(&mut merged, var, value)?;
+        }
+        check_enums(&merged)?;
+        let config: Config =
+            toml::Value::Table(merged)
+                .try_into()
+                .map_err(|err: toml::de::Error| ConfigError::Parse {
+                    origin: origin.to_string(),
+                    message: one_line(err.message()),
+                })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every value against its constraint; the error names the field (`section.key`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.postgres.validate()?;
+        self.outbox.validate()?;
+        self.kafka.validate()?;
+        Ok(())
+    }
+
+    /// The effective configuration as TOML, for `outbox-relay config`: the URL's password and
+    /// the values of secret `kafka.properties` are replaced by `***`.
+    pub fn to_redacted_toml(&self) -> String {
+        let mut shown = self.clone();
+        shown.postgres.url = self.postgres.redacted_url();
+        shown.kafka.properties = self.kafka.redacted_properties();
+        toml::to_string(&shown)
+            .unwrap_or_else(|err| format!("# cannot render the configuration: {err}\n"))
+    }
+}
+
+impl PostgresConfig {
+    /// `url` with any password (in the user info, a `password=` parameter or `password=` of
+    /// the `key=value` form) replaced by `***`.
+    pub fn redacted_url(&self) -> String {
+        redact_connection_string(&self.url)
+    }
+
+    /// The password file, if `password_file` is set.
+    pub fn password_file_path(&self) -> Option<&Path> {
+        (!self.password_file.is_empty()).then(|| Path::new(&self.password_file))
+    }
+
+    /// The password to connect with: the trimmed content of `password_file` if set (read now),
+    /// else the URL's password, if any.
+    pub fn password(&self) -> Result<Option<Secret>, ConfigError> {
+        if let Some(path) = self.password_file_path() {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let password = text.trim();
+            if password.is_empty() {
+                return Err(ConfigError::invalid(
+                    "postgres.password_file",
+                    format!("`{}` is empty", path.display()),
+                ));
+            }
+            return Ok(Some(Secret::new(password)));
+        }
+        let parsed = self.parsed_url()?;
+        Ok(parsed
+            .get_password()
+            .map(|p| Secret::new(String::from_utf8_lossy(p).into_owned())))
+    }
+
+    /// The tokio-postgres connection settings: `url`, the password from `password_file` (read
+    /// now) if set, and `connect_timeout_ms`.
+    pub fn connect_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
+        let mut config = self.parsed_url()?;
+        if self.password_file_path().is_some() {
+            if let Some(password) = self.password()? {
+                config.password(password.expose());
+            }
+        }
+        config.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
+        Ok(config)
+    }
+
+    fn parsed_url(&self) -> Result<tokio_postgres::Config, ConfigError> {
+        // tokio-postgres' parse errors name the option, never its value.
+        self.url.parse::<tokio_postgres::Config>().map_err(|err| {
+            ConfigError::invalid(
+                "postgres.url",
+                format!("not a PostgreSQL connection string: {err}"),
+            )
+        })
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.url.trim().is_empty() {
+            return Err(ConfigError::invalid("postgres.url", "must not be empty"));
+        }
+        let parsed = self.parsed_url()?;
+        if parsed.get_hosts().is_empty() {
+            return Err(ConfigError::invalid(
+                "postgres.url",
+                format!("`{}` names no host", self.redacted_url()),
+            ));
+        }
+        if parsed.get_user().is_none_or(str::is_empty) {
+            return Err(ConfigError::invalid(
+                "postgres.url",
+                format!("`{}` names no user", self.redacted_url()),
+            ));
+        }
+        let slot_ok = (1..=MAX_IDENTIFIER_BYTES).contains(&self.slot.len())
+            && self
+                .slot
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !slot_ok {
+            return Err(ConfigError::invalid(
+                "postgres.slot",
+                format!(
+                    "`{}` is not a replication slot name: use 1 to 63 lower-case letters, digits or `_`",
+                    self.slot
+                ),
+            ));
+        }
+        check_identifier("postgres.publication", &self.publication)?;
+        check_range(
+            "postgres.status_interval_ms",
+            self.status_interval_ms,
+            1,
+            MAX_STATUS_INTERVAL_MS,
+            "ms",
+        )?;
+        check_range(
+            "postgres.connect_timeout_ms",
+            self.connect_timeout_ms,
+            1,
+            u64::MAX,
+            "ms",
+        )?;
+        check_range(
+            "postgres.reconnect_backoff_initial_ms",
+            self.reconnect_backoff_initial_ms,
+            1,
+            u64::MAX,
+            "ms",
+        )?;
+        if self.reconnect_backoff_max_ms < self.reconnect_backoff_initial_ms {
+            return Err(ConfigError::invalid(
+                "postgres.reconnect_backoff_max_ms",
+                format!(
+                    "must be >= postgres.reconnect_backoff_initial_ms ({} ms), got {} ms",
+                    self.reconnect_backoff_initial_ms, self.reconnect_backoff_max_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl OutboxConfig {
+    /// `table` split into schema and table; a bare name is in schema `public`.
+    pub fn schema_and_table(&self) -> (String, String) {
+        match self.table.split_once('.') {
+            Some((schema, table)) => (schema.to_string(), table.to_string()),
+            None => (DEFAULT_SCHEMA.to_string(), self.table.clone()),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.table.matches('.').count() > 1 {
+            return Err(ConfigError::invalid(
+                "outbox.table",
+                format!(
+                    "`{}` must be `table` or `schema.table` (names containing `.` are not supported)",
+                    self.table
+                ),
+            ));
+        }
+        let (schema, table) = self.schema_and_table();
+        check_identifier("outbox.table", &schema)?;
+        check_identifier("outbox.table", &table)?;
+        check_topic_template("outbox.topic", &self.topic)?;
+        check_identifier("outbox.id_column", &self.id_column)?;
+        check_identifier("outbox.aggregate_type_column", &self.aggregate_type_column)?;
+        check_identifier("outbox.aggregate_id_column", &self.aggregate_id_column)?;
+        check_identifier("outbox.type_column", &self.type_column)?;
+        check_identifier("outbox.payload_column", &self.payload_column)?;
+        Ok(())
+    }
+}
+
+impl KafkaConfig {
+    /// Entries of `properties` that would break at-least-once delivery or per-key ordering:
+    /// `(key, value, reason)`. [`Config::validate`] refuses them unless
+    /// `allow_unsafe_kafka_settings` is true.
+    pub fn unsafe_properties(&self) -> Vec<(String, String, &'static str)> {
+        self.properties
+            .iter()
+            .filter_map(|(key, value)| {
+                unsafe_reason(key, value).map(|reason| (key.clone(), value.clone(), reason))
+            })
+            .collect()
+    }
+
+    /// `properties` with the values of secret keys (containing `password`, `secret`,
+    /// `sasl.jaas`, `ssl.key`, `sasl.oauthbearer.config`) replaced by `***`.
+    pub fn redacted_properties(&self) -> BTreeMap<String, String> {
+        self.properties
+            .iter()
+            .map(|(key, value)| {
+                let shown = if is_secret_property(key) {
+                    REDACTED.to_string()
+                } else {
+                    value.clone()
+                };
+                (key.clone(), shown)
+            })
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.brokers.trim().is_empty() {
+            return Err(ConfigError::invalid("kafka.brokers", "must not be empty"));
+        }
+        if self.brokers.split(',').any(|b| b.trim().is_empty()) {
+            return Err(ConfigError::invalid(
+                "kafka.brokers",
+                format!("`{}` has an empty entry", self.brokers),
+            ));
+        }
+        if self.client_id.trim().is_empty() {
+            return Err(ConfigError::invalid("kafka.client_id", "must not be empty"));
+        }
+        check_range(
+            "kafka.max_in_flight_messages",
+            self.max_in_flight_messages as u64,
+            1,
+            u64::MAX,
+            "messages",
+        )?;
+        check_range(
+            "kafka.max_in_flight_bytes",
+            self.max_in_flight_bytes as u64,
+            MIN_MAX_IN_FLIGHT_BYTES as u64,
+            u64::MAX,
+            "bytes",
+        )?;
+        check_range("kafka.linger_ms", self.linger_ms, 0, MAX_LINGER_MS, "ms")?;
+        check_range(
+            "kafka.batch_num_messages",
+            self.batch_num_messages as u64,
+            1,
+            MAX_BATCH_NUM_MESSAGES as u64,
+            "messages",
+        )?;
+        check_range(
+            "kafka.message_timeout_ms",
+            self.message_timeout_ms,
+            MIN_MESSAGE_TIMEOUT_MS,
+            MAX_MESSAGE_TIMEOUT_MS,
+            "ms",
+        )?;
+        for key in self.properties.keys() {
+            let field = format!("kafka.properties.{key}");
+            if key.trim().is_empty() {
+                return Err(ConfigError::invalid(field, "the key must not be empty"));
+            }
+            let normalized = key.trim().to_ascii_lowercase();
+            if let Some((_, owner)) = OWNED_KAFKA_PROPERTIES
+                .iter()
+                .find(|(name, _)| *name == normalized)
+            {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("is set by the relay; use `{owner}` instead"),
+                ));
+            }
+        }
+        if !self.allow_unsafe_kafka_settings {
+            if let Some((key, value, reason)) = self.unsafe_properties().into_iter().next() {
+                return Err(ConfigError::invalid(
+                    format!("kafka.properties.{key}"),
+                    format!(
+                        "`{value}` is unsafe: {reason}; remove it, or set \
+                         kafka.allow_unsafe_kafka_settings = true to accept the risk"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `key = value` breaks at-least-once delivery or ordering, if it does.
+fn unsafe_reason(key: &str, value: &str) -> Option<&'static str> {
+    let key = key.trim().to_ascii_lowercase();
+    let value = value.trim().to_ascii_lowercase();
+    let is_false = matches!(value.as_str(), "false" | "0" | "f" | "off" | "no");
+    let is_true = matches!(value.as_str(), "true" | "1" | "t" | "on" | "yes");
+    match key.as_str() {
+        "acks" | "request.required.acks" if value != "all" && value != "-1" => {
+            Some("the broker would acknowledge records before all in-sync replicas have them, so an acknowledged record can be lost (use `all`)")
+        }
+        "enable.idempotence" if is_false => {
+            Some("without idempotence, retries can reorder or duplicate records within a partition")
+        }
+        "max.in.flight.requests.per.connection" | "max.in.flight" => match value.parse::<u64>() {
+            Ok(n) if n <= 5 => None,
+            _ => Some("more than 5 in-flight requests per connection breaks ordering of the idempotent producer"),
+        },
+        "message.send.max.retries" | "retries" if value == "0" => {
+            Some("without retries a transient broker error fails the delivery instead of retrying it")
+        }
+        "delivery.report.only.error" if is_true => {
+            Some("the relay needs a delivery report for every record to confirm the slot")
+        }
+        _ => None,
+    }
+}
+
+fn is_secret_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    SECRET_PROPERTY_MARKERS
+        .iter()
+        .any(|marker| key.contains(marker))
+}
+
+fn check_range(field: &str, value: u64, min: u64, max: u64, unit: &str) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    let problem = match (min, max) {
+        (1, u64::MAX) => format!("must be > 0 ({unit}), got {value}"),
+        (_, u64::MAX) => format!("must be >= {min} ({unit}), got {value}"),
+        _ => format!("must be between {min} and {max} ({unit}), got {value}"),
+    };
+    Err(ConfigError::invalid(field, problem))
+}
+
+/// A PostgreSQL identifier that the relay quotes: non-empty, at most 63 bytes, no NUL.
+fn check_identifier(field: &str, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() {
+        return Err(ConfigError::invalid(field, "must not be empty"));
+    }
+    if value.len() > MAX_IDENTIFIER_BYTES {
+        return Err(ConfigError::invalid(
+            field,
+            format!(
+                "`{value}` is {} bytes; PostgreSQL identifiers have at most {MAX_IDENTIFIER_BYTES}",
+                value.len()
+            ),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(ConfigError::invalid(
+            field,
+            "must not contain a NUL character",
+        ));
+    }
+    Ok(())
+}
+
+/// Non-empty, placeholders from [`TOPIC_PLACEHOLDERS`] only, literal text legal in a topic name.
+fn check_topic_template(field: &str, template: &str) -> Result<(), ConfigError> {
+    if template.is_empty() {
+        return Err(ConfigError::invalid(field, "must not be empty"));
+    }
+    let mut rest = template;
+    let mut literal_chars = 0;
+    while !rest.is_empty() {
+        if let Some(after_open) = rest.strip_prefix('{') {
+            let Some(close) = after_open.find('}') else {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("`{template}` has a `{{` without a closing `}}`"),
+                ));
+            };
+            let name = &after_open[..close];
+            if !TOPIC_PLACEHOLDERS.contains(&name) {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!(
+                        "unknown placeholder `{{{name}}}` in `{template}`; known: {}",
+                        TOPIC_PLACEHOLDERS
+                            .iter()
+                            .map(|p| format!("{{{p}}}"))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    ),
+                ));
+            }
+            rest = &after_open[close + 1..];
+            continue;
+        }
+        let mut chars = rest.chars();
+        let c = chars.next().unwrap_or_default();
+        if !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+            return Err(ConfigError::invalid(
+                field,
+                format!(
+                    "`{template}` contains `{c}`; topic names allow only A-Z a-z 0-9 . _ - besides placeholders"
+                ),
+            ));
+        }
+        literal_chars += 1;
+        rest = chars.as_str();
+    }
+    if literal_chars > MAX_TOPIC_CHARS {
+        return Err(ConfigError::invalid(
+            field,
+            format!(
+                "`{template}` is longer than a topic name may be ({MAX_TOPIC_CHARS} characters)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The process environment as UTF-8 pairs; a non-UTF-8 variable with our prefix is an error,
+/// other non-UTF-8 variables are ignored.
+fn env_vars() -> Result<Vec<(String, String)>, ConfigError> {
+    let mut vars = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        let name = name.to_string_lossy().into_owned();
+        if !name.starts_with(ENV_PREFIX) {
+            continue;
+        }
+        match value.into_string() {
+            Ok(value) => vars.push((name, value)),
+            Err(_) => return Err(ConfigError::env(&name, "the value is not valid UTF-8")),
+        }
+    }
+    Ok(vars)
+}
+
+fn type_name(value: &toml::Value) -> &'static str {
+    match value {
+        toml::Value::String(_) => "a string",
+        toml::Value::Integer(_) => "an integer",
+        toml::Value::Float(_) => "a float",
+        toml::Value::Boolean(_) => "a boolean",
+        toml::Value::Datetime(_) => "a date-time",
+        toml::Value::Array(_) => "an array",
+        toml::Value::Table(_) => "a table",
+    }
+}
+
+fn join_path(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn known_keys(table: &Table) -> String {
+    table
+        .keys()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Lays the file's `file` table over `defaults`, refusing unknown keys and wrong types.
+fn merge_file(
+    defaults: &mut Table,
+    file: Table,
+    path: &str,
+    origin: &str,
+) -> Result<(), ConfigError> {
+    let parse_err = |message: String| ConfigError::Parse {
+        origin: origin.to_string(),
+        message,
+    };
+    let known = known_keys(defaults);
+    for (key, value) in file {
+        let full = join_path(path, &key);
+        if full == "kafka.properties" {
+            let toml::Value::Table(entries) = value else {
+                return Err(parse_err(format!(
+                    "`kafka.properties` must be a table of strings, found {}",
+                    type_name(&value)
+                )));
+            };
+            let mut flat = Table::new();
+            flatten_properties(&mut flat, entries, "").map_err(parse_err)?;
+            defaults.insert(key, toml::Value::Table(flat));
+            continue;
+        }
+        let Some(slot) = defaults.get_mut(&key) else {
+            return Err(parse_err(if path.is_empty() {
+                format!("unknown section [{key}]; known sections: {known}")
+            } else {
+                format!("unknown key `{key}` in section [{path}]; known keys: {known}")
+            }));
+        };
+        match (slot, value) {
+            (toml::Value::Table(inner), toml::Value::Table(value)) => {
+                merge_file(inner, value, &full, origin)?;
+            }
+            (toml::Value::Table(_), value) => {
+                return Err(parse_err(format!(
+                    "`{full}` must be a section (table), found {}",
+                    type_name(&value)
+                )));
+            }
+            (slot, value) => {
+                let same_type = matches!(
+                    (&*slot, &value),
+                    (toml::Value::String(_), toml::Value::String(_))
+                        | (toml::Value::Integer(_), toml::Value::Integer(_))
+                        | (toml::Value::Boolean(_), toml::Value::Boolean(_))
+                );
+                if !same_type {
+                    return Err(parse_err(format!(
+                        "`{full}` must be {}, found {}",
+                        type_name(slot),
+                        type_name(&value)
+                    )));
+                }
+                if let toml::Value::Integer(n) = value {
+                    // Every numeric setting is unsigned.
+                    if n < 0 {
+                        return Err(parse_err(format!(
+                            "`{full}` must not be negative, found {n}"
+                        )));
+                    }
+                }
+                *slot = value;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Flattens `kafka.properties` into `"dotted.key" = "string"` entries: a bare dotted key in TOML
+/// (`socket.timeout.ms = 1`) is a nested table; scalars become strings.
+fn flatten_properties(out: &mut Table, entries: Table, prefix: &str) -> Result<(), String> {
+    for (key, value) in entries {
+        let full = join_path(prefix, &key);
+        let text = match value {
+            toml::Value::Table(inner) => {
+                flatten_properties(out, inner, &full)?;
+                continue;
+            }
+            toml::Value::String(s) => s,
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Float(x) => x.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => {
+                return Err(format!(
+                    "`kafka.properties.{full}` must be a string, number or boolean, found {}",
+                    type_name(&other)
+                ))
+            }
+        };
+        out.insert(full, toml::Value::String(text));
+    }
+    Ok(())
+}
+
+/// Applies one `OUTBOX_RELAY__…` variable to the merged table.
+fn apply_env(merged: &mut Table, var: &str, raw: &str) -> Result<(), ConfigError> {
+    let rest = &var[ENV_PREFIX.len()..];
+    let segments: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+    if segments.len() >= 3 && segments[0] == "kafka" && segments[1] == "properties" {
+        let key = segments[2..].join("_").replace('_', ".");
+        if key.is_empty() || key.starts_with('.') || key.ends_with('.') || key.contains("..") {
+            return Err(ConfigError::env(
+                var,
+                "not a property name: use OUTBOX_RELAY__KAFKA__PROPERTIES__<KEY> with `_` for `.`, \
+                 e.g. OUTBOX_RELAY__KAFKA__PROPERTIES__SOCKET_TIMEOUT_MS",
+            ));
+        }
+        if let Some(toml::Value::Table(kafka)) = merged.get_mut("kafka") {
+            if let Some(toml::Value::Table(properties)) = kafka.get_mut("properties") {
+                properties.insert(key, toml::Value::String(raw.to_string()));
+                return Ok(());
+            }
+        }
+        return Err(ConfigError::env(var, "`kafka.properties` is missing"));
+    }
+    let dotted = segments.join(".");
+    let unknown = |table: &Table| {
+        ConfigError::env(
+            var,
+            format!(
+                "no config key `{dotted}`; expected OUTBOX_RELAY__<SECTION>__<KEY> (known here: {})",
+                known_keys(table)
+            ),
+        )
+    };
+    let (last, parents) = match segments.split_last() {
+        Some(split) => split,
+        None => return Err(unknown(merged)),
+    };
+    let mut table = merged;
+    for segment in parents {
+        if !matches!(table.get(segment.as_str()), Some(toml::Value::Table(_))) {
+            return Err(unknown(table));
+        }
+        let Some(toml::Value::Table(inner)) = table.get_mut(segment.as_str()) else {
+            return Err(ConfigError::env(var, format!("no config key `{dotted}`")));
+        };
+        table = inner;
+    }
+    let Some(slot) = table.get_mut(last.as_str()) else {
+        return Err(unknown(table));
+    };
+    *slot = match slot {
+        toml::Value::String(_) => toml::Value::String(raw.to_string()),
+        toml::Value::Integer(_) => {
+            let n = raw
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| i64::try_from(n).ok())
+                .ok_or_else(|| {
+                    ConfigError::env(var, format!("`{dotted}` expects a non-negative integer"))
+                })?;
+            toml::Value::Integer(n)
+        }
+        toml::Value::Boolean(_) => match raw.trim().to_ascii_lowercase().as_str() {
+            "true" => toml::Value::Boolean(true),
+            "false" => toml::Value::Boolean(false),
+            _ => {
+                return Err(ConfigError::env(
+                    var,
+                    format!("`{dotted}` expects a boolean (`true` or `false`)"),
+                ))
+            }
+        },
+        toml::Value::Table(_) => {
+            return Err(ConfigError::env(
+                var,
+                format!("`{dotted}` is a section; set its keys, e.g. {var}__<KEY>"),
+            ))
+        }
+        other => {
+            return Err(ConfigError::env(
+                var,
+                format!(
+                    "`{dotted}` is {} and cannot be set from the environment",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    Ok(())
+}
+
+fn check_enums(merged: &Table) -> Result<(), ConfigError> {
+    for (section, key, allowed) in ENUM_KEYS {
+        let value = merged
+            .get(*section)
+            .and_then(|s| s.get(*key))
+            .and_then(toml::Value::as_str);
+        if let Some(value) = value {
+            if !allowed.contains(&value) {
+                return Err(ConfigError::invalid(
+                    format!("{section}.{key}"),
+                    format!("`{value}` must be one of {}", allowed.join("|")),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A TOML syntax error as one line with its position.
+fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
+    let message = one_line(err.message());
+    match err.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message,
+    }
+}
+
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Replaces the password in a libpq connection string (URL or `key=value` form) by `***`.
+fn redact_connection_string(conn: &str) -> String {
+    for prefix in ["postgres://", "postgresql://"] {
+        if let Some(rest) = conn.strip_prefix(prefix) {
+            return format!("{prefix}{}", redact_url_rest(rest));
+        }
+    }
+    redact_key_value(conn).unwrap_or_else(|| REDACTED.to_string())
+}
+
+/// The part of a URL after the scheme. Mirrors tokio-postgres: the user info ends at the first
+/// `@`, the password follows the first `:` in it; `password=` query parameters are masked too.
+fn redact_url_rest(rest: &str) -> String {
+    let mut masks: Vec<(usize, usize)> = Vec::new();
+    if let Some(at) = rest.find('@') {
+        if let Some(colon) = rest[..at].find(':') {
+            masks.push((colon + 1, at));
+        }
+    }
+    if let Some(q) = rest.find('?') {
+        let mut start = q + 1;
+        for param in rest[q + 1..].split('&') {
+            if let Some((key, _)) = param.split_once('=') {
+                if percent_decode(key).eq_ignore_ascii_case("password") {
+                    masks.push((start + key.len() + 1, start + param.len()));
+                }
+            }
+            start += param.len() + 1;
+        }
+    }
+    masks.sort_unstable();
+    let mut out = String::with_capacity(rest.len());
+    let mut pos = 0;
+    for (start, end) in masks {
+        if end <= pos {
+            continue;
+        }
+        let start = start.max(pos);
+        out.push_str(&rest[pos..start]);
+        out.push_str(REDACTED);
+        pos = end;
+    }
+    out.push_str(&rest[pos..]);
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            if let Some(b) = hex {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// libpq `key = value …` form with the value of `password` masked; `None` if it does not
+/// tokenize (the caller then hides the whole string).
+fn redact_key_value(conn: &str) -> Option<String> {
+    let bytes = conn.as_bytes();
+    let mut out = String::with_capacity(conn.len());
+    let mut i = 0;
+    let skip_ws = |mut i: usize| {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    loop {
+        let ws_end = skip_ws(i);
+        out.push_str(&conn[i..ws_end]);
+        i = ws_end;
+        if i >= bytes.len() {
+            return Some(out);
+        }
+        let key_start = i;
+        while i < bytes.len() && bytes[i] != b'=' && !bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let key = &conn[key_start..i];
+        let eq = skip_ws(i);
+        if eq >= bytes.len() || bytes[eq] != b'=' || key.is_empty() {
+            return None;
+        }
+        let value_start = skip_ws(eq + 1);
+        out.push_str(&conn[key_start..value_start]);
+        let mut j = value_start;
+        if j < bytes.len() && bytes[j] == b'\'' {
+            j += 1;
+            loop {
+                match bytes.get(j) {
+                    None => return None,
+                    Some(b'\\') => j += 2,
+                    Some(b'\'') => {
+                        j += 1;
+                        break;
+                    }
+                    Some(_) => j += 1,
+                }
+            }
+        } else {
+            while j < bytes.len() && !bytes[j].is_ascii_whitespace() {
+                j += if bytes[j] == b'\\' { 2 } else { 1 };
+            }
+        }
+        let j = j.min(bytes.len());
+        if key == "password" {
+            out.push_str(REDACTED);
+        } else {
+            out.push_str(conn.get(value_start..j)?);
+        }
+        i = j;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../config/outbox-relay.toml");
+
+    fn no_env() -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn from_env(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_sources(None, env(pairs))
+    }
+
+    fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        Config::from_sources(Some(text), no_env())
+    }
+
+    /// Asserts that `config` fails validation with an `Invalid` error for `field`.
+    fn assert_invalid(config: &Config, field: &str) -> String {
+        match config.validate() {
+            Err(err @ ConfigError::Invalid { .. }) => {
+                let message = err.to_string();
+                let ConfigError::Invalid { field: got, .. } = &err else {
+                    unreachable!()
+                };
+                assert_eq!(got, field, "{message}");
+                assert!(message.contains(field), "{message}");
+                message
+            }
+            other => panic!("expected Invalid {{ field: {field} }}, got {other:?}"),
+        }
+    }
+
+    fn with(edit: impl FnOnce(&mut Config)) -> Config {
+        let mut config = Config::default();
+        edit(&mut config);
+        config
+    }
+
+    #[test]
+    fn defaults_validate() {
+        Config::default().validate().unwrap();
+        assert_eq!(
+            Config::from_sources(None, no_env()).unwrap(),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn example_file_loads_and_lists_the_defaults() {
+        let config = from_toml(EXAMPLE).unwrap();
+        assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn example_file_has_every_key() {
+        let file: Table = EXAMPLE.parse().unwrap();
+        let defaults = match toml::Value::try_from(Config::default()).unwrap() {
+            toml::Value::Table(t) => t,
+            _ => unreachable!(),
+        };
+        for (section, keys) in &defaults {
+            let keys = keys.as_table().unwrap();
+            let in_file = file[section].as_table().unwrap();
+            for key in keys.keys() {
+                assert!(in_file.contains_key(key), "example lacks {section}.{key}");
+            }
+        }
+    }
+
+    #[test]
+    fn load_reads_the_example_file() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/outbox-relay.toml");
+        Config::load(Some(&path)).unwrap();
+    }
+
+    #[test]
+    fn load_names_a_missing_file() {
+        let path = Path::new("/nonexistent/outbox-relay.toml");
+        let err = Config::load(Some(path)).unwrap_err();
+        assert!(matches!(err, ConfigError::Io { .. }));
+        assert!(
+            err.to_string().contains("/nonexistent/outbox-relay.toml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn env_overrides_strings() {
+        let config = from_env(&[
+            (
+                "OUTBOX_RELAY__POSTGRES__URL",
+                "postgres://relay:pw@db.internal:6432/app",
+            ),
+            ("OUTBOX_RELAY__POSTGRES__SLOT", "orders_slot"),
+            ("OUTBOX_RELAY__POSTGRES__PUBLICATION", "orders_pub"),
+            ("OUTBOX_RELAY__OUTBOX__TABLE", "sales.outbox_events"),
+            ("OUTBOX_RELAY__KAFKA__BROKERS", "k1:9092,k2:9092"),
+            ("UNRELATED", "ignored"),
+        ])
+        .unwrap();
+        assert_eq!(
+            config.postgres.url,
+            "postgres://relay:pw@db.internal:6432/app"
+        );
+        assert_eq!(config.postgres.slot, "orders_slot");
+        assert_eq!(config.postgres.publication, "orders_pub");
+        assert_eq!(config.outbox.table, "sales.outbox_events");
+        assert_eq!(
+            config.outbox.schema_and_table(),
+            ("sales".to_string(), "outbox_events".to_string())
+        );
+        assert_eq!(config.kafka.brokers, "k1:9092,k2:9092");
+    }
+
+    #[test]
+    fn env_overrides_convert_numbers_and_booleans() {
+        let config = from_env(&[
+            ("OUTBOX_RELAY__KAFKA__MAX_IN_FLIGHT_MESSAGES", "5000"),
+            ("OUTBOX_RELAY__POSTGRES__CREATE_SLOT", "false"),
+            ("OUTBOX_RELAY__KAFKA__ALLOW_UNSAFE_KAFKA_SETTINGS", "TRUE"),
+            ("OUTBOX_RELAY__KAFKA__COMPRESSION", "zstd"),
+            ("OUTBOX_RELAY__RELAY__LOG_FORMAT", "json"),
+        ])
+        .unwrap();
+        assert_eq!(config.kafka.max_in_flight_messages, 5000);
+        assert!(!config.postgres.create_slot);
+        assert!(config.kafka.allow_unsafe_kafka_settings);
+        assert_eq!(config.kafka.compression, Compression::Zstd);
+        assert_eq!(config.relay.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn env_overrides_beat_the_file() {
+        let config = Config::from_sources(
+            Some("[postgres]\nslot = \"from_file\"\n"),
+            env(&[("OUTBOX_RELAY__POSTGRES__SLOT", "from_env")]),
+        )
+        .unwrap();
+        assert_eq!(config.postgres.slot, "from_env");
+    }
+
+    #[test]
+    fn env_sets_kafka_properties_with_dotted_lower_case_keys() {
+        let config = from_env(&[
+            (
+                "OUTBOX_RELAY__KAFKA__PROPERTIES__SOCKET_TIMEOUT_MS",
+                "60000",
+            ),
+            (
+                "OUTBOX_RELAY__KAFKA__PROPERTIES__SECURITY_PROTOCOL",
+                "SASL_SSL",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(config.kafka.properties["socket.timeout.ms"], "60000");
+        assert_eq!(config.kafka.properties["security.protocol"], "SASL_SSL");
+    }
+
+    #[test]
+    fn env_unparsable_number_names_variable_and_type() {
+        let err = from_env(&[("OUTBOX_RELAY__KAFKA__MAX_IN_FLIGHT_MESSAGES", "lots")]).unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, ConfigError::Env { .. }));
+        assert!(
+            message.contains("OUTBOX_RELAY__KAFKA__MAX_IN_FLIGHT_MESSAGES"),
+            "{message}"
+        );
+        assert!(message.contains("integer"), "{message}");
+        assert!(
+            !message.contains("lots"),
+            "values are not echoed: {message}"
+        );
+
+        let err = from_env(&[("OUTBOX_RELAY__KAFKA__LINGER_MS", "-1")]).unwrap_err();
+        assert!(err.to_string().contains("non-negative integer"), "{err}");
+
+        let err = from_env(&[("OUTBOX_RELAY__POSTGRES__CREATE_SLOT", "yes")]).unwrap_err();
+        assert!(err.to_string().contains("boolean"), "{err}");
+    }
+
+    #[test]
+    fn env_unknown_key_or_section_is_an_error() {
+        for var in [
+            "OUTBOX_RELAY__POSTGRES__SLOTT",
+            "OUTBOX_RELAY__NOPE__SLOT",
+            "OUTBOX_RELAY__POSTGRES",
+            "OUTBOX_RELAY__POSTGRES__SLOT__X",
+            "OUTBOX_RELAY__",
+        ] {
+            let err = from_env(&[(var, "x")]).unwrap_err();
+            assert!(matches!(err, ConfigError::Env { .. }), "{var}: {err:?}");
+            assert!(err.to_string().contains(var), "{err}");
+        }
+        let err = from_env(&[("OUTBOX_RELAY__KAFKA__PROPERTIES", "x")]).unwrap_err();
+        assert!(err.to_string().contains("section"), "{err}");
+        let err = from_env(&[("OUTBOX_RELAY__KAFKA__PROPERTIES__", "x")]).unwrap_err();
+        assert!(matches!(err, ConfigError::Env { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn unknown_file_key_names_key_section_and_file() {
+        let err = from_toml("[postgres]\nslot_name = \"x\"\n").unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, ConfigError::Parse { .. }));
+        assert!(message.contains("slot_name"), "{message}");
+        assert!(message.contains("[postgres]"), "{message}");
+        assert!(message.contains("config text"), "{message}");
+
+        let err = from_toml("[kafkaa]\nbrokers = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("[kafkaa]"), "{err}");
+    }
+
+    #[test]
+    fn load_errors_name_the_file() {
+        let dir = std::env::temp_dir().join(format!("outbox-relay-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.toml");
+        std::fs::write(&path, "[relay]\nshutdown_timeout = 5\n").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        let message = err.to_string();
+        assert!(message.contains("bad.toml"), "{message}");
+        assert!(message.contains("shutdown_timeout"), "{message}");
+    }
+
+    #[test]
+    fn wrong_types_and_syntax_errors_are_one_line() {
+        let err = from_toml("[kafka]\nlinger_ms = \"5\"\n").unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("kafka.linger_ms") && message.contains("integer"),
+            "{message}"
+        );
+
+        let err = from_toml("[kafka]\nlinger_ms = -5\n").unwrap_err();
+        assert!(err.to_string().contains("kafka.linger_ms"), "{err}");
+
+        let err = from_toml("postgres = 3\n").unwrap_err();
+        assert!(err.to_string().contains("section"), "{err}");
+
+        let err = from_toml("[postgres\nslot = 1\n").unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("line 1"), "{message}");
+        assert!(!message.contains('\n'), "{message}");
+    }
+
+    #[test]
+    fn file_properties_accept_bare_dotted_keys_and_scalars() {
+        let config = from_toml(
+            "[kafka.properties]\nsocket.timeout.ms = 60000\n\"security.protocol\" = \"ssl\"\n\
+             enable.idempotence = true\n",
+        )
+        .unwrap();
+        assert_eq!(config.kafka.properties["socket.timeout.ms"], "60000");
+        assert_eq!(config.kafka.properties["security.protocol"], "ssl");
+        assert_eq!(config.kafka.properties["enable.idempotence"], "true");
+    }
+
+    #[test]
+    fn postgres_rules_name_their_field() {
+        assert_invalid(&with(|c| c.postgres.url = String::new()), "postgres.url");
+        assert_invalid(
+            &with(|c| c.postgres.url = "postgres://127.0.0.1/db".into()),
+            "postgres.url",
+        );
+        assert_invalid(
+            &with(|c| c.postgres.url = "postgres://user@/db".into()),
+            "postgres.url",
+        );
+        assert_invalid(
+            &with(|c| c.postgres.url = "postgres://u@h:notaport/db".into()),
+            "postgres.url",
+        );
+        with(|c| c.postgres.url = "host=db user=relay password='a b' dbname=app".into())
+            .validate()
+            .unwrap();
+        for slot in ["", "Outbox", "out-box", &"a".repeat(64)] {
+            assert_invalid(
+                &with(|c| c.postgres.slot = slot.to_string()),
+                "postgres.slot",
+            );
+        }
+        with(|c| c.postgres.slot = "a".repeat(63))
+            .validate()
+            .unwrap();
+        assert_invalid(
+            &with(|c| c.postgres.publication = String::new()),
+            "postgres.publication",
+        );
+        assert_invalid(
+            &with(|c| c.postgres.publication = "p".repeat(64)),
+            "postgres.publication",
+        );
+        with(|c| c.postgres.publication = "Mixed Case-pub".into())
+            .validate()
+            .unwrap();
+        let message = assert_invalid(
+            &with(|c| c.postgres.status_interval_ms = 0),
+            "postgres.status_interval_ms",
+        );
+        assert!(message.contains("between 1 and 30000 (ms)"), "{message}");
+        assert_invalid(
+            &with(|c| c.postgres.status_interval_ms = 30_001),
+            "postgres.status_interval_ms",
+        );
+        assert_invalid(
+            &with(|c| c.postgres.connect_timeout_ms = 0),
+            "postgres.connect_timeout_ms",
+        );
+        assert_invalid(
+            &with(|c| c.postgres.reconnect_backoff_initial_ms = 0),
+            "postgres.reconnect_backoff_initial_ms",
+        );
+        assert_invalid(
+            &with(|c| c.postgres.reconnect_backoff_max_ms = 100),
+            "postgres.reconnect_backoff_max_ms",
+        );
+    }
+
+    #[test]
+    fn outbox_rules_name_their_field() {
+        assert_invalid(&with(|c| c.outbox.table = String::new()), "outbox.table");
+        assert_invalid(&with(|c| c.outbox.table = "a.b.c".into()), "outbox.table");
+        assert_invalid(&with(|c| c.outbox.table = ".outbox".into()), "outbox.table");
+        assert_invalid(
+            &with(|c| c.outbox.table = format!("public.{}", "t".repeat(64))),
+            "outbox.table",
+        );
+        let config = with(|c| c.outbox.table = "Outbox".into());
+        config.validate().unwrap();
+        assert_eq!(
+            config.outbox.schema_and_table(),
+            ("public".to_string(), "Outbox".to_string())
+        );
+
+        assert_invalid(&with(|c| c.outbox.topic = String::new()), "outbox.topic");
+        let message = assert_invalid(
+            &with(|c| c.outbox.topic = "events.{foo}".into()),
+            "outbox.topic",
+        );
+        assert!(message.contains("{foo}"), "{message}");
+        assert_invalid(
+            &with(|c| c.outbox.topic = "events.{type".into()),
+            "outbox.topic",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.topic = "events/{type}".into()),
+            "outbox.topic",
+        );
+        with(|c| {
+            c.outbox.topic = "{schema}.{table}.{aggregatetype}.{type}-{id}_{aggregateid}".into()
+        })
+        .validate()
+        .unwrap();
+
+        assert_invalid(
+            &with(|c| c.outbox.id_column = String::new()),
+            "outbox.id_column",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.aggregate_type_column = String::new()),
+            "outbox.aggregate_type_column",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.aggregate_id_column = "c".repeat(64)),
+            "outbox.aggregate_id_column",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.type_column = String::new()),
+            "outbox.type_column",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.payload_column = String::new()),
+            "outbox.payload_column",
+        );
+    }
+
+    #[test]
+    fn kafka_and_relay_rules_name_their_field() {
+        assert_invalid(&with(|c| c.kafka.brokers = " ".into()), "kafka.brokers");
+        assert_invalid(
+            &with(|c| c.kafka.brokers = "a:9092,".into()),
+            "kafka.brokers",
+        );
+        assert_invalid(
+            &with(|c| c.kafka.client_id = String::new()),
+            "kafka.client_id",
+        );
+        assert_invalid(
+            &with(|c| c.kafka.max_in_flight_messages = 0),
+            "kafka.max_in_flight_messages",
+        );
+        assert_invalid(
+            &with(|c| c.kafka.max_in_flight_bytes = MIN_MAX_IN_FLIGHT_BYTES - 1),
+            "kafka.max_in_flight_bytes",
+        );
+        with(|c| c.kafka.max_in_flight_bytes = MIN_MAX_IN_FLIGHT_BYTES)
+            .validate()
+            .unwrap();
+        assert_invalid(
+            &with(|c| c.kafka.linger_ms = MAX_LINGER_MS + 1),
+            "kafka.linger_ms",
+        );
+        assert_invalid(
+            &with(|c| c.kafka.batch_num_messages = 0),
+            "kafka.batch_num_messages",
+        );
+        assert_invalid(
+            &with(|c| c.kafka.message_timeout_ms = 999),
+            "kafka.message_timeout_ms",
+        );
+
+        let err = from_toml("[kafka]\ncompression = \"brotli\"\n").unwrap_err();
+        assert!(err.to_string().contains("kafka.compression"), "{err}");
+        assert!(matches!(err, ConfigError::Invalid { .. }));
+        let err = from_env(&[("OUTBOX_RELAY__RELAY__LOG_FORMAT", "xml")]).unwrap_err();
+        assert!(err.to_string().contains("relay.log_format"), "{err}");
+        assert_eq!(
+            from_toml("[kafka]\ncompression = \"none\"\n")
+                .unwrap()
+                .kafka
+                .compression,
+            Compression::None
+        );
+    }
+
+    #[test]
+    fn unsafe_kafka_properties_are_refused_unless_allowed() {
+        let cases = [
+            ("acks", "1"),
+            ("request.required.acks", "0"),
+            ("enable.idempotence", "false"),
+            ("max.in.flight.requests.per.connection", "6"),
+            ("message.send.max.retries", "0"),
+            ("retries", "0"),
+            ("delivery.report.only.error", "true"),
+        ];
+        for (key, value) in cases {
+            let config = with(|c| {
+                c.kafka
+                    .properties
+                    .insert(key.to_string(), value.to_string());
+            });
+            let message = assert_invalid(&config, &format!("kafka.properties.{key}"));
+            assert!(message.contains("allow_unsafe_kafka_settings"), "{message}");
+            assert_eq!(config.kafka.unsafe_properties().len(), 1, "{key}");
+
+            let allowed = with(|c| {
+                c.kafka
+                    .properties
+                    .insert(key.to_string(), value.to_string());
+                c.kafka.allow_unsafe_kafka_settings = true;
+            });
+            allowed.validate().unwrap();
+        }
+        let safe = [
+            ("acks", "all"),
+            ("acks", "-1"),
+            ("enable.idempotence", "true"),
+            ("max.in.flight.requests.per.connection", "5"),
+            ("retries", "10"),
+            ("enable.gapless.guarantee", "false"),
+            ("queue.buffering.backpressure.threshold", "1"),
+            ("delivery.report.only.error", "false"),
+            ("partitioner", "murmur2_random"),
+        ];
+        for (key, value) in safe {
+            let config = with(|c| {
+                c.kafka
+                    .properties
+                    .insert(key.to_string(), value.to_string());
+            });
+            config.validate().unwrap();
+            assert!(config.kafka.unsafe_properties().is_empty(), "{key}");
+        }
+    }
+
+    #[test]
+    fn relay_owned_kafka_properties_point_to_their_field() {
+        for (key, field) in OWNED_KAFKA_PROPERTIES {
+            let config = with(|c| {
+                c.kafka.properties.insert(key.to_string(), "x".to_string());
+                c.kafka.allow_unsafe_kafka_settings = true;
+            });
+            let message = assert_invalid(&config, &format!("kafka.properties.{key}"));
+            assert!(message.contains(field), "{message}");
+        }
+        let err =
+            from_env(&[("OUTBOX_RELAY__KAFKA__PROPERTIES__BOOTSTRAP_SERVERS", "x:1")]).unwrap_err();
+        assert!(err.to_string().contains("kafka.brokers"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_hidden_in_debug_and_redacted_toml() {
+        let config = with(|c| {
+            c.postgres.url = "postgres://relay:hunter2@db:5432/app?sslmode=disable".into();
+            c.kafka
+                .properties
+                .insert("sasl.password".into(), "kafkapass".into());
+            c.kafka.properties.insert(
+                "sasl.jaas.config".into(),
+                "user=\"u\" password=\"jaaspass\"".into(),
+            );
+            c.kafka
+                .properties
+                .insert("ssl.key.pem".into(), "PEMDATA".into());
+            c.kafka
+                .properties
+                .insert("socket.timeout.ms".into(), "60000".into());
+        });
+        config.validate().unwrap();
+        assert_eq!(
+            config.postgres.redacted_url(),
+            "postgres://relay:***@db:5432/app?sslmode=disable"
+        );
+        let debug = format!("{config:?}");
+        let rendered = config.to_redacted_toml();
+        for shown in [&debug, &rendered] {
+            for secret in ["hunter2", "kafkapass", "jaaspass", "PEMDATA"] {
+                assert!(!shown.contains(secret), "{secret} leaked: {shown}");
+            }
+            assert!(
+                shown.contains("postgres://relay:***@db:5432/app"),
+                "{shown}"
+            );
+            assert!(shown.contains("60000"), "{shown}");
+        }
+        // The rendering is a loadable config.
+        let reparsed = from_toml(&rendered).unwrap();
+        assert_eq!(reparsed.kafka.properties["sasl.password"], "***");
+        assert_eq!(reparsed.postgres.slot, config.postgres.slot);
+    }
+
+    #[test]
+    fn connection_string_redaction_covers_every_form() {
+        let cases = [
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("postgresql://u:p%40ss@h/db", "postgresql://u:***@h/db"),
+            (
+                "postgres://u@h/db?password=pw&sslmode=require",
+                "postgres://u@h/db?password=***&sslmode=require",
+            ),
+            ("postgres://h:5432/db", "postgres://h:5432/db"),
+            (
+                "host=h user=u password=pw dbname=d",
+                "host=h user=u password=*** dbname=d",
+            ),
+            (
+                "host=h password = 'a \\' b' user=u",
+                "host=h password = *** user=u",
+            ),
+            ("host=h password='unterminated", "***"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(redact_connection_string(input), expected, "{input}");
+        }
+    }
+
+    #[test]
+    fn password_comes_from_the_file_over_the_url() {
+        let config = with(|c| c.postgres.url = "postgres://u:urlpw@h/db".into());
+        assert_eq!(
+            config.postgres.password().unwrap().unwrap().expose(),
+            "urlpw"
+        );
+        assert_eq!(
+            format!("{:?}", config.postgres.password().unwrap()),
+            "Some(***)"
+        );
+
+        let dir = std::env::temp_dir().join(format!("outbox-relay-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pw");
+        std::fs::write(&path, "  filepw\n").unwrap();
+        let config = with(|c| {
+            c.postgres.url = "postgres://u:urlpw@h/db".into();
+            c.postgres.password_file = path.to_string_lossy().into_owned();
+        });
+        assert_eq!(
+            config.postgres.password().unwrap().unwrap().expose(),
+            "filepw"
+        );
+        let pg = config.postgres.connect_config().unwrap();
+        assert_eq!(pg.get_password(), Some(&b"filepw"[..]));
+        assert_eq!(
+            pg.get_connect_timeout(),
+            Some(&Duration::from_millis(DEFAULT_CONNECT_TIMEOUT_MS))
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let missing = with(|c| c.postgres.password_file = "/nonexistent/pw".into());
+        let err = missing.postgres.password().unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/pw"), "{err}");
+    }
+
+    #[test]
+    fn error_messages_are_single_lines() {
+        let errors = [
+            from_toml("[postgres]\nbogus = 1\n").unwrap_err(),
+            from_env(&[("OUTBOX_RELAY__X__Y", "1")]).unwrap_err(),
+            with(|c| c.postgres.slot = "X".into())
+                .validate()
+                .unwrap_err(),
+        ];
+        for err in errors {
+            assert!(!err.to_string().contains('\n'), "{err}");
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The Kafka side: an idempotent producer with many records in flight, reporting each
+//! delivery through a channel instead of awaiting sends one by one.
+//!
+//! Every record carries its transaction's sequence number as the delivery opaque; the
+//! pipeline feeds the acknowledgements to the checkpoint ledger.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Statistics};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::checkpoint::TxnSeq;
+use crate::config::KafkaConfig;
+
+/// One Kafka record, built from an outbox event. Payload and key are shared, not copied,
+/// until librdkafka copies them into its queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub topic: String,
+    pub key: Bytes,
+    /// `None` is a tombstone.
+    pub payload: Option<Bytes>,
+    pub headers: Vec<(Arc<str>, Bytes)>,
+    /// Milliseconds since the Unix epoch; `None` lets the producer stamp it.
+    pub timestamp_ms: Option<i64>,
+    /// An explicit partition; `None` lets the partitioner choose from the key.
+    pub partition: Option<i32>,
+}
+
+impl Record {
+    /// Bytes this record holds while in flight (what the in-flight cap counts).
+    pub fn size(&self) -> usize {
+        self.key.len() + self.payload.as_ref().map_or(0, Bytes::len)
+    }
+}
+
+/// What Kafka said about one record.
+#[derive(Debug)]
+pub struct Delivery {
+    pub seq: TxnSeq,
+    /// Key + payload bytes of the record, to release from the in-flight count.
+    pub bytes: usize,
+    pub result: Result<(), DeliveryFailure>,
+}
+
+/// A record Kafka did not take, with the record itself so it can be dead-lettered.
+#[derive(Debug)]
+pub struct DeliveryFailure {
+    pub error: KafkaError,
+    pub message: OwnedMessage,
+}
+
+/// A record Kafka refused, named by topic and event id (never by payload).
+#[derive(Debug)]
+pub struct Rejection {
+    pub topic: String,
+    pub event_id: String,
+    pub error: KafkaError,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "event {} for topic `{}`: {}",
+            self.event_id, self.topic, self.error
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("cannot create the Kafka producer: {0}")]
+    Create(#[source] KafkaError),
+    #[error("Kafka refused the record: {0}")]
+    Rejected(Box<Rejection>),
+    #[error("the Kafka producer hit a fatal error: {0}; it will be recreated")]
+    Fatal(String),
+}
+
+impl PublishError {
+    /// Transient errors heal by restarting from the slot; the others are about the record.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            PublishError::Create(_) | PublishError::Fatal(_) => true,
+            PublishError::Rejected(r) => !is_permanent(&r.error),
+        }
+    }
+}
+
+/// Errors that no retry of the same record will heal: the record itself is wrong for Kafka.
+pub fn is_permanent(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::MessageBatchTooLarge
+        )
+    )
+}
+
+/// Receives librdkafka callbacks on its polling thread and forwards deliveries.
+pub struct DeliveryReporter {
+    deliveries: mpsc::UnboundedSender<Delivery>,
+}
+
+impl ClientContext for DeliveryReporter {
+    fn stats(&self, _: Statistics) {}
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        // Broker connection problems are reported here; librdkafka retries by itself.
+        warn!(error = %error, reason, "kafka client error; the producer keeps retrying");
+    }
+}
+
+impl ProducerContext for DeliveryReporter {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+        let (bytes, result) = match result {
+            Ok(m) => (m.payload_len() + m.key_len(), Ok(())),
+            Err((error, m)) => (
+                m.payload_len() + m.key_len(),
+                Err(DeliveryFailure {
+                    error: error.clone(),
+                    message: m.detach(),
+                }),
+            ),
+        };
+        // The receiver is gone only when the pipeline has been torn down: nothing to tell.
+        let _ = self.deliveries.send(Delivery {
+            seq: seq as TxnSeq,
+            bytes,
+            result,
+        });
+    }
+}
+
+pub struct Publisher {
+    producer: ThreadedProducer<DeliveryReporter>,
+}
+
+impl Publisher {
+    /// Creates the producer; deliveries arrive on the returned channel.
+    pub fn new(
+        config: &KafkaConfig,
+    ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let producer = client_config(config)
+            .create_with_context(DeliveryReporter { deliveries: tx })
+            .map_err(PublishError::Create)?;
+        Ok((Publisher { producer }, rx))
+    }
+
+    /// Hands a record to librdkafka. Returns at once; the outcome arrives as a `Delivery`.
+    pub fn send(&self, record: &Record, seq: TxnSeq, event_id: &str) -> Result<(), PublishError> {
+        let mut attempts = 0;
+        loop {
+            let base = base_record(record, seq);
+            match self.producer.send(base) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
+                    if attempts < 1000 =>
+                {
+                    // Our in-flight cap sits below librdkafka's queue limit, so this is rare:
+                    // give the polling thread a moment to drain callbacks.
+                    attempts += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((error, _)) => {
+                    return Err(PublishError::Rejected(Box::new(Rejection {
+                        topic: record.topic.clone(),
+                        event_id: event_id.to_string(),
+                        error,
+                    })))
+                }
+            }
+        }
+    }
+
+    /// The producer's fatal error, after which every send fails and it must be recreated.
+    pub fn fatal_error(&self) -> Option<String> {
+        self.producer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("{code:?}: {reason}"))
+    }
+
+    /// Waits up to `timeout` for queued records to be delivered.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        self.producer.flush(timeout).is_ok()
+    }
+
+    pub fn in_flight(&self) -> i32 {
+        self.producer.in_flight_count()
+    }
+}
+
+fn base_record<'a>(record: &'a Record, seq: TxnSeq) -> BaseRecord<'a, [u8], [u8], usize> {
+    let mut base = BaseRecord::with_opaque_to(&record.topic, seq as usize).key(&record.key[..]);
+    if let Some(payload) = &record.payload {
+        base = base.payload(&payload[..]);
+    }
+    if !record.headers.is_empty() {
+        let headers = record.headers.iter().fold(
+            OwnedHeaders::new_with_capacity(record.headers.len()),
+            |h, (k, v)| {
+                h.insert(Header {
+                    key: k,
+                    value: Some(&v[..]),
+                })
+            },
+        );
+        base = base.headers(headers);
+    }
+    if let Some(ts) = record.timestamp_ms {
+        base = base.timestamp(ts);
+    }
+    if let Some(p) = record.partition {
+        base = base.partition(p);
+    }
+    base
+}
+
+/// librdkafka settings: ours first, then the user's pass-through properties (validated by
+/// the config so that none of them weakens the delivery guarantee).
+pub fn client_config(config: &KafkaConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    let queue_kbytes = (config.max_in_flight_bytes * 4 / 1024).max(64 * 1024);
+    c.set("bootstrap.servers", &config.brokers)
+        .set("client.id", &config.client_id)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", config.linger_ms.to_string())
+        .set("batch.num.messages", config.batch_num_messages.to_string())
+        .set("compression.type", config.compression.as_str())
+        .set("message.timeout.ms", config.message_timeout_ms.to_string())
+        .set("partitioner", "murmur2_random")
+        .set(
+            "queue.buffering.max.messages",
+            (config.max_in_flight_messages * 2).to_string(),
+        )
+        .set("queue.buffering.max.kbytes", queue_kbytes.to_string());
+    for (key, value) in &config.properties {
+        c.set(key, value);
+    }
+    c
+}
+
+impl DeliveryFailure {
+    /// The failure as a rejection: topic and event id (the key), without the payload.
+    pub fn rejection(&self) -> Rejection {
+        Rejection {
+            topic: self.message.topic().to_string(),
+            event_id: self
+                .message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .unwrap_or_default(),
+            error: self.error.clone(),
+        }
+    }
+}

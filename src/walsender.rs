@@ -1,0 +1,708 @@
+//! Our walsender client: a PostgreSQL connection in `replication=database` mode that streams a
+//! logical slot.
+//!
+//! Mainline tokio-postgres cannot do this (no replication startup parameter, no CopyBoth), so
+//! the wire protocol is spoken here with `postgres-protocol`: startup, authentication (trust,
+//! cleartext, md5, SCRAM-SHA-256), `START_REPLICATION`, then CopyData frames both ways.
+//!
+//! Reading is cancel-safe (`ReplicationStream::next_frame` only consumes a frame once it is
+//! whole), so the pipeline can poll it inside `tokio::select!` next to its timers.
+
+use std::io;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::md5_hash;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::{backend, frontend};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_postgres::config::Host;
+
+use crate::lsn::Lsn;
+
+/// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 UTC).
+const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
+/// How much the read buffer grows by when it runs out of room.
+const READ_CHUNK: usize = 256 * 1024;
+/// SQLSTATE object_in_use: the slot is streamed by another backend.
+const SQLSTATE_OBJECT_IN_USE: &str = "55006";
+/// SQLSTATE undefined_object: the slot does not exist.
+const SQLSTATE_UNDEFINED_OBJECT: &str = "42704";
+
+/// An error reported by the server (`ErrorResponse`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerError {
+    pub code: String,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (SQLSTATE {})", self.message, self.code)?;
+        if let Some(detail) = &self.detail {
+            write!(f, "; detail: {detail}")?;
+        }
+        if let Some(hint) = &self.hint {
+            write!(f, "; hint: {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicationError {
+    #[error(
+        "cannot reach PostgreSQL at {target}: {source}; is the server running and the URL right?"
+    )]
+    Connect {
+        target: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("connection to PostgreSQL timed out after {0:?} ({1})")]
+    ConnectTimeout(Duration, String),
+    #[error("replication connection failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("PostgreSQL closed the replication connection")]
+    Closed,
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    #[error("slot `{slot}` is active in another backend: another relay holds it, or a stale connection; see `outbox-relay status`")]
+    SlotActive {
+        slot: String,
+        server: Box<ServerError>,
+    },
+    #[error("slot `{slot}` does not exist: {server}; create it with `outbox-relay slot create` (events since it was lost may be missing: recover them with `outbox-relay replay`)")]
+    SlotMissing {
+        slot: String,
+        server: Box<ServerError>,
+    },
+    #[error("PostgreSQL error: {0}")]
+    Server(Box<ServerError>),
+    #[error("replication protocol violation: {0}")]
+    Protocol(String),
+    #[error("invalid PostgreSQL URL: {0}")]
+    Url(String),
+}
+
+impl ReplicationError {
+    /// Transient errors heal by reconnecting (with backoff); the others need an operator.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ReplicationError::Connect { .. }
+            | ReplicationError::ConnectTimeout(..)
+            | ReplicationError::Io(_)
+            | ReplicationError::Closed
+            | ReplicationError::SlotActive { .. } => true,
+            // Shutdown, crash recovery, too many connections: the server will be back.
+            ReplicationError::Server(e) => {
+                matches!(&e.code[..2], "57" | "08" | "53") || e.code == "40001"
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Where and as whom to connect, taken from a libpq-style URL.
+#[derive(Clone)]
+pub struct ConnectParams {
+    pub host: Host,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<Vec<u8>>,
+    pub dbname: String,
+    pub application_name: String,
+    pub connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for ConnectParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectParams")
+            .field("target", &self.target())
+            .field("user", &self.user)
+            .field("dbname", &self.dbname)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnectParams {
+    /// Reads host, port, user, password and database from a URL; the password given here
+    /// (from a file or the environment) wins over the URL's.
+    pub fn from_url(
+        url: &str,
+        password: Option<&str>,
+        connect_timeout: Duration,
+    ) -> Result<Self, ReplicationError> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| ReplicationError::Url(format!("{e}")))?;
+        let host = config
+            .get_hosts()
+            .first()
+            .cloned()
+            .unwrap_or(Host::Tcp("localhost".into()));
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let user = config
+            .get_user()
+            .ok_or_else(|| ReplicationError::Url("the URL names no user".into()))?
+            .to_string();
+        let password = password
+            .map(|p| p.as_bytes().to_vec())
+            .or_else(|| config.get_password().map(<[u8]>::to_vec));
+        let dbname = config.get_dbname().unwrap_or(&user).to_string();
+        Ok(ConnectParams {
+            host,
+            port,
+            user,
+            password,
+            dbname,
+            application_name: "outbox-relay".into(),
+            connect_timeout,
+        })
+    }
+
+    pub fn target(&self) -> String {
+        match &self.host {
+            Host::Tcp(h) => format!("{h}:{}", self.port),
+            Host::Unix(dir) => format!("{}/.s.PGSQL.{}", dir.display(), self.port),
+        }
+    }
+}
+
+trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
+
+/// One frame of the replication stream (the payload of a server CopyData).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicationFrame {
+    /// `w`: WAL data carrying one pgoutput message.
+    XLogData {
+        wal_start: Lsn,
+        wal_end: Lsn,
+        data: Bytes,
+    },
+    /// `k`: the server's sent position, and whether it wants an answer now.
+    Keepalive { wal_end: Lsn, reply_requested: bool },
+}
+
+/// Parses the payload of a server CopyData frame.
+pub fn parse_frame(mut body: Bytes) -> Result<ReplicationFrame, ReplicationError> {
+    let short = |what: &str| ReplicationError::Protocol(format!("truncated {what} frame"));
+    if body.is_empty() {
+        return Err(short("empty"));
+    }
+    match body.get_u8() {
+        b'w' => {
+            if body.len() < 24 {
+                return Err(short("XLogData"));
+            }
+            let wal_start = Lsn(body.get_u64());
+            let wal_end = Lsn(body.get_u64());
+            let _send_time = body.get_i64();
+            Ok(ReplicationFrame::XLogData {
+                wal_start,
+                wal_end,
+                data: body,
+            })
+        }
+        b'k' => {
+            if body.len() < 17 {
+                return Err(short("keepalive"));
+            }
+            let wal_end = Lsn(body.get_u64());
+            let _send_time = body.get_i64();
+            let reply_requested = body.get_u8() != 0;
+            Ok(ReplicationFrame::Keepalive {
+                wal_end,
+                reply_requested,
+            })
+        }
+        tag => Err(ReplicationError::Protocol(format!(
+            "unknown replication frame tag {:?}",
+            tag as char
+        ))),
+    }
+}
+
+/// Encodes a standby status update ('r') inside a CopyData message.
+pub fn encode_status_update(write: Lsn, flush: Lsn, apply: Lsn, reply: bool) -> BytesMut {
+    let mut body = BytesMut::with_capacity(34);
+    body.put_u8(b'r');
+    body.put_u64(write.0);
+    body.put_u64(flush.0);
+    body.put_u64(apply.0);
+    body.put_i64(pg_now_us());
+    body.put_u8(u8::from(reply));
+    let mut out = BytesMut::with_capacity(40);
+    out.put_u8(b'd');
+    out.put_i32(4 + body.len() as i32);
+    out.extend_from_slice(&body);
+    out
+}
+
+fn pg_now_us() -> i64 {
+    let unix_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0);
+    unix_us - PG_EPOCH_OFFSET_US
+}
+
+/// Converts a PostgreSQL timestamp (µs since 2000-01-01) to µs since the Unix epoch.
+pub fn pg_time_to_unix_us(pg_us: i64) -> i64 {
+    pg_us + PG_EPOCH_OFFSET_US
+}
+
+/// An authenticated replication connection, ready for a replication command.
+pub struct WalSender {
+    io: Box<dyn Transport>,
+    buf: BytesMut,
+    /// The server's backend process id, for logs and `pg_terminate_backend`.
+    pub backend_pid: i32,
+}
+
+impl WalSender {
+    pub async fn connect(params: &ConnectParams) -> Result<WalSender, ReplicationError> {
+        let target = params.target();
+        let io = tokio::time::timeout(params.connect_timeout, open_transport(params))
+            .await
+            .map_err(|_| ReplicationError::ConnectTimeout(params.connect_timeout, target))??;
+        let mut conn = WalSender {
+            io,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+            backend_pid: 0,
+        };
+        tokio::time::timeout(params.connect_timeout, conn.startup(params))
+            .await
+            .map_err(|_| {
+                ReplicationError::ConnectTimeout(params.connect_timeout, params.target())
+            })??;
+        Ok(conn)
+    }
+
+    async fn startup(&mut self, params: &ConnectParams) -> Result<(), ReplicationError> {
+        let mut out = BytesMut::new();
+        frontend::startup_message(
+            [
+                ("user", params.user.as_str()),
+                ("database", params.dbname.as_str()),
+                ("replication", "database"),
+                ("application_name", params.application_name.as_str()),
+                ("client_encoding", "UTF8"),
+            ],
+            &mut out,
+        )?;
+        self.send(&out).await?;
+        self.authenticate(params).await?;
+        self.wait_ready().await
+    }
+
+    async fn authenticate(&mut self, params: &ConnectParams) -> Result<(), ReplicationError> {
+        loop {
+            match self.read_message().await? {
+                backend::Message::AuthenticationOk => return Ok(()),
+                backend::Message::AuthenticationCleartextPassword => {
+                    let password = require_password(params)?;
+                    self.send_password(password).await?;
+                }
+                backend::Message::AuthenticationMd5Password(body) => {
+                    let password = require_password(params)?;
+                    let hash = md5_hash(params.user.as_bytes(), password, body.salt());
+                    self.send_password(hash.as_bytes()).await?;
+                }
+                backend::Message::AuthenticationSasl(body) => {
+                    let mut mechanisms = body.mechanisms();
+                    let mut scram = false;
+                    while let Some(m) = mechanisms.next()? {
+                        scram |= m == SCRAM_SHA_256;
+                    }
+                    if !scram {
+                        return Err(ReplicationError::Auth(
+                            "the server offers no SASL mechanism we support (SCRAM-SHA-256)".into(),
+                        ));
+                    }
+                    self.scram(require_password(params)?).await?;
+                }
+                backend::Message::ErrorResponse(body) => {
+                    return Err(ReplicationError::Auth(server_error(&body)?.to_string()))
+                }
+                _ => {
+                    return Err(ReplicationError::Auth(
+                        "unsupported authentication method requested by the server (use trust, password, md5 or scram-sha-256)".into(),
+                    ))
+                }
+            }
+        }
+    }
+
+    async fn send_password(&mut self, password: &[u8]) -> Result<(), ReplicationError> {
+        let mut out = BytesMut::new();
+        frontend::password_message(password, &mut out)?;
+        self.send(&out).await
+    }
+
+    async fn scram(&mut self, password: &[u8]) -> Result<(), ReplicationError> {
+        let mut scram = ScramSha256::new(password, ChannelBinding::unsupported());
+        let mut out = BytesMut::new();
+        frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut out)?;
+        self.send(&out).await?;
+        match self.read_message().await? {
+            backend::Message::AuthenticationSaslContinue(body) => scram.update(body.data())?,
+            backend::Message::ErrorResponse(body) => {
+                return Err(ReplicationError::Auth(server_error(&body)?.to_string()))
+            }
+            _ => return Err(ReplicationError::Protocol("unexpected SASL message".into())),
+        }
+        out.clear();
+        frontend::sasl_response(scram.message(), &mut out)?;
+        self.send(&out).await?;
+        match self.read_message().await? {
+            backend::Message::AuthenticationSaslFinal(body) => Ok(scram.finish(body.data())?),
+            backend::Message::ErrorResponse(body) => {
+                Err(ReplicationError::Auth(server_error(&body)?.to_string()))
+            }
+            _ => Err(ReplicationError::Protocol("unexpected SASL message".into())),
+        }
+    }
+
+    /// Reads parameter statuses and the backend key until ReadyForQuery.
+    async fn wait_ready(&mut self) -> Result<(), ReplicationError> {
+        loop {
+            match self.read_message().await? {
+                backend::Message::ReadyForQuery(_) => return Ok(()),
+                backend::Message::BackendKeyData(body) => self.backend_pid = body.process_id(),
+                backend::Message::ErrorResponse(body) => {
+                    return Err(ReplicationError::Server(Box::new(server_error(&body)?)))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends `START_REPLICATION` for a pgoutput slot and switches to streaming.
+    ///
+    /// `start` of `Lsn::ZERO` resumes from the slot's `confirmed_flush_lsn`.
+    pub async fn start_replication(
+        mut self,
+        slot: &str,
+        publication: &str,
+        start: Lsn,
+        messages: bool,
+    ) -> Result<ReplicationStream, ReplicationError> {
+        let command = start_replication_command(slot, publication, start, messages);
+        let mut out = BytesMut::new();
+        frontend::query(&command, &mut out)?;
+        self.send(&out).await?;
+        loop {
+            let header = self.read_header().await?;
+            if header.tag() == b'W' {
+                // CopyBothResponse: postgres-protocol's parser does not know it.
+                self.buf.advance(header.len() as usize + 1);
+                return Ok(ReplicationStream { conn: self });
+            }
+            match self.read_message().await? {
+                backend::Message::ErrorResponse(body) => {
+                    return Err(classify_start_error(slot, server_error(&body)?))
+                }
+                backend::Message::NoticeResponse(_) => {}
+                _ => {
+                    return Err(ReplicationError::Protocol(
+                        "unexpected answer to START_REPLICATION".into(),
+                    ))
+                }
+            }
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) -> Result<(), ReplicationError> {
+        self.io.write_all(bytes).await?;
+        self.io.flush().await?;
+        Ok(())
+    }
+
+    /// Waits until a whole message is buffered and returns its header.
+    async fn read_header(&mut self) -> Result<backend::Header, ReplicationError> {
+        loop {
+            if let Some(header) = backend::Header::parse(&self.buf)? {
+                if self.buf.len() > header.len() as usize {
+                    return Ok(header);
+                }
+            }
+            self.fill().await?;
+        }
+    }
+
+    async fn read_message(&mut self) -> Result<backend::Message, ReplicationError> {
+        self.read_header().await?;
+        backend::Message::parse(&mut self.buf)?
+            .ok_or_else(|| ReplicationError::Protocol("incomplete message".into()))
+    }
+
+    /// Reads more bytes from the socket. Cancel-safe: bytes land in `buf` or nowhere.
+    async fn fill(&mut self) -> Result<(), ReplicationError> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        if self.io.read_buf(&mut self.buf).await? == 0 {
+            return Err(ReplicationError::Closed);
+        }
+        Ok(())
+    }
+}
+
+fn require_password(params: &ConnectParams) -> Result<&[u8], ReplicationError> {
+    params.password.as_deref().ok_or_else(|| {
+        ReplicationError::Auth(format!(
+            "the server asks a password for user `{}` and none is configured (put it in the URL, postgres.password_file, or PGPASSWORD)",
+            params.user
+        ))
+    })
+}
+
+async fn open_transport(params: &ConnectParams) -> Result<Box<dyn Transport>, ReplicationError> {
+    let target = params.target();
+    let connect_err = |source| ReplicationError::Connect {
+        target: target.clone(),
+        source,
+    };
+    match &params.host {
+        Host::Tcp(host) => {
+            let stream = TcpStream::connect((host.as_str(), params.port))
+                .await
+                .map_err(connect_err)?;
+            stream.set_nodelay(true).map_err(connect_err)?;
+            Ok(Box::new(stream))
+        }
+        #[cfg(unix)]
+        Host::Unix(dir) => {
+            let path = dir.join(format!(".s.PGSQL.{}", params.port));
+            let stream = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(connect_err)?;
+            Ok(Box::new(stream))
+        }
+        #[cfg(not(unix))]
+        Host::Unix(_) => Err(ReplicationError::Url(
+            "unix sockets are not supported here".into(),
+        )),
+    }
+}
+
+/// Quotes an identifier for a replication command (`"` doubled).
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Quotes a string literal (`'` doubled).
+fn quote_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+fn start_replication_command(slot: &str, publication: &str, start: Lsn, messages: bool) -> String {
+    // publication_names is itself a list of identifiers inside a string literal.
+    let publications = quote_literal(&quote_ident(publication));
+    format!(
+        "START_REPLICATION SLOT {} LOGICAL {} (\"proto_version\" '1', \"publication_names\" {}, \"messages\" '{}')",
+        quote_ident(slot),
+        start,
+        publications,
+        if messages { "true" } else { "false" }
+    )
+}
+
+fn classify_start_error(slot: &str, server: ServerError) -> ReplicationError {
+    let slot = slot.to_string();
+    let server = Box::new(server);
+    match server.code.as_str() {
+        SQLSTATE_OBJECT_IN_USE => ReplicationError::SlotActive { slot, server },
+        SQLSTATE_UNDEFINED_OBJECT if server.message.contains("replication slot") => {
+            ReplicationError::SlotMissing { slot, server }
+        }
+        _ => ReplicationError::Server(server),
+    }
+}
+
+fn server_error(body: &backend::ErrorResponseBody) -> Result<ServerError, ReplicationError> {
+    let mut error = ServerError {
+        code: String::new(),
+        message: String::new(),
+        detail: None,
+        hint: None,
+    };
+    let mut fields = body.fields();
+    while let Some(field) = fields.next()? {
+        let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
+        match field.type_() {
+            b'C' => error.code = value,
+            b'M' => error.message = value,
+            b'D' => error.detail = Some(value),
+            b'H' => error.hint = Some(value),
+            _ => {}
+        }
+    }
+    Ok(error)
+}
+
+/// A connection in CopyBoth mode: frames in, status updates out.
+pub struct ReplicationStream {
+    conn: WalSender,
+}
+
+impl ReplicationStream {
+    pub fn backend_pid(&self) -> i32 {
+        self.conn.backend_pid
+    }
+
+    /// The next replication frame. Cancel-safe.
+    pub async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
+        loop {
+            if let Some(body) = self.take_copy_data()? {
+                return parse_frame(body);
+            }
+            self.conn.fill().await?;
+        }
+    }
+
+    /// Takes one buffered CopyData body, if a whole one is there; other messages are handled
+    /// (errors returned, notices skipped).
+    fn take_copy_data(&mut self) -> Result<Option<Bytes>, ReplicationError> {
+        loop {
+            let buf = &mut self.conn.buf;
+            let Some(header) = backend::Header::parse(buf)? else {
+                return Ok(None);
+            };
+            let total = header.len() as usize + 1;
+            if buf.len() < total {
+                return Ok(None);
+            }
+            if header.tag() == b'd' {
+                let mut frame = buf.split_to(total).freeze();
+                frame.advance(5);
+                return Ok(Some(frame));
+            }
+            match backend::Message::parse(buf)? {
+                Some(backend::Message::ErrorResponse(body)) => {
+                    return Err(ReplicationError::Server(Box::new(server_error(&body)?)))
+                }
+                Some(backend::Message::CopyDone) => return Err(ReplicationError::Closed),
+                Some(backend::Message::NoticeResponse(_)) => {}
+                Some(_) => {
+                    return Err(ReplicationError::Protocol(format!(
+                        "unexpected message {:?} while streaming",
+                        header.tag() as char
+                    )))
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// Sends a standby status update: `flush` is what the slot may confirm.
+    pub async fn send_status(
+        &mut self,
+        write: Lsn,
+        flush: Lsn,
+        reply: bool,
+    ) -> Result<(), ReplicationError> {
+        let out = encode_status_update(write, flush, flush, reply);
+        self.conn.send(&out).await
+    }
+
+    /// Ends streaming politely: CopyDone then Terminate. Errors are irrelevant at this point.
+    pub async fn close(mut self) {
+        let mut out = BytesMut::new();
+        frontend::copy_done(&mut out);
+        frontend::terminate(&mut out);
+        let _ = self.conn.send(&out).await;
+        let _ = self.conn.io.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalive_frame_parses() {
+        let mut b = BytesMut::new();
+        b.put_u8(b'k');
+        b.put_u64(0x1_0000_0010);
+        b.put_i64(0);
+        b.put_u8(1);
+        let frame = parse_frame(b.freeze()).unwrap();
+        assert_eq!(
+            frame,
+            ReplicationFrame::Keepalive {
+                wal_end: Lsn(0x1_0000_0010),
+                reply_requested: true
+            }
+        );
+    }
+
+    #[test]
+    fn xlogdata_frame_keeps_payload() {
+        let mut b = BytesMut::new();
+        b.put_u8(b'w');
+        b.put_u64(5);
+        b.put_u64(9);
+        b.put_i64(0);
+        b.extend_from_slice(b"Bxyz");
+        match parse_frame(b.freeze()).unwrap() {
+            ReplicationFrame::XLogData {
+                wal_start,
+                wal_end,
+                data,
+            } => {
+                assert_eq!((wal_start, wal_end), (Lsn(5), Lsn(9)));
+                assert_eq!(&data[..], b"Bxyz");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn short_or_unknown_frames_are_errors() {
+        for body in [&b""[..], b"k\0\0", b"w\0\0\0", b"z"] {
+            assert!(parse_frame(Bytes::copy_from_slice(body)).is_err());
+        }
+    }
+
+    #[test]
+    fn status_update_layout() {
+        let out = encode_status_update(Lsn(3), Lsn(2), Lsn(2), true);
+        assert_eq!(out.len(), 1 + 4 + 34);
+        assert_eq!(out[0], b'd');
+        assert_eq!(&out[1..5], &38i32.to_be_bytes());
+        assert_eq!(out[5], b'r');
+        assert_eq!(&out[6..14], &3u64.to_be_bytes());
+        assert_eq!(&out[14..22], &2u64.to_be_bytes());
+        assert_eq!(out[38], 1);
+    }
+
+    #[test]
+    fn start_command_quotes_names() {
+        let cmd = start_replication_command("s", "my\"pub", Lsn(0), true);
+        assert_eq!(
+            cmd,
+            "START_REPLICATION SLOT \"s\" LOGICAL 0/0 (\"proto_version\" '1', \"publication_names\" '\"my\"\"pub\"', \"messages\" 'true')"
+        );
+    }
+
+    #[test]
+    fn url_gives_connect_params() {
+        let p = ConnectParams::from_url(
+            "postgres://u:secret@127.0.0.1:6543/db",
+            None,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        assert_eq!(p.target(), "127.0.0.1:6543");
+        assert_eq!((p.user.as_str(), p.dbname.as_str()), ("u", "db"));
+        assert_eq!(p.password.as_deref(), Some(&b"secret"[..]));
+        assert!(!format!("{p:?}").contains("secret"));
+    }
+}

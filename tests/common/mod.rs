@@ -1,0 +1,487 @@
+//! Shared harness for the integration tests: a fresh database, slot and topic prefix per test,
+//! the relay binary as a child process, writers, and a Kafka reader.
+//!
+//! The services are started by `scripts/test.sh` (see `scripts/services.sh`), which exports
+//! `OUTBOX_TEST_PG_URL`, `OUTBOX_TEST_KAFKA_BROKERS` and `OUTBOX_TEST_SERVICES`.
+#![allow(dead_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio_postgres::{Client, NoTls};
+
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the integration tests through scripts/test.sh, which starts PostgreSQL and Kafka")
+    })
+}
+
+pub fn brokers() -> String {
+    env("OUTBOX_TEST_KAFKA_BROKERS")
+}
+
+/// Runs `scripts/services.sh <command>` (e.g. `kafka-stop`).
+pub fn services(command: &str) {
+    let status = Command::new("bash")
+        .arg(env("OUTBOX_TEST_SERVICES"))
+        .arg(command)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run services.sh");
+    assert!(status.success(), "services.sh {command} failed");
+}
+
+pub fn random_name(prefix: &str) -> String {
+    let n: u64 = rand::thread_rng().gen();
+    format!("{prefix}{n:016x}")
+}
+
+/// Replaces the database in a postgres URL.
+fn url_with_db(url: &str, db: &str) -> String {
+    let (base, _) = url.rsplit_once('/').expect("URL has a database");
+    format!("{base}/{db}")
+}
+
+pub async fn connect(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A fresh database with the outbox migration applied, plus a slot name and topic prefix
+/// nobody else uses.
+#[derive(Clone)]
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub slot: String,
+    pub publication: String,
+    pub topic_prefix: String,
+    admin_url: String,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let admin_url = env("OUTBOX_TEST_PG_URL");
+        let name = random_name("t");
+        let admin = connect(&admin_url).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create database");
+        let url = url_with_db(&admin_url, &name);
+        let db = connect(&url).await;
+        let migration = std::fs::read_to_string(repo_path("migrations/001_outbox.sql")).unwrap();
+        db.batch_execute(&migration).await.expect("apply migration");
+        TestDb {
+            slot: format!("{name}_slot"),
+            publication: "outbox_relay_pub".into(),
+            topic_prefix: name.clone(),
+            name,
+            url,
+            admin_url,
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        connect(&self.url).await
+    }
+
+    pub fn topic(&self, aggregate_type: &str) -> String {
+        format!("{}.{aggregate_type}", self.topic_prefix)
+    }
+
+    /// The environment that points a relay at this database, slot and topic prefix.
+    pub fn relay_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("OUTBOX_RELAY__POSTGRES__URL".into(), self.url.clone()),
+            ("OUTBOX_RELAY__POSTGRES__SLOT".into(), self.slot.clone()),
+            (
+                "OUTBOX_RELAY__POSTGRES__PUBLICATION".into(),
+                self.publication.clone(),
+            ),
+            (
+                "OUTBOX_RELAY__POSTGRES__STATUS_INTERVAL_MS".into(),
+                "500".into(),
+            ),
+            (
+                "OUTBOX_RELAY__POSTGRES__RECONNECT_BACKOFF_INITIAL_MS".into(),
+                "200".into(),
+            ),
+            (
+                "OUTBOX_RELAY__POSTGRES__RECONNECT_BACKOFF_MAX_MS".into(),
+                "2000".into(),
+            ),
+            ("OUTBOX_RELAY__OUTBOX__TABLE".into(), "public.outbox".into()),
+            (
+                "OUTBOX_RELAY__OUTBOX__TOPIC".into(),
+                format!("{}.{{aggregatetype}}", self.topic_prefix),
+            ),
+            ("OUTBOX_RELAY__KAFKA__BROKERS".into(), brokers()),
+        ]
+    }
+
+    /// Creates the slot now, so that rows inserted before the relay starts are streamed.
+    pub async fn create_slot(&self) {
+        self.client()
+            .await
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&self.slot],
+            )
+            .await
+            .expect("create slot");
+    }
+
+    pub async fn confirmed_flush_lsn(&self) -> u64 {
+        let row = self
+            .client()
+            .await
+            .query_one(
+                "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .expect("read slot");
+        row.get::<_, i64>(0) as u64
+    }
+
+    pub async fn current_wal_lsn(&self) -> u64 {
+        let row = self
+            .client()
+            .await
+            .query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[])
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) as u64
+    }
+
+    /// Drops the slot (ending any holder) and the database. Best effort.
+    pub async fn cleanup(self) {
+        let admin = connect(&self.admin_url).await;
+        let _ = admin
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&self.slot],
+            )
+            .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = admin
+            .execute("SELECT pg_drop_replication_slot($1)", &[&self.slot])
+            .await;
+        let _ = admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .await;
+    }
+}
+
+pub fn repo_path(relative: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+/// One outbox event as the tests write it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: String,
+}
+
+impl Event {
+    /// A new event; the payload carries the writer and its sequence for order checks.
+    pub fn new(aggregate_type: &str, aggregate_id: &str, writer: usize, seq: usize) -> Event {
+        Event {
+            id: uuid::Uuid::new_v4().to_string(),
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: "Created".into(),
+            // jsonb's own text form, so the payload read back from the table is identical.
+            payload: format!(
+                r#"{{"seq": {seq}, "note": "ünïcode \"quoted\"", "writer": {writer}}}"#
+            ),
+        }
+    }
+}
+
+/// Inserts events in one transaction; commits, or rolls back when `commit` is false.
+pub async fn insert_events(client: &mut Client, events: &[Event], commit: bool) {
+    let tx = client.transaction().await.expect("begin");
+    let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let agg_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let event_types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
+    tx.execute(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+         SELECT i::uuid, a, g, t, p::jsonb
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+              WITH ORDINALITY AS u(i, a, g, t, p, n) ORDER BY n",
+        &[&ids, &types, &agg_ids, &event_types, &payloads],
+    )
+    .await
+    .expect("insert outbox rows");
+    if commit {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+}
+
+/// The relay binary running as a child process, its log in `target/test-logs/`.
+pub struct RelayProcess {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl RelayProcess {
+    pub fn start(env: &[(String, String)], name: &str) -> RelayProcess {
+        let dir = repo_path("target/test-logs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .arg("run")
+            .envs(env.iter().cloned())
+            .env("OUTBOX_RELAY_LOG", "info,outbox_relay=debug,rdkafka=warn")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("start relay");
+        RelayProcess { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                self.kill9();
+                panic!(
+                    "relay did not exit within {timeout:?} of SIGTERM; log: {}",
+                    self.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The exit status if the process has ended.
+    pub fn try_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.kill9();
+        }
+    }
+}
+
+/// One record read back from Kafka.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Vec<u8>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: HashMap<String, Vec<u8>>,
+    pub timestamp_ms: Option<i64>,
+}
+
+impl Received {
+    pub fn key_str(&self) -> String {
+        String::from_utf8_lossy(&self.key).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(name)
+            .map(|v| std::str::from_utf8(v).expect("utf-8 header"))
+    }
+}
+
+/// Reads the given topics from the beginning, feeding each record to `done` until it returns
+/// true or the deadline passes; then keeps reading for `settle` so duplicates are seen too.
+pub async fn read_until(
+    topics: &[String],
+    partitions: i32,
+    timeout: Duration,
+    settle: Duration,
+    done: impl FnMut(&Received) -> bool + Send + 'static,
+) -> Vec<Received> {
+    let topics = topics.to_vec();
+    tokio::task::spawn_blocking(move || {
+        read_until_blocking(&topics, partitions, timeout, settle, done)
+    })
+    .await
+    .unwrap()
+}
+
+/// Reads until every id in `ids` has arrived (or the deadline), then for `settle` more.
+pub async fn read_ids(
+    topics: &[String],
+    partitions: i32,
+    ids: &[String],
+    timeout: Duration,
+    settle: Duration,
+) -> Vec<Received> {
+    let mut waiting: HashSet<Vec<u8>> = ids.iter().map(|i| i.as_bytes().to_vec()).collect();
+    read_until(topics, partitions, timeout, settle, move |record| {
+        waiting.remove(&record.key);
+        waiting.is_empty()
+    })
+    .await
+}
+
+fn read_until_blocking(
+    topics: &[String],
+    partitions: i32,
+    timeout: Duration,
+    settle: Duration,
+    mut done: impl FnMut(&Received) -> bool,
+) -> Vec<Received> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", random_name("reader"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("topic.metadata.refresh.interval.ms", "500")
+        .create()
+        .expect("consumer");
+    let mut assignment = TopicPartitionList::new();
+    for topic in topics {
+        for p in 0..partitions {
+            assignment
+                .add_partition_offset(topic, p, Offset::Beginning)
+                .unwrap();
+        }
+    }
+    consumer.assign(&assignment).expect("assign");
+    let mut deadline = Instant::now() + timeout;
+    let mut records = Vec::new();
+    let mut settling = false;
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let record = received(&m);
+                if !settling && done(&record) {
+                    settling = true;
+                    deadline = Instant::now() + settle;
+                }
+                records.push(record);
+            }
+            // Unknown topic while the relay has not created it yet: keep polling.
+            Some(Err(e)) if e.to_string().contains("Unknown topic") => {}
+            Some(Err(e)) => eprintln!("read_until: consumer error {e}"),
+            None => {}
+        }
+    }
+    if !settling {
+        eprintln!("read_until: deadline after {} records", records.len());
+    }
+    records
+}
+
+fn received(m: &rdkafka::message::BorrowedMessage<'_>) -> Received {
+    Received {
+        topic: m.topic().to_string(),
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().unwrap_or_default().to_vec(),
+        payload: m.payload().map(<[u8]>::to_vec),
+        headers: m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        timestamp_ms: m.timestamp().to_millis(),
+    }
+}
+
+/// Counts of what arrived against what was expected.
+pub struct Tally {
+    pub missing: Vec<String>,
+    pub duplicates: usize,
+    pub unexpected: usize,
+}
+
+pub fn tally(expected: &[Event], received: &[Received]) -> Tally {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for r in received {
+        *seen.entry(r.key_str()).or_default() += 1;
+    }
+    let expected_ids: std::collections::HashSet<&str> =
+        expected.iter().map(|e| e.id.as_str()).collect();
+    Tally {
+        missing: expected
+            .iter()
+            .filter(|e| !seen.contains_key(&e.id))
+            .map(|e| e.id.clone())
+            .collect(),
+        duplicates: seen.values().map(|&n| n.saturating_sub(1)).sum(),
+        unexpected: seen
+            .keys()
+            .filter(|k| !expected_ids.contains(k.as_str()))
+            .count(),
+    }
+}
+
+/// Polls `check` until it returns true or the deadline passes (then panics with `what`).
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,344 @@
+//! The relay end to end against the real PostgreSQL and Kafka started by `scripts/test.sh`.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::Rng;
+
+/// Writes `total` events from `writers` concurrent writers in transactions of 1 to `max_txn`
+/// rows, alternating aggregate types per transaction. Returns events in each writer's commit
+/// order, writer by writer.
+async fn write_concurrently(
+    db: &TestDb,
+    writers: usize,
+    total: usize,
+    max_txn: usize,
+    pause: Duration,
+) -> Vec<Vec<Event>> {
+    let per_writer = total / writers;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let mut client = db.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut written = Vec::with_capacity(per_writer);
+            let mut txn_no = 0;
+            while written.len() < per_writer {
+                let n = rand::thread_rng()
+                    .gen_range(1..=max_txn)
+                    .min(per_writer - written.len());
+                let aggregate_type = if txn_no % 2 == 0 { "order" } else { "customer" };
+                let batch: Vec<Event> = (0..n)
+                    .map(|i| {
+                        Event::new(
+                            aggregate_type,
+                            &format!("w{w}-{txn_no}"),
+                            w,
+                            written.len() + i,
+                        )
+                    })
+                    .collect();
+                insert_events(&mut client, &batch, true).await;
+                written.extend(batch);
+                txn_no += 1;
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            written
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.push(t.await.unwrap());
+    }
+    all
+}
+
+async fn wait_for_slot(db: &TestDb, relay: &mut RelayProcess) {
+    let client = db.client().await;
+    let slot = db.slot.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let active: Option<bool> = client
+            .query_opt(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .unwrap()
+            .map(|r| r.get(0));
+        if active == Some(true) {
+            return;
+        }
+        if let Some(status) = relay.try_status() {
+            panic!(
+                "relay exited with {status} before streaming:\n{}",
+                relay.log_text()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "relay never started streaming:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the slot has confirmed everything written so far.
+async fn wait_confirmed_current(db: &TestDb, timeout: Duration) {
+    let target = db.current_wal_lsn().await;
+    wait_for("the slot to confirm the written WAL", timeout, || async {
+        db.confirmed_flush_lsn().await >= target
+    })
+    .await;
+}
+
+fn ids(events: &[Event]) -> Vec<String> {
+    events.iter().map(|e| e.id.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_arrive_exactly_once_in_commit_order() {
+    let db = TestDb::new().await;
+    let mut relay = RelayProcess::start(&db.relay_env(), "exactly_once");
+    wait_for_slot(&db, &mut relay).await;
+
+    let per_writer = write_concurrently(&db, 8, 10_000, 50, Duration::ZERO).await;
+    let all: Vec<Event> = per_writer.iter().flatten().cloned().collect();
+    assert_eq!(all.len(), 10_000);
+
+    let topics = vec![db.topic("order"), db.topic("customer")];
+    let received = read_ids(
+        &topics,
+        1,
+        &ids(&all),
+        Duration::from_secs(120),
+        Duration::from_secs(3),
+    )
+    .await;
+    let t = tally(&all, &received);
+    assert!(
+        t.missing.is_empty(),
+        "{} of 10000 events missing, e.g. {:?}",
+        t.missing.len(),
+        &t.missing[..t.missing.len().min(3)]
+    );
+    assert_eq!(t.duplicates, 0, "a clean run must not duplicate");
+    assert_eq!(t.unexpected, 0);
+
+    // Payloads byte-equal to what PostgreSQL stored; topic, key and headers as documented.
+    let stored: HashMap<String, String> = db
+        .client()
+        .await
+        .query("SELECT id::text, payload::text FROM outbox", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let by_id: HashMap<&str, &Event> = all.iter().map(|e| (e.id.as_str(), e)).collect();
+    for r in &received {
+        let key = r.key_str();
+        let e = by_id[key.as_str()];
+        assert_eq!(r.topic, db.topic(&e.aggregate_type));
+        assert_eq!(
+            r.payload.as_deref(),
+            Some(stored[&key].as_bytes()),
+            "payload of {key}"
+        );
+        assert_eq!(stored[&key], e.payload, "jsonb kept the text");
+        assert_eq!(r.header("id"), Some(key.as_str()));
+        assert_eq!(r.header("type"), Some(e.event_type.as_str()));
+        assert_eq!(r.header("aggregatetype"), Some(e.aggregate_type.as_str()));
+        assert_eq!(r.header("aggregateid"), Some(e.aggregate_id.as_str()));
+    }
+
+    // Commit order: per topic (one partition), each writer's events arrive in its order.
+    let position: HashMap<&str, (usize, usize)> = per_writer
+        .iter()
+        .enumerate()
+        .flat_map(|(w, evs)| {
+            evs.iter()
+                .enumerate()
+                .map(move |(i, e)| (e.id.as_str(), (w, i)))
+        })
+        .collect();
+    for topic in &topics {
+        let mut last: HashMap<usize, usize> = HashMap::new();
+        let mut in_topic: Vec<&Received> = received.iter().filter(|r| &r.topic == topic).collect();
+        in_topic.sort_by_key(|r| r.offset);
+        for r in in_topic {
+            let (w, i) = position[r.key_str().as_str()];
+            if let Some(&prev) = last.get(&w) {
+                assert!(
+                    prev < i,
+                    "writer {w}: event {i} arrived after {prev} on {topic}"
+                );
+            }
+            last.insert(w, i);
+        }
+    }
+
+    wait_confirmed_current(&db, Duration::from_secs(30)).await;
+    let status = relay.terminate(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "SIGTERM exit status {status}:\n{}",
+        relay.log_text()
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolled_back_transactions_publish_nothing() {
+    let db = TestDb::new().await;
+    let mut relay = RelayProcess::start(&db.relay_env(), "rollback");
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut client = db.client().await;
+    let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
+    for i in 0..40 {
+        let batch: Vec<Event> = (0..5)
+            .map(|j| Event::new("order", "a", 0, i * 5 + j))
+            .collect();
+        let commit = i % 2 == 0;
+        insert_events(&mut client, &batch, commit).await;
+        if commit {
+            committed.extend(batch)
+        } else {
+            rolled_back.extend(batch)
+        }
+    }
+    // Committed last: once it is in Kafka, everything before it has been streamed.
+    let marker = vec![Event::new("order", "marker", 0, 999)];
+    insert_events(&mut client, &marker, true).await;
+    committed.extend(marker);
+
+    let received = read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&committed),
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    )
+    .await;
+    let t = tally(&committed, &received);
+    assert!(
+        t.missing.is_empty(),
+        "{} committed events missing",
+        t.missing.len()
+    );
+    let leaked: HashSet<String> = ids(&rolled_back).into_iter().collect();
+    let published_rolled_back = received
+        .iter()
+        .filter(|r| leaked.contains(&r.key_str()))
+        .count();
+    assert_eq!(published_rolled_back, 0, "rolled-back events reached Kafka");
+    assert_eq!(received.len(), committed.len());
+
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_five_times_loses_nothing() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let env = db.relay_env();
+    let mut relay = RelayProcess::start(&env, "sigkill");
+    wait_for_slot(&db, &mut relay).await;
+
+    // Writers stream 20,000 events over several seconds while the relay is killed.
+    let writer_db = db.clone();
+    let writing = tokio::spawn(async move {
+        write_concurrently(&writer_db, 4, 20_000, 50, Duration::from_millis(25)).await
+    });
+    for kill in 1..=5 {
+        let wait = rand::thread_rng().gen_range(500..2500);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        relay.kill9();
+        eprintln!("kill {kill}: SIGKILL after {wait} ms");
+        tokio::time::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..500))).await;
+        relay = RelayProcess::start(&env, "sigkill");
+    }
+    let all: Vec<Event> = writing.await.unwrap().into_iter().flatten().collect();
+    assert_eq!(all.len(), 20_000);
+
+    let topics = vec![db.topic("order"), db.topic("customer")];
+    let received = read_ids(
+        &topics,
+        1,
+        &ids(&all),
+        Duration::from_secs(180),
+        Duration::from_secs(3),
+    )
+    .await;
+    let t = tally(&all, &received);
+    println!(
+        "sigkill x5: {} events, {} missing, {} duplicates (at-least-once redelivery)",
+        all.len(),
+        t.missing.len(),
+        t.duplicates
+    );
+    assert!(
+        t.missing.is_empty(),
+        "{} of 20000 events missing after 5 SIGKILLs, e.g. {:?}\n{}",
+        t.missing.len(),
+        &t.missing[..t.missing.len().min(3)],
+        relay.log_text()
+    );
+    assert_eq!(t.unexpected, 0);
+
+    wait_confirmed_current(&db, Duration::from_secs(60)).await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_outbox_on_busy_database_still_advances_slot() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let start = db.confirmed_flush_lsn().await;
+    let mut relay = RelayProcess::start(&db.relay_env(), "idle");
+    wait_for_slot(&db, &mut relay).await;
+
+    // 50 MB of WAL in a table that is not published.
+    let client = db.client().await;
+    client
+        .batch_execute("CREATE TABLE noise (id bigserial PRIMARY KEY, pad text NOT NULL)")
+        .await
+        .unwrap();
+    for _ in 0..50 {
+        client
+            .batch_execute("INSERT INTO noise (pad) SELECT repeat(md5(g::text), 32) FROM generate_series(1, 1000) g")
+            .await
+            .unwrap();
+    }
+    let written = db.current_wal_lsn().await;
+    assert!(
+        written - start >= 50_000_000,
+        "only {} bytes of WAL written",
+        written - start
+    );
+
+    // Status interval is 500 ms: the slot must catch up within a few intervals.
+    let began = Instant::now();
+    wait_for(
+        "confirmed_flush_lsn to reach the WAL written by the noise",
+        Duration::from_secs(15),
+        || async { db.confirmed_flush_lsn().await >= written },
+    )
+    .await;
+    println!(
+        "idle slot caught up {} bytes of unrelated WAL in {:?}",
+        written - start,
+        began.elapsed()
+    );
+
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
