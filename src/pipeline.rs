@@ -16,7 +16,7 @@ use crate::checkpoint::{Ledger, LedgerError};
 use crate::config::Config;
 use crate::control::{Control, ControlError};
 use crate::lsn::Lsn;
-use crate::outbox::{BoundTable, MappingError, OutboxMapping};
+use crate::outbox::{BoundTable, MappingError, OutboxEvent, OutboxMapping};
 use crate::pgoutput::{self, DecodeError, LogicalMessage};
 use crate::publisher::{self, Delivery, PublishError, Publisher, Rejection};
 use crate::walsender::{
@@ -353,6 +353,7 @@ impl<'a> Session<'a> {
     }
 
     fn handle_insert(&mut self, insert: pgoutput::Insert) -> Result<(), RelayError> {
+        let commit_time_ms = self.open_txn()?.commit_time_ms;
         let bound = match self.relations.get(&insert.relation_id) {
             Some(Some(bound)) => bound,
             Some(None) => return Ok(()),
@@ -363,14 +364,25 @@ impl<'a> Session<'a> {
                 )))
             }
         };
-        let txn = self
-            .txn
+        let event = bound.to_event(&insert.tuple, commit_time_ms);
+        self.publish_event(event)
+    }
+
+    fn open_txn(&mut self) -> Result<&mut OpenTxn, RelayError> {
+        self.txn
             .as_mut()
-            .ok_or_else(|| RelayError::Protocol("INSERT outside a transaction".into()))?;
-        let event = bound.to_event(&insert.tuple, txn.commit_time_ms)?;
+            .ok_or_else(|| RelayError::Protocol("change outside a transaction".into()))
+    }
+
+    /// Hands one mapped event of the open transaction to Kafka.
+    fn publish_event(
+        &mut self,
+        event: Result<OutboxEvent, MappingError>,
+    ) -> Result<(), RelayError> {
+        let event = event?;
         let seq = self.ledger.record_sent()?;
         self.publisher.send(&event.record, seq, &event.id)?;
-        txn.events += 1;
+        self.open_txn()?.events += 1;
         self.in_flight_messages += 1;
         self.in_flight_bytes += event.record.size();
         Ok(())

@@ -220,6 +220,13 @@ impl Event {
 
 /// Inserts events in one transaction; commits, or rolls back when `commit` is false.
 pub async fn insert_events(client: &mut Client, events: &[Event], commit: bool) {
+    insert_events_at(client, events, commit).await;
+}
+
+/// Like `insert_events`, and returns the WAL insert position just before the COMMIT: a lower
+/// bound of the transaction's commit LSN, which is what redelivery after a restart hinges on
+/// (PostgreSQL re-sends every transaction whose commit is at or after the confirmed position).
+pub async fn insert_events_at(client: &mut Client, events: &[Event], commit: bool) -> u64 {
     let tx = client.transaction().await.expect("begin");
     let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
     let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
@@ -235,11 +242,17 @@ pub async fn insert_events(client: &mut Client, events: &[Event], commit: bool) 
     )
     .await
     .expect("insert outbox rows");
+    let before_commit: i64 = tx
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+        .await
+        .unwrap()
+        .get(0);
     if commit {
         tx.commit().await.expect("commit");
     } else {
         tx.rollback().await.expect("rollback");
     }
+    before_commit as u64
 }
 
 /// The relay binary running as a child process, its log in `target/test-logs/`.
