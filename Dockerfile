@@ -4,10 +4,11 @@
 
 # ---- build ----------------------------------------------------------------
 FROM rust:1-bookworm AS builder
-# librdkafka is compiled from source by rdkafka-sys.
+# librdkafka is compiled from source by rdkafka-sys; OpenSSL backs TLS to PostgreSQL and
+# Kafka (and SASL SCRAM).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      build-essential cmake pkg-config zlib1g-dev \
+      build-essential cmake pkg-config zlib1g-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -21,12 +22,15 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # ---- run ------------------------------------------------------------------
 FROM debian:bookworm-slim
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates libssl3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin relay
 COPY --from=builder /out/outbox-relay /usr/local/bin/outbox-relay
 COPY config/outbox-relay.toml /etc/outbox-relay/outbox-relay.toml
 USER relay
+# /metrics, /healthz, /readyz (bound to all interfaces inside the container).
+ENV OUTBOX_RELAY__HTTP__LISTEN=0.0.0.0:9187
+EXPOSE 9187
 # Settings come from the config file, overridden by OUTBOX_RELAY__<SECTION>__<KEY>
 # variables (e.g. OUTBOX_RELAY__POSTGRES__URL, OUTBOX_RELAY__KAFKA__BROKERS).
 ENTRYPOINT ["outbox-relay"]

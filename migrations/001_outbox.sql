@@ -6,14 +6,19 @@
 --
 -- The column layout follows Debezium's outbox event router, so applications
 -- that already write Debezium-style outbox rows need no change:
---   id             unique event id; consumers deduplicate on it (delivery to
---                  Kafka is at-least-once)
+--   id             unique event id: the Kafka record key; consumers deduplicate
+--                  on it (delivery to Kafka is at-least-once)
 --   aggregatetype  selects the topic (e.g. "order" -> outbox.event.order)
---   aggregateid    the record key, so all events of one aggregate go to one
---                  partition and keep their commit order
+--   aggregateid    chooses the partition (outbox.partition_by = "aggregate_id",
+--                  the default: murmur2 of the aggregate id, as the Java client
+--                  hashes keys), so all events of one aggregate go to one
+--                  partition and keep their commit order although the key is
+--                  the event id
 --   type           the event type
 --   payload        the record value (JSON)
---   created_at     for humans and for housekeeping
+--   created_at     for humans, `outbox-relay replay --since` and the retention
+--                  sweeper ([outbox.sweeper]); DEFAULT now() is the inserting
+--                  transaction's start time
 
 CREATE TABLE IF NOT EXISTS outbox (
     id            uuid        PRIMARY KEY,
@@ -24,7 +29,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     created_at    timestamptz NOT NULL DEFAULT now()
 );
 
--- For housekeeping jobs that delete old rows ("DELETE ... WHERE created_at < ...").
+-- For the retention sweeper ([outbox.sweeper]) and replay --since, which select
+-- rows by created_at.
 CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON outbox (created_at);
 
 -- The relay reads the outbox through logical decoding (pgoutput) of this

@@ -66,6 +66,7 @@ locked=()
 [[ -f Cargo.lock ]] && locked=(--locked)
 
 log "building the relay (release)"
+bash "$(dirname "${BASH_SOURCE[0]}")/build-deps.sh"
 cargo build --release "${locked[@]}" --bin outbox-relay
 
 log "starting PostgreSQL and Kafka (state in $OUTBOX_RUN_DIR)"

@@ -33,8 +33,19 @@
 #   pg-replica/data, pg-replica/postgres.log second cluster
 #   kafka/data, kafka/logs/server.log, kafka/kafka.out, kafka/kafka.pid,
 #   kafka/cluster.id, kafka/server.properties
-# The Kafka classpath (resolved once with Maven from scripts/kafka/pom.xml) is
-# cached in ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/.
+# The Kafka classpath (resolved once with Maven from scripts/kafka/pom.xml) and
+# a JVM class archive of the broker (faster start-up) are cached in
+# ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/.
+#
+# Tuning (environment):
+#   OUTBOX_KAFKA_JVM_OPTS   extra broker JVM options, appended. The broker runs
+#                           with C1 only (-XX:TieredStopAtLevel=1: starts fast,
+#                           less JIT CPU on 2 cores); for throughput benchmarks
+#                           pass "-XX:TieredStopAtLevel=4" to get C2 back.
+#   OUTBOX_KAFKA_CDS=0      no class archive
+#   OUTBOX_KAFKA_STOP_TIMEOUT (20), OUTBOX_KAFKA_START_TIMEOUT (120),
+#   OUTBOX_PG_START_TIMEOUT (60)   seconds
+#   OUTBOX_PG_BIN           PostgreSQL bin dir (default /usr/lib/postgresql/15/bin)
 #
 # Messages go to stderr; stdout carries only the documented output, so
 # `source "$(scripts/services.sh start)"` works.
@@ -147,6 +158,9 @@ write_env() {
         printf 'export OUTBOX_TEST_PG_BIN=%q\n' "${PG_BIN:-$(find_pg_bin || true)}"
         printf 'export OUTBOX_TEST_PG_DATA=%q\n' "$RUN_DIR/pg/data"
         printf 'export OUTBOX_TEST_KAFKA_BROKERS=%q\n' "127.0.0.1:$kafka_port"
+        # TLS on the main cluster: the CA that signed its certificate, and one that did not.
+        printf 'export OUTBOX_TEST_PG_CA=%q\n' "$RUN_DIR/pg/tls/ca.crt"
+        printf 'export OUTBOX_TEST_PG_WRONG_CA=%q\n' "$RUN_DIR/pg/tls/wrong-ca.crt"
         if pg_running pg-replica; then
             replica_port=$(port_for pg-replica)
             printf 'export OUTBOX_TEST_PG_REPLICA_URL=%q\n' \
@@ -225,6 +239,32 @@ pg_running() {
     as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1
 }
 
+# A test CA, a server certificate it signed (for localhost and 127.0.0.1) and an
+# unrelated CA, so tests can check verify-full and a wrong CA. Made once per state dir.
+pg_make_certs() {
+    local tls="$RUN_DIR/$1/tls"
+    [[ -f $tls/server.crt ]] && return 0
+    command -v openssl >/dev/null 2>&1 || apt_install openssl
+    mkdir -p "$tls"
+    (
+        cd "$tls"
+        openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox-relay test CA" \
+            -keyout ca.key -out ca.crt 2>/dev/null
+        openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=unrelated CA" \
+            -keyout wrong-ca.key -out wrong-ca.crt 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+            -keyout server.key -out server.csr 2>/dev/null
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >san.ext
+        openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+            -extfile san.ext -out server.crt 2>/dev/null
+    ) || die "cannot make the test TLS certificates"
+    chmod 600 "$tls/server.key"
+    if [[ $EUID -eq 0 ]]; then
+        chown -R "$PG_USER_OS:" "$tls"
+    fi
+    chmod 644 "$tls/ca.crt" "$tls/wrong-ca.crt"
+}
+
 # Writes the settings file that postgresql.conf includes (rewritten at every
 # start, so that the port and settings always match this script).
 pg_write_conf() {
@@ -244,6 +284,9 @@ pg_write_conf() {
         echo "log_line_prefix = '%m [%p] %q%u@%d '"
         echo "log_replication_commands = on"
         if [[ $name == pg ]]; then
+            echo "ssl = on"
+            echo "ssl_cert_file = '$dir/tls/server.crt'"
+            echo "ssl_key_file = '$dir/tls/server.key'"
             echo "wal_level = logical"
             echo "max_replication_slots = 64"
             echo "max_wal_senders = 64"
@@ -303,6 +346,7 @@ pg_start_cluster() {
     if port_in_use "$port"; then
         die "port $port (saved in $PORTS_DIR/$name) is taken by another process; stop it or run '$SELF clean'"
     fi
+    if [[ $name == pg ]]; then pg_make_certs "$name"; fi
     pg_write_conf "$name" "$port"
     log "starting PostgreSQL ($name) on 127.0.0.1:$port"
     if ! as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$logf" -w -t "$PG_START_TIMEOUT" -s start \
@@ -552,7 +596,7 @@ kafka_cds_args() {
 }
 
 kafka_start() {
-    local port cport cp pid offset i logf="$KAFKA_DIR/logs/server.log" outf="$KAFKA_DIR/kafka.out"
+    local port cport cp pid offset out_offset i logf="$KAFKA_DIR/logs/server.log" outf="$KAFKA_DIR/kafka.out"
     local -a java_args
     local cds_used=
     port=$(port_for kafka)
@@ -571,8 +615,11 @@ kafka_start() {
     done
     offset=0
     [[ -f $logf ]] && offset=$(stat -c %s "$logf")
+    out_offset=0
+    [[ -f $outf ]] && out_offset=$(stat -c %s "$outf")
     java_args=(-Xms256m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError
-        -XX:TieredStopAtLevel=1 -Xshare:auto -Djava.awt.headless=true -Djava.net.preferIPv4Stack=true)
+        -XX:TieredStopAtLevel=1 -Xshare:auto '-Xlog:cds*=error' -Djava.awt.headless=true
+        -Djava.net.preferIPv4Stack=true)
     kafka_cds_args
     # shellcheck disable=SC2206 # word splitting wanted: several options
     [[ -n ${OUTBOX_KAFKA_JVM_OPTS:-} ]] && java_args+=($OUTBOX_KAFKA_JVM_OPTS)
@@ -594,8 +641,11 @@ kafka_start() {
     for ((i = 0; i < KAFKA_START_TIMEOUT * 10; i++)); do
         if [[ -z $pid ]] || ! alive "$pid"; then
             show_tail "$outf" "$logf"
-            # Should a cached class archive be at fault, the next start goes without it.
-            [[ -n $cds_used ]] && rm -f "$cds_used"
+            # Should the cached class archive be at fault, the next start goes without it.
+            if [[ -n $cds_used ]] &&
+                tail -c +"$((out_offset + 1))" "$outf" | grep -Eqi 'shared archive|cds'; then
+                rm -f "$cds_used"
+            fi
             die "Kafka exited during start-up; logs: $logf $outf"
         fi
         if [[ -f $logf ]] &&
@@ -658,19 +708,26 @@ kafka_tool() {
 # ------------------------------------------------------------------- main
 
 cmd_start() {
-    local kafka_job rc=0
+    local kafka_job pg_job rc=0
     # Installs (apt) happen one at a time, before anything runs in parallel.
     ensure_pg_installed
     if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
         ensure_java_maven
     fi
-    # Kafka (JVM start, maybe Maven) and PostgreSQL start in parallel.
+    # Ports are picked here, before anything runs in parallel.
+    port_for pg >/dev/null
+    port_for kafka >/dev/null
+    port_for kafka-controller >/dev/null
+    # Kafka (JVM start, maybe Maven) and PostgreSQL start in parallel, as
+    # background jobs (where set -e still applies), then both are waited for.
     kafka_start &
     kafka_job=$!
-    pg_start_cluster pg || rc=$?
-    if ((rc == 0)); then
-        pg_setup_roles || rc=$?
-    fi
+    {
+        pg_start_cluster pg
+        pg_setup_roles
+    } &
+    pg_job=$!
+    wait "$pg_job" || rc=$?
     wait "$kafka_job" || rc=$?
     if ((rc != 0)); then
         log "start failed; stopping what did start"

@@ -54,6 +54,8 @@ for arg in "${test_args[@]}"; do
     [[ $arg == --test-threads* ]] && threads=()
 done
 
+bash "$ROOT/scripts/build-deps.sh"
+
 # Build first (exactly what `cargo test` below runs), so that the services
 # are not kept waiting by the compiler.
 log "building: cargo test --no-run ${targets[*]} ${locked[*]} ${cargo_args[*]}"
@@ -62,15 +64,21 @@ cargo test --no-run "${targets[@]}" "${locked[@]}" "${cargo_args[@]}"
 services_started=0
 # shellcheck disable=SC2317 # called through the EXIT trap
 cleanup() {
-    local rc=$?
+    local rc=$? f
     trap - EXIT INT TERM
     if ((services_started)); then
         if ((rc != 0)) && [[ ${CI:-} == true ]]; then
-            for f in "$OUTBOX_RUN_DIR/pg/postgres.log" "$OUTBOX_RUN_DIR/kafka/logs/server.log"; do
-                [[ -s $f ]] || continue
+            # CI keeps no files: show the end of the service logs.
+            f="$OUTBOX_RUN_DIR/pg/postgres.log"
+            if [[ -s $f ]]; then
                 printf -- '----- last lines of %s -----\n' "$f" >&2
                 tail -n 60 "$f" >&2 || true
-            done
+            fi
+            f="$OUTBOX_RUN_DIR/kafka/logs/server.log"
+            if [[ -s $f ]]; then
+                printf -- '----- last warnings and errors of %s -----\n' "$f" >&2
+                grep -E '^\[[^]]*\] (WARN|ERROR|FATAL) ' "$f" | tail -n 40 >&2 || true
+            fi
         fi
         log "stopping services"
         bash "$SERVICES" stop || true
@@ -102,7 +110,8 @@ log "services up in $((SECONDS - start_time))s; env: $env_file"
 source "$env_file"
 
 set +e
-cargo test "${targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${test_args[@]}"
+# --no-fail-fast: a failing test binary does not hide the results of the others.
+cargo test --no-fail-fast "${targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${test_args[@]}"
 rc=$?
 set -e
 exit "$rc"

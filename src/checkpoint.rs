@@ -31,6 +31,8 @@ struct Entry {
     /// `None` while the transaction is still being received.
     end_lsn: Option<Lsn>,
     outstanding: u64,
+    /// Commit time (ms since the Unix epoch), for commit-to-acknowledgement latency.
+    commit_time_ms: i64,
 }
 
 #[derive(Debug)]
@@ -53,7 +55,7 @@ impl Ledger {
         }
     }
 
-    pub fn begin(&mut self) -> Result<TxnSeq, LedgerError> {
+    pub fn begin(&mut self, commit_time_ms: i64) -> Result<TxnSeq, LedgerError> {
         if let Some(open) = self.open_entry() {
             return Err(LedgerError::NestedBegin(open.seq));
         }
@@ -63,6 +65,7 @@ impl Ledger {
             seq,
             end_lsn: None,
             outstanding: 0,
+            commit_time_ms,
         });
         Ok(seq)
     }
@@ -85,15 +88,17 @@ impl Ledger {
         Ok(())
     }
 
-    /// Kafka acknowledged one record of transaction `seq`.
-    pub fn ack(&mut self, seq: TxnSeq) -> Result<(), LedgerError> {
+    /// Kafka acknowledged one record of transaction `seq`; returns the transaction's commit
+    /// time.
+    pub fn ack(&mut self, seq: TxnSeq) -> Result<i64, LedgerError> {
         let entry = self
             .entry_mut(seq)
             .filter(|e| e.outstanding > 0)
             .ok_or(LedgerError::UnknownTransaction(seq))?;
         entry.outstanding -= 1;
+        let commit_time_ms = entry.commit_time_ms;
         self.advance();
-        Ok(())
+        Ok(commit_time_ms)
     }
 
     /// The server's sent position from a keepalive.
@@ -154,7 +159,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn txn(ledger: &mut Ledger, records: u64, end: u64) -> TxnSeq {
-        let seq = ledger.begin().unwrap();
+        let seq = ledger.begin(0).unwrap();
         for _ in 0..records {
             ledger.record_sent().unwrap();
         }
@@ -188,7 +193,7 @@ mod tests {
     fn open_transaction_holds_back_keepalive_position() {
         let mut l = Ledger::new(Lsn(0));
         let a = txn(&mut l, 1, 100);
-        l.begin().unwrap();
+        l.begin(0).unwrap();
         l.record_sent().unwrap();
         l.observe_wal_end(Lsn(500));
         l.ack(a).unwrap();
@@ -220,8 +225,8 @@ mod tests {
         let mut l = Ledger::new(Lsn(0));
         assert!(l.record_sent().is_err());
         assert!(l.commit(Lsn(1)).is_err());
-        l.begin().unwrap();
-        assert!(l.begin().is_err());
+        l.begin(0).unwrap();
+        assert!(l.begin(0).is_err());
         assert_eq!(l.ack(0), Err(LedgerError::UnknownTransaction(0)));
         assert!(l.ack(7).is_err());
     }

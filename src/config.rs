@@ -51,6 +51,33 @@ pub const DEFAULT_AGGREGATE_TYPE_COLUMN: &str = "aggregatetype";
 pub const DEFAULT_AGGREGATE_ID_COLUMN: &str = "aggregateid";
 pub const DEFAULT_TYPE_COLUMN: &str = "type";
 pub const DEFAULT_PAYLOAD_COLUMN: &str = "payload";
+/// Empty: the key is the event id (`outbox.id_column`).
+pub const DEFAULT_KEY_COLUMN: &str = "";
+/// Empty: the record timestamp is the transaction's commit time.
+pub const DEFAULT_TIMESTAMP_COLUMN: &str = "";
+/// Empty: no column of per-event headers.
+pub const DEFAULT_HEADERS_COLUMN: &str = "";
+/// Empty: no tracing span context column.
+pub const DEFAULT_TRACING_COLUMN: &str = "";
+pub const DEFAULT_TRACING_HEADER: &str = "traceparent";
+/// Empty: the topic always comes from the template.
+pub const DEFAULT_TOPIC_COLUMN: &str = "";
+pub const DEFAULT_ENVELOPE: bool = false;
+pub const DEFAULT_NULL_PAYLOAD: NullPayload = NullPayload::Error;
+pub const DEFAULT_PARTITION_BY: &str = PARTITION_BY_AGGREGATE_ID;
+/// `outbox.partition_by` value: partition by the aggregate id (Java's murmur2 over its bytes).
+pub const PARTITION_BY_AGGREGATE_ID: &str = "aggregate_id";
+/// `outbox.partition_by` value: partition by the record key, as any Kafka producer does.
+pub const PARTITION_BY_KEY: &str = "key";
+/// Empty: `pg_logical_emit_message` events are off.
+pub const DEFAULT_MESSAGE_PREFIX: &str = "";
+pub const DEFAULT_SWEEPER_ENABLED: bool = false;
+/// 7 days.
+pub const DEFAULT_SWEEPER_RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
+pub const DEFAULT_SWEEPER_INTERVAL_MS: u64 = 10_000;
+pub const DEFAULT_SWEEPER_BATCH_SIZE: u64 = 1_000;
+pub const MAX_SWEEPER_BATCH_SIZE: u64 = 100_000;
+pub const DEFAULT_SWEEPER_CREATED_AT_COLUMN: &str = "created_at";
 /// Schema of a bare `outbox.table`.
 pub const DEFAULT_SCHEMA: &str = "public";
 /// Placeholders allowed in `outbox.topic`, written `{name}`.
@@ -81,6 +108,17 @@ pub const MIN_MESSAGE_TIMEOUT_MS: u64 = 1_000;
 /// librdkafka's upper bound of `message.timeout.ms`.
 pub const MAX_MESSAGE_TIMEOUT_MS: u64 = i32::MAX as u64;
 pub const DEFAULT_ALLOW_UNSAFE_KAFKA_SETTINGS: bool = false;
+
+pub const DEFAULT_SSL_MODE: SslMode = SslMode::Prefer;
+pub const DEFAULT_STANDBY_RETRY_MS: u64 = 2_000;
+pub const DEFAULT_STALE_HOLDER_AFTER_MS: u64 = 60_000;
+pub const DEFAULT_SLOT_SAMPLE_INTERVAL_MS: u64 = 5_000;
+
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9187";
+pub const DEFAULT_READY_STALENESS_MS: u64 = 30_000;
+
+pub const DEFAULT_DEAD_LETTER_POLICY: DeadLetterPolicy = DeadLetterPolicy::DeadLetter;
+pub const DEFAULT_DEAD_LETTER_TOPIC: &str = "outbox.dlq";
 
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_LOG_FORMAT: LogFormat = LogFormat::Text;
@@ -195,6 +233,10 @@ pub struct Config {
     pub kafka: KafkaConfig,
     /// `[relay]`: process behaviour.
     pub relay: RelayConfig,
+    /// `[http]`: metrics and health endpoints.
+    pub http: HttpConfig,
+    /// `[dead_letter]`: what happens to rows that cannot be published.
+    pub dead_letter: DeadLetterConfig,
 }
 
 /// `[postgres]`. `Debug` shows the URL with its password replaced by `***`.
@@ -215,8 +257,8 @@ pub struct PostgresConfig {
     pub publication: String,
     /// Create the slot (plugin pgoutput) at start-up if it does not exist.
     pub create_slot: bool,
-    /// Create the publication `FOR TABLE <outbox.table> WITH (publish = 'insert')` at start-up if
-    /// it does not exist.
+    /// Create the publication `FOR TABLE <every outbox table> WITH (publish = 'insert')` at
+    /// start-up if it does not exist, and add outbox tables it lacks.
     pub create_publication: bool,
     /// Period of standby status updates (LSN feedback and keepalive replies), in milliseconds;
     /// 1 to 30000.
@@ -228,30 +270,165 @@ pub struct PostgresConfig {
     pub reconnect_backoff_initial_ms: u64,
     /// Longest delay between reconnect attempts, in milliseconds; >= the initial backoff.
     pub reconnect_backoff_max_ms: u64,
+    /// TLS towards PostgreSQL, on both connections: `disable`, `prefer` (TLS when the server
+    /// offers it, unverified), `require` (TLS, unverified), `verify-ca` (TLS, certificate signed
+    /// by `ssl_root_cert`), `verify-full` (as verify-ca, and the host name must match). An
+    /// `sslmode=` / `sslrootcert=` in `url` is used when these keys are left at their defaults.
+    pub ssl_mode: SslMode,
+    /// CA certificate file (PEM) for `verify-ca` / `verify-full`. Empty: the system's roots.
+    pub ssl_root_cert: String,
+    /// While another relay streams the slot, how often this one (a standby) tries to take
+    /// over, in milliseconds; 100 to 60000.
+    pub standby_retry_ms: u64,
+    /// A standby calls the slot's holder stale when PostgreSQL has had no reply from it for
+    /// this long, in milliseconds (it is then logged as stale); > 0.
+    pub stale_holder_after_ms: u64,
+    /// End a stale holder's connection (`pg_terminate_backend`) so this relay can take over.
+    /// Off by default: a stale-looking holder may still be a live relay behind a slow network.
+    pub terminate_stale_holder: bool,
+    /// How often the slot's lag, retained WAL and wal_status are sampled (for `/metrics`, and
+    /// to stop when the slot is lost), in milliseconds; 100 to 600000.
+    pub slot_sample_interval_ms: u64,
 }
 
-/// `[outbox]`.
+/// `[outbox]`: the outbox table(s), how a row becomes a Kafka record, the message outbox and
+/// the retention sweeper.
+///
+/// The mapping keys (`topic` … `partition_by`) apply to `table`, to every `[[outbox.tables]]`
+/// entry that does not set them itself, and to `pg_logical_emit_message` events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OutboxConfig {
     /// Outbox table, `schema.table` or a bare `table` (schema `public`). Each part is used
     /// verbatim and quoted (case-sensitive), up to 63 bytes; names containing `.` are not
-    /// supported.
+    /// supported. Empty: no table at this level (then `tables` or `message_prefix` must be set).
     pub table: String,
-    /// Topic template. Placeholders, replaced by the row's values: `{aggregatetype}`
-    /// `{aggregateid}` `{type}` `{id}` `{table}` `{schema}`. Other characters must be legal in a
-    /// Kafka topic name (`A-Z a-z 0-9 . _ -`).
+    /// Topic template. Placeholders, replaced by the event's values: `{aggregatetype}`
+    /// `{aggregateid}` `{type}` `{id}` `{table}` `{schema}` (for messages: `{table}` is the
+    /// prefix, `{schema}` is empty). Other characters must be legal in a Kafka topic name
+    /// (`A-Z a-z 0-9 . _ -`).
     pub topic: String,
-    /// Column holding the event id (sent as a header).
+    /// Per aggregate type, a topic template used instead of `topic` (aggregate type → template).
+    pub topic_overrides: BTreeMap<String, String>,
+    /// Column holding the topic name; where it is non-null it wins over `topic` and
+    /// `topic_overrides`. Empty: none.
+    pub topic_column: String,
+    /// Column holding the event id: the Kafka key (unless `key_column` is set) and header `id`.
     pub id_column: String,
-    /// Column holding the aggregate type (usually selects the topic).
+    /// Column holding the aggregate type (usually selects the topic; header `aggregatetype`).
     pub aggregate_type_column: String,
-    /// Column holding the aggregate id: the Kafka key, so one aggregate's events keep their order.
+    /// Column holding the aggregate id (header `aggregateid`); with the default `partition_by`
+    /// it chooses the partition, so one aggregate's events keep their order.
     pub aggregate_id_column: String,
-    /// Column holding the event type (sent as a header).
+    /// Column holding the event type (header `type`).
     pub type_column: String,
-    /// Column holding the payload: the Kafka record value.
+    /// Column holding the payload, the record value: jsonb, json and text are sent as their
+    /// text, bytea as its raw bytes.
     pub payload_column: String,
+    /// Column holding the record key. Empty: the event id.
+    pub key_column: String,
+    /// Column holding the event time (timestamptz, timestamp as UTC, or an integer of
+    /// milliseconds since the Unix epoch): the record timestamp. Empty, or a null value: the
+    /// transaction's commit time.
+    pub timestamp_column: String,
+    /// Column holding a JSON object (jsonb or json); each key becomes a record header, its
+    /// value the header value (strings as they are, other values as JSON, null skipped).
+    /// Empty: none.
+    pub headers_column: String,
+    /// Column holding a tracing span context. A W3C `traceparent` value is sent as header
+    /// `tracing_header`; a `key=value` list, one per line (Debezium's `tracingspancontext`),
+    /// becomes one header per key. Empty: none.
+    pub tracing_column: String,
+    /// Header name for a plain span context from `tracing_column`.
+    pub tracing_header: String,
+    /// Further columns sent as headers (column → header name), like Debezium's
+    /// `table.fields.additional.placement` with `header`. Null values are skipped.
+    pub header_columns: BTreeMap<String, String>,
+    /// Wrap the payload in one JSON object with the event's metadata:
+    /// `{"id", "aggregatetype", "aggregateid", "type", "timestamp" (ms), "payload"}`. A json or
+    /// jsonb payload is embedded as is, text as a JSON string, bytea as a base64 string.
+    pub envelope: bool,
+    /// What a null payload becomes: `error` (a mapping error, handled by the dead-letter
+    /// policy) or `tombstone` (a record with a null value).
+    pub null_payload: NullPayload,
+    /// How the partition is chosen: `aggregate_id` (murmur2 of the aggregate id, as the Java
+    /// client hashes keys: one aggregate, one partition, while the key stays the event id),
+    /// `key` (murmur2 of the key, Kafka's default), or the name of a column whose value is
+    /// hashed the same way (a null value falls back to the key).
+    pub partition_by: String,
+    /// Prefix of transactional `pg_logical_emit_message(true, prefix, content)` messages to
+    /// publish like outbox rows. The content is a JSON object whose members are named like the
+    /// columns above. Non-transactional messages with this prefix are skipped with a warning.
+    /// Empty: messages are not read.
+    pub message_prefix: String,
+    /// More outbox tables in the same publication and slot (`[[outbox.tables]]`), each with a
+    /// `table` and any of the mapping keys above; unset keys are inherited from `[outbox]`.
+    pub tables: Vec<OutboxTableConfig>,
+    /// `[outbox.sweeper]`: deletes old, already confirmed rows.
+    pub sweeper: SweeperConfig,
+}
+
+/// What a null payload becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NullPayload {
+    /// A mapping error naming the event (dead-letter policy).
+    Error,
+    /// A record with a null value: a tombstone for compacted topics.
+    Tombstone,
+}
+
+impl NullPayload {
+    /// Every value, in the spelling of the config file.
+    pub const NAMES: &'static [&'static str] = &["error", "tombstone"];
+}
+
+/// One `[[outbox.tables]]` entry: a table and the mapping keys it sets differently from
+/// `[outbox]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxTableConfig {
+    /// `schema.table` or a bare `table` (schema `public`).
+    pub table: String,
+    pub topic: Option<String>,
+    pub topic_overrides: Option<BTreeMap<String, String>>,
+    pub topic_column: Option<String>,
+    pub id_column: Option<String>,
+    pub aggregate_type_column: Option<String>,
+    pub aggregate_id_column: Option<String>,
+    pub type_column: Option<String>,
+    pub payload_column: Option<String>,
+    pub key_column: Option<String>,
+    pub timestamp_column: Option<String>,
+    pub headers_column: Option<String>,
+    pub tracing_column: Option<String>,
+    pub tracing_header: Option<String>,
+    pub header_columns: Option<BTreeMap<String, String>>,
+    pub envelope: Option<bool>,
+    pub null_payload: Option<NullPayload>,
+    pub partition_by: Option<String>,
+}
+
+/// `[outbox.sweeper]`: keeps the outbox tables small. Off by default.
+///
+/// Deletes rows whose `created_at_column` is older than `retention_ms` **and** whose inserting
+/// transaction the slot has already confirmed (see `sweeper.rs` for why that is exact), in
+/// batches of `batch_size`, every `interval_ms`. Rows younger than the retention stay, so
+/// `outbox-relay replay` keeps that window of history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SweeperConfig {
+    /// Run the sweeper inside `outbox-relay run`.
+    pub enabled: bool,
+    /// Rows older than this are deleted once confirmed, in milliseconds; > 0. Measured from
+    /// `created_at_column` (the inserting transaction's start time, with the default `now()`).
+    pub retention_ms: u64,
+    /// Pause between sweeps, in milliseconds; > 0.
+    pub interval_ms: u64,
+    /// Most rows deleted per statement (one short transaction each); 1 to 100000.
+    pub batch_size: u64,
+    /// Timestamp column compared with the retention, in every outbox table.
+    pub created_at_column: String,
 }
 
 /// `[kafka]`. `Debug` hides the values of secret `properties`.
@@ -298,6 +475,124 @@ pub struct RelayConfig {
     pub shutdown_timeout_ms: u64,
     /// Log output format: `text` (human-readable) or `json` (one object per line).
     pub log_format: LogFormat,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address of the HTTP listener serving `/metrics`, `/healthz` and `/readyz`
+    /// (`host:port`). Empty: no listener.
+    pub listen: String,
+    /// `/readyz` reports not ready when events have waited this long without the confirmed
+    /// position moving (Kafka down, a stuck delivery), in milliseconds; > 0.
+    pub ready_staleness_ms: u64,
+}
+
+/// `[dead_letter]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    /// What to do with a row that cannot become a Kafka record (a null routing column, an
+    /// invalid topic name, a payload over the broker's limit): `dead_letter` sends it to
+    /// `topic` with headers saying why and the stream goes on; `stop` halts the relay with the
+    /// error, without confirming past the row.
+    pub policy: DeadLetterPolicy,
+    /// The dead-letter topic.
+    pub topic: String,
+}
+
+/// TLS mode towards PostgreSQL, as libpq's `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    pub const NAMES: &'static [&'static str] =
+        &["disable", "prefer", "require", "verify-ca", "verify-full"];
+
+    pub fn parse(text: &str) -> Option<SslMode> {
+        match text {
+            "disable" => Some(SslMode::Disable),
+            "prefer" | "allow" => Some(SslMode::Prefer),
+            "require" => Some(SslMode::Require),
+            "verify-ca" => Some(SslMode::VerifyCa),
+            "verify-full" => Some(SslMode::VerifyFull),
+            _ => None,
+        }
+    }
+}
+
+/// What to do with a row that cannot be published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadLetterPolicy {
+    DeadLetter,
+    Stop,
+}
+
+impl DeadLetterPolicy {
+    pub const NAMES: &'static [&'static str] = &["dead_letter", "stop"];
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: DEFAULT_HTTP_LISTEN.to_string(),
+            ready_staleness_ms: DEFAULT_READY_STALENESS_MS,
+        }
+    }
+}
+
+impl Default for DeadLetterConfig {
+    fn default() -> Self {
+        DeadLetterConfig {
+            policy: DEFAULT_DEAD_LETTER_POLICY,
+            topic: DEFAULT_DEAD_LETTER_TOPIC.to_string(),
+        }
+    }
+}
+
+impl HttpConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !self.listen.is_empty() && self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::invalid(
+                "http.listen",
+                format!(
+                    "`{}` is not host:port (e.g. 127.0.0.1:9187); empty turns the listener off",
+                    self.listen
+                ),
+            ));
+        }
+        if self.ready_staleness_ms == 0 {
+            return Err(ConfigError::invalid(
+                "http.ready_staleness_ms",
+                "must be > 0 (ms)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl DeadLetterConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(problem) = crate::outbox::topic_name_problem(&self.topic) {
+            return Err(ConfigError::invalid(
+                "dead_letter.topic",
+                format!(
+                    "`{}` is not a valid Kafka topic name: {problem}",
+                    self.topic
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Kafka batch compression codec.
@@ -351,6 +646,9 @@ impl LogFormat {
 const ENUM_KEYS: &[(&str, &str, &[&str])] = &[
     ("kafka", "compression", Compression::NAMES),
     ("relay", "log_format", LogFormat::NAMES),
+    ("postgres", "ssl_mode", SslMode::NAMES),
+    ("dead_letter", "policy", DeadLetterPolicy::NAMES),
+    ("outbox", "null_payload", NullPayload::NAMES),
 ];
 
 impl Default for PostgresConfig {
@@ -366,6 +664,12 @@ impl Default for PostgresConfig {
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             reconnect_backoff_initial_ms: DEFAULT_RECONNECT_BACKOFF_INITIAL_MS,
             reconnect_backoff_max_ms: DEFAULT_RECONNECT_BACKOFF_MAX_MS,
+            ssl_mode: DEFAULT_SSL_MODE,
+            ssl_root_cert: String::new(),
+            standby_retry_ms: DEFAULT_STANDBY_RETRY_MS,
+            stale_holder_after_ms: DEFAULT_STALE_HOLDER_AFTER_MS,
+            terminate_stale_holder: false,
+            slot_sample_interval_ms: DEFAULT_SLOT_SAMPLE_INTERVAL_MS,
         }
     }
 }
@@ -375,11 +679,37 @@ impl Default for OutboxConfig {
         OutboxConfig {
             table: DEFAULT_OUTBOX_TABLE.to_string(),
             topic: DEFAULT_TOPIC_TEMPLATE.to_string(),
+            topic_overrides: BTreeMap::new(),
+            topic_column: DEFAULT_TOPIC_COLUMN.to_string(),
             id_column: DEFAULT_ID_COLUMN.to_string(),
             aggregate_type_column: DEFAULT_AGGREGATE_TYPE_COLUMN.to_string(),
             aggregate_id_column: DEFAULT_AGGREGATE_ID_COLUMN.to_string(),
             type_column: DEFAULT_TYPE_COLUMN.to_string(),
             payload_column: DEFAULT_PAYLOAD_COLUMN.to_string(),
+            key_column: DEFAULT_KEY_COLUMN.to_string(),
+            timestamp_column: DEFAULT_TIMESTAMP_COLUMN.to_string(),
+            headers_column: DEFAULT_HEADERS_COLUMN.to_string(),
+            tracing_column: DEFAULT_TRACING_COLUMN.to_string(),
+            tracing_header: DEFAULT_TRACING_HEADER.to_string(),
+            header_columns: BTreeMap::new(),
+            envelope: DEFAULT_ENVELOPE,
+            null_payload: DEFAULT_NULL_PAYLOAD,
+            partition_by: DEFAULT_PARTITION_BY.to_string(),
+            message_prefix: DEFAULT_MESSAGE_PREFIX.to_string(),
+            tables: Vec::new(),
+            sweeper: SweeperConfig::default(),
+        }
+    }
+}
+
+impl Default for SweeperConfig {
+    fn default() -> Self {
+        SweeperConfig {
+            enabled: DEFAULT_SWEEPER_ENABLED,
+            retention_ms: DEFAULT_SWEEPER_RETENTION_MS,
+            interval_ms: DEFAULT_SWEEPER_INTERVAL_MS,
+            batch_size: DEFAULT_SWEEPER_BATCH_SIZE,
+            created_at_column: DEFAULT_SWEEPER_CREATED_AT_COLUMN.to_string(),
         }
     }
 }
@@ -426,6 +756,12 @@ impl fmt::Debug for PostgresConfig {
                 &self.reconnect_backoff_initial_ms,
             )
             .field("reconnect_backoff_max_ms", &self.reconnect_backoff_max_ms)
+            .field("ssl_mode", &self.ssl_mode)
+            .field("ssl_root_cert", &self.ssl_root_cert)
+            .field("standby_retry_ms", &self.standby_retry_ms)
+            .field("stale_holder_after_ms", &self.stale_holder_after_ms)
+            .field("terminate_stale_holder", &self.terminate_stale_holder)
+            .field("slot_sample_interval_ms", &self.slot_sample_interval_ms)
             .finish()
     }
 }
@@ -544,6 +880,8 @@ impl Config {
         self.postgres.validate()?;
         self.outbox.validate()?;
         self.kafka.validate()?;
+        self.http.validate()?;
+        self.dead_letter.validate()?;
         Ok(())
     }
 
@@ -678,6 +1016,41 @@ impl PostgresConfig {
                 ),
             ));
         }
+        let ranges = [
+            (
+                "postgres.standby_retry_ms",
+                self.standby_retry_ms,
+                100,
+                60_000,
+            ),
+            (
+                "postgres.stale_holder_after_ms",
+                self.stale_holder_after_ms,
+                1,
+                u64::MAX,
+            ),
+            (
+                "postgres.slot_sample_interval_ms",
+                self.slot_sample_interval_ms,
+                100,
+                600_000,
+            ),
+        ];
+        for (field, value, min, max) in ranges {
+            if !(min..=max).contains(&value) {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("must be between {min} and {max} (ms), got {value}"),
+                ));
+            }
+        }
+        let needs_ca = matches!(self.ssl_mode, SslMode::VerifyCa | SslMode::VerifyFull);
+        if !self.ssl_root_cert.is_empty() && !needs_ca {
+            return Err(ConfigError::invalid(
+                "postgres.ssl_root_cert",
+                "is only used with ssl_mode = \"verify-ca\" or \"verify-full\"",
+            ));
+        }
         Ok(())
     }
 }
@@ -685,32 +1058,254 @@ impl PostgresConfig {
 impl OutboxConfig {
     /// `table` split into schema and table; a bare name is in schema `public`.
     pub fn schema_and_table(&self) -> (String, String) {
-        match self.table.split_once('.') {
-            Some((schema, table)) => (schema.to_string(), table.to_string()),
-            None => (DEFAULT_SCHEMA.to_string(), self.table.clone()),
+        split_table(&self.table)
+    }
+
+    /// Every outbox table with its complete mapping: `table` (unless empty) first, then each
+    /// `[[outbox.tables]]` entry with the keys it leaves unset taken from `[outbox]`. Each
+    /// returned config names one table and has no `tables` of its own.
+    pub fn table_configs(&self) -> Vec<OutboxConfig> {
+        let base = OutboxConfig {
+            tables: Vec::new(),
+            ..self.clone()
+        };
+        let mut configs = Vec::with_capacity(1 + self.tables.len());
+        if !self.table.is_empty() {
+            configs.push(base.clone());
         }
+        for entry in &self.tables {
+            configs.push(entry.resolve(&base));
+        }
+        configs
+    }
+
+    /// `(schema, table)` of every outbox table, for the publication.
+    pub fn publication_tables(&self) -> Vec<(String, String)> {
+        self.table_configs()
+            .iter()
+            .map(OutboxConfig::schema_and_table)
+            .collect()
+    }
+
+    /// True when `pg_logical_emit_message` events are read (`message_prefix` is set): the
+    /// replication must then be started with the pgoutput option `messages`.
+    pub fn messages_enabled(&self) -> bool {
+        !self.message_prefix.is_empty()
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.table.matches('.').count() > 1 {
+        if self.table.is_empty() {
+            if self.tables.is_empty() && self.message_prefix.is_empty() {
+                return Err(ConfigError::invalid(
+                    "outbox.table",
+                    "must not be empty unless [[outbox.tables]] or outbox.message_prefix is set",
+                ));
+            }
+        } else {
+            check_table_name("outbox.table", &self.table)?;
+        }
+        self.validate_mapping("outbox")?;
+        let mut seen = std::collections::BTreeSet::new();
+        if !self.table.is_empty() {
+            seen.insert(self.schema_and_table());
+        }
+        for (i, entry) in self.tables.iter().enumerate() {
+            let path = format!("outbox.tables[{i}]");
+            check_table_name(&format!("{path}.table"), &entry.table)?;
+            let resolved = entry.resolve(self);
+            resolved.validate_mapping(&path)?;
+            let (schema, table) = resolved.schema_and_table();
+            if !seen.insert((schema.clone(), table.clone())) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.table"),
+                    format!("`{schema}.{table}` is configured twice"),
+                ));
+            }
+        }
+        if self.message_prefix.contains('\0') {
             return Err(ConfigError::invalid(
-                "outbox.table",
+                "outbox.message_prefix",
+                "must not contain a NUL character",
+            ));
+        }
+        self.sweeper.validate()
+    }
+
+    /// The mapping keys; `path` is `outbox` or `outbox.tables[i]` for the error's field.
+    fn validate_mapping(&self, path: &str) -> Result<(), ConfigError> {
+        let field = |key: &str| format!("{path}.{key}");
+        check_topic_template(&field("topic"), &self.topic)?;
+        for (aggregate_type, template) in &self.topic_overrides {
+            if aggregate_type.is_empty() {
+                return Err(ConfigError::invalid(
+                    field("topic_overrides"),
+                    "an aggregate type must not be empty",
+                ));
+            }
+            check_topic_template(
+                &field(&format!("topic_overrides.{aggregate_type}")),
+                template,
+            )?;
+        }
+        for (key, column) in [
+            ("id_column", &self.id_column),
+            ("aggregate_type_column", &self.aggregate_type_column),
+            ("aggregate_id_column", &self.aggregate_id_column),
+            ("type_column", &self.type_column),
+            ("payload_column", &self.payload_column),
+        ] {
+            check_identifier(&field(key), column)?;
+        }
+        for (key, column) in [
+            ("topic_column", &self.topic_column),
+            ("key_column", &self.key_column),
+            ("timestamp_column", &self.timestamp_column),
+            ("headers_column", &self.headers_column),
+            ("tracing_column", &self.tracing_column),
+        ] {
+            if !column.is_empty() {
+                check_identifier(&field(key), column)?;
+            }
+        }
+        if !self.tracing_column.is_empty() {
+            check_header_name(&field("tracing_header"), &self.tracing_header)?;
+        }
+        for (column, header) in &self.header_columns {
+            check_identifier(&field("header_columns"), column)?;
+            check_header_name(&field(&format!("header_columns.{column}")), header)?;
+        }
+        if self.partition_by.is_empty() {
+            return Err(ConfigError::invalid(
+                field("partition_by"),
                 format!(
-                    "`{}` must be `table` or `schema.table` (names containing `.` are not supported)",
-                    self.table
+                    "must be `{PARTITION_BY_AGGREGATE_ID}`, `{PARTITION_BY_KEY}` or a column name"
                 ),
             ));
         }
-        let (schema, table) = self.schema_and_table();
-        check_identifier("outbox.table", &schema)?;
-        check_identifier("outbox.table", &table)?;
-        check_topic_template("outbox.topic", &self.topic)?;
-        check_identifier("outbox.id_column", &self.id_column)?;
-        check_identifier("outbox.aggregate_type_column", &self.aggregate_type_column)?;
-        check_identifier("outbox.aggregate_id_column", &self.aggregate_id_column)?;
-        check_identifier("outbox.type_column", &self.type_column)?;
-        check_identifier("outbox.payload_column", &self.payload_column)?;
-        Ok(())
+        check_identifier(&field("partition_by"), &self.partition_by)
+    }
+}
+
+impl OutboxTableConfig {
+    /// This entry's complete mapping: its own keys, the rest from `base`.
+    fn resolve(&self, base: &OutboxConfig) -> OutboxConfig {
+        fn pick<T: Clone>(own: &Option<T>, inherited: &T) -> T {
+            own.clone().unwrap_or_else(|| inherited.clone())
+        }
+        OutboxConfig {
+            table: self.table.clone(),
+            topic: pick(&self.topic, &base.topic),
+            topic_overrides: pick(&self.topic_overrides, &base.topic_overrides),
+            topic_column: pick(&self.topic_column, &base.topic_column),
+            id_column: pick(&self.id_column, &base.id_column),
+            aggregate_type_column: pick(&self.aggregate_type_column, &base.aggregate_type_column),
+            aggregate_id_column: pick(&self.aggregate_id_column, &base.aggregate_id_column),
+            type_column: pick(&self.type_column, &base.type_column),
+            payload_column: pick(&self.payload_column, &base.payload_column),
+            key_column: pick(&self.key_column, &base.key_column),
+            timestamp_column: pick(&self.timestamp_column, &base.timestamp_column),
+            headers_column: pick(&self.headers_column, &base.headers_column),
+            tracing_column: pick(&self.tracing_column, &base.tracing_column),
+            tracing_header: pick(&self.tracing_header, &base.tracing_header),
+            header_columns: pick(&self.header_columns, &base.header_columns),
+            envelope: pick(&self.envelope, &base.envelope),
+            null_payload: pick(&self.null_payload, &base.null_payload),
+            partition_by: pick(&self.partition_by, &base.partition_by),
+            message_prefix: base.message_prefix.clone(),
+            tables: Vec::new(),
+            sweeper: base.sweeper.clone(),
+        }
+    }
+}
+
+impl SweeperConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_range(
+            "outbox.sweeper.retention_ms",
+            self.retention_ms,
+            1,
+            u64::MAX,
+            "ms",
+        )?;
+        check_range(
+            "outbox.sweeper.interval_ms",
+            self.interval_ms,
+            1,
+            u64::MAX,
+            "ms",
+        )?;
+        check_range(
+            "outbox.sweeper.batch_size",
+            self.batch_size,
+            1,
+            MAX_SWEEPER_BATCH_SIZE,
+            "rows",
+        )?;
+        check_identifier("outbox.sweeper.created_at_column", &self.created_at_column)
+    }
+}
+
+/// `schema.table` or `table` (schema `public`).
+fn split_table(name: &str) -> (String, String) {
+    match name.split_once('.') {
+        Some((schema, table)) => (schema.to_string(), table.to_string()),
+        None => (DEFAULT_SCHEMA.to_string(), name.to_string()),
+    }
+}
+
+fn check_table_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.matches('.').count() > 1 {
+        return Err(ConfigError::invalid(
+            field,
+            format!(
+                "`{name}` must be `table` or `schema.table` (names containing `.` are not supported)"
+            ),
+        ));
+    }
+    let (schema, table) = split_table(name);
+    check_identifier(field, &schema)?;
+    check_identifier(field, &table)
+}
+
+/// A Kafka header name: non-empty UTF-8 (any characters are allowed by Kafka).
+fn check_header_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(ConfigError::invalid(
+            field,
+            "a header name must not be empty",
+        ));
+    }
+    Ok(())
+}
+
+/// `[outbox]` keys whose value is not a scalar: the maps column → header and aggregate type →
+/// topic (tables of strings) and `[[outbox.tables]]` (an array of tables, whose entries are
+/// checked when deserialized): true when `full` is one of them and `value` has its shape.
+fn is_outbox_free_form(full: &str, value: &toml::Value) -> Result<bool, String> {
+    match full {
+        "outbox.topic_overrides" | "outbox.header_columns" => match value {
+            toml::Value::Table(entries) => {
+                if let Some((key, bad)) = entries.iter().find(|(_, v)| !v.is_str()) {
+                    return Err(format!(
+                        "`{full}.{key}` must be a string, found {}",
+                        type_name(bad)
+                    ));
+                }
+                Ok(true)
+            }
+            other => Err(format!(
+                "`{full}` must be a table of strings, found {}",
+                type_name(other)
+            )),
+        },
+        "outbox.tables" => match value {
+            toml::Value::Array(entries) if entries.iter().all(toml::Value::is_table) => Ok(true),
+            other => Err(format!(
+                "`{full}` must be an array of tables ([[outbox.tables]] entries), found {}",
+                type_name(other)
+            )),
+        },
+        _ => Ok(false),
     }
 }
 
@@ -1010,6 +1605,10 @@ fn merge_file(
             let mut flat = Table::new();
             flatten_properties(&mut flat, entries, "").map_err(parse_err)?;
             defaults.insert(key, toml::Value::Table(flat));
+            continue;
+        }
+        if is_outbox_free_form(&full, &value).map_err(parse_err)? {
+            defaults.insert(key, value);
             continue;
         }
         let Some(slot) = defaults.get_mut(&key) else {
@@ -1725,6 +2324,176 @@ mod tests {
         assert_invalid(
             &with(|c| c.outbox.payload_column = String::new()),
             "outbox.payload_column",
+        );
+    }
+
+    #[test]
+    fn outbox_tables_inherit_the_top_level_mapping() {
+        let config = from_toml(
+            r#"
+[outbox]
+table = "public.outbox"
+topic = "events.{aggregatetype}"
+partition_by = "key"
+topic_overrides = { order = "orders.v2" }
+header_columns = { tenant = "x-tenant" }
+null_payload = "tombstone"
+
+[[outbox.tables]]
+table = "tenant_b.outbox"
+topic = "b.{aggregatetype}"
+
+[[outbox.tables]]
+table = "billing.events"
+aggregate_id_column = "invoice_id"
+header_columns = {}
+envelope = true
+"#,
+        )
+        .unwrap();
+        let tables = config.outbox.table_configs();
+        assert_eq!(tables.len(), 3);
+        assert_eq!(
+            config.outbox.publication_tables(),
+            vec![
+                ("public".to_string(), "outbox".to_string()),
+                ("tenant_b".to_string(), "outbox".to_string()),
+                ("billing".to_string(), "events".to_string()),
+            ]
+        );
+        let b = &tables[1];
+        assert_eq!(b.topic, "b.{aggregatetype}");
+        assert_eq!(b.partition_by, "key");
+        assert_eq!(b.null_payload, NullPayload::Tombstone);
+        assert_eq!(b.topic_overrides["order"], "orders.v2");
+        assert_eq!(b.header_columns["tenant"], "x-tenant");
+        assert!(b.tables.is_empty());
+        let billing = &tables[2];
+        assert_eq!(billing.topic, "events.{aggregatetype}");
+        assert_eq!(billing.aggregate_id_column, "invoice_id");
+        assert!(billing.header_columns.is_empty());
+        assert!(billing.envelope);
+        assert!(!tables[0].envelope);
+
+        // The effective configuration renders as a loadable file.
+        let reparsed = from_toml(&config.to_redacted_toml()).unwrap();
+        assert_eq!(reparsed.outbox, config.outbox);
+    }
+
+    #[test]
+    fn outbox_mapping_keys_are_validated_per_table() {
+        assert_invalid(&with(|c| c.outbox.table = String::new()), "outbox.table");
+        with(|c| {
+            c.outbox.table = String::new();
+            c.outbox.message_prefix = "outbox".into();
+        })
+        .validate()
+        .unwrap();
+        let entry = |table: &str| OutboxTableConfig {
+            table: table.into(),
+            ..OutboxTableConfig::default()
+        };
+        let message = assert_invalid(
+            &with(|c| c.outbox.tables.push(entry("public.outbox"))),
+            "outbox.tables[0].table",
+        );
+        assert!(message.contains("twice"), "{message}");
+        assert_invalid(
+            &with(|c| c.outbox.tables.push(entry("a.b.c"))),
+            "outbox.tables[0].table",
+        );
+        assert_invalid(
+            &with(|c| {
+                c.outbox.tables.push(entry("s.t"));
+                c.outbox.tables.push(OutboxTableConfig {
+                    topic: Some("bad/{type}".into()),
+                    ..entry("s.u")
+                });
+            }),
+            "outbox.tables[1].topic",
+        );
+        assert_invalid(
+            &with(|c| {
+                c.outbox
+                    .topic_overrides
+                    .insert("order".into(), "x.{nope}".into());
+            }),
+            "outbox.topic_overrides.order",
+        );
+        assert_invalid(
+            &with(|c| {
+                c.outbox
+                    .header_columns
+                    .insert("tenant".into(), String::new());
+            }),
+            "outbox.header_columns.tenant",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.partition_by = String::new()),
+            "outbox.partition_by",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.timestamp_column = "t".repeat(64)),
+            "outbox.timestamp_column",
+        );
+        assert_invalid(
+            &with(|c| {
+                c.outbox.tracing_column = "span".into();
+                c.outbox.tracing_header = String::new();
+            }),
+            "outbox.tracing_header",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.sweeper.retention_ms = 0),
+            "outbox.sweeper.retention_ms",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.sweeper.batch_size = MAX_SWEEPER_BATCH_SIZE + 1),
+            "outbox.sweeper.batch_size",
+        );
+        assert_invalid(
+            &with(|c| c.outbox.sweeper.interval_ms = 0),
+            "outbox.sweeper.interval_ms",
+        );
+
+        let err = from_toml("[outbox]\nnull_payload = \"drop\"\n").unwrap_err();
+        assert!(err.to_string().contains("outbox.null_payload"), "{err}");
+        let err = from_toml("[outbox]\ntopic_overrides = { order = 1 }\n").unwrap_err();
+        assert!(
+            err.to_string().contains("outbox.topic_overrides.order"),
+            "{err}"
+        );
+        let err = from_toml("[outbox]\ntables = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("outbox.tables"), "{err}");
+        let err = from_toml("[[outbox.tables]]\ntable = \"s.t\"\ntopics = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("topics"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_reach_the_new_outbox_keys() {
+        let config = from_env(&[
+            ("OUTBOX_RELAY__OUTBOX__PARTITION_BY", "key"),
+            ("OUTBOX_RELAY__OUTBOX__ENVELOPE", "true"),
+            ("OUTBOX_RELAY__OUTBOX__NULL_PAYLOAD", "tombstone"),
+            ("OUTBOX_RELAY__OUTBOX__MESSAGE_PREFIX", "outbox"),
+            ("OUTBOX_RELAY__OUTBOX__TIMESTAMP_COLUMN", "occurred_at"),
+            ("OUTBOX_RELAY__OUTBOX__SWEEPER__ENABLED", "true"),
+            ("OUTBOX_RELAY__OUTBOX__SWEEPER__RETENTION_MS", "60000"),
+        ])
+        .unwrap();
+        let o = &config.outbox;
+        assert_eq!(o.partition_by, "key");
+        assert!(o.envelope);
+        assert_eq!(o.null_payload, NullPayload::Tombstone);
+        assert!(o.messages_enabled());
+        assert_eq!(o.timestamp_column, "occurred_at");
+        assert!(o.sweeper.enabled);
+        assert_eq!(o.sweeper.retention_ms, 60_000);
+        let err = from_env(&[("OUTBOX_RELAY__OUTBOX__TABLES", "x")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("cannot be set from the environment"),
+            "{err}"
         );
     }
 

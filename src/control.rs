@@ -4,20 +4,22 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 use tracing::{info, warn};
 
+use crate::config::PostgresConfig;
 use crate::lsn::Lsn;
+use crate::tls::TlsSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    #[error("cannot connect to PostgreSQL ({target}): {source}")]
+    #[error("cannot connect to PostgreSQL ({target}): {}", describe(.source))]
     Connect {
         target: String,
         #[source]
         source: tokio_postgres::Error,
     },
-    #[error("{what}: {source}")]
+    #[error("{what}: {}", describe(.source))]
     Query {
         what: String,
         #[source]
@@ -34,13 +36,44 @@ pub enum ControlError {
 impl ControlError {
     pub fn is_transient(&self) -> bool {
         match self {
-            ControlError::Connect { .. } => true,
+            // A refused login or a missing database will not heal by retrying.
+            ControlError::Connect { source, .. } => source.as_db_error().is_none_or(|db| {
+                !matches!(db.code().code(), "28P01" | "28000" | "3D000" | "42501")
+            }),
             ControlError::Query { source, .. } => {
-                source.is_closed() || source.as_db_error().is_none()
+                source.is_closed()
+                    || source
+                        .as_db_error()
+                        .is_none_or(|db| sqlstate_is_transient(db.code().code()))
             }
             _ => false,
         }
     }
+}
+
+/// SQLSTATEs that heal by reconnecting: connection problems (08), operator intervention such
+/// as a server shutdown or restart (57), insufficient resources (53), serialization failures.
+pub fn sqlstate_is_transient(code: &str) -> bool {
+    matches!(code.get(..2), Some("08" | "57" | "53")) || code == "40001" || code == "40P01"
+}
+
+/// A tokio-postgres error in one line with what the server said (its own Display is often
+/// just "db error").
+pub fn describe(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+        if let Some(hint) = db.hint() {
+            text.push_str(&format!("; hint: {hint}"));
+        }
+        return text;
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        text.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    text
 }
 
 /// A slot as `pg_replication_slots` describes it.
@@ -67,6 +100,30 @@ pub struct Control {
     client: Client,
 }
 
+/// A certificate verification failure somewhere in the error chain: a set-up problem that
+/// retrying will not fix.
+fn certificate_problem(error: &tokio_postgres::Error) -> Option<String> {
+    let mut source: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if text.contains("certificate verify failed") {
+            return Some(text);
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// The password to connect with: `postgres.password_file`, else the URL's, else `PGPASSWORD`.
+pub fn password(pg: &PostgresConfig) -> Result<Option<String>, ControlError> {
+    let configured = pg
+        .password()
+        .map_err(|e| ControlError::Setup(e.to_string()))?;
+    Ok(configured
+        .map(|s| s.expose().to_string())
+        .or_else(|| std::env::var("PGPASSWORD").ok()))
+}
+
 fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> ControlError {
     let what = what.into();
     move |source| ControlError::Query { what, source }
@@ -77,27 +134,35 @@ fn parse_lsn(text: Option<String>) -> Option<Lsn> {
 }
 
 impl Control {
-    /// Connects; `password` (from a file or the environment) wins over the URL's.
-    pub async fn connect(
-        url: &str,
-        password: Option<&str>,
-        timeout: Duration,
-    ) -> Result<Control, ControlError> {
+    /// Connects as `[postgres]` says: URL, password (file, URL or `PGPASSWORD`), TLS mode
+    /// and CA, connect timeout.
+    pub async fn connect(pg: &PostgresConfig) -> Result<Control, ControlError> {
+        let (tls, url) = TlsSettings::resolve(pg);
         let mut config: tokio_postgres::Config =
             url.parse().map_err(|source| ControlError::Connect {
                 target: "the configured URL".into(),
                 source,
             })?;
-        if let Some(p) = password {
+        if let Some(p) = password(pg)? {
             config.password(p);
         }
-        config.connect_timeout(timeout);
+        config.connect_timeout(Duration::from_millis(pg.connect_timeout_ms));
         config.application_name("outbox-relay control");
+        config.ssl_mode(tls.tokio_postgres_mode());
         let target = describe_target(&config);
-        let (client, connection) = config
-            .connect(NoTls)
-            .await
-            .map_err(|source| ControlError::Connect { target, source })?;
+        let make_tls = tls
+            .make_tls()
+            .map_err(|e| ControlError::Setup(e.to_string()))?;
+        let (client, connection) =
+            config
+                .connect(make_tls)
+                .await
+                .map_err(|source| match certificate_problem(&source) {
+                    Some(why) => ControlError::Setup(format!(
+                        "TLS to PostgreSQL ({target}) failed: {why}; check postgres.ssl_root_cert (the CA that signed the server's certificate) and that the host name matches it"
+                    )),
+                    None => ControlError::Connect { target, source },
+                })?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 warn!(error = %error, "control connection closed");
@@ -224,6 +289,165 @@ impl Control {
         let text: String = row.get(0);
         text.parse()
             .map_err(|e| ControlError::Setup(format!("server returned a bad LSN: {e}")))
+    }
+
+    /// The client, mutable: for transactions and portals (`outbox-relay replay` pages through
+    /// the outbox table in one snapshot).
+    pub fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// Makes the publication cover every outbox table (`(schema, table)`; may be empty for a
+    /// message-only outbox): creates it `WITH (publish = 'insert')` when missing, or adds the
+    /// tables it lacks (unless it is `FOR ALL TABLES`). Returns the tables added.
+    pub async fn ensure_publication_tables(
+        &self,
+        publication: &str,
+        tables: &[(String, String)],
+    ) -> Result<Vec<(String, String)>, ControlError> {
+        let quoted = |tables: &[(String, String)]| {
+            tables
+                .iter()
+                .map(|(s, t)| format!("{}.{}", quote_ident(s), quote_ident(t)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let all_tables: Option<bool> = self
+            .client
+            .query_opt(
+                "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+                &[&publication],
+            )
+            .await
+            .map_err(query_err("checking the publication"))?
+            .map(|r| r.get(0));
+        let Some(all_tables) = all_tables else {
+            let target = if tables.is_empty() {
+                String::new()
+            } else {
+                format!(" FOR TABLE {}", quoted(tables))
+            };
+            let sql = format!(
+                "CREATE PUBLICATION {}{target} WITH (publish = 'insert')",
+                quote_ident(publication)
+            );
+            self.client
+                .batch_execute(&sql)
+                .await
+                .map_err(query_err(format!("creating publication `{publication}`")))?;
+            info!(publication, tables = %quoted(tables), "created publication (inserts only)");
+            return Ok(tables.to_vec());
+        };
+        if all_tables {
+            return Ok(Vec::new());
+        }
+        let published: Vec<(String, String)> = self
+            .client
+            .query(
+                "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+                &[&publication],
+            )
+            .await
+            .map_err(query_err("listing the publication's tables"))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let missing: Vec<(String, String)> = tables
+            .iter()
+            .filter(|t| !published.contains(t))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return Ok(missing);
+        }
+        let sql = format!(
+            "ALTER PUBLICATION {} ADD TABLE {}",
+            quote_ident(publication),
+            quoted(&missing)
+        );
+        self.client
+            .batch_execute(&sql)
+            .await
+            .map_err(query_err(format!(
+                "adding outbox tables to publication `{publication}`"
+            )))?;
+        info!(publication, tables = %quoted(&missing), "added outbox tables to the publication");
+        Ok(missing)
+    }
+}
+
+/// The slot's health as sampled for metrics: lag, retained WAL, wal_status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotSample {
+    pub lag_bytes: Option<i64>,
+    pub retained_bytes: Option<i64>,
+    pub wal_status: Option<String>,
+    pub confirmed_flush_lsn: Option<Lsn>,
+}
+
+/// Who holds an active slot, from `pg_replication_slots` and `pg_stat_replication`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotHolder {
+    pub pid: i32,
+    pub application_name: Option<String>,
+    pub client_addr: Option<String>,
+    /// Seconds since PostgreSQL last heard a status update from the holder.
+    pub reply_age_secs: Option<f64>,
+}
+
+/// Queries the relay itself needs while running (sampling, standby).
+impl Control {
+    /// `None` when the slot does not exist.
+    pub async fn sample_slot(&self, slot: &str) -> Result<Option<SlotSample>, ControlError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint,
+                        (pg_current_wal_lsn() - restart_lsn)::bigint,
+                        wal_status, confirmed_flush_lsn::text
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .map_err(query_err("sampling the slot"))?;
+        Ok(row.map(|r| SlotSample {
+            lag_bytes: r.get(0),
+            retained_bytes: r.get(1),
+            wal_status: r.get(2),
+            confirmed_flush_lsn: parse_lsn(r.get(3)),
+        }))
+    }
+
+    /// The backend streaming the slot, if any.
+    pub async fn slot_holder(&self, slot: &str) -> Result<Option<SlotHolder>, ControlError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT s.active_pid, r.application_name, r.client_addr::text,
+                        EXTRACT(EPOCH FROM now() - COALESCE(r.reply_time, r.backend_start))::float8
+                 FROM pg_replication_slots s
+                 LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+                 WHERE s.slot_name = $1 AND s.active_pid IS NOT NULL",
+                &[&slot],
+            )
+            .await
+            .map_err(query_err("finding the slot's holder"))?;
+        Ok(row.map(|r| SlotHolder {
+            pid: r.get(0),
+            application_name: r.get(1),
+            client_addr: r.get(2),
+            reply_age_secs: r.get(3),
+        }))
+    }
+
+    /// Ends a backend (`pg_terminate_backend`); true when it was signalled.
+    pub async fn terminate_backend(&self, pid: i32) -> Result<bool, ControlError> {
+        let row = self
+            .client
+            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .map_err(query_err(format!("terminating backend {pid}")))?;
+        Ok(row.get(0))
     }
 }
 

@@ -12,14 +12,23 @@
 //!
 //! `pipeline` only wires these together; `control` is the ordinary SQL connection used for
 //! set-up and inspection; `config` loads and validates the TOML file and its environment
-//! overrides.
+//! overrides; `ops` holds the operator commands (`check`, `status`, `slot`, `replay`), which
+//! reuse `control`, `outbox` and `publisher` so that a replayed record equals the live one.
 
 pub mod checkpoint;
 pub mod config;
 pub mod control;
+pub mod dead_letter;
+pub mod http;
 pub mod lsn;
+pub mod metrics;
+pub mod ops;
 pub mod outbox;
+pub mod partition;
 pub mod pgoutput;
 pub mod pipeline;
 pub mod publisher;
+pub mod slot_watch;
+pub mod sweeper;
+pub mod tls;
 pub mod walsender;

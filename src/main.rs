@@ -1,13 +1,14 @@
 //! The `outbox-relay` command line.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use outbox_relay::config::{Config, LogFormat};
+use outbox_relay::ops::{self, replay, slot, OpsError};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +30,95 @@ enum Command {
     Run,
     /// Print the effective configuration, secrets redacted.
     Config,
+    /// Pre-flight: check PostgreSQL and Kafka set-up; each problem comes with its fix.
+    ///
+    /// Exit 0 when there is no problem (warnings allowed), 1 otherwise.
+    Check(JsonFlag),
+    /// Where the relay stands: slot, lag, retained WAL, publication, outbox rows.
+    ///
+    /// Read-only; safe while the relay runs. Exit 1 when the slot is missing or lost.
+    Status(JsonFlag),
+    /// Create, drop or advance the replication slot.
+    #[command(subcommand)]
+    Slot(SlotCommand),
+    /// Re-publish events still in the outbox table (the rewind a slot cannot do).
+    ///
+    /// Rows are selected by the given filters (all must match) and sent in created_at, id order
+    /// with the same topic, key, payload and headers as the live stream, plus the header
+    /// `outbox-relay-replay: true`. Success is reported only once Kafka acknowledged every
+    /// record; any failure exits 1.
+    Replay(ReplayArgs),
+}
+
+#[derive(Args)]
+struct JsonFlag {
+    /// Print the result as JSON on stdout (for scripts).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum SlotCommand {
+    /// Create the logical slot (pgoutput) if it does not exist. Idempotent.
+    Create(JsonFlag),
+    /// Drop the slot. Idempotent. Refuses while the slot is active unless --force.
+    Drop {
+        /// Confirm: the slot's position is lost, and events committed while no slot exists are
+        /// never relayed.
+        #[arg(long)]
+        yes: bool,
+        /// End the backend holding the slot first (pg_terminate_backend). Stop a running relay
+        /// instead: it reconnects.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// Skip forward: move the slot's confirmed position to an LSN, or to `now`.
+    ///
+    /// Events committed in between are not relayed. A slot cannot move backwards: to send
+    /// events again, use `replay`. Refuses while the slot is active unless --force.
+    Advance {
+        /// The target position, like 0/16B3748, or `now` for the server's current position.
+        #[arg(long, value_name = "LSN|now")]
+        to: slot::AdvanceTarget,
+        /// End the backend holding the slot first (pg_terminate_backend).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// Rows with created_at at or after this time (PostgreSQL timestamptz input,
+    /// e.g. '2026-05-01 12:00:00+00'; '-infinity' selects all).
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+    since: Option<String>,
+    /// Rows with created_at before this time.
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+    until: Option<String>,
+    /// Rows whose id is at least this (compared as the id column's type).
+    #[arg(long, value_name = "ID", allow_hyphen_values = true)]
+    from_id: Option<String>,
+    /// Rows whose id is at most this.
+    #[arg(long, value_name = "ID", allow_hyphen_values = true)]
+    to_id: Option<String>,
+    /// Rows of this aggregate type only.
+    #[arg(long, value_name = "TYPE")]
+    aggregate_type: Option<String>,
+    /// Rows of this event type only.
+    #[arg(long = "type", value_name = "TYPE")]
+    event_type: Option<String>,
+    /// The outbox table to replay (`schema.table`); default: the first configured one.
+    #[arg(long, value_name = "TABLE")]
+    table: Option<String>,
+    /// Count and map the selected rows; send nothing.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    out: JsonFlag,
 }
 
 fn main() -> ExitCode {
@@ -40,7 +130,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(config.relay.log_format);
+    // The operator commands print their own results: only warnings and errors go to the log.
+    let default_log = match cli.command {
+        Command::Run | Command::Config => "info,rdkafka=warn",
+        _ => "warn,rdkafka=error",
+    };
+    init_logging(config.relay.log_format, default_log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -51,30 +146,98 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
+    runtime.block_on(async {
         match cli.command {
             Command::Run => run(config).await,
             Command::Config => {
                 print!("{}", config.to_redacted_toml());
-                Ok(())
+                ExitCode::SUCCESS
             }
+            command => operator_command(&config, command).await,
         }
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("outbox-relay: {e:#}");
-            ExitCode::FAILURE
+    })
+}
+
+/// Runs `check`, `status`, `slot …` or `replay`: prints the report, or one line saying what
+/// went wrong; exit 1 for a failure, 2 for a usage error.
+async fn operator_command(config: &Config, command: Command) -> ExitCode {
+    let json = match &command {
+        Command::Check(out) | Command::Status(out) => out.json,
+        Command::Slot(SlotCommand::Create(out)) => out.json,
+        Command::Slot(SlotCommand::Drop { out, .. } | SlotCommand::Advance { out, .. }) => out.json,
+        Command::Replay(args) => args.out.json,
+        Command::Run | Command::Config => false,
+    };
+    let succeeded = match command {
+        Command::Check(_) => Ok(ops::emit(&ops::check::run(config).await, json)),
+        Command::Status(_) => ops::status::run(config).await.map(|r| ops::emit(&r, json)),
+        Command::Slot(SlotCommand::Create(_)) => {
+            slot::create(config).await.map(|r| ops::emit(&r, json))
         }
+        Command::Slot(SlotCommand::Drop { yes, force, .. }) => slot::drop(config, yes, force)
+            .await
+            .map(|r| ops::emit(&r, json)),
+        Command::Slot(SlotCommand::Advance { to, force, .. }) => slot::advance(config, to, force)
+            .await
+            .map(|r| ops::emit(&r, json)),
+        Command::Replay(args) => {
+            let options = replay_options(args, json);
+            replay::run(config, &options)
+                .await
+                .map(|r| ops::emit(&r, json))
+        }
+        Command::Run | Command::Config => Ok(true),
+    };
+    match succeeded {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(ops::EXIT_FAILURE),
+        Err(e) => report_error(&e, json),
     }
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+fn replay_options(args: ReplayArgs, json: bool) -> replay::ReplayOptions {
+    replay::ReplayOptions {
+        selection: replay::Selection {
+            since: args.since,
+            until: args.until,
+            from_id: args.from_id,
+            to_id: args.to_id,
+            aggregate_type: args.aggregate_type,
+            event_type: args.event_type,
+        },
+        table: args.table,
+        dry_run: args.dry_run,
+        progress: !json && std::io::stderr().is_terminal(),
+    }
+}
+
+/// One line on stderr; under --json also a JSON object on stdout, so scripts always parse.
+fn report_error(error: &OpsError, json: bool) -> ExitCode {
+    let code = error.exit_code();
+    let message = error.to_string();
+    eprintln!("outbox-relay: {message}");
+    if json {
+        ops::format::print_json(&ops::format::error_json(&message, code));
+    }
+    ExitCode::from(code)
+}
+
+/// Streams until a signal (exit 0) or an error that needs an operator: exit 3 when the slot is
+/// lost or dropped (events may be missing), 1 otherwise.
+async fn run(config: Config) -> ExitCode {
+    for (key, value, why) in config.kafka.unsafe_properties() {
+        warn!(property = %key, value = %value, reason = why,
+            "unsafe Kafka setting accepted (kafka.allow_unsafe_kafka_settings = true)");
+    }
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    outbox_relay::pipeline::run(config, shutdown)
-        .await
-        .context("relay failed")
+    match outbox_relay::pipeline::run(config, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("outbox-relay: relay failed: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }
 
 /// Cancels `shutdown` on SIGTERM or SIGINT.
@@ -101,11 +264,12 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOX_RELAY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),

@@ -1,24 +1,33 @@
 //! Wires the data path: walsender frames → pgoutput → outbox mapping → Kafka → ledger →
-//! status updates. No decoding and no policy lives here, only the order of things.
+//! status updates. No decoding and no record building lives here, only the order of things
+//! and what happens on failure.
 //!
 //! One `Session` is one replication connection plus one producer. Any transient failure ends
 //! the session; `run` starts a new one from the slot's confirmed position (at-least-once).
+//! When another relay streams the slot, this one waits as a standby.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::checkpoint::{Ledger, LedgerError};
-use crate::config::Config;
+use crate::checkpoint::{Ledger, LedgerError, TxnSeq};
+use crate::config::{Config, DeadLetterPolicy};
 use crate::control::{Control, ControlError};
+use crate::dead_letter::{self, Reason};
 use crate::lsn::Lsn;
-use crate::outbox::{BoundTable, MappingError, OutboxEvent, OutboxMapping};
-use crate::pgoutput::{self, DecodeError, LogicalMessage};
-use crate::publisher::{self, Delivery, PublishError, Publisher, Rejection};
+use crate::metrics::{Metrics, RelayState};
+use crate::outbox::{self, BoundTable, MappingError, MessageRoute, OutboxEvent, OutboxMapping};
+use crate::pgoutput::{self, DecodeError, LogicalMessage, Relation, Tuple};
+use crate::publisher::{
+    self, Delivery, DeliveryFailure, PublishError, Publisher, Record, Rejection,
+};
+use crate::slot_watch::{self, SlotGone, Standby};
 use crate::walsender::{
     pg_time_to_unix_us, ConnectParams, ReplicationError, ReplicationFrame, ReplicationStream,
     WalSender,
@@ -40,11 +49,15 @@ pub enum RelayError {
     Ledger(#[from] LedgerError),
     #[error("kafka did not acknowledge {0}")]
     Delivery(Box<Rejection>),
+    #[error("stopped on an event that cannot be published (dead_letter.policy = stop); the slot is not confirmed past it: {0}")]
+    Poison(String),
+    #[error(transparent)]
+    SlotGone(#[from] SlotGone),
     #[error("replication stream out of order: {0}")]
     Protocol(String),
-    #[error("cannot read postgres.password_file `{path}`: {source}")]
-    PasswordFile {
-        path: String,
+    #[error("cannot listen on http.listen `{addr}`: {source}")]
+    Http {
+        addr: String,
         #[source]
         source: std::io::Error,
     },
@@ -58,32 +71,110 @@ impl RelayError {
             RelayError::Replication(e) => e.is_transient(),
             RelayError::Publish(e) => e.is_transient(),
             RelayError::Delivery(r) => !publisher::is_permanent(&r.error),
-            RelayError::Decode(_)
-            | RelayError::Mapping(_)
-            | RelayError::Ledger(_)
-            | RelayError::Protocol(_)
-            | RelayError::PasswordFile { .. } => false,
+            _ => false,
+        }
+    }
+
+    /// The process exit code: 3 when the slot is lost or gone (events may be missing), else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RelayError::SlotGone(_) | RelayError::Control(ControlError::SlotLost { .. }) => 3,
+            _ => 1,
         }
     }
 }
 
 /// Runs the relay until `shutdown` is cancelled (Ok) or a permanent error (Err).
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RelayError> {
+    run_with_metrics(config, shutdown, Arc::new(Metrics::default())).await
+}
+
+/// [`run`], updating `metrics` (and serving them when `http.listen` is set).
+pub async fn run_with_metrics(
+    config: Config,
+    shutdown: CancellationToken,
+    metrics: Arc<Metrics>,
+) -> Result<(), RelayError> {
     let mapping = OutboxMapping::new(&config.outbox)?;
-    let mut backoff = Backoff::new(&config);
+    let watch = shutdown.child_token();
+    start_http(&config, &metrics, &watch).await?;
+    let (gone_tx, gone_rx) = mpsc::channel(1);
+    tokio::spawn(slot_watch::sample_forever(
+        config.clone(),
+        metrics.clone(),
+        gone_tx,
+        watch.clone(),
+    ));
+    if config.outbox.sweeper.enabled {
+        tokio::spawn(crate::sweeper::run(config.clone(), watch.clone()));
+    }
+    let result = supervise(&config, &mapping, &metrics, &shutdown, gone_rx).await;
+    metrics.set_state(if result.is_ok() {
+        RelayState::Stopped
+    } else {
+        RelayState::Failed
+    });
+    if let Err(e) = &result {
+        error!(error = %e, "relay stopped: this needs an operator");
+    }
+    watch.cancel();
+    result
+}
+
+async fn start_http(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> Result<(), RelayError> {
+    let addr = &config.http.listen;
+    if addr.is_empty() {
+        return Ok(());
+    }
+    let listener = crate::http::bind(addr)
+        .await
+        .map_err(|source| RelayError::Http {
+            addr: addr.clone(),
+            source,
+        })?;
+    let staleness = Duration::from_millis(config.http.ready_staleness_ms);
+    tokio::spawn(crate::http::serve(
+        listener,
+        metrics.clone(),
+        staleness,
+        shutdown.clone(),
+    ));
+    Ok(())
+}
+
+/// Starts sessions one after another: reconnects after transient errors, waits as a standby
+/// while the slot is held elsewhere, stops on errors that need an operator.
+async fn supervise(
+    config: &Config,
+    mapping: &OutboxMapping,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+    mut gone: mpsc::Receiver<SlotGone>,
+) -> Result<(), RelayError> {
+    let mut backoff = Backoff::new(config);
+    let mut standby = Standby::new();
+    // Once streamed, a slot that vanishes means lost events: never silently recreate it.
+    let mut slot_seen = false;
     loop {
         let started = Instant::now();
-        let outcome = tokio::select! {
+        let result = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            session = Session::start(&config, &mapping) => session,
-        };
-        let result = match outcome {
-            Ok(session) => session.run(&shutdown).await,
-            Err(e) => Err(e),
+            Some(g) = gone.recv() => return Err(g.into()),
+            result = run_session(config, mapping, metrics, shutdown, &mut slot_seen) => result,
         };
         match result {
             Ok(()) => return Ok(()),
+            Err(RelayError::Replication(ReplicationError::SlotActive { .. })) => {
+                metrics.set_state(RelayState::Standby);
+                standby.wait(config, shutdown).await;
+            }
             Err(e) if e.is_transient() => {
+                metrics.set_state(RelayState::Reconnecting);
+                metrics.reconnects.fetch_add(1, Relaxed);
                 if started.elapsed() > Duration::from_secs(30) {
                     backoff.reset();
                 }
@@ -95,12 +186,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Rela
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
-            Err(e) => {
-                error!(error = %e, "relay stopped: this needs an operator");
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         }
     }
+}
+
+async fn run_session(
+    config: &Config,
+    mapping: &OutboxMapping,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+    slot_seen: &mut bool,
+) -> Result<(), RelayError> {
+    let session = Session::start(config, mapping, metrics, *slot_seen).await?;
+    *slot_seen = true;
+    session.run(shutdown).await
 }
 
 /// Exponential backoff between sessions.
@@ -131,32 +231,21 @@ impl Backoff {
     }
 }
 
-/// The password from `postgres.password_file`, or `PGPASSWORD`, or none (the URL's is used).
-pub fn configured_password(config: &Config) -> Result<Option<String>, RelayError> {
-    let path = &config.postgres.password_file;
-    if !path.is_empty() {
-        let text = std::fs::read_to_string(path).map_err(|source| RelayError::PasswordFile {
-            path: path.clone(),
-            source,
-        })?;
-        return Ok(Some(text.trim().to_string()));
-    }
-    Ok(std::env::var("PGPASSWORD").ok())
+/// Opens the control connection and makes sure publication and slot exist. A slot is created
+/// only when `create_slot` is set and it has never been streamed by this process.
+pub async fn prepare(config: &Config) -> Result<Control, RelayError> {
+    prepare_slot(config, config.postgres.create_slot).await
 }
 
-/// Opens the control connection and makes sure publication and slot exist.
-pub async fn prepare(config: &Config) -> Result<Control, RelayError> {
+async fn prepare_slot(config: &Config, create_slot: bool) -> Result<Control, RelayError> {
     let pg = &config.postgres;
-    let password = configured_password(config)?;
-    let timeout = Duration::from_millis(pg.connect_timeout_ms);
-    let control = Control::connect(&pg.url, password.as_deref(), timeout).await?;
+    let control = slot_watch::connect(config).await?;
     if pg.create_publication {
-        let (schema, table) = config.outbox.schema_and_table();
         control
-            .ensure_publication(&pg.publication, &schema, &table)
+            .ensure_publication_tables(&pg.publication, &config.outbox.publication_tables())
             .await?;
     }
-    control.prepare_slot(&pg.slot, pg.create_slot).await?;
+    control.prepare_slot(&pg.slot, create_slot).await?;
     Ok(control)
 }
 
@@ -167,42 +256,66 @@ struct OpenTxn {
     events: u64,
 }
 
+/// A relation from the stream, and its outbox binding when it is an outbox table.
+struct RelationEntry {
+    relation: Arc<Relation>,
+    bound: Option<BoundTable>,
+}
+
+/// Where a dead letter's content comes from when an event cannot be mapped.
+pub enum Origin<'a> {
+    Row {
+        relation: &'a Relation,
+        tuple: &'a Tuple,
+    },
+}
+
 struct Session<'a> {
+    config: &'a Config,
     mapping: &'a OutboxMapping,
+    metrics: &'a Metrics,
     stream: ReplicationStream,
     publisher: Publisher,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     ledger: Ledger,
-    /// Relation id → the bound outbox table, or `None` for a published non-outbox table.
-    relations: HashMap<u32, Option<BoundTable>>,
+    relations: HashMap<u32, RelationEntry>,
     txn: Option<OpenTxn>,
     in_flight_messages: usize,
     in_flight_bytes: usize,
-    max_in_flight_messages: usize,
-    max_in_flight_bytes: usize,
     /// Newest WAL position received (the status update's `write`).
     received: Lsn,
+    /// The confirmed position at the last status update, to see progress.
+    last_reported: Lsn,
     status_interval: Duration,
-    shutdown_timeout: Duration,
-    slot: String,
-    published: u64,
 }
 
 impl<'a> Session<'a> {
-    async fn start(config: &Config, mapping: &'a OutboxMapping) -> Result<Session<'a>, RelayError> {
+    async fn start(
+        config: &'a Config,
+        mapping: &'a OutboxMapping,
+        metrics: &'a Metrics,
+        slot_seen: bool,
+    ) -> Result<Session<'a>, RelayError> {
         let pg = &config.postgres;
-        let control = prepare(config).await?;
+        let control = match prepare_slot(config, pg.create_slot && !slot_seen).await {
+            Err(RelayError::Control(ControlError::SlotMissing { slot })) if slot_seen => {
+                let what = "was dropped while the relay ran".to_string();
+                return Err(slot_watch::slot_gone(&slot, what, metrics).into());
+            }
+            other => other?,
+        };
         let status_interval = status_interval(config, control.wal_sender_timeout().await?);
-        let (publisher, deliveries) = Publisher::new(&config.kafka)?;
-        let params = ConnectParams::from_url(
-            &pg.url,
-            configured_password(config)?.as_deref(),
-            Duration::from_millis(pg.connect_timeout_ms),
-        )?;
+        let params = ConnectParams::from_config(pg)?;
         let stream = WalSender::connect(&params)
             .await?
-            .start_replication(&pg.slot, &pg.publication, Lsn::ZERO, false)
+            .start_replication(
+                &pg.slot,
+                &pg.publication,
+                Lsn::ZERO,
+                mapping.messages_enabled(),
+            )
             .await?;
+        let (publisher, deliveries) = Publisher::new(&config.kafka)?;
         // The slot is ours now, so its position cannot move under us: start the ledger there,
         // so that no status update ever reports less than the slot already confirmed.
         let slot = control
@@ -219,8 +332,12 @@ impl<'a> Session<'a> {
         info!(slot = %pg.slot, publication = %pg.publication, start = %start,
             backend_pid = stream.backend_pid(), status_interval_ms = status_interval.as_millis() as u64,
             "streaming from the slot's confirmed position");
+        metrics.set_lsns(start, start);
+        metrics.set_state(RelayState::Streaming);
         Ok(Session {
+            config,
             mapping,
+            metrics,
             stream,
             publisher,
             deliveries,
@@ -229,13 +346,9 @@ impl<'a> Session<'a> {
             txn: None,
             in_flight_messages: 0,
             in_flight_bytes: 0,
-            max_in_flight_messages: config.kafka.max_in_flight_messages,
-            max_in_flight_bytes: config.kafka.max_in_flight_bytes,
             received: start,
+            last_reported: start,
             status_interval,
-            shutdown_timeout: Duration::from_millis(config.relay.shutdown_timeout_ms),
-            slot: pg.slot.clone(),
-            published: 0,
         })
     }
 
@@ -243,22 +356,30 @@ impl<'a> Session<'a> {
     async fn run(mut self, shutdown: &CancellationToken) -> Result<(), RelayError> {
         let mut feedback = tokio::time::interval(self.status_interval);
         feedback.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
+        let result = loop {
+            let step = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => return self.drain().await,
-                Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery)?,
-                _ = feedback.tick() => self.send_status(false).await?,
-                frame = self.stream.next_frame(), if self.has_room() => {
-                    self.handle_frame(frame?).await?;
-                }
+                _ = shutdown.cancelled() => break self.drain().await,
+                Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery),
+                // Asking for a reply makes the server answer with a keepalive carrying its WAL
+                // end, which an idle relay confirms: unrelated traffic never piles up WAL.
+                _ = feedback.tick() => self.send_status(true).await,
+                frame = self.stream.next_frame(), if self.has_room() => match frame {
+                    Ok(frame) => self.handle_frame(frame).await,
+                    Err(e) => Err(e.into()),
+                },
+            };
+            if let Err(e) = step {
+                break Err(e);
             }
-        }
+        };
+        self.metrics.records_in_flight.store(0, Relaxed);
+        result
     }
 
     fn has_room(&self) -> bool {
-        self.in_flight_messages < self.max_in_flight_messages
-            && self.in_flight_bytes < self.max_in_flight_bytes
+        self.in_flight_messages < self.config.kafka.max_in_flight_messages
+            && self.in_flight_bytes < self.config.kafka.max_in_flight_bytes
     }
 
     /// Handles one delivery and every other one already waiting.
@@ -267,6 +388,9 @@ impl<'a> Session<'a> {
         while let Ok(delivery) = self.deliveries.try_recv() {
             self.handle_delivery(delivery)?;
         }
+        self.metrics
+            .records_in_flight
+            .store(self.in_flight_messages as i64, Relaxed);
         Ok(())
     }
 
@@ -274,14 +398,53 @@ impl<'a> Session<'a> {
         self.in_flight_messages -= 1;
         self.in_flight_bytes = self.in_flight_bytes.saturating_sub(delivery.bytes);
         match delivery.result {
-            Ok(()) => Ok(self.ledger.ack(delivery.seq)?),
+            Ok(()) => {
+                let commit_time_ms = self.ledger.ack(delivery.seq)?;
+                let counter = if delivery.dead_letter {
+                    &self.metrics.events_dead_lettered
+                } else {
+                    &self.metrics.events_published
+                };
+                counter.fetch_add(1, Relaxed);
+                let latency_ms = (now_ms() - commit_time_ms).max(0) as u64;
+                self.metrics
+                    .commit_to_ack
+                    .observe(Duration::from_millis(latency_ms));
+                Ok(())
+            }
             Err(failure) => {
-                if let Some(fatal) = self.publisher.fatal_error() {
-                    return Err(PublishError::Fatal(fatal).into());
-                }
-                Err(RelayError::Delivery(Box::new(failure.rejection())))
+                self.handle_failed_delivery(delivery.seq, delivery.dead_letter, failure)
             }
         }
+    }
+
+    /// A record Kafka did not take. Permanent problems of the record itself are dead-lettered
+    /// (same transaction: the slot waits for the dead letter instead); everything else ends the
+    /// session so that it restarts from the slot.
+    fn handle_failed_delivery(
+        &mut self,
+        seq: TxnSeq,
+        was_dead_letter: bool,
+        failure: DeliveryFailure,
+    ) -> Result<(), RelayError> {
+        let kind = failure
+            .error
+            .rdkafka_error_code()
+            .map(|c| format!("{c:?}"))
+            .unwrap_or_else(|| "Other".into());
+        self.metrics.count_delivery_error(&kind);
+        let rejection = failure.rejection();
+        if let Some(fatal) = self.publisher.fatal_error() {
+            return Err(PublishError::Fatal(fatal).into());
+        }
+        if !publisher::is_permanent(&failure.error) || was_dead_letter {
+            return Err(RelayError::Delivery(Box::new(rejection)));
+        }
+        let reason = Reason::for_kafka_error(&failure.error);
+        let dlq = &self.config.dead_letter.topic;
+        let record =
+            dead_letter::from_failed(dlq, &failure.message, reason, &rejection.to_string());
+        self.dead_letter(seq, record, &rejection.event_id, &rejection.to_string())
     }
 
     async fn handle_frame(&mut self, frame: ReplicationFrame) -> Result<(), RelayError> {
@@ -307,22 +470,16 @@ impl<'a> Session<'a> {
     fn handle_message(&mut self, message: LogicalMessage) -> Result<(), RelayError> {
         match message {
             LogicalMessage::Begin(begin) => {
-                self.ledger.begin()?;
+                let commit_time_ms = pg_time_to_unix_us(begin.commit_time_us) / 1000;
+                self.ledger.begin(commit_time_ms)?;
                 self.txn = Some(OpenTxn {
                     final_lsn: begin.final_lsn,
-                    commit_time_ms: pg_time_to_unix_us(begin.commit_time_us) / 1000,
+                    commit_time_ms,
                     events: 0,
                 });
             }
             LogicalMessage::Commit(commit) => self.handle_commit(commit)?,
-            LogicalMessage::Relation(relation) => {
-                let bound = self.mapping.bind(&relation).transpose()?;
-                if bound.is_none() {
-                    debug!(schema = %relation.namespace, table = %relation.name,
-                        "publication includes a table that is not the outbox; its rows are ignored");
-                }
-                self.relations.insert(relation.id, bound);
-            }
+            LogicalMessage::Relation(relation) => self.handle_relation(relation)?,
             LogicalMessage::Insert(insert) => self.handle_insert(insert)?,
             LogicalMessage::Truncate(_) => {
                 warn!("the outbox table was truncated; nothing is published for a truncate")
@@ -330,9 +487,39 @@ impl<'a> Session<'a> {
             LogicalMessage::Update(_)
             | LogicalMessage::Delete(_)
             | LogicalMessage::Origin(_)
-            | LogicalMessage::Type(_)
-            | LogicalMessage::Message(_) => {}
+            | LogicalMessage::Type(_) => {}
+            LogicalMessage::Message(message) => match self.mapping.route_message(&message) {
+                MessageRoute::Event => {
+                    let commit_time_ms = self.open_txn()?.commit_time_ms;
+                    let event = self.mapping.message_event(&message, commit_time_ms);
+                    let (relation, tuple) = outbox::message_as_row(&message);
+                    let origin = Origin::Row {
+                        relation: &relation,
+                        tuple: &tuple,
+                    };
+                    self.publish_event(event, origin)?;
+                }
+                MessageRoute::NonTransactional { rejected_total } => warn!(
+                    prefix = %message.prefix, lsn = %message.lsn, rejected_total,
+                    "skipped a non-transactional logical message with the outbox prefix: only pg_logical_emit_message(true, ...) is published"
+                ),
+                MessageRoute::Ignored => {}
+            },
         }
+        Ok(())
+    }
+
+    fn handle_relation(&mut self, relation: Relation) -> Result<(), RelayError> {
+        let bound = self.mapping.bind(&relation).transpose()?;
+        if bound.is_none() {
+            debug!(schema = %relation.namespace, table = %relation.name,
+                "publication includes a table that is not the outbox; its rows are ignored");
+        }
+        let entry = RelationEntry {
+            relation: Arc::new(relation),
+            bound,
+        };
+        self.relations.insert(entry.relation.id, entry);
         Ok(())
     }
 
@@ -348,24 +535,30 @@ impl<'a> Session<'a> {
             )));
         }
         self.ledger.commit(commit.end_lsn)?;
-        self.published += txn.events;
+        debug!(end_lsn = %commit.end_lsn, events = txn.events, "transaction handed to kafka");
         Ok(())
     }
 
     fn handle_insert(&mut self, insert: pgoutput::Insert) -> Result<(), RelayError> {
         let commit_time_ms = self.open_txn()?.commit_time_ms;
-        let bound = match self.relations.get(&insert.relation_id) {
-            Some(Some(bound)) => bound,
-            Some(None) => return Ok(()),
-            None => {
-                return Err(RelayError::Protocol(format!(
-                    "INSERT for relation {} before its RELATION message",
-                    insert.relation_id
-                )))
-            }
+        let Some(entry) = self.relations.get(&insert.relation_id) else {
+            return Err(RelayError::Protocol(format!(
+                "INSERT for relation {} before its RELATION message",
+                insert.relation_id
+            )));
+        };
+        let Some(bound) = &entry.bound else {
+            return Ok(());
         };
         let event = bound.to_event(&insert.tuple, commit_time_ms);
-        self.publish_event(event)
+        let relation = entry.relation.clone();
+        self.publish_event(
+            event,
+            Origin::Row {
+                relation: &relation,
+                tuple: &insert.tuple,
+            },
+        )
     }
 
     fn open_txn(&mut self) -> Result<&mut OpenTxn, RelayError> {
@@ -374,18 +567,76 @@ impl<'a> Session<'a> {
             .ok_or_else(|| RelayError::Protocol("change outside a transaction".into()))
     }
 
-    /// Hands one mapped event of the open transaction to Kafka.
+    /// Hands one mapped event of the open transaction to Kafka; an event that cannot be
+    /// published goes to the dead-letter topic (or stops the relay, by policy).
     fn publish_event(
         &mut self,
         event: Result<OutboxEvent, MappingError>,
+        origin: Origin<'_>,
     ) -> Result<(), RelayError> {
-        let event = event?;
-        let seq = self.ledger.record_sent()?;
-        self.publisher.send(&event.record, seq, &event.id)?;
         self.open_txn()?.events += 1;
-        self.in_flight_messages += 1;
-        self.in_flight_bytes += event.record.size();
+        let seq = self.ledger.record_sent()?;
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => return self.dead_letter_unmapped(seq, &e, origin),
+        };
+        match self.publisher.send(&event.record, seq, &event.id) {
+            Ok(()) => {
+                self.count_in_flight(&event.record);
+                Ok(())
+            }
+            Err(PublishError::Rejected(r)) if publisher::is_permanent(&r.error) => {
+                self.metrics
+                    .count_delivery_error(&format!("{:?}", r.error.rdkafka_error_code()));
+                let reason = Reason::for_kafka_error(&r.error);
+                let dlq = &self.config.dead_letter.topic;
+                let record = dead_letter::from_record(dlq, &event.record, reason, &r.to_string());
+                self.dead_letter(seq, record, &event.id, &r.to_string())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn dead_letter_unmapped(
+        &mut self,
+        seq: TxnSeq,
+        error: &MappingError,
+        origin: Origin<'_>,
+    ) -> Result<(), RelayError> {
+        let reason = match error {
+            MappingError::InvalidTopic { .. } => Reason::InvalidTopic,
+            _ => Reason::Mapping,
+        };
+        let event_id = error.event_id();
+        let dlq = &self.config.dead_letter.topic;
+        let record = match origin {
+            Origin::Row { relation, tuple } => {
+                dead_letter::from_row(dlq, relation, tuple, reason, &error.to_string(), event_id)
+            }
+        };
+        self.dead_letter(seq, record, event_id.unwrap_or("?"), &error.to_string())
+    }
+
+    /// Sends a dead letter in place of the event (policy `dead_letter`), or stops.
+    fn dead_letter(
+        &mut self,
+        seq: TxnSeq,
+        record: Record,
+        event_id: &str,
+        why: &str,
+    ) -> Result<(), RelayError> {
+        if self.config.dead_letter.policy == DeadLetterPolicy::Stop {
+            return Err(RelayError::Poison(format!("event {event_id}: {why}")));
+        }
+        warn!(event_id, topic = %record.topic, reason = why, "event sent to the dead-letter topic");
+        self.publisher.send_dead_letter(&record, seq, event_id)?;
+        self.count_in_flight(&record);
         Ok(())
+    }
+
+    fn count_in_flight(&mut self, record: &Record) {
+        self.in_flight_messages += 1;
+        self.in_flight_bytes += record.size();
     }
 
     async fn send_status(&mut self, reply: bool) -> Result<(), RelayError> {
@@ -393,16 +644,29 @@ impl<'a> Session<'a> {
         self.stream
             .send_status(self.received.max(flush), flush, reply)
             .await?;
+        if flush > self.last_reported || self.in_flight_messages == 0 {
+            self.metrics.mark_progress();
+        }
+        self.last_reported = flush;
+        self.metrics.set_lsns(self.received, flush);
+        self.metrics
+            .messages_rejected
+            .store(self.mapping.non_transactional_messages(), Relaxed);
+        self.metrics
+            .records_in_flight
+            .store(self.in_flight_messages as i64, Relaxed);
         Ok(())
     }
 
     /// Shutdown: stop reading, wait for in-flight deliveries (bounded), confirm, close.
-    async fn drain(mut self) -> Result<(), RelayError> {
+    async fn drain(&mut self) -> Result<(), RelayError> {
+        self.metrics.set_state(RelayState::Draining);
         info!(
             in_flight = self.in_flight_messages,
             "shutting down: draining in-flight deliveries"
         );
-        let deadline = Instant::now() + self.shutdown_timeout;
+        let timeout = Duration::from_millis(self.config.relay.shutdown_timeout_ms);
+        let deadline = Instant::now() + timeout;
         let mut feedback = tokio::time::interval(self.status_interval);
         while self.in_flight_messages > 0 {
             tokio::select! {
@@ -421,11 +685,19 @@ impl<'a> Session<'a> {
             }
         }
         self.send_status(false).await?;
-        info!(slot = %self.slot, confirmed = %self.ledger.confirmed(), published = self.published,
+        info!(slot = %self.config.postgres.slot, confirmed = %self.ledger.confirmed(),
+            published = self.metrics.events_published.load(Relaxed),
             "final position confirmed; relay stopped");
         self.stream.close().await;
         Ok(())
     }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// Status updates must come well within the server's `wal_sender_timeout`.

@@ -4,8 +4,9 @@
 //! Every record carries its transaction's sequence number as the delivery opaque; the
 //! pipeline feeds the acknowledgements to the checkpoint ledger.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdkafka::config::ClientConfig;
@@ -18,10 +19,11 @@ use tracing::warn;
 
 use crate::checkpoint::TxnSeq;
 use crate::config::KafkaConfig;
+use crate::partition;
 
 /// One Kafka record, built from an outbox event. Payload and key are shared, not copied,
 /// until librdkafka copies them into its queue.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record {
     pub topic: String,
     pub key: Bytes,
@@ -32,6 +34,10 @@ pub struct Record {
     pub timestamp_ms: Option<i64>,
     /// An explicit partition; `None` lets the partitioner choose from the key.
     pub partition: Option<i32>,
+    /// When `partition` is `None`: bytes to choose the partition from instead of the key,
+    /// exactly as the Java client's default partitioner would for a record keyed by them
+    /// (`toPositive(murmur2(bytes)) % partitions`). The outbox puts the aggregate id here.
+    pub partition_key: Option<Bytes>,
 }
 
 impl Record {
@@ -41,10 +47,15 @@ impl Record {
     }
 }
 
+/// Marks a dead-letter record in the delivery opaque (transaction numbers never get there).
+const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);
+
 /// What Kafka said about one record.
 #[derive(Debug)]
 pub struct Delivery {
     pub seq: TxnSeq,
+    /// The record was a dead letter (sent with `send_dead_letter`).
+    pub dead_letter: bool,
     /// Key + payload bytes of the record, to release from the in-flight count.
     pub bytes: usize,
     pub result: Result<(), DeliveryFailure>,
@@ -141,7 +152,8 @@ impl ProducerContext for DeliveryReporter {
         };
         // The receiver is gone only when the pipeline has been torn down: nothing to tell.
         let _ = self.deliveries.send(Delivery {
-            seq: seq as TxnSeq,
+            seq: (seq & !DEAD_LETTER_BIT) as TxnSeq,
+            dead_letter: seq & DEAD_LETTER_BIT != 0,
             bytes,
             result,
         });
@@ -150,7 +162,18 @@ impl ProducerContext for DeliveryReporter {
 
 pub struct Publisher {
     producer: ThreadedProducer<DeliveryReporter>,
+    /// Partition count per topic with the time it was read, for `Record::partition_key`.
+    partition_counts: Mutex<HashMap<String, (i32, Instant)>>,
 }
+
+/// How long a topic's partition count is trusted before it is read again (a topic may grow).
+const PARTITION_COUNT_TTL: Duration = Duration::from_secs(60);
+/// Per metadata request.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long to wait for a topic not seen before (maybe being auto-created) to get partitions.
+const METADATA_WAIT: Duration = Duration::from_secs(10);
+/// One attempt to refresh a known count; on failure the known count is kept.
+const METADATA_REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Publisher {
     /// Creates the producer; deliveries arrive on the returned channel.
@@ -161,14 +184,46 @@ impl Publisher {
         let producer = client_config(config)
             .create_with_context(DeliveryReporter { deliveries: tx })
             .map_err(PublishError::Create)?;
-        Ok((Publisher { producer }, rx))
+        Ok((
+            Publisher {
+                producer,
+                partition_counts: Mutex::new(HashMap::new()),
+            },
+            rx,
+        ))
     }
 
     /// Hands a record to librdkafka. Returns at once; the outcome arrives as a `Delivery`.
     pub fn send(&self, record: &Record, seq: TxnSeq, event_id: &str) -> Result<(), PublishError> {
+        self.send_with_opaque(record, seq as usize, event_id)
+    }
+
+    /// Sends a dead letter for transaction `seq`; its `Delivery` has `dead_letter` set.
+    pub fn send_dead_letter(
+        &self,
+        record: &Record,
+        seq: TxnSeq,
+        event_id: &str,
+    ) -> Result<(), PublishError> {
+        self.send_with_opaque(record, seq as usize | DEAD_LETTER_BIT, event_id)
+    }
+
+    fn send_with_opaque(
+        &self,
+        record: &Record,
+        opaque: usize,
+        event_id: &str,
+    ) -> Result<(), PublishError> {
+        let partition = self.choose_partition(record).map_err(|error| {
+            PublishError::Rejected(Box::new(Rejection {
+                topic: record.topic.clone(),
+                event_id: event_id.to_string(),
+                error,
+            }))
+        })?;
         let mut attempts = 0;
         loop {
-            let base = base_record(record, seq);
+            let base = base_record(record, opaque, partition);
             match self.producer.send(base) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
@@ -190,6 +245,83 @@ impl Publisher {
         }
     }
 
+    /// The record's partition: its explicit one, or the Java-compatible hash of its
+    /// `partition_key` over the topic's partition count, or `None` (the partitioner hashes
+    /// the key).
+    fn choose_partition(&self, record: &Record) -> Result<Option<i32>, KafkaError> {
+        match (&record.partition, &record.partition_key) {
+            (Some(p), _) => Ok(Some(*p)),
+            (None, Some(bytes)) => {
+                let count = self.partition_count(&record.topic)?;
+                Ok(Some(partition::partition_for_key(bytes, count)))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The topic's partition count, from the cache or (rarely: once per topic and
+    /// [`PARTITION_COUNT_TTL`]) from the brokers.
+    fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
+        let cached = self
+            .partition_counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(topic)
+            .copied();
+        if let Some((count, read_at)) = cached {
+            if read_at.elapsed() < PARTITION_COUNT_TTL {
+                return Ok(count);
+            }
+        }
+        let count = match cached {
+            None => {
+                blocking(|| self.fetch_partition_count(topic, METADATA_TIMEOUT, METADATA_WAIT))?
+            }
+            Some((known, _)) => blocking(|| {
+                self.fetch_partition_count(topic, METADATA_REFRESH_TIMEOUT, Duration::ZERO)
+            })
+            // Brokers unreachable: the count we had is still the best guess; retry after the TTL.
+            .unwrap_or(known),
+        };
+        self.partition_counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(topic.to_string(), (count, Instant::now()));
+        Ok(count)
+    }
+
+    /// Reads the partition count from the brokers (blocking), retrying for up to `wait`. A
+    /// topic that does not exist yet is created by this request when the brokers auto-create
+    /// topics.
+    fn fetch_partition_count(
+        &self,
+        topic: &str,
+        timeout: Duration,
+        wait: Duration,
+    ) -> Result<i32, KafkaError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let error = match self.producer.client().fetch_metadata(Some(topic), timeout) {
+                Ok(metadata) => match metadata.topics().iter().find(|t| t.name() == topic) {
+                    Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                        return Ok(t.partitions().len() as i32)
+                    }
+                    Some(t) => KafkaError::MetadataFetch(
+                        t.error()
+                            .map_or(RDKafkaErrorCode::UnknownTopicOrPartition, Into::into),
+                    ),
+                    None => KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition),
+                },
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                warn!(topic, error = %error, "cannot read the topic's partition count");
+                return Err(error);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The producer's fatal error, after which every send fails and it must be recreated.
     pub fn fatal_error(&self) -> Option<String> {
         self.producer
@@ -208,8 +340,22 @@ impl Publisher {
     }
 }
 
-fn base_record<'a>(record: &'a Record, seq: TxnSeq) -> BaseRecord<'a, [u8], [u8], usize> {
-    let mut base = BaseRecord::with_opaque_to(&record.topic, seq as usize).key(&record.key[..]);
+/// Runs blocking `f` without stalling other tasks of a multi-threaded runtime.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+fn base_record<'a>(
+    record: &'a Record,
+    opaque: usize,
+    partition: Option<i32>,
+) -> BaseRecord<'a, [u8], [u8], usize> {
+    let mut base = BaseRecord::with_opaque_to(&record.topic, opaque).key(&record.key[..]);
     if let Some(payload) = &record.payload {
         base = base.payload(&payload[..]);
     }
@@ -228,7 +374,7 @@ fn base_record<'a>(record: &'a Record, seq: TxnSeq) -> BaseRecord<'a, [u8], [u8]
     if let Some(ts) = record.timestamp_ms {
         base = base.timestamp(ts);
     }
-    if let Some(p) = record.partition {
+    if let Some(p) = partition {
         base = base.partition(p);
     }
     base

@@ -14,13 +14,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::md5_hash;
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::authentication::sasl::{
+    ChannelBinding, ScramSha256, SCRAM_SHA_256, SCRAM_SHA_256_PLUS,
+};
 use postgres_protocol::message::{backend, frontend};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_postgres::config::Host;
 
+use crate::config::{PostgresConfig, SslMode};
 use crate::lsn::Lsn;
+use crate::tls::{server_end_point, TlsSettings};
 
 /// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 UTC).
 const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
@@ -87,6 +91,8 @@ pub enum ReplicationError {
     Protocol(String),
     #[error("invalid PostgreSQL URL: {0}")]
     Url(String),
+    #[error("TLS with PostgreSQL failed: {0}")]
+    Tls(String),
 }
 
 impl ReplicationError {
@@ -99,9 +105,7 @@ impl ReplicationError {
             | ReplicationError::Closed
             | ReplicationError::SlotActive { .. } => true,
             // Shutdown, crash recovery, too many connections: the server will be back.
-            ReplicationError::Server(e) => {
-                matches!(&e.code[..2], "57" | "08" | "53") || e.code == "40001"
-            }
+            ReplicationError::Server(e) => crate::control::sqlstate_is_transient(&e.code),
             _ => false,
         }
     }
@@ -110,6 +114,7 @@ impl ReplicationError {
 /// Where and as whom to connect, taken from a libpq-style URL.
 #[derive(Clone)]
 pub struct ConnectParams {
+    pub tls: TlsSettings,
     pub host: Host,
     pub port: u16,
     pub user: String,
@@ -130,8 +135,22 @@ impl std::fmt::Debug for ConnectParams {
 }
 
 impl ConnectParams {
-    /// Reads host, port, user, password and database from a URL; the password given here
-    /// (from a file or the environment) wins over the URL's.
+    /// Host, port, user, password, database and TLS as `[postgres]` says.
+    pub fn from_config(pg: &PostgresConfig) -> Result<Self, ReplicationError> {
+        let (tls, url) = TlsSettings::resolve(pg);
+        let password =
+            crate::control::password(pg).map_err(|e| ReplicationError::Url(e.to_string()))?;
+        let mut params = Self::from_url(
+            &url,
+            password.as_deref(),
+            Duration::from_millis(pg.connect_timeout_ms),
+        )?;
+        params.tls = tls;
+        Ok(params)
+    }
+
+    /// Reads host, port, user, password and database from a URL (TLS off); the password given
+    /// here (from a file or the environment) wins over the URL's.
     pub fn from_url(
         url: &str,
         password: Option<&str>,
@@ -155,6 +174,10 @@ impl ConnectParams {
             .or_else(|| config.get_password().map(<[u8]>::to_vec));
         let dbname = config.get_dbname().unwrap_or(&user).to_string();
         Ok(ConnectParams {
+            tls: TlsSettings {
+                mode: SslMode::Disable,
+                root_cert: None,
+            },
             host,
             port,
             user,
@@ -260,6 +283,8 @@ pub fn pg_time_to_unix_us(pg_us: i64) -> i64 {
 /// An authenticated replication connection, ready for a replication command.
 pub struct WalSender {
     io: Box<dyn Transport>,
+    /// `tls-server-end-point` data when the connection is TLS, for SCRAM channel binding.
+    channel_binding: Option<Vec<u8>>,
     buf: BytesMut,
     /// The server's backend process id, for logs and `pg_terminate_backend`.
     pub backend_pid: i32,
@@ -268,11 +293,13 @@ pub struct WalSender {
 impl WalSender {
     pub async fn connect(params: &ConnectParams) -> Result<WalSender, ReplicationError> {
         let target = params.target();
-        let io = tokio::time::timeout(params.connect_timeout, open_transport(params))
-            .await
-            .map_err(|_| ReplicationError::ConnectTimeout(params.connect_timeout, target))??;
+        let (io, channel_binding) =
+            tokio::time::timeout(params.connect_timeout, open_transport(params))
+                .await
+                .map_err(|_| ReplicationError::ConnectTimeout(params.connect_timeout, target))??;
         let mut conn = WalSender {
             io,
+            channel_binding,
             buf: BytesMut::with_capacity(READ_CHUNK),
             backend_pid: 0,
         };
@@ -316,16 +343,17 @@ impl WalSender {
                 }
                 backend::Message::AuthenticationSasl(body) => {
                     let mut mechanisms = body.mechanisms();
-                    let mut scram = false;
+                    let (mut scram, mut plus) = (false, false);
                     while let Some(m) = mechanisms.next()? {
                         scram |= m == SCRAM_SHA_256;
+                        plus |= m == SCRAM_SHA_256_PLUS;
                     }
-                    if !scram {
+                    if !scram && !plus {
                         return Err(ReplicationError::Auth(
                             "the server offers no SASL mechanism we support (SCRAM-SHA-256)".into(),
                         ));
                     }
-                    self.scram(require_password(params)?).await?;
+                    self.scram(require_password(params)?, plus).await?;
                 }
                 backend::Message::ErrorResponse(body) => {
                     return Err(ReplicationError::Auth(server_error(&body)?.to_string()))
@@ -345,10 +373,19 @@ impl WalSender {
         self.send(&out).await
     }
 
-    async fn scram(&mut self, password: &[u8]) -> Result<(), ReplicationError> {
-        let mut scram = ScramSha256::new(password, ChannelBinding::unsupported());
+    /// SCRAM-SHA-256, bound to the TLS channel (`-PLUS`) when both sides can.
+    async fn scram(&mut self, password: &[u8], server_plus: bool) -> Result<(), ReplicationError> {
+        let (mechanism, binding) = match (&self.channel_binding, server_plus) {
+            (Some(data), true) => (
+                SCRAM_SHA_256_PLUS,
+                ChannelBinding::tls_server_end_point(data.clone()),
+            ),
+            (Some(_), false) => (SCRAM_SHA_256, ChannelBinding::unrequested()),
+            (None, _) => (SCRAM_SHA_256, ChannelBinding::unsupported()),
+        };
+        let mut scram = ScramSha256::new(password, binding);
         let mut out = BytesMut::new();
-        frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut out)?;
+        frontend::sasl_initial_response(mechanism, scram.message(), &mut out)?;
         self.send(&out).await?;
         match self.read_message().await? {
             backend::Message::AuthenticationSaslContinue(body) => scram.update(body.data())?,
@@ -463,7 +500,10 @@ fn require_password(params: &ConnectParams) -> Result<&[u8], ReplicationError> {
     })
 }
 
-async fn open_transport(params: &ConnectParams) -> Result<Box<dyn Transport>, ReplicationError> {
+/// The connection and, for TLS, its channel binding data.
+type Opened = (Box<dyn Transport>, Option<Vec<u8>>);
+
+async fn open_transport(params: &ConnectParams) -> Result<Opened, ReplicationError> {
     let target = params.target();
     let connect_err = |source| ReplicationError::Connect {
         target: target.clone(),
@@ -475,21 +515,74 @@ async fn open_transport(params: &ConnectParams) -> Result<Box<dyn Transport>, Re
                 .await
                 .map_err(connect_err)?;
             stream.set_nodelay(true).map_err(connect_err)?;
-            Ok(Box::new(stream))
+            negotiate_tls(stream, host, &params.tls).await
         }
+        // Like libpq, no TLS over a local socket.
         #[cfg(unix)]
         Host::Unix(dir) => {
             let path = dir.join(format!(".s.PGSQL.{}", params.port));
             let stream = tokio::net::UnixStream::connect(path)
                 .await
                 .map_err(connect_err)?;
-            Ok(Box::new(stream))
+            Ok((Box::new(stream), None))
         }
         #[cfg(not(unix))]
         Host::Unix(_) => Err(ReplicationError::Url(
             "unix sockets are not supported here".into(),
         )),
     }
+}
+
+/// SSLRequest, then a TLS handshake when the server agrees (or plain TCP where the mode
+/// allows it).
+async fn negotiate_tls(
+    mut tcp: TcpStream,
+    host: &str,
+    tls: &TlsSettings,
+) -> Result<Opened, ReplicationError> {
+    if tls.mode == SslMode::Disable {
+        return Ok((Box::new(tcp), None));
+    }
+    let mut request = BytesMut::new();
+    frontend::ssl_request(&mut request);
+    tcp.write_all(&request).await?;
+    let mut answer = [0u8; 1];
+    tcp.read_exact(&mut answer).await?;
+    match answer[0] {
+        b'S' => {}
+        b'N' if tls.mode == SslMode::Prefer => return Ok((Box::new(tcp), None)),
+        b'N' => {
+            return Err(ReplicationError::Tls(format!(
+                "the server does not accept TLS, but postgres.ssl_mode is {:?}; enable ssl on the server or lower ssl_mode",
+                tls.mode
+            )))
+        }
+        other => {
+            return Err(ReplicationError::Protocol(format!(
+                "unexpected answer {other:#x} to SSLRequest"
+            )))
+        }
+    }
+    let tls_err = |e: &dyn std::fmt::Display| ReplicationError::Tls(e.to_string());
+    let mut config = tls
+        .connector()
+        .map_err(|e| tls_err(&e))?
+        .configure()
+        .map_err(|e| tls_err(&e))?;
+    config.set_verify_hostname(tls.mode == SslMode::VerifyFull);
+    let ssl = config.into_ssl(host).map_err(|e| tls_err(&e))?;
+    let mut stream = tokio_openssl::SslStream::new(ssl, tcp).map_err(|e| tls_err(&e))?;
+    std::pin::Pin::new(&mut stream)
+        .connect()
+        .await
+        .map_err(|e| {
+            let verify = stream.ssl().verify_result();
+            ReplicationError::Tls(format!(
+                "handshake failed: {e} (certificate check: {verify})"
+            ))
+        })?;
+    let binding = server_end_point(stream.ssl());
+    Ok((Box::new(stream), binding))
 }
 
 /// Quotes an identifier for a replication command (`"` doubled).
@@ -588,7 +681,10 @@ impl ReplicationStream {
                 Some(backend::Message::ErrorResponse(body)) => {
                     return Err(ReplicationError::Server(Box::new(server_error(&body)?)))
                 }
-                Some(backend::Message::CopyDone) => return Err(ReplicationError::Closed),
+                // The server ends the stream (shutdown): CopyDone, or straight CommandComplete.
+                Some(backend::Message::CopyDone)
+                | Some(backend::Message::CommandComplete(_))
+                | Some(backend::Message::ReadyForQuery(_)) => return Err(ReplicationError::Closed),
                 Some(backend::Message::NoticeResponse(_)) => {}
                 Some(_) => {
                     return Err(ReplicationError::Protocol(format!(
@@ -613,7 +709,7 @@ impl ReplicationStream {
     }
 
     /// Ends streaming politely: CopyDone then Terminate. Errors are irrelevant at this point.
-    pub async fn close(mut self) {
+    pub async fn close(&mut self) {
         let mut out = BytesMut::new();
         frontend::copy_done(&mut out);
         frontend::terminate(&mut out);

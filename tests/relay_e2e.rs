@@ -64,7 +64,10 @@ async fn wait_for_slot(db: &TestDb, relay: &mut RelayProcess) {
     loop {
         let active: Option<bool> = client
             .query_opt(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                // Streaming, not merely being created: while pg_create_logical_replication_slot
+                // waits for running transactions the slot is already "active".
+                "SELECT true FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+                 WHERE s.slot_name = $1",
                 &[&slot],
             )
             .await

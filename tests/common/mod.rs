@@ -5,6 +5,8 @@
 //! `OUTBOX_TEST_PG_URL`, `OUTBOX_TEST_KAFKA_BROKERS` and `OUTBOX_TEST_SERVICES`.
 #![allow(dead_code)]
 
+pub mod probe;
+
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -128,6 +130,12 @@ impl TestDb {
                 format!("{}.{{aggregatetype}}", self.topic_prefix),
             ),
             ("OUTBOX_RELAY__KAFKA__BROKERS".into(), brokers()),
+            // Tests run relays side by side: no fixed metrics port unless a test asks for one.
+            ("OUTBOX_RELAY__HTTP__LISTEN".into(), String::new()),
+            (
+                "OUTBOX_RELAY__POSTGRES__SLOT_SAMPLE_INTERVAL_MS".into(),
+                "500".into(),
+            ),
         ]
     }
 
@@ -497,4 +505,95 @@ where
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+// ---- helpers for tests/ops.rs (operator commands) ----
+
+impl TestDb {
+    /// Like [`TestDb::new`], on another cluster: `admin_url` is that cluster's superuser URL
+    /// (e.g. the wal_level=replica one from `services.sh pg-replica-start`).
+    pub async fn new_on(admin_url: &str) -> TestDb {
+        let name = random_name("t");
+        let admin = connect(admin_url).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create database");
+        let url = url_with_db(admin_url, &name);
+        let migration = std::fs::read_to_string(repo_path("migrations/001_outbox.sql")).unwrap();
+        connect(&url)
+            .await
+            .batch_execute(&migration)
+            .await
+            .expect("apply migration");
+        TestDb {
+            slot: format!("{name}_slot"),
+            publication: "outbox_relay_pub".into(),
+            topic_prefix: name.clone(),
+            name,
+            url,
+            admin_url: admin_url.to_string(),
+        }
+    }
+}
+
+// ---- helpers for tests/routing.rs (outbox routing) ----
+
+/// Creates `topic` with `partitions` partitions (replication factor 1), then waits until the
+/// broker's metadata shows all of them, so a relay started afterwards sees the final count.
+pub async fn create_topic(topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("admin client");
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create topic {topic}: {e}"));
+    for result in results {
+        result.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let seen = admin
+                .inner()
+                .fetch_metadata(Some(&topic), Duration::from_secs(5))
+                .ok()
+                .and_then(|m| {
+                    m.topics()
+                        .iter()
+                        .find(|t| t.name() == topic && t.error().is_none())
+                        .map(|t| t.partitions().len() as i32)
+                });
+            if seen == Some(partitions) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "topic {topic} has {seen:?} partitions, not {partitions}, 30 s after creation"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Writes `text` to `target/test-logs/<name>.toml` and returns its path, for
+/// `OUTBOX_RELAY_CONFIG`.
+pub fn write_config(name: &str, text: &str) -> PathBuf {
+    let dir = repo_path("target/test-logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
 }

@@ -1,0 +1,806 @@
+//! The PostgreSQL items of `check`: server settings, role, outbox table, publication, slot.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::{ok, problem, warning, Item};
+use crate::config::{Config, OutboxConfig};
+use crate::control::{quote_ident, Control, SlotInfo};
+use crate::ops::format::{self, quote_literal};
+use crate::ops::rows::OutboxTable;
+use crate::ops::status::CREATED_AT_COLUMN;
+use crate::ops::{pg_message, query_err, OpsError};
+use crate::outbox::OutboxMapping;
+
+/// What the server is and who we are on it, read once.
+struct Server {
+    settings: HashMap<String, String>,
+    role: String,
+    superuser: bool,
+    replication: bool,
+    database: String,
+    version: String,
+    slots_used: i64,
+    senders_used: i64,
+}
+
+impl Server {
+    async fn read(control: &Control) -> Result<Server, OpsError> {
+        let client = control.client();
+        let settings = client
+            .query(
+                "SELECT name, setting FROM pg_settings WHERE name = ANY($1)",
+                &[&vec![
+                    "wal_level",
+                    "max_replication_slots",
+                    "max_wal_senders",
+                    "max_slot_wal_keep_size",
+                    "server_version",
+                ]],
+            )
+            .await
+            .map_err(query_err("reading pg_settings"))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let row = client
+            .query_one(
+                "SELECT current_user::text, r.rolsuper, r.rolreplication, current_database()::text,
+                        (SELECT count(*) FROM pg_replication_slots),
+                        (SELECT count(*) FROM pg_stat_replication)
+                 FROM pg_roles r WHERE r.rolname = current_user",
+                &[],
+            )
+            .await
+            .map_err(query_err("reading the role and replication usage"))?;
+        let mut server = Server {
+            settings,
+            role: row.get(0),
+            superuser: row.get(1),
+            replication: row.get(2),
+            database: row.get(3),
+            version: String::new(),
+            slots_used: row.get(4),
+            senders_used: row.get(5),
+        };
+        server.version = server.setting("server_version").to_string();
+        Ok(server)
+    }
+
+    fn setting(&self, name: &str) -> &str {
+        self.settings.get(name).map_or("", String::as_str)
+    }
+
+    fn number(&self, name: &str) -> i64 {
+        self.setting(name).parse().unwrap_or(0)
+    }
+}
+
+/// Every PostgreSQL item, in the order an operator fixes them. Returns the outbox tables that
+/// exist, described for the topic sample.
+pub(super) async fn postgres(
+    control: &Control,
+    config: &Config,
+    items: &mut Vec<Item>,
+) -> Vec<OutboxTable> {
+    let server = match Server::read(control).await {
+        Ok(server) => server,
+        Err(e) => {
+            items.push(problem(
+                "postgres",
+                format!("cannot inspect the server: {e}"),
+                "connect as a role that can read pg_settings and pg_roles",
+            ));
+            return Vec::new();
+        }
+    };
+    items.push(ok(
+        "postgres connection",
+        format!(
+            "connected to database \"{}\" as role \"{}\" (PostgreSQL {})",
+            server.database, server.role, server.version
+        ),
+    ));
+    items.push(wal_level(&server));
+    let slot = control.slot(&config.postgres.slot).await;
+    let slot = match slot {
+        Ok(slot) => slot,
+        Err(e) => {
+            items.push(problem(
+                "slot",
+                format!("cannot read pg_replication_slots: {e}"),
+                "grant the role access to pg_replication_slots",
+            ));
+            None
+        }
+    };
+    items.push(slot_capacity(&server, slot.is_some()));
+    let streaming = slot.as_ref().is_some_and(|s| s.active);
+    items.push(sender_capacity(&server, streaming));
+    items.push(role(&server));
+    let tables = outbox_tables(control, config, &server, items).await;
+    items.extend(publication(control, config).await);
+    items.extend(slot_items(config, slot.as_ref(), &server));
+    tables
+}
+
+fn wal_level(server: &Server) -> Item {
+    let level = server.setting("wal_level");
+    if level == "logical" {
+        return ok("wal_level", "wal_level = logical");
+    }
+    problem(
+        "wal_level",
+        format!("wal_level = {level}: logical decoding is off, so no logical slot can be created or streamed"),
+        "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL (on a managed service: set the parameter `wal_level` or `rds.logical_replication = 1` in its parameter group)",
+    )
+}
+
+fn slot_capacity(server: &Server, slot_exists: bool) -> Item {
+    let max = server.number("max_replication_slots");
+    let free = max - server.slots_used;
+    let detail = format!(
+        "{} of max_replication_slots = {max} in use, {free} free",
+        server.slots_used
+    );
+    if slot_exists || free > 0 {
+        return ok("replication slots", detail);
+    }
+    problem(
+        "replication slots",
+        format!("{detail}: the relay's slot cannot be created"),
+        format!(
+            "ALTER SYSTEM SET max_replication_slots = {}; then restart PostgreSQL (or drop an unused slot: SELECT pg_drop_replication_slot('<name>');)",
+            max + 1
+        ),
+    )
+}
+
+fn sender_capacity(server: &Server, streaming: bool) -> Item {
+    let max = server.number("max_wal_senders");
+    let free = max - server.senders_used;
+    let detail = format!(
+        "{} of max_wal_senders = {max} in use, {free} free",
+        server.senders_used
+    );
+    // A relay already streaming holds its sender; otherwise the relay needs one free.
+    if streaming || free > 0 {
+        return ok("wal senders", detail);
+    }
+    problem(
+        "wal senders",
+        format!("{detail}: the relay cannot open its replication connection"),
+        format!(
+            "ALTER SYSTEM SET max_wal_senders = {}; then restart PostgreSQL",
+            max + 1
+        ),
+    )
+}
+
+fn role(server: &Server) -> Item {
+    let role = &server.role;
+    if server.superuser {
+        return ok("role", format!("role \"{role}\" is a superuser"));
+    }
+    if server.replication {
+        return ok("role", format!("role \"{role}\" has REPLICATION"));
+    }
+    problem(
+        "role",
+        format!("role \"{role}\" has neither REPLICATION nor superuser: it cannot stream from a replication slot"),
+        format!("ALTER ROLE {} WITH REPLICATION;", quote_ident(role)),
+    )
+}
+
+/// An outbox table as configured, quoted once (whether or not it exists).
+struct Table {
+    schema: String,
+    name: String,
+    display: String,
+    quoted: String,
+}
+
+impl Table {
+    fn from_config(config: &OutboxConfig) -> Table {
+        let (schema, name) = config.schema_and_table();
+        Table {
+            display: format!("{schema}.{name}"),
+            quoted: format!("{}.{}", quote_ident(&schema), quote_ident(&name)),
+            schema,
+            name,
+        }
+    }
+}
+
+/// A column of the outbox table as the catalog describes it.
+struct ColumnInfo {
+    type_name: String,
+    not_null: bool,
+}
+
+/// The items of every configured outbox table; returns the tables that exist, for the topic
+/// sample.
+async fn outbox_tables(
+    control: &Control,
+    config: &Config,
+    server: &Server,
+    items: &mut Vec<Item>,
+) -> Vec<OutboxTable> {
+    let configs = config.outbox.table_configs();
+    if configs.is_empty() {
+        items.push(ok(
+            "outbox table",
+            format!(
+                "no outbox table: events come from pg_logical_emit_message with prefix `{}`",
+                config.outbox.message_prefix
+            ),
+        ));
+    }
+    let mut found = Vec::new();
+    for table_config in configs {
+        let (table_items, table) = outbox_table(control, config, &table_config, server).await;
+        items.extend(table_items);
+        found.extend(table);
+    }
+    found
+}
+
+async fn outbox_table(
+    control: &Control,
+    config: &Config,
+    table_config: &OutboxConfig,
+    server: &Server,
+) -> (Vec<Item>, Option<OutboxTable>) {
+    let table = Table::from_config(table_config);
+    let row = control
+        .client()
+        .query_opt(
+            "SELECT c.relkind::text, has_table_privilege(c.oid, 'SELECT')
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&table.schema, &table.name],
+        )
+        .await;
+    let (kind, readable): (String, bool) = match row {
+        Ok(Some(row)) => (row.get(0), row.get(1)),
+        Ok(None) => {
+            let item = problem(
+                "outbox table",
+                format!("table {} does not exist", table.display),
+                "create it (migrations/001_outbox.sql), or set outbox.table to the table's `schema.table`",
+            );
+            return (vec![item], None);
+        }
+        Err(e) => {
+            let item = problem(
+                "outbox table",
+                format!("cannot look up {}: {}", table.display, pg_message(&e)),
+                "check the role's access to the catalog",
+            );
+            return (vec![item], None);
+        }
+    };
+    let mut items = vec![table_access(&table, &kind, readable, server)];
+    let described = OutboxTable::describe(control.client(), table_config).await;
+    let columns = columns(control, &table).await;
+    match (described, columns) {
+        (Ok(Some(outbox)), Ok(columns)) => {
+            items.push(outbox_columns(config, &outbox, &table, &columns));
+            (items, Some(outbox))
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            items.push(problem(
+                "outbox columns",
+                format!("cannot read the columns of {}: {e}", table.display),
+                "check the role's access to the catalog",
+            ));
+            (items, None)
+        }
+        (Ok(None), _) => (items, None),
+    }
+}
+
+fn table_access(table: &Table, kind: &str, readable: bool, server: &Server) -> Item {
+    if !matches!(kind, "r" | "p") {
+        return problem(
+            "outbox table",
+            format!(
+                "{} is not a table (relkind {kind}): only tables can be published",
+                table.display
+            ),
+            "point outbox.table at the table the application inserts into",
+        );
+    }
+    if !readable {
+        return problem(
+            "outbox table",
+            format!(
+                "role \"{}\" cannot read {} (needed by `status` and `replay`)",
+                server.role, table.display
+            ),
+            format!(
+                "GRANT SELECT ON {} TO {};",
+                table.quoted,
+                quote_ident(&server.role)
+            ),
+        );
+    }
+    ok(
+        "outbox table",
+        format!("{} exists and is readable", table.display),
+    )
+}
+
+async fn columns(
+    control: &Control,
+    table: &Table,
+) -> Result<HashMap<String, ColumnInfo>, OpsError> {
+    let rows = control
+        .client()
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull
+             FROM pg_attribute a
+             JOIN pg_class c ON c.oid = a.attrelid
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .map_err(query_err("reading the outbox columns"))?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let info = ColumnInfo {
+                type_name: r.get(1),
+                not_null: r.get(2),
+            };
+            (r.get(0), info)
+        })
+        .collect())
+}
+
+/// The live mapping binds the table (every configured column exists, with a usable type), and
+/// the routing columns cannot trip it up.
+fn outbox_columns(
+    config: &Config,
+    outbox: &OutboxTable,
+    table: &Table,
+    columns: &HashMap<String, ColumnInfo>,
+) -> Item {
+    let bound = OutboxMapping::new(&config.outbox).map(|m| m.bind(&outbox.relation));
+    match bound {
+        Ok(Some(Ok(_))) => {}
+        Ok(Some(Err(e))) | Err(e) => {
+            return problem(
+                "outbox columns",
+                e.to_string(),
+                "add the column, or set the outbox setting it names to one of the table's columns",
+            )
+        }
+        // Unreachable: the table comes from the same configuration.
+        Ok(None) => {
+            return problem(
+                "outbox columns",
+                format!(
+                    "{} is not an outbox table of the configuration",
+                    table.display
+                ),
+                "check outbox.table",
+            )
+        }
+    }
+    let (warnings, fixes) = column_warnings(&outbox.config, table, columns);
+    if warnings.is_empty() {
+        let o = &outbox.config;
+        let listed: Vec<String> = [
+            &o.id_column,
+            &o.aggregate_type_column,
+            &o.aggregate_id_column,
+            &o.type_column,
+            &o.payload_column,
+        ]
+        .iter()
+        .filter_map(|c| {
+            columns
+                .get(c.as_str())
+                .map(|i| format!("{c} {}", i.type_name))
+        })
+        .collect();
+        return ok(
+            "outbox columns",
+            format!("{}: {}", table.display, listed.join(", ")),
+        );
+    }
+    warning(
+        "outbox columns",
+        format!("{}: {}", table.display, warnings.join("; ")),
+        fixes.join("\n"),
+    )
+}
+
+/// Nullable or space-padded routing columns, and a `created_at` that `replay` cannot use.
+fn column_warnings(
+    o: &OutboxConfig,
+    table: &Table,
+    columns: &HashMap<String, ColumnInfo>,
+) -> (Vec<String>, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut fixes = Vec::new();
+    let routing = [
+        &o.id_column,
+        &o.aggregate_type_column,
+        &o.aggregate_id_column,
+        &o.type_column,
+    ];
+    for column in routing {
+        let Some(info) = columns.get(column.as_str()) else {
+            continue;
+        };
+        if !info.not_null {
+            warnings.push(format!(
+                "`{column}` allows NULL, and a NULL there stops the relay"
+            ));
+            fixes.push(format!(
+                "ALTER TABLE {} ALTER COLUMN {} SET NOT NULL;",
+                table.quoted,
+                quote_ident(column)
+            ));
+        }
+        if info.type_name.starts_with("character(") || info.type_name == "bpchar" {
+            warnings.push(format!(
+                "`{column}` is {}: its values arrive space-padded",
+                info.type_name
+            ));
+            fixes.push(format!(
+                "ALTER TABLE {} ALTER COLUMN {} TYPE text;",
+                table.quoted,
+                quote_ident(column)
+            ));
+        }
+    }
+    match columns.get(CREATED_AT_COLUMN) {
+        Some(c) if c.type_name.starts_with("timestamp") => {}
+        Some(c) => warnings.push(format!(
+            "`{CREATED_AT_COLUMN}` is {}, not a timestamp: `replay --since/--until` cannot use it",
+            c.type_name
+        )),
+        None => {
+            warnings.push(format!(
+                "no `{CREATED_AT_COLUMN}` column: `replay` selects and orders rows by it"
+            ));
+            fixes.push(format!(
+                "ALTER TABLE {} ADD COLUMN {} timestamptz NOT NULL DEFAULT now();",
+                table.quoted,
+                quote_ident(CREATED_AT_COLUMN)
+            ));
+        }
+    }
+    (warnings, fixes)
+}
+
+/// The publication exists, covers exactly the outbox tables and publishes inserts.
+async fn publication(control: &Control, config: &Config) -> Vec<Item> {
+    let name = &config.postgres.publication;
+    let wanted: Vec<Table> = config
+        .outbox
+        .table_configs()
+        .iter()
+        .map(Table::from_config)
+        .collect();
+    let create = format!(
+        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');",
+        quote_ident(name),
+        quoted_list(&wanted)
+    );
+    let flags = control
+        .client()
+        .query_opt(
+            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate, puballtables
+             FROM pg_publication WHERE pubname = $1",
+            &[name],
+        )
+        .await;
+    let flags = match flags {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            let mut fix = create;
+            if config.postgres.create_publication {
+                fix.push_str(" (or let `outbox-relay run` create it: postgres.create_publication = true, which needs ownership of the table)");
+            }
+            return vec![problem(
+                "publication",
+                format!("publication `{name}` does not exist"),
+                fix,
+            )];
+        }
+        Err(e) => {
+            return vec![problem(
+                "publication",
+                format!("cannot read pg_publication: {}", pg_message(&e)),
+                "check the role's access to the catalog",
+            )]
+        }
+    };
+    let published = match published_tables(control, name).await {
+        Ok(tables) => tables,
+        Err(e) => {
+            return vec![problem(
+                "publication",
+                format!("cannot read pg_publication_tables: {e}"),
+                "check the role's access to the catalog",
+            )]
+        }
+    };
+    let all_tables: bool = flags.get(4);
+    vec![
+        publication_tables(name, &wanted, &published, all_tables, &create),
+        publication_operations(
+            name,
+            [flags.get(0), flags.get(1), flags.get(2), flags.get(3)],
+        ),
+    ]
+}
+
+/// `"s"."a", "s"."b"`.
+fn quoted_list(tables: &[Table]) -> String {
+    let quoted: Vec<&str> = tables.iter().map(|t| t.quoted.as_str()).collect();
+    quoted.join(", ")
+}
+
+async fn published_tables(
+    control: &Control,
+    publication: &str,
+) -> Result<BTreeSet<String>, OpsError> {
+    let rows = control
+        .client()
+        .query(
+            "SELECT schemaname::text || '.' || tablename::text FROM pg_publication_tables WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(query_err("reading pg_publication_tables"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+fn publication_tables(
+    name: &str,
+    wanted: &[Table],
+    published: &BTreeSet<String>,
+    all_tables: bool,
+    create: &str,
+) -> Item {
+    let quoted = quote_ident(name);
+    let missing: Vec<&Table> = wanted
+        .iter()
+        .filter(|t| !published.contains(&t.display))
+        .collect();
+    if !missing.is_empty() {
+        let names: Vec<&str> = missing.iter().map(|t| t.display.as_str()).collect();
+        let list: Vec<&str> = missing.iter().map(|t| t.quoted.as_str()).collect();
+        return problem(
+            "publication tables",
+            format!(
+                "publication `{name}` does not include {}: its inserts are never streamed",
+                names.join(", ")
+            ),
+            format!("ALTER PUBLICATION {quoted} ADD TABLE {};", list.join(", ")),
+        );
+    }
+    if all_tables {
+        return warning(
+            "publication tables",
+            format!("publication `{name}` is FOR ALL TABLES: every table's changes are decoded and sent, then ignored by the relay"),
+            format!("DROP PUBLICATION {quoted}; {create}"),
+        );
+    }
+    let others: Vec<&str> = published
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !wanted.iter().any(|t| t.display == *p))
+        .collect();
+    if !others.is_empty() && !wanted.is_empty() {
+        return warning(
+            "publication tables",
+            format!("publication `{name}` also includes {}: their changes are decoded and sent, then ignored by the relay", others.join(", ")),
+            format!("ALTER PUBLICATION {quoted} SET TABLE {};", quoted_list(wanted)),
+        );
+    }
+    let names: Vec<&str> = wanted.iter().map(|t| t.display.as_str()).collect();
+    ok(
+        "publication tables",
+        format!("publication `{name}` covers exactly {}", names.join(", ")),
+    )
+}
+
+fn publication_operations(name: &str, [insert, update, delete, truncate]: [bool; 4]) -> Item {
+    let fix = format!(
+        "ALTER PUBLICATION {} SET (publish = 'insert');",
+        quote_ident(name)
+    );
+    if !insert {
+        return problem(
+            "publication operations",
+            format!("publication `{name}` does not publish inserts: no event is ever streamed"),
+            fix,
+        );
+    }
+    let extra: Vec<&str> = [
+        (update, "update"),
+        (delete, "delete"),
+        (truncate, "truncate"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, op)| *op)
+    .collect();
+    if !extra.is_empty() {
+        return warning(
+            "publication operations",
+            format!("publication `{name}` also publishes {}: the relay ignores them, and a published update or delete needs a replica identity on the table", extra.join(", ")),
+            fix,
+        );
+    }
+    ok(
+        "publication operations",
+        format!("publication `{name}` publishes inserts only"),
+    )
+}
+
+/// The slot exists (or will be created), uses pgoutput in this database, and keeps its WAL.
+fn slot_items(config: &Config, slot: Option<&SlotInfo>, server: &Server) -> Vec<Item> {
+    let name = &config.postgres.slot;
+    let create_sql = format!(
+        "SELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+        quote_literal(name)
+    );
+    let Some(slot) = slot else {
+        let detail = format!("slot `{name}` does not exist yet");
+        return vec![if config.postgres.create_slot {
+            warning("slot", format!("{detail}; `outbox-relay run` creates it at start-up (postgres.create_slot = true), and rows committed before that are not relayed"), "create it now: `outbox-relay slot create`")
+        } else {
+            problem(
+                "slot",
+                format!("{detail} and postgres.create_slot is off"),
+                format!("`outbox-relay slot create` (or {create_sql})"),
+            )
+        }];
+    };
+    let drop_sql = format!("SELECT pg_drop_replication_slot({});", quote_literal(name));
+    if slot.slot_type != "logical" || slot.plugin.as_deref() != Some("pgoutput") {
+        return vec![problem(
+            "slot",
+            format!("slot `{name}` is a {} slot with plugin {}; the relay needs a logical slot using pgoutput", slot.slot_type, slot.plugin.as_deref().unwrap_or("none")),
+            format!("{drop_sql} then {create_sql} (or set postgres.slot to another name)"),
+        )];
+    }
+    if slot.database.as_deref() != Some(server.database.as_str()) {
+        return vec![problem(
+            "slot",
+            format!(
+                "slot `{name}` belongs to database \"{}\", not \"{}\"",
+                slot.database.as_deref().unwrap_or("?"),
+                server.database
+            ),
+            "point postgres.url at that database, or set postgres.slot to a new name",
+        )];
+    }
+    let holder = match slot.active_pid.filter(|_| slot.active) {
+        Some(pid) => format!("active in backend {pid}"),
+        None => "inactive".to_string(),
+    };
+    let confirmed = slot.confirmed_flush_lsn.unwrap_or_default();
+    vec![
+        ok(
+            "slot",
+            format!("slot `{name}` uses pgoutput, {holder}, confirmed up to {confirmed}"),
+        ),
+        slot_wal(name, slot, server),
+    ]
+}
+
+fn slot_wal(name: &str, slot: &SlotInfo, server: &Server) -> Item {
+    let status = slot.wal_status.as_deref().unwrap_or("unknown");
+    let safe = match slot.safe_wal_size {
+        Some(n) => format!("safe_wal_size {}", format::bytes(n.max(0) as u64)),
+        None => {
+            "no max_slot_wal_keep_size limit: a stopped relay lets WAL grow until the disk fills"
+                .to_string()
+        }
+    };
+    let detail = format!("slot `{name}`: wal_status {status}, {safe}");
+    match status {
+        "reserved" => ok("slot WAL", detail),
+        "extended" => warning("slot WAL", format!("{detail}: the slot holds more WAL than max_wal_size, the relay is behind"), "start the relay or let it catch up; `outbox-relay status` shows the lag"),
+        "unreserved" => problem("slot WAL", format!("{detail}: WAL the slot needs is about to be removed (max_slot_wal_keep_size = {})", server.setting("max_slot_wal_keep_size")), "start the relay now so it catches up, or raise max_slot_wal_keep_size: ALTER SYSTEM SET max_slot_wal_keep_size = '<larger>'; SELECT pg_reload_conf();"),
+        "lost" => problem("slot WAL", format!("{detail}: the slot was invalidated and events were lost"), "`outbox-relay slot drop --yes`, `outbox-relay slot create`, then `outbox-relay replay --since <time of the last event consumers got>`"),
+        _ => warning("slot WAL", detail, "see `outbox-relay status`"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::check::Status;
+
+    fn server(superuser: bool, replication: bool) -> Server {
+        Server {
+            settings: HashMap::from([
+                ("wal_level".to_string(), "replica".to_string()),
+                ("max_replication_slots".to_string(), "10".to_string()),
+                ("max_wal_senders".to_string(), "10".to_string()),
+            ]),
+            role: "app\"user".into(),
+            superuser,
+            replication,
+            database: "db".into(),
+            version: "15".into(),
+            slots_used: 10,
+            senders_used: 3,
+        }
+    }
+    #[test]
+    fn wal_level_replica_names_the_setting() {
+        let item = wal_level(&server(true, true));
+        assert_eq!(item.status, Status::Problem);
+        assert!(item
+            .fix
+            .unwrap()
+            .contains("ALTER SYSTEM SET wal_level = 'logical'"));
+    }
+    #[test]
+    fn role_fix_quotes_the_role() {
+        let item = role(&server(false, false));
+        assert_eq!(item.status, Status::Problem);
+        assert_eq!(
+            item.fix.as_deref(),
+            Some("ALTER ROLE \"app\"\"user\" WITH REPLICATION;")
+        );
+        assert_eq!(role(&server(false, true)).status, Status::Ok);
+        assert_eq!(role(&server(true, false)).status, Status::Ok);
+    }
+    #[test]
+    fn full_slots_are_a_problem_only_without_our_slot() {
+        assert_eq!(
+            slot_capacity(&server(true, true), false).status,
+            Status::Problem
+        );
+        assert_eq!(slot_capacity(&server(true, true), true).status, Status::Ok);
+        assert_eq!(
+            sender_capacity(&server(true, true), false).status,
+            Status::Ok
+        );
+    }
+    #[test]
+    fn publication_must_publish_inserts_and_only_the_outbox() {
+        let table = [Table::from_config(&OutboxConfig::default())];
+        let table = &table[..];
+        let only = BTreeSet::from(["public.outbox".to_string()]);
+        assert_eq!(
+            publication_tables("p", table, &only, false, "").status,
+            Status::Ok
+        );
+        let none = BTreeSet::new();
+        let item = publication_tables("p", table, &none, false, "");
+        assert_eq!(item.status, Status::Problem);
+        assert_eq!(
+            item.fix.as_deref(),
+            Some("ALTER PUBLICATION \"p\" ADD TABLE \"public\".\"outbox\";")
+        );
+        let more = BTreeSet::from(["public.outbox".to_string(), "public.orders".to_string()]);
+        assert_eq!(
+            publication_tables("p", table, &more, false, "").status,
+            Status::Warning
+        );
+        assert_eq!(
+            publication_operations("p", [false, true, true, true]).status,
+            Status::Problem
+        );
+        assert_eq!(
+            publication_operations("p", [true, true, false, false]).status,
+            Status::Warning
+        );
+        assert_eq!(
+            publication_operations("p", [true, false, false, false]).status,
+            Status::Ok
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! Watching the slot from the control side: sampling its lag and health for `/metrics`, noticing
+//! when it is lost or dropped, and waiting as a standby while another relay streams it.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::control::{Control, ControlError, SlotHolder};
+use crate::lsn::Lsn;
+use crate::metrics::Metrics;
+
+/// Why the slot can no longer be trusted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("slot `{slot}` {what}: events after {confirmed} may be missing. Recover with `outbox-relay slot create` (if it is gone), then `outbox-relay replay --since <time of the last event consumers saw>`")]
+pub struct SlotGone {
+    pub slot: String,
+    /// "was dropped while the relay ran", "is lost (wal_status = lost) ...".
+    pub what: String,
+    /// The last position the relay knew confirmed.
+    pub confirmed: Lsn,
+}
+
+/// Opens a control connection for the configured database.
+pub async fn connect(config: &Config) -> Result<Control, ControlError> {
+    Control::connect(&config.postgres).await
+}
+
+/// Samples the slot every `slot_sample_interval_ms` into `metrics` until `shutdown`. Sends a
+/// `SlotGone` (once) when the slot is lost, or disappears after having been seen.
+pub async fn sample_forever(
+    config: Config,
+    metrics: Arc<Metrics>,
+    gone: mpsc::Sender<SlotGone>,
+    shutdown: CancellationToken,
+) {
+    let slot = config.postgres.slot.clone();
+    let interval = Duration::from_millis(config.postgres.slot_sample_interval_ms);
+    let mut control: Option<Control> = None;
+    let mut seen = false;
+    loop {
+        if control.is_none() {
+            control = connect(&config).await.ok();
+        }
+        if let Some(c) = &control {
+            match c.sample_slot(&slot).await {
+                Ok(Some(sample)) => {
+                    seen = true;
+                    metrics
+                        .slot_lag_bytes
+                        .store(sample.lag_bytes.unwrap_or(-1), Relaxed);
+                    metrics
+                        .slot_retained_wal_bytes
+                        .store(sample.retained_bytes.unwrap_or(-1), Relaxed);
+                    let status = sample.wal_status.unwrap_or_default();
+                    metrics.set_wal_status(&status);
+                    if status == "lost" {
+                        let what = "is lost (wal_status = lost): PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)".into();
+                        let _ = gone.send(slot_gone(&slot, what, &metrics)).await;
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    metrics.set_wal_status("missing");
+                    if seen {
+                        let what = "was dropped while the relay ran".into();
+                        let _ = gone.send(slot_gone(&slot, what, &metrics)).await;
+                        return;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot sample the slot; retrying");
+                    control = None;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+pub fn slot_gone(slot: &str, what: String, metrics: &Metrics) -> SlotGone {
+    SlotGone {
+        slot: slot.to_string(),
+        what,
+        confirmed: Lsn(metrics.confirmed_lsn.load(Relaxed)),
+    }
+}
+
+/// One standby round: says who holds the slot (once per holder), flags a stale holder, ends it
+/// when configured to, then waits `standby_retry_ms`.
+pub struct Standby {
+    last_holder: Option<i32>,
+}
+
+impl Standby {
+    pub fn new() -> Self {
+        Standby { last_holder: None }
+    }
+
+    pub async fn wait(&mut self, config: &Config, shutdown: &CancellationToken) {
+        let pg = &config.postgres;
+        match connect(config).await {
+            Ok(control) => match control.slot_holder(&pg.slot).await {
+                Ok(Some(holder)) => self.consider(&control, config, &holder).await,
+                Ok(None) => {}
+                Err(e) => warn!(error = %e, "standby: cannot look up the slot's holder"),
+            },
+            Err(e) => warn!(error = %e, "standby: cannot connect to look up the slot's holder"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(Duration::from_millis(pg.standby_retry_ms)) => {}
+        }
+    }
+
+    async fn consider(&mut self, control: &Control, config: &Config, holder: &SlotHolder) {
+        let pg = &config.postgres;
+        if self.last_holder != Some(holder.pid) {
+            self.last_holder = Some(holder.pid);
+            info!(slot = %pg.slot, holder_pid = holder.pid, application = ?holder.application_name,
+                client = ?holder.client_addr, retry_ms = pg.standby_retry_ms,
+                "standby: another connection streams the slot; taking over when it goes away");
+        }
+        let stale_after = Duration::from_millis(pg.stale_holder_after_ms).as_secs_f64();
+        let Some(age) = holder.reply_age_secs.filter(|age| *age > stale_after) else {
+            return;
+        };
+        if !pg.terminate_stale_holder {
+            warn!(slot = %pg.slot, holder_pid = holder.pid, silent_secs = age,
+                "standby: the slot's holder has not answered PostgreSQL for a while and looks stale; set postgres.terminate_stale_holder = true to end it, or end it with `outbox-relay slot drop --force` / pg_terminate_backend");
+            return;
+        }
+        match control.terminate_backend(holder.pid).await {
+            Ok(true) => warn!(slot = %pg.slot, holder_pid = holder.pid, silent_secs = age,
+                "standby: ended the stale holder of the slot (postgres.terminate_stale_holder)"),
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "standby: cannot end the stale holder"),
+        }
+    }
+}
+
+impl Default for Standby {
+    fn default() -> Self {
+        Self::new()
+    }
+}

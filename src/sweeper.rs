@@ -1,0 +1,315 @@
+//! The retention sweeper (`[outbox.sweeper]`, off by default): deletes outbox rows that are
+//! older than the retention **and** whose inserting transaction the slot has already
+//! confirmed, in small batches, so the table stops growing while `outbox-relay replay` keeps a
+//! window of history.
+//!
+//! # Why "confirmed" needs care
+//!
+//! `created_at` (default `now()`) is the inserting transaction's *start* time: a transaction
+//! may insert a row, stay open for an hour, and commit after rows that look much newer. And
+//! the slot's `confirmed_flush_lsn` is a WAL position, not a time: it says which *commits* the
+//! relay has delivered. So neither "older than the retention" nor "older than the last
+//! delivered event" says that a given row was delivered.
+//!
+//! # The rule, and why it is safe
+//!
+//! Every sweep first takes a **mark**, in two statements, in this order:
+//!
+//! 1. `X = pg_snapshot_xmin(pg_current_snapshot())`: the oldest transaction still running at
+//!    the moment `T` this snapshot `S` was taken;
+//! 2. `L = pg_current_wal_insert_lsn()`, read after `S`.
+//!
+//! A row is deleted only with a mark whose `L <= confirmed_flush_lsn`, and only when its
+//! `xmin` (as a 64-bit xid) is `< X` and its `created_at` is older than the retention.
+//!
+//! Proof that such a row was delivered. Let `x` be the row's `xmin` and `P` the top-level
+//! transaction that inserted it (`x = P`, or `x` is a subtransaction of `P`; PostgreSQL
+//! assigns a parent its xid before any child, so `P <= x`). Then `P <= x < X`, and every
+//! transaction that was running when `S` was taken is `>= X`: so `P` had ended before `T`. The
+//! row exists and the sweeper's `DELETE` sees it, so `P` committed (rows of aborted
+//! transactions are never visible). A transaction's commit record is inserted into the WAL
+//! *before* it stops being "running" (`RecordTransactionCommit` precedes
+//! `ProcArrayEndTransaction`, also with `synchronous_commit = off`), so the end of `P`'s
+//! commit record is `<= L`, which was read after `T`. The relay confirms a position only when
+//! every transaction committed at or below it has been acknowledged by Kafka (see
+//! `checkpoint.rs`); `confirmed_flush_lsn >= L` therefore includes `P`'s events.
+//!
+//! `X` is deliberately the snapshot's *xmin*, not "visible in `S`"
+//! (`pg_visible_in_snapshot`): a subtransaction's xid is not in a snapshot's list of running
+//! transactions, so a row inserted in a savepoint of a transaction running at `T` would look
+//! visible and could be deleted before its commit is confirmed. With `xmin` the only cost is
+//! that rows of transactions that started after the oldest running one wait for a later mark.
+//!
+//! The row's 32-bit `xmin` is widened to 64 bits against the `DELETE` statement's own
+//! snapshot (`pg_snapshot_xmax`): every row that statement can see has an xmin in the
+//! 2^31-xid window below it (wraparound protection guarantees that for unfrozen rows, and the
+//! raw xmin of a frozen row is kept), so the widening is exact.
+//!
+//! Marks are taken every `interval_ms` and queued; each sweep uses the newest confirmed one
+//! and drops the older ones. Deletion therefore trails confirmation by about one interval.
+//! Nothing here ever waits for the relay: with the relay stopped, marks simply stay
+//! unconfirmed (the queue is bounded) and nothing is deleted.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::config::{Config, SweeperConfig};
+use crate::control::{quote_ident, Control, ControlError};
+use crate::lsn::Lsn;
+
+/// Most marks kept while none is confirmed (the relay is down or far behind). When full, no
+/// new marks are taken until the oldest are confirmed and used.
+const MAX_MARKS: usize = 64;
+/// Most batches per table and sweep, so one sweep stays short.
+const MAX_BATCHES_PER_SWEEP: usize = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error("sweeper: {what}: {source}")]
+    Query {
+        what: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+/// A point the sweeper may delete up to once the slot confirms it (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    /// `pg_snapshot_xmin` of the snapshot taken first, as a 64-bit transaction id.
+    pub xmin: i64,
+    /// `pg_current_wal_insert_lsn()`, read after the snapshot.
+    pub lsn: Lsn,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// The slot's `confirmed_flush_lsn`; `None` when the slot does not exist.
+    pub confirmed: Option<Lsn>,
+    /// The mark the rows were deleted under; `None` when no mark was confirmed yet.
+    pub used: Option<Mark>,
+    /// Rows deleted, over all tables.
+    pub deleted: u64,
+}
+
+/// One outbox table: its quoted name and the DELETE for one batch.
+#[derive(Debug, Clone)]
+struct SweptTable {
+    name: String,
+    delete_sql: String,
+}
+
+pub struct Sweeper {
+    control: Control,
+    slot: String,
+    tables: Vec<SweptTable>,
+    retention_ms: i64,
+    batch_size: i64,
+    marks: VecDeque<Mark>,
+}
+
+impl Sweeper {
+    /// Connects with the relay's PostgreSQL settings.
+    pub async fn connect(config: &Config) -> Result<Sweeper, SweepError> {
+        let control = Control::connect(&config.postgres).await?;
+        Ok(Sweeper::new(control, config))
+    }
+
+    /// A sweeper of every configured outbox table, on `control`.
+    pub fn new(control: Control, config: &Config) -> Sweeper {
+        let sweeper = &config.outbox.sweeper;
+        let tables = config
+            .outbox
+            .publication_tables()
+            .into_iter()
+            .map(|(schema, table)| SweptTable {
+                name: format!("{schema}.{table}"),
+                delete_sql: delete_sql(
+                    &format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
+                    sweeper,
+                ),
+            })
+            .collect();
+        Sweeper {
+            control,
+            slot: config.postgres.slot.clone(),
+            tables,
+            retention_ms: i64::try_from(sweeper.retention_ms).unwrap_or(i64::MAX),
+            batch_size: i64::try_from(sweeper.batch_size).unwrap_or(i64::MAX),
+            marks: VecDeque::new(),
+        }
+    }
+
+    /// Takes a mark and queues it (unless the queue is full); returns it.
+    pub async fn take_mark(&mut self) -> Result<Mark, SweepError> {
+        let client = self.control.client();
+        // Two statements, in this order: the snapshot first, the WAL position after it.
+        let xmin: i64 = client
+            .query_one(
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint",
+                &[],
+            )
+            .await
+            .map_err(query_err("taking a snapshot"))?
+            .get(0);
+        let lsn: String = client
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .map_err(query_err("reading the WAL insert position"))?
+            .get(0);
+        let lsn = lsn
+            .parse()
+            .map_err(|e| ControlError::Setup(format!("server returned a bad LSN: {e}")))?;
+        let mark = Mark { xmin, lsn };
+        if self.marks.len() < MAX_MARKS {
+            self.marks.push_back(mark);
+        }
+        Ok(mark)
+    }
+
+    /// Deletes old rows under the newest mark the slot has confirmed, if any.
+    pub async fn sweep(&mut self) -> Result<SweepReport, SweepError> {
+        let confirmed = self
+            .control
+            .slot(&self.slot)
+            .await?
+            .and_then(|s| s.confirmed_flush_lsn);
+        let mut report = SweepReport {
+            confirmed,
+            ..SweepReport::default()
+        };
+        let Some(confirmed) = confirmed else {
+            return Ok(report);
+        };
+        // Marks are queued in LSN order: keep the newest confirmed one (it stays usable until
+        // a newer one is confirmed) and everything after it.
+        while self.marks.len() > 1 && self.marks[1].lsn <= confirmed {
+            self.marks.pop_front();
+        }
+        let Some(mark) = self.marks.front().copied().filter(|m| m.lsn <= confirmed) else {
+            return Ok(report);
+        };
+        report.used = Some(mark);
+        for table in &self.tables {
+            for _ in 0..MAX_BATCHES_PER_SWEEP {
+                let deleted = self
+                    .control
+                    .client()
+                    .execute(
+                        &table.delete_sql,
+                        &[&self.retention_ms, &mark.xmin, &self.batch_size],
+                    )
+                    .await
+                    .map_err(query_err(format!("deleting old rows of {}", table.name)))?;
+                report.deleted += deleted;
+                if (deleted as i64) < self.batch_size {
+                    break;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// One round: a new mark, then a sweep under the newest confirmed mark.
+    pub async fn tick(&mut self) -> Result<SweepReport, SweepError> {
+        self.take_mark().await?;
+        self.sweep().await
+    }
+}
+
+/// One batch: at most `$3` rows older than `$1` ms whose widened xmin is below `$2`.
+fn delete_sql(relation: &str, config: &SweeperConfig) -> String {
+    let created_at = quote_ident(&config.created_at_column);
+    format!(
+        "WITH horizon AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid)
+         DELETE FROM {relation}
+         WHERE ctid = ANY (ARRAY(
+             SELECT o.ctid
+             FROM {relation} o
+             CROSS JOIN horizon h
+             CROSS JOIN LATERAL (
+                 SELECT ((h.next_xid >> 32) << 32) | o.xmin::text::bigint AS same_epoch
+             ) x
+             WHERE o.{created_at} < now() - $1::bigint * interval '1 millisecond'
+               AND CASE WHEN x.same_epoch > h.next_xid THEN x.same_epoch - 4294967296
+                        ELSE x.same_epoch END < $2::bigint
+             LIMIT $3::bigint))"
+    )
+}
+
+fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> SweepError {
+    let what = what.into();
+    move |source| SweepError::Query { what, source }
+}
+
+/// Runs the sweeper every `outbox.sweeper.interval_ms` until `shutdown`. Errors are logged and
+/// the next round reconnects; they never stop the relay.
+pub async fn run(config: Config, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(config.outbox.sweeper.interval_ms);
+    info!(
+        retention_ms = config.outbox.sweeper.retention_ms,
+        interval_ms = config.outbox.sweeper.interval_ms,
+        batch_size = config.outbox.sweeper.batch_size,
+        "retention sweeper started"
+    );
+    let mut sweeper: Option<Sweeper> = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        if sweeper.is_none() {
+            match Sweeper::connect(&config).await {
+                Ok(s) => sweeper = Some(s),
+                Err(e) => {
+                    warn!(error = %e, "sweeper cannot connect; retrying next round");
+                    continue;
+                }
+            }
+        }
+        let Some(s) = sweeper.as_mut() else { continue };
+        let round = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            round = s.tick() => round,
+        };
+        match round {
+            Ok(report) if report.deleted > 0 => {
+                debug!(deleted = report.deleted, below = ?report.used.map(|m| m.lsn.to_string()),
+                    "sweeper deleted confirmed rows older than the retention")
+            }
+            Ok(report) => {
+                debug!(confirmed = ?report.confirmed.map(|l| l.to_string()),
+                    marks = s.marks.len(), "sweeper: nothing to delete")
+            }
+            Err(e) => {
+                warn!(error = %e, "sweep failed; reconnecting next round");
+                sweeper = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delete_quotes_names_and_binds_values() {
+        let config = SweeperConfig {
+            created_at_column: "Created \"At\"".into(),
+            ..SweeperConfig::default()
+        };
+        let sql = delete_sql("\"s\".\"t\"", &config);
+        assert!(sql.contains("DELETE FROM \"s\".\"t\""), "{sql}");
+        assert!(sql.contains("o.\"Created \"\"At\"\"\" < now()"), "{sql}");
+        for param in ["$1::bigint", "$2::bigint", "$3::bigint"] {
+            assert!(sql.contains(param), "{sql}");
+        }
+    }
+}

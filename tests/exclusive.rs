@@ -1,0 +1,393 @@
+//! Faults that touch shared services: the Kafka broker going away, a cluster-wide WAL limit
+//! that invalidates slots. Kept in their own test binary (cargo runs binaries one at a time)
+//! and serialized inside it, so they never disturb other tests.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::probe::{free_port, http_get, wait_exit};
+use common::*;
+
+/// One exclusive test at a time.
+static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Stops the broker; starts it again when dropped, also when the test panics, so that a
+/// failure here does not leave the broker down.
+struct BrokerOutage;
+
+impl BrokerOutage {
+    fn begin() -> BrokerOutage {
+        services("kafka-stop");
+        BrokerOutage
+    }
+}
+
+impl Drop for BrokerOutage {
+    fn drop(&mut self) {
+        services("kafka-start");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_down_20s_loses_nothing_and_holds_the_slot() {
+    let _alone = EXCLUSIVE.lock().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let mut relay = RelayProcess::start(&db.relay_env(), "broker_outage");
+    let mut client = db.client().await;
+
+    // Before the outage: a first batch flows through.
+    let before: Vec<Event> = (0..500).map(|i| Event::new("order", "a", 0, i)).collect();
+    for chunk in before.chunks(50) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    let topic = db.topic("order");
+    let got = read_ids(
+        std::slice::from_ref(&topic),
+        1,
+        &before.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert_eq!(
+        tally(&before, &got).missing.len(),
+        0,
+        "events missing before the outage"
+    );
+
+    let outage = BrokerOutage::begin();
+    let stopped = Instant::now();
+    // Nothing committed from here on can be acknowledged until the broker is back. The slot
+    // may pass WAL of transactions still open (they are re-sent on restart because their
+    // commit comes later), but never the commit of the first transaction written now.
+    let first: Vec<Event> = (0..20)
+        .map(|i| Event::new("order", "b", 0, 500 + i))
+        .collect();
+    let first_commit_at_least = insert_events_at(&mut client, &first, true).await;
+    let mut during = first;
+    let mut samples = Vec::new();
+    let mut seq = 520;
+    while stopped.elapsed() < Duration::from_secs(20) {
+        let batch: Vec<Event> = (0..20)
+            .map(|i| Event::new("order", "b", 0, seq + i))
+            .collect();
+        seq += 20;
+        insert_events(&mut client, &batch, true).await;
+        during.extend(batch);
+        samples.push(db.confirmed_flush_lsn().await);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        relay.try_status().is_none(),
+        "relay exited while the broker was down:\n{}",
+        relay.log_text()
+    );
+    let highest = samples.iter().copied().max().unwrap();
+    assert!(
+        highest <= first_commit_at_least,
+        "confirmed_flush_lsn moved to {highest:#x}, past the commit (>= {first_commit_at_least:#x}) of unacknowledged events"
+    );
+    println!(
+        "broker down: {} samples, confirmed_flush_lsn stayed at or below {highest:#x} (first unacknowledged commit >= {first_commit_at_least:#x})",
+        samples.len()
+    );
+    drop(outage);
+
+    let after: Vec<Event> = (0..500)
+        .map(|i| Event::new("order", "c", 0, seq + i))
+        .collect();
+    for chunk in after.chunks(50) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    let all: Vec<Event> = before
+        .iter()
+        .chain(&during)
+        .chain(&after)
+        .cloned()
+        .collect();
+    let received = read_ids(
+        &[topic],
+        1,
+        &all.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        Duration::from_secs(180),
+        Duration::from_secs(3),
+    )
+    .await;
+    let t = tally(&all, &received);
+    println!(
+        "broker outage: {} events ({} written while down), {} missing, {} duplicates",
+        all.len(),
+        during.len(),
+        t.missing.len(),
+        t.duplicates
+    );
+    assert!(
+        t.missing.is_empty(),
+        "{} of {} events missing after the outage\n{}",
+        t.missing.len(),
+        all.len(),
+        relay.log_text()
+    );
+
+    let target = db.current_wal_lsn().await;
+    wait_for(
+        "the slot to confirm everything after the outage",
+        Duration::from_secs(60),
+        || async { db.confirmed_flush_lsn().await >= target },
+    )
+    .await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readiness_turns_red_while_the_broker_is_down_and_green_after() {
+    let _alone = EXCLUSIVE.lock().await;
+    let db = TestDb::new().await;
+    let port = free_port();
+    let mut env = db.relay_env();
+    env.retain(|(k, _)| k != "OUTBOX_RELAY__HTTP__LISTEN");
+    env.push((
+        "OUTBOX_RELAY__HTTP__LISTEN".into(),
+        format!("127.0.0.1:{port}"),
+    ));
+    env.push((
+        "OUTBOX_RELAY__HTTP__READY_STALENESS_MS".into(),
+        "3000".into(),
+    ));
+    let mut relay = RelayProcess::start(&env, "readiness");
+    wait_for("the relay to be ready", Duration::from_secs(30), || async {
+        http_get(port, "/readyz").is_some_and(|r| r.0 == 200)
+    })
+    .await;
+
+    let writer_db = db.clone();
+    let stop_writing = tokio_util::sync::CancellationToken::new();
+    let stop = stop_writing.clone();
+    let writing = tokio::spawn(async move {
+        let mut client = writer_db.client().await;
+        let mut all = Vec::new();
+        let mut seq = 0;
+        while !stop.is_cancelled() {
+            let batch: Vec<Event> = (0..10)
+                .map(|i| Event::new("order", "r", 0, seq + i))
+                .collect();
+            seq += 10;
+            insert_events(&mut client, &batch, true).await;
+            all.extend(batch);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        all
+    });
+
+    let outage = BrokerOutage::begin();
+    let down = Instant::now();
+    wait_for(
+        "/readyz to report not ready while the broker is down",
+        Duration::from_secs(15),
+        || async { http_get(port, "/readyz").is_some_and(|r| r.0 == 503) },
+    )
+    .await;
+    println!(
+        "readyz went red {:?} after the broker stopped (staleness 3 s)",
+        down.elapsed()
+    );
+    assert_eq!(
+        http_get(port, "/healthz").map(|r| r.0),
+        Some(200),
+        "the process is alive"
+    );
+    drop(outage);
+    let up = Instant::now();
+    wait_for(
+        "/readyz to report ready after the broker is back",
+        Duration::from_secs(60),
+        || async { http_get(port, "/readyz").is_some_and(|r| r.0 == 200) },
+    )
+    .await;
+    println!(
+        "readyz went green {:?} after the broker restarted",
+        up.elapsed()
+    );
+
+    stop_writing.cancel();
+    let all = writing.await.unwrap();
+    let received = read_ids(
+        &[db.topic("order")],
+        1,
+        &all.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+    )
+    .await;
+    let t = tally(&all, &received);
+    assert!(
+        t.missing.is_empty(),
+        "{} of {} events missing",
+        t.missing.len(),
+        all.len()
+    );
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+/// Sets a cluster-wide setting for the test and resets it afterwards, also on failure.
+struct SystemSetting {
+    url: String,
+    name: &'static str,
+}
+
+impl SystemSetting {
+    async fn set(url: &str, name: &'static str, value: &str) -> SystemSetting {
+        let admin = connect(url).await;
+        // ALTER SYSTEM refuses to run inside the implicit transaction of a multi-statement batch.
+        admin
+            .batch_execute(&format!("ALTER SYSTEM SET {name} = '{value}'"))
+            .await
+            .unwrap();
+        admin
+            .batch_execute("SELECT pg_reload_conf()")
+            .await
+            .unwrap();
+        SystemSetting {
+            url: url.to_string(),
+            name,
+        }
+    }
+}
+
+impl Drop for SystemSetting {
+    fn drop(&mut self) {
+        let (url, name) = (self.url.clone(), self.name);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                let admin = connect(&url).await;
+                let _ = admin
+                    .batch_execute(&format!("ALTER SYSTEM RESET {name}"))
+                    .await;
+                let _ = admin.batch_execute("SELECT pg_reload_conf()").await;
+            });
+        })
+        .join()
+        .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn invalidated_slot_stops_the_relay_with_the_recovery_steps() {
+    let _alone = EXCLUSIVE.lock().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let mut relay = RelayProcess::start(&db.relay_env(), "slot_invalidated");
+    let admin = db.client().await;
+    wait_for("the relay to stream", Duration::from_secs(30), || async {
+        admin
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+                 WHERE s.slot_name = $1",
+                &[&db.slot],
+            )
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+
+    // With the broker down, an event stays unacknowledged, so the running relay cannot confirm
+    // past it and the slot falls behind; cap retained WAL and outrun the cap.
+    let _cap =
+        SystemSetting::set(&env("OUTBOX_TEST_PG_URL"), "max_slot_wal_keep_size", "1MB").await;
+    let outage = BrokerOutage::begin();
+    let mut client = db.client().await;
+    insert_events(&mut client, &[Event::new("order", "lost", 0, 0)], true).await;
+    admin
+        .batch_execute("CREATE TABLE noise (id bigserial PRIMARY KEY, pad text NOT NULL)")
+        .await
+        .unwrap();
+    let lost = async {
+        for _ in 0..40 {
+            admin
+                .batch_execute(
+                    "INSERT INTO noise (pad) SELECT repeat(md5(g::text), 32) FROM generate_series(1, 2000) g;
+                     SELECT pg_switch_wal(); CHECKPOINT;",
+                )
+                .await
+                .unwrap();
+            let status: Option<String> = admin
+                .query_one("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", &[&db.slot])
+                .await
+                .unwrap()
+                .get(0);
+            if status.as_deref() == Some("lost") {
+                return true;
+            }
+        }
+        false
+    }
+    .await;
+    assert!(lost, "could not invalidate the slot for the test");
+
+    let status = wait_exit(&mut relay, Duration::from_secs(60));
+    drop(outage);
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(3), "exit code for a lost slot\n{log}");
+    assert!(
+        log.contains("lost") && log.contains("may be missing") && log.contains("replay"),
+        "{log}"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_restart_mid_stream_loses_nothing() {
+    let _alone = EXCLUSIVE.lock().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let mut relay = RelayProcess::start(&db.relay_env(), "pg_restart");
+    let mut client = db.client().await;
+    let before: Vec<Event> = (0..2000).map(|i| Event::new("order", "pg", 0, i)).collect();
+    for chunk in before.chunks(100) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    // Restart the server while those are (partly) still streaming.
+    services("pg-stop");
+    services("pg-start");
+    let mut client = db.client().await;
+    let after: Vec<Event> = (0..2000)
+        .map(|i| Event::new("order", "pg", 0, 2000 + i))
+        .collect();
+    for chunk in after.chunks(100) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    let all: Vec<Event> = before.iter().chain(&after).cloned().collect();
+    let received = read_ids(
+        &[db.topic("order")],
+        1,
+        &all.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        Duration::from_secs(120),
+        Duration::from_secs(2),
+    )
+    .await;
+    let t = tally(&all, &received);
+    println!(
+        "postgres restart: {} events, {} missing, {} duplicates",
+        all.len(),
+        t.missing.len(),
+        t.duplicates
+    );
+    assert!(
+        t.missing.is_empty(),
+        "{} events missing after the restart\n{}",
+        t.missing.len(),
+        relay.log_text()
+    );
+    assert!(
+        relay.log_text().contains("reconnecting"),
+        "the relay should have reconnected"
+    );
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}

@@ -1,0 +1,651 @@
+//! Production hardening against the real services: metrics and health, dead letters, the stop
+//! policy, hot standby, a slot dropped under the relay, and strict configuration.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::probe::{free_port, http_get, metric, wait_exit};
+use common::*;
+
+fn with(mut env: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    for (k, v) in extra {
+        env.retain(|(key, _)| key != k);
+        env.push((k.to_string(), v.to_string()));
+    }
+    env
+}
+
+async fn wait_ready(port: u16, relay: &mut RelayProcess, timeout: Duration) -> Duration {
+    let began = Instant::now();
+    loop {
+        if let Some((200, _)) = http_get(port, "/readyz") {
+            return began.elapsed();
+        }
+        if let Some(status) = relay.try_status() {
+            panic!("relay exited with {status}:\n{}", relay.log_text());
+        }
+        assert!(
+            began.elapsed() < timeout,
+            "relay not ready after {timeout:?}:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn ids(events: &[Event]) -> Vec<String> {
+    events.iter().map(|e| e.id.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_and_health_follow_the_stream() {
+    let db = TestDb::new().await;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let env = with(db.relay_env(), &[("OUTBOX_RELAY__HTTP__LISTEN", &listen)]);
+    let mut relay = RelayProcess::start(&env, "metrics");
+    wait_ready(port, &mut relay, Duration::from_secs(30)).await;
+    assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
+
+    let before = http_get(port, "/metrics").unwrap().1;
+    assert_eq!(
+        metric(&before, "outbox_relay_events_published_total"),
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(&before, "outbox_relay_state{state=\"streaming\"}"),
+        Some(1.0)
+    );
+    let confirmed_before = metric(&before, "outbox_relay_confirmed_lsn").unwrap();
+
+    let mut client = db.client().await;
+    let events: Vec<Event> = (0..300).map(|i| Event::new("order", "m", 0, i)).collect();
+    for chunk in events.chunks(30) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&events),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+
+    // Counters reach the event count; the slot catches up and its lag is sampled.
+    wait_for(
+        "metrics to show 300 published events and a small lag",
+        Duration::from_secs(20),
+        || async {
+            let body = http_get(port, "/metrics").unwrap().1;
+            metric(&body, "outbox_relay_events_published_total") == Some(300.0)
+                && metric(&body, "outbox_relay_commit_to_ack_seconds_count") == Some(300.0)
+                && metric(&body, "outbox_relay_confirmed_lsn").unwrap() > confirmed_before
+                && metric(&body, "outbox_relay_records_in_flight") == Some(0.0)
+                && metric(&body, "outbox_relay_slot_lag_bytes")
+                    .is_some_and(|lag| (0.0..1_000_000.0).contains(&lag))
+                && metric(&body, "outbox_relay_slot_wal_status{status=\"reserved\"}") == Some(1.0)
+        },
+    )
+    .await;
+    let body = http_get(port, "/metrics").unwrap().1;
+    for series in [
+        "outbox_relay_events_dead_lettered_total",
+        "outbox_relay_reconnects_total",
+        "outbox_relay_received_lsn",
+        "outbox_relay_slot_retained_wal_bytes",
+        "outbox_relay_last_progress_age_seconds",
+        "outbox_relay_commit_to_ack_seconds_bucket{le=\"+Inf\"}",
+    ] {
+        assert!(metric(&body, series).is_some(), "missing {series}:\n{body}");
+    }
+    assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(200));
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn poison_rows_are_dead_lettered_and_the_stream_goes_on() {
+    let db = TestDb::new().await;
+    let dlq = format!("{}.dlq", db.topic_prefix);
+    let env = with(
+        db.relay_env(),
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
+    );
+    let client = db.client().await;
+    client
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN aggregatetype DROP NOT NULL")
+        .await
+        .unwrap();
+    db.create_slot().await;
+    let mut relay = RelayProcess::start(&env, "dead_letter");
+
+    let mut client = db.client().await;
+    let before: Vec<Event> = (0..50).map(|i| Event::new("order", "p", 0, i)).collect();
+    insert_events(&mut client, &before, true).await;
+    // A null aggregate type (no topic can be formed) and a 5 MB payload (over the broker limit).
+    let null_type = uuid::Uuid::new_v4().to_string();
+    let too_big = uuid::Uuid::new_v4().to_string();
+    client
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES
+             ($1::text::uuid, NULL, 'p', 'Bad', '{}'),
+             ($2::text::uuid, 'order', 'p', 'Huge', jsonb_build_object('blob', repeat('x', 5 * 1024 * 1024)))",
+            &[&null_type, &too_big],
+        )
+        .await
+        .unwrap();
+    let after: Vec<Event> = (0..50)
+        .map(|i| Event::new("order", "p", 0, 100 + i))
+        .collect();
+    insert_events(&mut client, &after, true).await;
+
+    let good: Vec<Event> = before.iter().chain(&after).cloned().collect();
+    let received = read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&good),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await;
+    let t = tally(&good, &received);
+    assert!(
+        t.missing.is_empty(),
+        "{} good events missing around the poison rows\n{}",
+        t.missing.len(),
+        relay.log_text()
+    );
+    assert!(
+        !received.iter().any(|r| r.key_str() == too_big),
+        "the 5 MB event reached its topic"
+    );
+
+    let dead = read_ids(
+        std::slice::from_ref(&dlq),
+        1,
+        &[null_type.clone(), too_big.clone()],
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await;
+    assert_eq!(dead.len(), 2, "dead letters: {dead:?}");
+    let reason = |id: &str| {
+        let r = dead
+            .iter()
+            .find(|r| r.key_str() == id)
+            .expect("dead letter present");
+        r.header("outbox-relay.dlq.reason").unwrap().to_string()
+    };
+    assert_eq!(reason(&null_type), "mapping");
+    assert_eq!(reason(&too_big), "too_large");
+    let null_row: serde_json::Value = serde_json::from_slice(
+        dead.iter()
+            .find(|r| r.key_str() == null_type)
+            .unwrap()
+            .payload
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        null_row["columns"]["type"], "Bad",
+        "the dead letter carries the original row"
+    );
+    let huge = dead.iter().find(|r| r.key_str() == too_big).unwrap();
+    assert_eq!(
+        huge.header("outbox-relay.dlq.original-topic"),
+        Some(db.topic("order").as_str())
+    );
+    assert!(
+        relay.log_text().contains(&null_type),
+        "the dead-lettered event is logged with its id"
+    );
+
+    // The slot moves past them: they were handled, not skipped.
+    let target = db.current_wal_lsn().await;
+    wait_for(
+        "the slot to pass the dead-lettered rows",
+        Duration::from_secs(30),
+        || async { db.confirmed_flush_lsn().await >= target },
+    )
+    .await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stop_policy_halts_before_the_poison_row_and_loses_nothing() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let client = db.client().await;
+    client
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN aggregatetype DROP NOT NULL")
+        .await
+        .unwrap();
+    let mut client = db.client().await;
+    let first = vec![Event::new("order", "s", 0, 0)];
+    insert_events(&mut client, &first, true).await;
+    let mut poison = Event::new("order", "s", 0, 1);
+    poison.aggregate_type = String::new();
+    let tx = client.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1::text::uuid, NULL, 's', 'Bad', '{}')",
+        &[&poison.id],
+    )
+    .await
+    .unwrap();
+    let poison_commit_at_least: i64 = tx
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+        .await
+        .unwrap()
+        .get(0);
+    tx.commit().await.unwrap();
+    let last = vec![Event::new("order", "s", 0, 2)];
+    insert_events(&mut client, &last, true).await;
+
+    let env = with(
+        db.relay_env(),
+        &[("OUTBOX_RELAY__DEAD_LETTER__POLICY", "stop")],
+    );
+    let mut relay = RelayProcess::start(&env, "stop_policy");
+    let status = wait_exit(&mut relay, Duration::from_secs(60));
+    assert!(!status.success(), "the relay must halt on the poison row");
+    let log = relay.log_text();
+    assert!(
+        log.contains(&poison.id) && log.contains("dead_letter.policy = stop"),
+        "{log}"
+    );
+    let confirmed = db.confirmed_flush_lsn().await;
+    assert!(
+        confirmed <= poison_commit_at_least as u64,
+        "slot confirmed {confirmed:#x}, past the poison row's commit (>= {poison_commit_at_least:#x})"
+    );
+    let got = read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&first),
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    )
+    .await;
+    assert!(
+        !got.iter().any(|r| r.key_str() == last[0].id),
+        "an event after the poison row was published"
+    );
+
+    // Switching to dead letters resumes exactly there: nothing after the poison row was lost.
+    let dlq = format!("{}.dlq", db.topic_prefix);
+    let env = with(
+        db.relay_env(),
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
+    );
+    let mut relay = RelayProcess::start(&env, "stop_policy_resumed");
+    let all = read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&[first.clone(), last.clone()].concat()),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert_eq!(tally(&[first, last].concat(), &all).missing.len(), 0);
+    let dead = read_ids(
+        &[dlq],
+        1,
+        std::slice::from_ref(&poison.id),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(dead.iter().any(|r| r.key_str() == poison.id));
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn standby_takes_over_when_the_active_relay_is_killed() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let (port_a, port_b) = (free_port(), free_port());
+    let env_for = |port: u16| {
+        with(
+            db.relay_env(),
+            &[
+                ("OUTBOX_RELAY__HTTP__LISTEN", &format!("127.0.0.1:{port}")),
+                ("OUTBOX_RELAY__POSTGRES__STANDBY_RETRY_MS", "1000"),
+            ],
+        )
+    };
+    let mut a = RelayProcess::start(&env_for(port_a), "standby_a");
+    wait_ready(port_a, &mut a, Duration::from_secs(30)).await;
+    let mut b = RelayProcess::start(&env_for(port_b), "standby_b");
+    wait_for(
+        "the second relay to report standby",
+        Duration::from_secs(30),
+        || async {
+            http_get(port_b, "/readyz")
+                .is_some_and(|(code, body)| code == 503 && body.contains("standby"))
+        },
+    )
+    .await;
+
+    let writer_db = db.clone();
+    let writing = tokio::spawn(async move {
+        let mut client = writer_db.client().await;
+        let mut all = Vec::new();
+        for t in 0..150 {
+            let batch: Vec<Event> = (0..20)
+                .map(|i| Event::new("order", "h", 0, t * 20 + i))
+                .collect();
+            insert_events(&mut client, &batch, true).await;
+            all.extend(batch);
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        all
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    a.kill9();
+    let took = wait_ready(port_b, &mut b, Duration::from_secs(15)).await;
+    println!("standby took over {took:?} after SIGKILL of the active relay");
+
+    let all = writing.await.unwrap();
+    let received = read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&all),
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    )
+    .await;
+    let t = tally(&all, &received);
+    println!(
+        "standby takeover: {} events, {} missing, {} duplicates",
+        all.len(),
+        t.missing.len(),
+        t.duplicates
+    );
+    assert!(
+        t.missing.is_empty(),
+        "{} events missing after the takeover\n{}",
+        t.missing.len(),
+        b.log_text()
+    );
+    assert!(b.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropping_the_slot_under_a_running_relay_stops_it() {
+    let db = TestDb::new().await;
+    let mut relay = RelayProcess::start(&db.relay_env(), "slot_dropped");
+    let admin = db.client().await;
+    wait_for("the relay to stream", Duration::from_secs(30), || async {
+        admin
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+                 WHERE s.slot_name = $1",
+                &[&db.slot],
+            )
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    // End the walsender and drop the slot before the relay reconnects (it retries quickly).
+    wait_for("the slot to be dropped", Duration::from_secs(30), || async {
+        let _ = admin
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+                &[&db.slot],
+            )
+            .await;
+        admin
+            .execute("SELECT pg_drop_replication_slot($1)", &[&db.slot])
+            .await
+            .is_ok()
+    })
+    .await;
+    let status = wait_exit(&mut relay, Duration::from_secs(30));
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "exit code for a lost slot\n{}",
+        relay.log_text()
+    );
+    let log = relay.log_text();
+    assert!(
+        log.contains("was dropped") && log.contains("replay"),
+        "{log}"
+    );
+    let recreated = admin
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+            &[&db.slot],
+        )
+        .await
+        .unwrap();
+    assert!(
+        recreated.is_none(),
+        "the relay silently recreated a dropped slot"
+    );
+    db.cleanup().await;
+}
+
+/// Runs `outbox-relay config` with the given file and environment; returns (exit code, stderr).
+fn config_command(file: Option<&str>, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let dir = std::env::temp_dir().join(random_name("cfg"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    if let Some(text) = file {
+        let path = dir.join("relay.toml");
+        std::fs::write(&path, text).unwrap();
+        cmd.arg("--config").arg(path);
+    }
+    let out = cmd
+        .arg("config")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_configuration_is_refused_naming_the_field() {
+    let (code, err) = config_command(Some("[kafka]\nbrokers = \"x:1\"\nlinger = 5\n"), &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("linger") && err.contains("kafka"), "{err}");
+
+    let (code, err) = config_command(None, &[("OUTBOX_RELAY__KAFKA__PROPERTIES__ACKS", "1")]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("kafka.properties.acks"), "{err}");
+
+    let (code, err) = config_command(
+        None,
+        &[(
+            "OUTBOX_RELAY__KAFKA__PROPERTIES__ENABLE_IDEMPOTENCE",
+            "false",
+        )],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("enable.idempotence"), "{err}");
+
+    let (code, err) = config_command(None, &[("OUTBOX_RELAY__HTTP__LISTEN", "nowhere")]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("http.listen"), "{err}");
+
+    let (code, err) = config_command(None, &[("OUTBOX_RELAY__DEAD_LETTER__POLICY", "ignore")]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("dead_letter.policy"), "{err}");
+
+    // The same unsafe setting passes when explicitly allowed.
+    let (code, err) = config_command(
+        None,
+        &[
+            ("OUTBOX_RELAY__KAFKA__PROPERTIES__ACKS", "1"),
+            ("OUTBOX_RELAY__KAFKA__ALLOW_UNSAFE_KAFKA_SETTINGS", "true"),
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// The test database's URL for another user and host name (TLS names the host "localhost").
+fn url_as(db: &TestDb, user_info: &str) -> String {
+    let port = env("OUTBOX_TEST_PG_PORT");
+    format!("postgres://{user_info}@localhost:{port}/{}", db.name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_verify_full_with_scram_channel_binding() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let env = with(
+        db.relay_env(),
+        &[
+            (
+                "OUTBOX_RELAY__POSTGRES__URL",
+                &url_as(&db, "scramuser:scrampass"),
+            ),
+            ("OUTBOX_RELAY__POSTGRES__SSL_MODE", "verify-full"),
+            (
+                "OUTBOX_RELAY__POSTGRES__SSL_ROOT_CERT",
+                &env("OUTBOX_TEST_PG_CA"),
+            ),
+        ],
+    );
+    let mut relay = RelayProcess::start(&env, "tls");
+    let mut client = db.client().await;
+    let events: Vec<Event> = (0..100).map(|i| Event::new("order", "t", 0, i)).collect();
+    insert_events(&mut client, &events, true).await;
+    let received = read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&events),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(
+        tally(&events, &received).missing.is_empty(),
+        "{}",
+        relay.log_text()
+    );
+
+    // Both connections are TLS; the replication one is the slot's holder.
+    let row = client
+        .query_one(
+            "SELECT s.ssl, a.usename::text,
+                    (SELECT count(*) FROM pg_stat_ssl x JOIN pg_stat_activity y USING (pid)
+                      WHERE y.usename = 'scramuser' AND x.ssl)
+             FROM pg_replication_slots r
+             JOIN pg_stat_ssl s ON s.pid = r.active_pid
+             JOIN pg_stat_activity a ON a.pid = r.active_pid
+             WHERE r.slot_name = $1",
+            &[&db.slot],
+        )
+        .await
+        .unwrap();
+    assert!(
+        row.get::<_, bool>(0),
+        "the replication connection is not TLS"
+    );
+    assert_eq!(row.get::<_, String>(1), "scramuser");
+    assert!(
+        row.get::<_, i64>(2) >= 2,
+        "expected the control and replication connections over TLS"
+    );
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_with_the_wrong_ca_fails_clearly() {
+    let db = TestDb::new().await;
+    let env = with(
+        db.relay_env(),
+        &[
+            (
+                "OUTBOX_RELAY__POSTGRES__URL",
+                &url_as(&db, "scramuser:scrampass"),
+            ),
+            ("OUTBOX_RELAY__POSTGRES__SSL_MODE", "verify-full"),
+            (
+                "OUTBOX_RELAY__POSTGRES__SSL_ROOT_CERT",
+                &env("OUTBOX_TEST_PG_WRONG_CA"),
+            ),
+        ],
+    );
+    let mut relay = RelayProcess::start(&env, "tls_wrong_ca");
+    let status = wait_exit(&mut relay, Duration::from_secs(30));
+    assert!(!status.success());
+    let log = relay.log_text();
+    assert!(
+        log.contains("certificate verify failed") && log.contains("ssl_root_cert"),
+        "{log}"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn password_authentication_methods_all_stream() {
+    // pg_hba: md5user → md5, clearuser → password (cleartext), scramuser → scram-sha-256.
+    for (user_info, label) in [
+        ("md5user:md5pass", "md5"),
+        ("clearuser:clearpass", "cleartext"),
+        ("scramuser:scrampass", "scram"),
+    ] {
+        let db = TestDb::new().await;
+        db.create_slot().await;
+        let env = with(
+            db.relay_env(),
+            &[
+                ("OUTBOX_RELAY__POSTGRES__URL", &url_as(&db, user_info)),
+                ("OUTBOX_RELAY__POSTGRES__SSL_MODE", "disable"),
+            ],
+        );
+        let mut relay = RelayProcess::start(&env, &format!("auth_{label}"));
+        let mut client = db.client().await;
+        let events: Vec<Event> = (0..20).map(|i| Event::new("order", label, 0, i)).collect();
+        insert_events(&mut client, &events, true).await;
+        let got = read_ids(
+            &[db.topic("order")],
+            1,
+            &ids(&events),
+            Duration::from_secs(60),
+            Duration::ZERO,
+        )
+        .await;
+        assert!(
+            tally(&events, &got).missing.is_empty(),
+            "{label}: events missing\n{}",
+            relay.log_text()
+        );
+        assert!(relay.terminate(Duration::from_secs(30)).success());
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wrong_password_is_reported_not_retried_silently() {
+    let db = TestDb::new().await;
+    let env = with(
+        db.relay_env(),
+        &[
+            (
+                "OUTBOX_RELAY__POSTGRES__URL",
+                &url_as(&db, "scramuser:wrong"),
+            ),
+            ("OUTBOX_RELAY__POSTGRES__SSL_MODE", "disable"),
+        ],
+    );
+    let mut relay = RelayProcess::start(&env, "auth_wrong");
+    let status = wait_exit(&mut relay, Duration::from_secs(30));
+    assert!(!status.success());
+    let log = relay.log_text();
+    assert!(log.contains("password authentication failed"), "{log}");
+    db.cleanup().await;
+}

@@ -1,0 +1,127 @@
+//! Kafka faults injected with librdkafka's in-process mock cluster: how the publisher reports
+//! them, and how they are classified (retry from the slot, or dead-letter). Fast, no services.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use outbox_relay::config::KafkaConfig;
+use outbox_relay::dead_letter::Reason;
+use outbox_relay::publisher::{is_permanent, Delivery, Publisher, Record};
+use rdkafka::mocking::MockCluster;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+fn config(brokers: String, message_timeout_ms: u64) -> KafkaConfig {
+    KafkaConfig {
+        brokers,
+        message_timeout_ms,
+        ..KafkaConfig::default()
+    }
+}
+
+fn record(i: usize) -> Record {
+    Record {
+        topic: "orders".into(),
+        key: Bytes::from(format!("event-{i}")),
+        payload: Some(Bytes::from(format!("{{\"n\": {i}}}"))),
+        ..Record::default()
+    }
+}
+
+async fn next(deliveries: &mut UnboundedReceiver<Delivery>, within: Duration) -> Delivery {
+    tokio::time::timeout(within, deliveries.recv())
+        .await
+        .expect("a delivery report in time")
+        .expect("the channel is open")
+}
+
+#[tokio::test]
+async fn transient_produce_errors_are_retried_without_loss() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("orders", 1, 1).unwrap();
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 3],
+    );
+    let (publisher, mut deliveries) =
+        Publisher::new(&config(cluster.bootstrap_servers(), 30_000)).unwrap();
+    for i in 0..50 {
+        publisher.send(&record(i), i as u64, "e").unwrap();
+    }
+    let mut acked = [false; 50];
+    for _ in 0..50 {
+        let d = next(&mut deliveries, Duration::from_secs(20)).await;
+        assert!(
+            d.result.is_ok(),
+            "delivery of {} failed: {:?}",
+            d.seq,
+            d.result.err()
+        );
+        acked[d.seq as usize] = true;
+    }
+    assert!(acked.iter().all(|a| *a));
+}
+
+#[tokio::test]
+async fn record_too_large_for_the_broker_is_a_permanent_failure() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("orders", 1, 1).unwrap();
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let (publisher, mut deliveries) =
+        Publisher::new(&config(cluster.bootstrap_servers(), 30_000)).unwrap();
+    publisher.send(&record(0), 7, "e").unwrap();
+    let d = next(&mut deliveries, Duration::from_secs(20)).await;
+    assert_eq!(d.seq, 7);
+    let failure = d.result.expect_err("the broker refused the record");
+    assert!(is_permanent(&failure.error), "{:?}", failure.error);
+    assert_eq!(Reason::for_kafka_error(&failure.error), Reason::TooLarge);
+    assert_eq!(failure.rejection().event_id, "event-0");
+}
+
+#[tokio::test]
+async fn broker_down_holds_records_until_it_returns() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("orders", 1, 1).unwrap();
+    let (publisher, mut deliveries) =
+        Publisher::new(&config(cluster.bootstrap_servers(), 60_000)).unwrap();
+    publisher.send(&record(0), 0, "e").unwrap();
+    assert!(next(&mut deliveries, Duration::from_secs(20))
+        .await
+        .result
+        .is_ok());
+
+    cluster.broker_down(1).unwrap();
+    for i in 1..20 {
+        publisher.send(&record(i), i as u64, "e").unwrap();
+    }
+    let early = tokio::time::timeout(Duration::from_secs(3), deliveries.recv()).await;
+    assert!(
+        early.is_err(),
+        "nothing may be reported while the broker is down: {early:?}"
+    );
+    cluster.broker_up(1).unwrap();
+    for _ in 1..20 {
+        let d = next(&mut deliveries, Duration::from_secs(30)).await;
+        assert!(d.result.is_ok(), "{:?}", d.result.err());
+    }
+}
+
+#[tokio::test]
+async fn message_timeout_is_a_transient_failure_to_retry_from_the_slot() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("orders", 1, 1).unwrap();
+    cluster.broker_down(1).unwrap();
+    let (publisher, mut deliveries) =
+        Publisher::new(&config(cluster.bootstrap_servers(), 1_000)).unwrap();
+    publisher.send(&record(0), 3, "e").unwrap();
+    let d = next(&mut deliveries, Duration::from_secs(20)).await;
+    let failure = d.result.expect_err("the record cannot reach a broker");
+    assert!(
+        !is_permanent(&failure.error),
+        "a timeout must not be dead-lettered: {:?}",
+        failure.error
+    );
+}

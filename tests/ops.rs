@@ -1,0 +1,613 @@
+//! The operator commands (`check`, `status`, `slot …`, `replay`) against the real PostgreSQL and
+//! Kafka: each test has its own database, slot and topics, and runs the `outbox-relay` binary.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+const REPLAY_HEADER: &str = "outbox-relay-replay";
+
+/// What one command printed, and its exit code.
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{self}"))
+    }
+
+    /// The error line; asserts there is exactly one.
+    fn one_line_error(&self) -> &str {
+        let lines: Vec<&str> = self.stderr.trim().lines().collect();
+        assert_eq!(lines.len(), 1, "expected one error line:\n{self}");
+        lines[0]
+    }
+}
+
+impl fmt::Display for Out {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `outbox-relay <args>` with the given environment (and no config file).
+async fn ops(env: &[(String, String)], args: &[&str]) -> Out {
+    let output = tokio::process::Command::new(BIN)
+        .args(args)
+        .envs(env.iter().cloned())
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .env_remove("OUTBOX_RELAY_LOG")
+        .output()
+        .await
+        .expect("run outbox-relay");
+    Out {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// `env` with `key` set to `value` (later entries win).
+fn with(env: &[(String, String)], key: &str, value: &str) -> Vec<(String, String)> {
+    let mut env = env.to_vec();
+    env.push((key.to_string(), value.to_string()));
+    env
+}
+
+/// The `check --json` item named `name`.
+fn item<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|i| i["check"] == name)
+        .unwrap_or_else(|| panic!("no check item `{name}` in {report:#}"))
+}
+
+fn events(aggregate_type: &str, n: usize) -> Vec<Event> {
+    (0..n)
+        .map(|i| Event::new(aggregate_type, "agg-1", 0, i))
+        .collect()
+}
+
+fn ids(events: &[Event]) -> Vec<String> {
+    events.iter().map(|e| e.id.clone()).collect()
+}
+
+/// The wal_level=replica cluster: from the env file, or started now.
+fn replica_admin_url() -> String {
+    if let Ok(url) = std::env::var("OUTBOX_TEST_PG_REPLICA_URL") {
+        return url;
+    }
+    let output = std::process::Command::new("bash")
+        .arg(env("OUTBOX_TEST_SERVICES"))
+        .arg("pg-replica-start")
+        .output()
+        .expect("run services.sh pg-replica-start");
+    assert!(output.status.success(), "pg-replica-start failed");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    stdout
+        .lines()
+        .last()
+        .expect("replica URL")
+        .trim()
+        .to_string()
+}
+
+/// Waits until `status --json` satisfies `done`; returns that status.
+async fn wait_for_status(
+    env: &[(String, String)],
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = ops(env, &["status", "--json"]).await.json();
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after 60 s waiting for {what}; last status: {status:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn check_passes_on_a_good_setup() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let out = ops(&db.relay_env(), &["check", "--json"]).await;
+    assert_eq!(out.code, 0, "{out}");
+    let report = out.json();
+    assert_eq!(report["ok"], true, "{report:#}");
+    assert_eq!(report["problems"], 0, "{report:#}");
+    for name in [
+        "postgres connection",
+        "wal_level",
+        "replication slots",
+        "wal senders",
+        "role",
+        "outbox table",
+        "outbox columns",
+        "publication tables",
+        "publication operations",
+        "slot",
+        "slot WAL",
+        "kafka brokers",
+        "kafka topics",
+        "kafka producer",
+    ] {
+        assert_ne!(item(&report, name)["status"], "problem", "{report:#}");
+    }
+    assert_eq!(item(&report, "slot")["status"], "ok", "{report:#}");
+
+    let text = ops(&db.relay_env(), &["check"]).await;
+    assert_eq!(text.code, 0, "{text}");
+    assert!(text.stdout.contains("check passed"), "{text}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn check_fails_on_wal_level_replica_and_names_the_fix() {
+    let db = TestDb::new_on(&replica_admin_url()).await;
+    let out = ops(&db.relay_env(), &["check", "--json"]).await;
+    assert_eq!(out.code, 1, "{out}");
+    let report = out.json();
+    assert_eq!(report["ok"], false);
+    let wal_level = item(&report, "wal_level");
+    assert_eq!(wal_level["status"], "problem", "{report:#}");
+    assert!(
+        wal_level["fix"]
+            .as_str()
+            .unwrap()
+            .contains("ALTER SYSTEM SET wal_level = 'logical'"),
+        "{report:#}"
+    );
+
+    let text = ops(&db.relay_env(), &["check"]).await;
+    assert_eq!(text.code, 1, "{text}");
+    assert!(text.stdout.contains("PROBLEM  wal_level"), "{text}");
+    assert!(
+        text.stdout
+            .contains("fix: ALTER SYSTEM SET wal_level = 'logical'"),
+        "{text}"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn check_fails_on_a_missing_publication_and_names_the_fix() {
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute("DROP PUBLICATION outbox_relay_pub")
+        .await
+        .unwrap();
+    let out = ops(&db.relay_env(), &["check", "--json"]).await;
+    assert_eq!(out.code, 1, "{out}");
+    let publication = item(&out.json(), "publication").clone();
+    assert_eq!(publication["status"], "problem", "{out}");
+    assert!(
+        publication["fix"].as_str().unwrap().starts_with(
+            r#"CREATE PUBLICATION "outbox_relay_pub" FOR TABLE "public"."outbox" WITH (publish = 'insert');"#
+        ),
+        "{out}"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn check_fails_for_a_role_without_replication_and_names_the_fix() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let url = db.url.replacen("postgres@", "norepl@", 1);
+    assert_ne!(url, db.url, "test URLs name the postgres user");
+    let env = with(&db.relay_env(), "OUTBOX_RELAY__POSTGRES__URL", &url);
+    let out = ops(&env, &["check", "--json"]).await;
+    assert_eq!(out.code, 1, "{out}");
+    let role = item(&out.json(), "role").clone();
+    assert_eq!(role["status"], "problem", "{out}");
+    assert_eq!(
+        role["fix"], r#"ALTER ROLE "norepl" WITH REPLICATION;"#,
+        "{out}"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn status_shows_the_active_slot_and_the_lag_closing() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let backlog = events("order", 200);
+    insert_events(&mut db.client().await, &backlog, true).await;
+    let after_backlog = db.current_wal_lsn().await;
+
+    let before = ops(&db.relay_env(), &["status", "--json"]).await;
+    assert_eq!(before.code, 0, "{before}");
+    let before = before.json();
+    assert_eq!(before["slot"]["exists"], true);
+    assert_eq!(before["slot"]["active"], false);
+    assert!(
+        before["slot"]["lag_bytes"].as_u64().unwrap() > 0,
+        "{before:#}"
+    );
+    assert_eq!(before["outbox"]["rows"], 200);
+    assert_eq!(before["publication"]["tables"][0], "public.outbox");
+
+    let mut relay = RelayProcess::start(&db.relay_env(), &format!("{}-status", db.name));
+    let caught_up = wait_for_status(&db.relay_env(), "the slot active with lag ~0", |s| {
+        let slot = &s["slot"];
+        let confirmed: u64 = slot["confirmed_flush_lsn"]
+            .as_str()
+            .and_then(parse_lsn)
+            .unwrap_or(0);
+        slot["active"] == true
+            && confirmed >= after_backlog
+            && slot["lag_bytes"]
+                .as_u64()
+                .is_some_and(|lag| lag < 64 * 1024)
+    })
+    .await;
+    let pid = caught_up["slot"]["active_pid"]
+        .as_i64()
+        .expect("active pid");
+
+    let text = ops(&db.relay_env(), &["status"]).await;
+    assert_eq!(text.code, 0, "{text}");
+    assert!(
+        text.stdout.contains(&format!("active in backend {pid}")),
+        "{text}"
+    );
+    assert!(text.stdout.contains("lag"), "{text}");
+    let records = read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&backlog),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(tally(&backlog, &records).missing.is_empty());
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
+fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+#[tokio::test]
+async fn slot_advance_to_now_skips_the_pending_backlog() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let backlog = events("order", 30);
+    insert_events(&mut db.client().await, &backlog, true).await;
+
+    let out = ops(
+        &db.relay_env(),
+        &["slot", "advance", "--to", "now", "--json"],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out}");
+    let moved = out.json();
+    let (from, to) = (
+        parse_lsn(moved["from"].as_str().unwrap()).unwrap(),
+        parse_lsn(moved["to"].as_str().unwrap()).unwrap(),
+    );
+    assert!(to > from, "{moved:#}");
+    assert_eq!(moved["skipped_bytes"].as_u64(), Some(to - from));
+    assert!(db.confirmed_flush_lsn().await >= to);
+
+    let mut relay = RelayProcess::start(&db.relay_env(), &format!("{}-advance", db.name));
+    let later = events("order", 20);
+    insert_events(&mut db.client().await, &later, true).await;
+    let records = read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&later),
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+    )
+    .await;
+    let later_tally = tally(&later, &records);
+    assert!(
+        later_tally.missing.is_empty(),
+        "{} later events missing",
+        later_tally.missing.len()
+    );
+    let skipped: HashSet<String> = ids(&backlog).into_iter().collect();
+    let published_backlog = records
+        .iter()
+        .filter(|r| skipped.contains(&r.key_str()))
+        .count();
+    assert_eq!(published_backlog, 0, "skipped events were published");
+    assert_eq!(records.len(), later.len(), "unexpected records");
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn slot_advance_refuses_a_position_behind_and_names_replay() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    insert_events(&mut db.client().await, &events("order", 5), true).await;
+    let out = ops(&db.relay_env(), &["slot", "advance", "--to", "now"]).await;
+    assert_eq!(out.code, 0, "{out}");
+    assert!(out.stdout.contains("skipped"), "{out}");
+    let confirmed = db.confirmed_flush_lsn().await;
+
+    let behind = ops(&db.relay_env(), &["slot", "advance", "--to", "0/1"]).await;
+    assert_eq!(behind.code, 1, "{behind}");
+    let line = behind.one_line_error();
+    assert!(line.contains("cannot move backwards"), "{behind}");
+    assert!(line.contains("outbox-relay replay"), "{behind}");
+    assert_eq!(db.confirmed_flush_lsn().await, confirmed);
+
+    let bad = ops(&db.relay_env(), &["slot", "advance", "--to", "banana"]).await;
+    assert_eq!(bad.code, 2, "{bad}");
+    assert!(
+        bad.stderr
+            .lines()
+            .next()
+            .unwrap()
+            .contains("`banana` is not an LSN"),
+        "{bad}"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn replay_since_republishes_exactly_the_retained_events_after_t() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let mut relay = RelayProcess::start(&db.relay_env(), &format!("{}-replay", db.name));
+    let mut client = db.client().await;
+    let first = events("order", 10);
+    insert_events(&mut client, &first, true).await;
+    let since: String = client
+        .query_one("SELECT clock_timestamp()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut second = events("order", 8);
+    second.extend(events("user", 7));
+    insert_events(&mut client, &second, true).await;
+    let topics = [db.topic("order"), db.topic("user")];
+    let all: Vec<Event> = first.iter().chain(&second).cloned().collect();
+    let live = read_ids(
+        &topics,
+        1,
+        &ids(&all),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(
+        tally(&all, &live).missing.is_empty(),
+        "live stream incomplete"
+    );
+    relay.terminate(Duration::from_secs(30));
+
+    let dry = ops(
+        &db.relay_env(),
+        &["replay", "--since", &since, "--dry-run", "--json"],
+    )
+    .await;
+    assert_eq!(dry.code, 0, "{dry}");
+    let dry = dry.json();
+    assert_eq!(dry["matched"], 15, "{dry:#}");
+    assert_eq!(dry["sent"], 0, "{dry:#}");
+    assert_eq!(dry["topics"][db.topic("order")], 8, "{dry:#}");
+    assert_eq!(dry["topics"][db.topic("user")], 7, "{dry:#}");
+
+    let out = ops(&db.relay_env(), &["replay", "--since", &since, "--json"]).await;
+    assert_eq!(out.code, 0, "{out}");
+    let report = out.json();
+    assert_eq!(report["acknowledged"], 15, "{report:#}");
+    assert_eq!(report["failed"], 0, "{report:#}");
+
+    // 25 live records plus 15 replayed; the settle time would reveal anything extra.
+    let mut seen = 0;
+    let records = read_until(
+        &topics,
+        1,
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+        move |_| {
+            seen += 1;
+            seen >= 40
+        },
+    )
+    .await;
+    let (replayed, live): (Vec<&Received>, Vec<&Received>) = records
+        .iter()
+        .partition(|r| r.header(REPLAY_HEADER).is_some());
+    assert_eq!(
+        live.len(),
+        25,
+        "the dry run or the replay sent unmarked records"
+    );
+    assert_eq!(replayed.len(), 15, "replayed records");
+    assert!(replayed
+        .iter()
+        .all(|r| r.header(REPLAY_HEADER) == Some("true")));
+    let replayed_ids: HashSet<String> = replayed.iter().map(|r| r.key_str()).collect();
+    let expected: HashSet<String> = ids(&second).into_iter().collect();
+    assert_eq!(
+        replayed_ids, expected,
+        "replayed exactly the events after T"
+    );
+
+    // Same topic, key, payload and headers as the live record of the same event.
+    let live_by_id: HashMap<String, &Received> = live.iter().map(|r| (r.key_str(), *r)).collect();
+    for r in &replayed {
+        let original = live_by_id[&r.key_str()];
+        assert_eq!(r.topic, original.topic);
+        assert_eq!(r.payload, original.payload);
+        let mut headers = r.headers.clone();
+        headers.remove(REPLAY_HEADER);
+        assert_eq!(headers, original.headers, "headers of {}", r.key_str());
+    }
+
+    // In created_at, id order within each topic.
+    for topic in &topics {
+        let mut in_topic: Vec<&&Received> = replayed.iter().filter(|r| &r.topic == topic).collect();
+        in_topic.sort_by_key(|r| r.offset);
+        let got: Vec<String> = in_topic.iter().map(|r| r.key_str()).collect();
+        let want: Vec<String> = client
+            .query(
+                "SELECT id::text FROM outbox WHERE created_at >= $1::text::timestamptz
+                 AND $2 = $3 || '.' || aggregatetype ORDER BY created_at, id",
+                &[&since, topic, &db.topic_prefix],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert_eq!(got, want, "order in {topic}");
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn slot_drop_refuses_an_active_slot_without_force() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    // A slow reconnect, so that the relay does not take the slot back before `--force` drops it.
+    let env = with(
+        &with(
+            &db.relay_env(),
+            "OUTBOX_RELAY__POSTGRES__RECONNECT_BACKOFF_INITIAL_MS",
+            "20000",
+        ),
+        "OUTBOX_RELAY__POSTGRES__RECONNECT_BACKOFF_MAX_MS",
+        "20000",
+    );
+    let mut relay = RelayProcess::start(&env, &format!("{}-drop", db.name));
+    let status = wait_for_status(&env, "the relay holding the slot", |s| {
+        s["slot"]["active"] == true
+    })
+    .await;
+    let pid = status["slot"]["active_pid"].as_i64().unwrap();
+
+    let refused = ops(&env, &["slot", "drop", "--yes"]).await;
+    assert_eq!(refused.code, 1, "{refused}");
+    let line = refused.one_line_error();
+    assert!(
+        line.contains(&format!("active in backend {pid}")),
+        "{refused}"
+    );
+    assert!(line.contains("--force"), "{refused}");
+    let advance = ops(&env, &["slot", "advance", "--to", "now"]).await;
+    assert_eq!(advance.code, 1, "{advance}");
+    assert!(advance.one_line_error().contains("--force"), "{advance}");
+    let unconfirmed = ops(&env, &["slot", "drop"]).await;
+    assert_eq!(unconfirmed.code, 2, "{unconfirmed}");
+    assert!(
+        unconfirmed.one_line_error().contains("--yes"),
+        "{unconfirmed}"
+    );
+    let still = ops(&env, &["status", "--json"]).await.json();
+    assert_eq!(still["slot"]["exists"], true);
+    assert_eq!(still["slot"]["active_pid"].as_i64(), Some(pid));
+
+    let forced = ops(&env, &["slot", "drop", "--yes", "--force", "--json"]).await;
+    assert_eq!(forced.code, 0, "{forced}");
+    let forced = forced.json();
+    assert_eq!(forced["action"], "dropped", "{forced:#}");
+    assert_eq!(forced["terminated_pid"].as_i64(), Some(pid), "{forced:#}");
+    relay.kill9();
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn slot_create_and_drop_are_idempotent() {
+    let db = TestDb::new().await;
+    let env = db.relay_env();
+    let first = ops(&env, &["slot", "create", "--json"]).await;
+    assert_eq!(first.code, 0, "{first}");
+    assert_eq!(first.json()["action"], "created");
+    assert!(db.confirmed_flush_lsn().await > 0);
+    let again = ops(&env, &["slot", "create"]).await;
+    assert_eq!(again.code, 0, "{again}");
+    assert!(again.stdout.contains("already exists"), "{again}");
+    let dropped = ops(&env, &["slot", "drop", "--yes", "--json"]).await;
+    assert_eq!(dropped.json()["action"], "dropped", "{dropped}");
+    let absent = ops(&env, &["slot", "drop", "--yes", "--json"]).await;
+    assert_eq!(absent.code, 0, "{absent}");
+    assert_eq!(absent.json()["action"], "absent", "{absent}");
+    let status = ops(&env, &["status", "--json"]).await;
+    assert_eq!(
+        status.code, 1,
+        "a missing slot is a failed status: {status}"
+    );
+    assert_eq!(status.json()["slot"]["exists"], false);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_one_clear_line_and_the_right_exit_code() {
+    let db = TestDb::new().await;
+    let env = db.relay_env();
+    let usage = [
+        (vec!["replay"], "needs a selection"),
+        (
+            vec!["replay", "--since", "2026-02-01", "--until", "2026-01-01"],
+            "is not after --since",
+        ),
+        (
+            vec!["replay", "--since", "last tuesday-ish"],
+            "--since `last tuesday-ish` is not a time",
+        ),
+        (
+            vec!["replay", "--from-id", "42"],
+            "not a valid value of column `id`",
+        ),
+        (vec!["replay", "--json"], "needs a selection"),
+    ];
+    for (args, expected) in usage {
+        let out = ops(&env, &args).await;
+        assert_eq!(out.code, 2, "{args:?}: {out}");
+        assert!(out.one_line_error().contains(expected), "{args:?}: {out}");
+    }
+    let json_error = ops(&env, &["replay", "--json"]).await.json();
+    assert_eq!(json_error["ok"], false);
+    assert_eq!(json_error["exit_code"], 2);
+
+    let bad_slot = with(&env, "OUTBOX_RELAY__POSTGRES__SLOT", "Not-A-Slot");
+    let out = ops(&bad_slot, &["status"]).await;
+    assert_eq!(out.code, 2, "{out}");
+    assert!(out.one_line_error().contains("postgres.slot"), "{out}");
+
+    let unreachable = with(
+        &env,
+        "OUTBOX_RELAY__POSTGRES__URL",
+        "postgres://postgres@127.0.0.1:1/postgres",
+    );
+    let out = ops(&unreachable, &["status"]).await;
+    assert_eq!(out.code, 1, "{out}");
+    assert!(
+        out.one_line_error()
+            .contains("cannot connect to PostgreSQL (127.0.0.1:1)"),
+        "{out}"
+    );
+    db.cleanup().await;
+}
