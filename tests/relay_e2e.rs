@@ -272,28 +272,16 @@ async fn sigkill_five_times_loses_nothing() {
     assert_eq!(all.len(), 20_000);
 
     let topics = vec![db.topic("order"), db.topic("customer")];
-    let received = read_ids(
+    // Duplicates are at-least-once redelivery after each kill: counted, not failed.
+    let (_, t) = expect_all(
+        "sigkill x5",
         &topics,
-        1,
-        &ids(&all),
+        &all,
         Duration::from_secs(180),
         Duration::from_secs(3),
+        &relay,
     )
     .await;
-    let t = tally(&all, &received);
-    println!(
-        "sigkill x5: {} events, {} missing, {} duplicates (at-least-once redelivery)",
-        all.len(),
-        t.missing.len(),
-        t.duplicates
-    );
-    assert!(
-        t.missing.is_empty(),
-        "{} of 20000 events missing after 5 SIGKILLs, e.g. {:?}\n{}",
-        t.missing.len(),
-        &t.missing[..t.missing.len().min(3)],
-        relay.log_text()
-    );
     assert_eq!(t.unexpected, 0);
 
     wait_confirmed_current(&db, Duration::from_secs(60)).await;

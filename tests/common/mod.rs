@@ -597,3 +597,34 @@ pub fn write_config(name: &str, text: &str) -> PathBuf {
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// Reads `topics` (one partition each) until every event arrived or `timeout` passed, keeps
+/// reading `settle` longer to see duplicates, prints the tally under `label`, and fails when
+/// any event is missing (with the relay's log).
+pub async fn expect_all(
+    label: &str,
+    topics: &[String],
+    events: &[Event],
+    timeout: Duration,
+    settle: Duration,
+    relay: &RelayProcess,
+) -> (Vec<Received>, Tally) {
+    let ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+    let received = read_ids(topics, 1, &ids, timeout, settle).await;
+    let t = tally(events, &received);
+    println!(
+        "{label}: {} events, {} missing, {} duplicates",
+        events.len(),
+        t.missing.len(),
+        t.duplicates
+    );
+    assert!(
+        t.missing.is_empty(),
+        "{label}: {} of {} events missing, e.g. {:?}\n{}",
+        t.missing.len(),
+        events.len(),
+        &t.missing[..t.missing.len().min(3)],
+        relay.log_text()
+    );
+    (received, t)
+}
