@@ -158,6 +158,11 @@ write_env() {
         printf 'export OUTBOX_TEST_PG_BIN=%q\n' "${PG_BIN:-$(find_pg_bin || true)}"
         printf 'export OUTBOX_TEST_PG_DATA=%q\n' "$RUN_DIR/pg/data"
         printf 'export OUTBOX_TEST_KAFKA_BROKERS=%q\n' "127.0.0.1:$kafka_port"
+        # The same broker behind SASL (PLAIN, SCRAM-SHA-256/512), and SASL over TLS.
+        printf 'export OUTBOX_TEST_KAFKA_SASL_BROKERS=%q\n' "127.0.0.1:$(port_for kafka-sasl)"
+        printf 'export OUTBOX_TEST_KAFKA_SASL_SSL_BROKERS=%q\n' "127.0.0.1:$(port_for kafka-sasl-ssl)"
+        printf 'export OUTBOX_TEST_KAFKA_SASL_USER=%q\n' "$KAFKA_SASL_USER"
+        printf 'export OUTBOX_TEST_KAFKA_SASL_PASSWORD=%q\n' "$KAFKA_SASL_PASSWORD"
         # TLS on the main cluster: the CA that signed its certificate, and one that did not.
         printf 'export OUTBOX_TEST_PG_CA=%q\n' "$RUN_DIR/pg/tls/ca.crt"
         printf 'export OUTBOX_TEST_PG_WRONG_CA=%q\n' "$RUN_DIR/pg/tls/wrong-ca.crt"
@@ -477,18 +482,30 @@ alive() {
     [[ -n $state && $state != Z && $state != X ]]
 }
 
+# Test credentials for the broker's SASL listeners (PLAIN and SCRAM alike).
+KAFKA_SASL_USER=relay
+KAFKA_SASL_PASSWORD=relay-secret
+
 kafka_write_config() {
-    local port=$1 cport=$2
+    local port=$1 cport=$2 sport=$3 tport=$4 jaas_plain jaas_scram l m
     mkdir -p "$KAFKA_DIR/data" "$KAFKA_DIR/logs"
+    # The SASL_SSL listener serves the test CA's certificate (the one PostgreSQL uses).
+    pg_make_certs pg
+    cat "$RUN_DIR/pg/tls/server.key" "$RUN_DIR/pg/tls/server.crt" >"$KAFKA_DIR/server.pem"
+    jaas_plain="org.apache.kafka.common.security.plain.PlainLoginModule required user_$KAFKA_SASL_USER=\"$KAFKA_SASL_PASSWORD\";"
+    jaas_scram="org.apache.kafka.common.security.scram.ScramLoginModule required;"
     cat >"$KAFKA_DIR/server.properties" <<EOF
 # Written by scripts/services.sh at every start; edits are lost.
 # Single-node KRaft (broker and controller in one JVM), for tests only.
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,SASL_PLAINTEXT://127.0.0.1:$sport,SASL_SSL://127.0.0.1:$tport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_PLAINTEXT://127.0.0.1:$sport,SASL_SSL://127.0.0.1:$tport
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+ssl.keystore.type=PEM
+ssl.keystore.location=$KAFKA_DIR/server.pem
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 log.dirs=$KAFKA_DIR/data
@@ -511,6 +528,12 @@ message.max.bytes=1048588
 num.network.threads=2
 num.io.threads=4
 EOF
+    for l in sasl_plaintext sasl_ssl; do
+        echo "listener.name.$l.plain.sasl.jaas.config=$jaas_plain"
+        for m in scram-sha-256 scram-sha-512; do
+            echo "listener.name.$l.$m.sasl.jaas.config=$jaas_scram"
+        done
+    done >>"$KAFKA_DIR/server.properties"
     cat >"$KAFKA_DIR/log4j2.properties" <<'EOF'
 # Broker log: one file, appended across restarts.
 status = warn
@@ -563,6 +586,8 @@ kafka_format() {
         -Dlog4j2.configurationFile="file:$KAFKA_DIR/tools-log4j2.properties" \
         -cp "$cp" kafka.tools.StorageTool format \
         --cluster-id "$cid" --config "$KAFKA_DIR/server.properties" --ignore-formatted \
+        --add-scram "SCRAM-SHA-256=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]" \
+        --add-scram "SCRAM-SHA-512=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]" \
         </dev/null >"$KAFKA_DIR/format.log" 2>&1 9>&-; then
         show_tail "$KAFKA_DIR/format.log"
         die "kafka storage format failed (log: $KAFKA_DIR/format.log)"
@@ -596,19 +621,21 @@ kafka_cds_args() {
 }
 
 kafka_start() {
-    local port cport cp pid offset out_offset i logf="$KAFKA_DIR/logs/server.log" outf="$KAFKA_DIR/kafka.out"
+    local port cport sport tport cp pid offset out_offset i logf="$KAFKA_DIR/logs/server.log" outf="$KAFKA_DIR/kafka.out"
     local -a java_args
     local cds_used=
     port=$(port_for kafka)
     cport=$(port_for kafka-controller)
+    sport=$(port_for kafka-sasl)
+    tport=$(port_for kafka-sasl-ssl)
     if pid=$(kafka_pid); then
         log "Kafka already running (pid $pid) on 127.0.0.1:$port"
         return 0
     fi
     cp=$(kafka_classpath)
-    kafka_write_config "$port" "$cport"
+    kafka_write_config "$port" "$cport" "$sport" "$tport"
     kafka_format "$cp"
-    for i in "$port" "$cport"; do
+    for i in "$port" "$cport" "$sport" "$tport"; do
         if port_in_use "$i"; then
             die "port $i (saved in $PORTS_DIR) is taken by another process; stop it or run '$SELF clean'"
         fi

@@ -146,6 +146,15 @@ const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
         "kafka.max_in_flight_messages",
     ),
     ("queue.buffering.max.kbytes", "kafka.max_in_flight_bytes"),
+    ("security.protocol", "kafka.security_protocol"),
+    ("sasl.mechanism", "kafka.sasl_mechanism"),
+    ("sasl.mechanisms", "kafka.sasl_mechanism"),
+    ("sasl.username", "kafka.sasl_username"),
+    (
+        "sasl.password",
+        "kafka.sasl_password or kafka.sasl_password_file",
+    ),
+    ("ssl.ca.location", "kafka.ssl_ca_file"),
 ];
 
 /// Substrings of `kafka.properties` keys whose values are secrets.
@@ -464,7 +473,52 @@ pub struct KafkaConfig {
     pub properties: BTreeMap<String, String>,
     /// Accept `properties` that weaken at-least-once delivery or ordering (logged as warnings).
     pub allow_unsafe_kafka_settings: bool,
+    /// How to talk to the brokers: `plaintext`, `ssl` (TLS), `sasl_plaintext` (SASL, no TLS) or
+    /// `sasl_ssl` (SASL over TLS).
+    pub security_protocol: KafkaSecurityProtocol,
+    /// SASL mechanism for the `sasl_*` protocols: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub sasl_mechanism: String,
+    /// SASL user name.
+    pub sasl_username: String,
+    /// SASL password (a secret: redacted in logs and `outbox-relay config`). Prefer
+    /// `sasl_password_file`.
+    pub sasl_password: String,
+    /// File holding the SASL password (trimmed); wins over `sasl_password`.
+    pub sasl_password_file: String,
+    /// CA certificate file (PEM) to verify the brokers' certificates for `ssl` / `sasl_ssl`.
+    /// Empty: the system's trusted roots.
+    pub ssl_ca_file: String,
 }
+
+/// Kafka `security.protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaSecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl KafkaSecurityProtocol {
+    pub const NAMES: &'static [&'static str] = &["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"];
+
+    /// The librdkafka `security.protocol` value.
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    pub fn uses_sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+
+    pub fn uses_tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+}
+
+/// SASL mechanisms librdkafka supports here (built with OpenSSL).
+pub const SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
 
 /// `[relay]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -647,6 +701,7 @@ const ENUM_KEYS: &[(&str, &str, &[&str])] = &[
     ("kafka", "compression", Compression::NAMES),
     ("relay", "log_format", LogFormat::NAMES),
     ("postgres", "ssl_mode", SslMode::NAMES),
+    ("kafka", "security_protocol", KafkaSecurityProtocol::NAMES),
     ("dead_letter", "policy", DeadLetterPolicy::NAMES),
     ("outbox", "null_payload", NullPayload::NAMES),
 ];
@@ -727,6 +782,12 @@ impl Default for KafkaConfig {
             message_timeout_ms: DEFAULT_MESSAGE_TIMEOUT_MS,
             properties: BTreeMap::new(),
             allow_unsafe_kafka_settings: DEFAULT_ALLOW_UNSAFE_KAFKA_SETTINGS,
+            security_protocol: KafkaSecurityProtocol::Plaintext,
+            sasl_mechanism: String::new(),
+            sasl_username: String::new(),
+            sasl_password: String::new(),
+            sasl_password_file: String::new(),
+            ssl_ca_file: String::new(),
         }
     }
 }
@@ -782,6 +843,12 @@ impl fmt::Debug for KafkaConfig {
                 "allow_unsafe_kafka_settings",
                 &self.allow_unsafe_kafka_settings,
             )
+            .field("security_protocol", &self.security_protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &Secret::new(self.sasl_password.clone()))
+            .field("sasl_password_file", &self.sasl_password_file)
+            .field("ssl_ca_file", &self.ssl_ca_file)
             .finish()
     }
 }
@@ -891,6 +958,9 @@ impl Config {
         let mut shown = self.clone();
         shown.postgres.url = self.postgres.redacted_url();
         shown.kafka.properties = self.kafka.redacted_properties();
+        if !shown.kafka.sasl_password.is_empty() {
+            shown.kafka.sasl_password = REDACTED.to_string();
+        }
         toml::to_string(&shown)
             .unwrap_or_else(|err| format!("# cannot render the configuration: {err}\n"))
     }
@@ -1322,6 +1392,64 @@ impl KafkaConfig {
             .collect()
     }
 
+    /// The SASL password: the trimmed content of `sasl_password_file` if set (read now), else
+    /// `sasl_password`.
+    pub fn sasl_password(&self) -> Result<Secret, ConfigError> {
+        if self.sasl_password_file.is_empty() {
+            return Ok(Secret::new(self.sasl_password.clone()));
+        }
+        let path = Path::new(&self.sasl_password_file);
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Secret::new(text.trim()))
+    }
+
+    fn validate_security(&self) -> Result<(), ConfigError> {
+        let sasl = self.security_protocol.uses_sasl();
+        if sasl && !SASL_MECHANISMS.contains(&self.sasl_mechanism.as_str()) {
+            return Err(ConfigError::invalid(
+                "kafka.sasl_mechanism",
+                format!(
+                    "`{}` is not one of {} (required with security_protocol = \"{}\")",
+                    self.sasl_mechanism,
+                    SASL_MECHANISMS.join(", "),
+                    self.security_protocol.as_str()
+                ),
+            ));
+        }
+        if sasl && self.sasl_username.is_empty() {
+            return Err(ConfigError::invalid(
+                "kafka.sasl_username",
+                "must be set with a sasl_* security_protocol",
+            ));
+        }
+        let sasl_fields = [
+            ("kafka.sasl_mechanism", &self.sasl_mechanism),
+            ("kafka.sasl_username", &self.sasl_username),
+            ("kafka.sasl_password", &self.sasl_password),
+            ("kafka.sasl_password_file", &self.sasl_password_file),
+        ];
+        if let Some((field, _)) = sasl_fields.iter().find(|(_, v)| !sasl && !v.is_empty()) {
+            return Err(ConfigError::invalid(
+                *field,
+                "is only used with security_protocol = \"sasl_plaintext\" or \"sasl_ssl\"",
+            ));
+        }
+        if !self.sasl_password_file.is_empty() {
+            // Fail at start-up, not at the first connection to a broker.
+            self.sasl_password()?;
+        }
+        if !self.ssl_ca_file.is_empty() && !self.security_protocol.uses_tls() {
+            return Err(ConfigError::invalid(
+                "kafka.ssl_ca_file",
+                "is only used with security_protocol = \"ssl\" or \"sasl_ssl\"",
+            ));
+        }
+        Ok(())
+    }
+
     /// `properties` with the values of secret keys (containing `password`, `secret`,
     /// `sasl.jaas`, `ssl.key`, `sasl.oauthbearer.config`) replaced by `***`.
     pub fn redacted_properties(&self) -> BTreeMap<String, String> {
@@ -1396,6 +1524,7 @@ impl KafkaConfig {
                 ));
             }
         }
+        self.validate_security()?;
         if !self.allow_unsafe_kafka_settings {
             if let Some((key, value, reason)) = self.unsafe_properties().into_iter().next() {
                 return Err(ConfigError::invalid(
@@ -2098,14 +2227,11 @@ mod tests {
                 "OUTBOX_RELAY__KAFKA__PROPERTIES__SOCKET_TIMEOUT_MS",
                 "60000",
             ),
-            (
-                "OUTBOX_RELAY__KAFKA__PROPERTIES__SECURITY_PROTOCOL",
-                "SASL_SSL",
-            ),
+            ("OUTBOX_RELAY__KAFKA__PROPERTIES__CLIENT_RACK", "rack-a"),
         ])
         .unwrap();
         assert_eq!(config.kafka.properties["socket.timeout.ms"], "60000");
-        assert_eq!(config.kafka.properties["security.protocol"], "SASL_SSL");
+        assert_eq!(config.kafka.properties["client.rack"], "rack-a");
     }
 
     #[test]
@@ -2199,12 +2325,12 @@ mod tests {
     #[test]
     fn file_properties_accept_bare_dotted_keys_and_scalars() {
         let config = from_toml(
-            "[kafka.properties]\nsocket.timeout.ms = 60000\n\"security.protocol\" = \"ssl\"\n\
+            "[kafka.properties]\nsocket.timeout.ms = 60000\n\"client.rack\" = \"ssl\"\n\
              enable.idempotence = true\n",
         )
         .unwrap();
         assert_eq!(config.kafka.properties["socket.timeout.ms"], "60000");
-        assert_eq!(config.kafka.properties["security.protocol"], "ssl");
+        assert_eq!(config.kafka.properties["client.rack"], "ssl");
         assert_eq!(config.kafka.properties["enable.idempotence"], "true");
     }
 
@@ -2613,12 +2739,47 @@ envelope = true
     }
 
     #[test]
+    fn kafka_sasl_fields_are_checked_together_and_the_password_hidden() {
+        let sasl = |protocol: &str, mechanism: &str, user: &str| {
+            from_env(&[
+                ("OUTBOX_RELAY__KAFKA__SECURITY_PROTOCOL", protocol),
+                ("OUTBOX_RELAY__KAFKA__SASL_MECHANISM", mechanism),
+                ("OUTBOX_RELAY__KAFKA__SASL_USERNAME", user),
+                ("OUTBOX_RELAY__KAFKA__SASL_PASSWORD", "s3cret-pw"),
+            ])
+        };
+        let config = sasl("sasl_ssl", "SCRAM-SHA-512", "relay").unwrap();
+        assert_eq!(
+            config.kafka.security_protocol,
+            KafkaSecurityProtocol::SaslSsl
+        );
+        assert!(!format!("{config:?}").contains("s3cret-pw"));
+        assert!(!config.to_redacted_toml().contains("s3cret-pw"));
+        let err = sasl("sasl_plaintext", "GSSAPI", "relay")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kafka.sasl_mechanism"), "{err}");
+        let err = sasl("sasl_plaintext", "PLAIN", "").unwrap_err().to_string();
+        assert!(err.contains("kafka.sasl_username"), "{err}");
+        let err = sasl("plaintext", "PLAIN", "relay").unwrap_err().to_string();
+        assert!(err.contains("only used with"), "{err}");
+        let err = from_env(&[("OUTBOX_RELAY__KAFKA__SECURITY_PROTOCOL", "tls")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kafka.security_protocol"), "{err}");
+        let err = from_env(&[("OUTBOX_RELAY__KAFKA__PROPERTIES__SASL_PASSWORD", "x")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kafka.sasl_password"), "{err}");
+    }
+
+    #[test]
     fn secrets_are_hidden_in_debug_and_redacted_toml() {
         let config = with(|c| {
             c.postgres.url = "postgres://relay:hunter2@db:5432/app?sslmode=disable".into();
             c.kafka
                 .properties
-                .insert("sasl.password".into(), "kafkapass".into());
+                .insert("ssl.keystore.password".into(), "kafkapass".into());
             c.kafka.properties.insert(
                 "sasl.jaas.config".into(),
                 "user=\"u\" password=\"jaaspass\"".into(),
@@ -2649,7 +2810,7 @@ envelope = true
         }
         // The rendering is a loadable config.
         let reparsed = from_toml(&rendered).unwrap();
-        assert_eq!(reparsed.kafka.properties["sasl.password"], "***");
+        assert_eq!(reparsed.kafka.properties["ssl.keystore.password"], "***");
         assert_eq!(reparsed.postgres.slot, config.postgres.slot);
     }
 

@@ -20,6 +20,9 @@ struct Cli {
     /// The config file (TOML). Every key can also be set as OUTBOX_RELAY__<SECTION>__<KEY>.
     #[arg(long, short, global = true, env = "OUTBOX_RELAY_CONFIG")]
     config: Option<PathBuf>,
+    /// Log one JSON object per line (overrides relay.log_format).
+    #[arg(long, global = true)]
+    log_json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -111,7 +114,8 @@ struct ReplayArgs {
     /// Rows of this event type only.
     #[arg(long = "type", value_name = "TYPE")]
     event_type: Option<String>,
-    /// The outbox table to replay (`schema.table`); default: the first configured one.
+    /// Replay only this outbox table (`schema.table`, or a bare name in public); default: every
+    /// configured table, merged in created_at order.
     #[arg(long, value_name = "TABLE")]
     table: Option<String>,
     /// Count and map the selected rows; send nothing.
@@ -135,7 +139,12 @@ fn main() -> ExitCode {
         Command::Run | Command::Config => "info,rdkafka=warn",
         _ => "warn,rdkafka=error",
     };
-    init_logging(config.relay.log_format, default_log);
+    let log_format = if cli.log_json {
+        LogFormat::Json
+    } else {
+        config.relay.log_format
+    };
+    init_logging(log_format, default_log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -399,10 +399,29 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
             (config.max_in_flight_messages * 2).to_string(),
         )
         .set("queue.buffering.max.kbytes", queue_kbytes.to_string());
+    set_security(&mut c, config);
     for (key, value) in &config.properties {
         c.set(key, value);
     }
     c
+}
+
+/// TLS and SASL settings from their dedicated fields.
+fn set_security(c: &mut ClientConfig, config: &KafkaConfig) {
+    let protocol = config.security_protocol;
+    c.set("security.protocol", protocol.as_str());
+    if protocol.uses_tls() && !config.ssl_ca_file.is_empty() {
+        c.set("ssl.ca.location", &config.ssl_ca_file);
+    }
+    if protocol.uses_sasl() {
+        let password = config.sasl_password().unwrap_or_else(|e| {
+            warn!(error = %e, "cannot read kafka.sasl_password_file; authenticating without a password");
+            crate::config::Secret::new("")
+        });
+        c.set("sasl.mechanism", &config.sasl_mechanism)
+            .set("sasl.username", &config.sasl_username)
+            .set("sasl.password", password.expose());
+    }
 }
 
 impl DeliveryFailure {

@@ -637,3 +637,66 @@ async fn wrong_password_is_reported_not_retried_silently() {
     assert!(log.contains("password authentication failed"), "{log}");
     db.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_sasl_plain_and_scram_over_tls_deliver() {
+    let user = env("OUTBOX_TEST_KAFKA_SASL_USER");
+    let password = env("OUTBOX_TEST_KAFKA_SASL_PASSWORD");
+    let password_file = std::env::temp_dir().join(random_name("sasl"));
+    std::fs::write(&password_file, format!("{password}\n")).unwrap();
+    let cases = [
+        (
+            "sasl_plaintext",
+            "PLAIN",
+            env("OUTBOX_TEST_KAFKA_SASL_BROKERS"),
+            None,
+        ),
+        (
+            "sasl_ssl",
+            "SCRAM-SHA-512",
+            env("OUTBOX_TEST_KAFKA_SASL_SSL_BROKERS"),
+            Some(env("OUTBOX_TEST_PG_CA")),
+        ),
+    ];
+    for (protocol, mechanism, brokers, ca) in cases {
+        let db = TestDb::new().await;
+        db.create_slot().await;
+        let mut extra = vec![
+            ("OUTBOX_RELAY__KAFKA__BROKERS", brokers.as_str()),
+            ("OUTBOX_RELAY__KAFKA__SECURITY_PROTOCOL", protocol),
+            ("OUTBOX_RELAY__KAFKA__SASL_MECHANISM", mechanism),
+            ("OUTBOX_RELAY__KAFKA__SASL_USERNAME", user.as_str()),
+            (
+                "OUTBOX_RELAY__KAFKA__SASL_PASSWORD_FILE",
+                password_file.to_str().unwrap(),
+            ),
+        ];
+        if let Some(ca) = &ca {
+            extra.push(("OUTBOX_RELAY__KAFKA__SSL_CA_FILE", ca.as_str()));
+        }
+        let mut relay =
+            RelayProcess::start(&with(db.relay_env(), &extra), &format!("kafka_{protocol}"));
+        let mut client = db.client().await;
+        let events: Vec<Event> = (0..50)
+            .map(|i| Event::new("order", mechanism, 0, i))
+            .collect();
+        insert_events(&mut client, &events, true).await;
+        // Read back through the plain listener of the same broker.
+        expect_all(
+            &format!("kafka {protocol} {mechanism}"),
+            &[db.topic("order")],
+            &events,
+            Duration::from_secs(60),
+            Duration::ZERO,
+            &relay,
+        )
+        .await;
+        let shown = relay.log_text();
+        assert!(
+            !shown.contains(&password),
+            "the SASL password reached the log"
+        );
+        assert!(relay.terminate(Duration::from_secs(30)).success());
+        db.cleanup().await;
+    }
+}

@@ -247,7 +247,9 @@ async fn status_shows_the_active_slot_and_the_lag_closing() {
         before["slot"]["lag_bytes"].as_u64().unwrap() > 0,
         "{before:#}"
     );
-    assert_eq!(before["outbox"]["rows"], 200);
+    assert_eq!(before["outbox"][0]["table"], "public.outbox");
+    assert_eq!(before["outbox"][0]["published"], true);
+    assert_eq!(before["outbox"][0]["rows"], 200);
     assert_eq!(before["publication"]["tables"][0], "public.outbox");
 
     let mut relay = RelayProcess::start(&db.relay_env(), &format!("{}-status", db.name));
@@ -609,5 +611,466 @@ async fn bad_input_gets_one_clear_line_and_the_right_exit_code() {
             .contains("cannot connect to PostgreSQL (127.0.0.1:1)"),
         "{out}"
     );
+    db.cleanup().await;
+}
+
+/// The relay environment of `db` without its outbox keys, so that a config file decides the
+/// mapping.
+fn env_without_outbox(db: &TestDb) -> Vec<(String, String)> {
+    db.relay_env()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("OUTBOX_RELAY__OUTBOX__"))
+        .collect()
+}
+
+/// Records by key; panics on a duplicate.
+fn by_key<'a>(records: impl IntoIterator<Item = &'a Received>) -> HashMap<String, &'a Received> {
+    let mut map = HashMap::new();
+    for r in records {
+        if let Some(dup) = map.insert(r.key_str(), r) {
+            panic!("{} published twice: {dup:?} and {r:?}", r.key_str());
+        }
+    }
+    map
+}
+
+/// `replay` builds the records exactly as the live stream did, for the mapping options whose
+/// values come from the row: bytea payload, timestamp columns (timestamptz, integer ms), header
+/// columns of several types (timestamptz printed in the database's own TimeZone, numeric, bool),
+/// JSON headers, span context, topic override, partition column, key column, envelope; three
+/// tables (`outbox.table = ""`), a dropped and a generated column, 6-partition topics. `check`
+/// and `status` see all three tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replay_rebuilds_live_records_byte_for_byte_for_every_mapping_option() {
+    let db = TestDb::new().await;
+    let p = db.topic_prefix.clone();
+    let mut client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET timezone = 'Asia/Kolkata';
+             CREATE SCHEMA app;
+             CREATE TABLE app.events (
+                 event_id    text PRIMARY KEY,
+                 junk        text,
+                 kind        text NOT NULL,
+                 entity      text NOT NULL,
+                 name        text NOT NULL,
+                 body        bytea,
+                 occurred_at timestamptz NOT NULL,
+                 hdrs        jsonb,
+                 span        text,
+                 tenant      text,
+                 amount      numeric,
+                 flag        boolean,
+                 shard       int4,
+                 doubled     int4 GENERATED ALWAYS AS (shard * 2) STORED,
+                 created_at  timestamptz NOT NULL DEFAULT now()
+             );
+             ALTER TABLE app.events DROP COLUMN junk;
+             CREATE TABLE app.enveloped (
+                 id text PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL,
+                 type text NOT NULL, payload text, k text NOT NULL, at_ms int8 NOT NULL,
+                 created_at timestamptz NOT NULL DEFAULT now()
+             );
+             ALTER PUBLICATION outbox_relay_pub ADD TABLE app.events, app.enveloped;",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let topics: Vec<String> = ["ev.order", "special.Archived", "env", "order"]
+        .iter()
+        .map(|t| format!("{p}.{t}"))
+        .collect();
+    for topic in &topics {
+        create_topic(topic, 6).await;
+    }
+    let config = write_config(
+        &format!("{}-replay-mapping", db.name),
+        &format!(
+            r#"
+[outbox]
+table = ""
+topic = "{p}.{{aggregatetype}}"
+
+[[outbox.tables]]
+table = "app.events"
+id_column = "event_id"
+aggregate_type_column = "kind"
+aggregate_id_column = "entity"
+type_column = "name"
+payload_column = "body"
+topic = "{p}.ev.{{aggregatetype}}"
+topic_overrides = {{ special = "{p}.special.{{type}}" }}
+timestamp_column = "occurred_at"
+headers_column = "hdrs"
+tracing_column = "span"
+header_columns = {{ tenant = "x-tenant", occurred_at = "x-occurred-at", amount = "x-amount", flag = "x-flag", created_at = "x-created-at" }}
+partition_by = "shard"
+null_payload = "tombstone"
+
+[[outbox.tables]]
+table = "app.enveloped"
+topic = "{p}.env"
+envelope = true
+key_column = "k"
+partition_by = "key"
+timestamp_column = "at_ms"
+
+[[outbox.tables]]
+table = "public.outbox"
+
+[dead_letter]
+topic = "{p}.dlq"
+"#
+        ),
+    );
+    let config = config.to_string_lossy().into_owned();
+    let env = env_without_outbox(&db);
+    let with_config = |args: &[&'static str]| {
+        let mut all = vec!["--config", config.as_str()];
+        all.extend_from_slice(args);
+        all
+    };
+    db.create_slot().await;
+
+    // One transaction per row, the tables interleaved: commit order is created_at order.
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut keys = Vec::new();
+    for i in 0..18 {
+        let n = i / 3;
+        match i % 3 {
+            0 => {
+                let id = format!("e{n}");
+                let (kind, name) = if n % 2 == 0 {
+                    ("order", "Created")
+                } else {
+                    ("special", "Archived")
+                };
+                let body: Option<Vec<u8>> = (n != 3).then(|| vec![0, 0xff, b'\\', b'x', n as u8]);
+                let hdrs =
+                    (n % 2 == 0).then(|| format!(r#"{{"n": {n}, "s": "v{n}", "nothing": null}}"#));
+                let span = match n % 3 {
+                    0 => Some(traceparent.to_string()),
+                    1 => Some(format!("traceparent={traceparent}\ntracestate=k=v{n}")),
+                    _ => None,
+                };
+                let tenant = (n != 4).then(|| format!("tenant-{n}"));
+                let flag = (n != 2).then_some(n % 2 == 0);
+                let shard = (n != 5).then_some(n as i32);
+                client
+                    .execute(
+                        "INSERT INTO app.events (event_id, kind, entity, name, body, occurred_at,
+                             hdrs, span, tenant, amount, flag, shard)
+                         VALUES ($1, $2, $3, $4, $5,
+                             '2021-06-01 12:00:00.123456+02'::timestamptz + $6 * interval '1 min',
+                             $7::text::jsonb, $8, $9, ($6 * 2.5)::numeric(8,2), $10, $11)",
+                        &[
+                            &id,
+                            &kind,
+                            &format!("agg-{}", n % 4),
+                            &name,
+                            &body,
+                            &(n as f64),
+                            &hdrs,
+                            &span,
+                            &tenant,
+                            &flag,
+                            &shard,
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                keys.push(id);
+            }
+            1 => {
+                let k = format!("key-{n}");
+                client
+                    .execute(
+                        "INSERT INTO app.enveloped VALUES ($1, 'thing', $2, 'Made', $3, $4, $5)",
+                        &[
+                            &format!("v{n}"),
+                            &format!("x-{n}"),
+                            &format!("plain \"text\" ü {n}"),
+                            &k,
+                            &(1_700_000_000_000i64 + n as i64),
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                keys.push(k);
+            }
+            _ => {
+                let event = Event::new("order", &format!("agg-{n}"), 0, n);
+                insert_events(&mut client, std::slice::from_ref(&event), true).await;
+                keys.push(event.id);
+            }
+        }
+    }
+    let mut relay = RelayProcess::start(
+        &with(&env, "OUTBOX_RELAY_CONFIG", &config),
+        &format!("{}-replay-mapping", db.name),
+    );
+    let live = read_ids(
+        &topics,
+        6,
+        &keys,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await;
+    let live_by_key = by_key(&live);
+    assert_eq!(
+        live_by_key.len(),
+        keys.len(),
+        "live stream incomplete:\n{}",
+        relay.log_text()
+    );
+    relay.terminate(Duration::from_secs(30));
+    // The walsender printed the timestamptz header in the database's TimeZone.
+    let e0 = live_by_key["e0"];
+    assert_eq!(
+        e0.header("x-occurred-at"),
+        Some("2021-06-01 15:30:00.123456+05:30"),
+        "{e0:?}"
+    );
+    assert_eq!(e0.header("x-flag"), Some("t"));
+    assert_eq!(e0.header("x-amount"), Some("0.00"));
+    assert_eq!(e0.payload.as_deref(), Some(&b"\x00\xff\\x\x00"[..]));
+
+    // check and status follow the three tables.
+    let out = ops(&env, &with_config(&["check", "--json"])).await;
+    let report = out.json();
+    assert_eq!(report["ok"], true, "{report:#}");
+    let publication = item(&report, "publication tables");
+    assert_eq!(publication["status"], "ok", "{report:#}");
+    assert!(
+        publication["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("covers exactly app.events, app.enveloped, public.outbox"),
+        "{report:#}"
+    );
+    let columns: Vec<&Value> = report["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["check"] == "outbox columns")
+        .collect();
+    assert_eq!(columns.len(), 3, "{report:#}");
+    assert!(columns.iter().all(|i| i["status"] == "ok"), "{report:#}");
+    assert!(
+        columns[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("occurred_at timestamp with time zone, hdrs jsonb"),
+        "{report:#}"
+    );
+    let status = ops(&env, &with_config(&["status", "--json"])).await.json();
+    let tables: Vec<(&str, bool, i64)> = status["outbox"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["table"].as_str().unwrap(),
+                t["published"].as_bool().unwrap(),
+                t["rows"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tables,
+        [
+            ("app.events", true, 6),
+            ("app.enveloped", true, 6),
+            ("public.outbox", true, 6)
+        ],
+        "{status:#}"
+    );
+
+    // --table picks one table; an unknown one is a usage error naming the configured ones.
+    let one = ops(
+        &env,
+        &with_config(&[
+            "replay",
+            "--table",
+            "app.enveloped",
+            "--since",
+            "-infinity",
+            "--dry-run",
+            "--json",
+        ]),
+    )
+    .await;
+    assert_eq!(one.code, 0, "{one}");
+    let one = one.json();
+    assert_eq!(one["matched"], 6, "{one:#}");
+    assert_eq!(one["topics"][format!("{p}.env")], 6, "{one:#}");
+    let unknown = ops(
+        &env,
+        &with_config(&["replay", "--table", "app.nope", "--since", "-infinity"]),
+    )
+    .await;
+    assert_eq!(unknown.code, 2, "{unknown}");
+    assert!(
+        unknown
+            .one_line_error()
+            .contains("configured: app.events, app.enveloped, public.outbox"),
+        "{unknown}"
+    );
+
+    // Every table by default.
+    let out = ops(
+        &env,
+        &with_config(&["replay", "--since", "-infinity", "--json"]),
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out}");
+    let report = out.json();
+    assert_eq!(report["acknowledged"], 18, "{report:#}");
+    assert_eq!(report["tables"]["app.events"], 6, "{report:#}");
+    let tracked = client
+        .query_one("SHOW track_commit_timestamp", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0)
+        == "on";
+    let expected_commit_time = if tracked {
+        "commit_timestamp"
+    } else {
+        "created_at"
+    };
+    assert_eq!(report["commit_time"], expected_commit_time, "{report:#}");
+
+    let mut seen = 0;
+    let records = read_until(
+        &topics,
+        6,
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+        move |_| {
+            seen += 1;
+            seen >= 36
+        },
+    )
+    .await;
+    let (replayed, live): (Vec<&Received>, Vec<&Received>) = records
+        .iter()
+        .partition(|r| r.header(REPLAY_HEADER).is_some());
+    assert_eq!(live.len(), 18, "unmarked records besides the live ones");
+    let replayed_by_key = by_key(replayed.iter().copied());
+    assert_eq!(replayed_by_key.len(), 18, "replayed records");
+    let created_ms: HashMap<String, i64> = client
+        .query(
+            "SELECT id::text, (extract(epoch FROM created_at) * 1000000)::int8 / 1000 FROM outbox",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for key in &keys {
+        let (r, original) = (replayed_by_key[key], live_by_key[key]);
+        assert_eq!(r.header(REPLAY_HEADER), Some("true"));
+        assert_eq!(r.topic, original.topic, "topic of {key}");
+        assert_eq!(r.partition, original.partition, "partition of {key}");
+        assert_eq!(r.payload, original.payload, "payload of {key}");
+        let mut headers = r.headers.clone();
+        headers.remove(REPLAY_HEADER);
+        assert_eq!(headers, original.headers, "headers of {key}");
+        match created_ms.get(key) {
+            // public.outbox has no timestamp column: the commit time, when it is known.
+            Some(created) if !tracked => assert_eq!(r.timestamp_ms, Some(*created), "{key}"),
+            _ => assert_eq!(r.timestamp_ms, original.timestamp_ms, "timestamp of {key}"),
+        }
+    }
+    // Each partition got the replayed records in the live order: the tables were merged in
+    // created_at order, which is this test's commit order.
+    let order = |records: &[&Received]| {
+        let mut sorted = records.to_vec();
+        sorted.sort_by_key(|r| (r.topic.clone(), r.partition, r.offset));
+        sorted
+            .iter()
+            .map(|r| (r.topic.clone(), r.partition, r.key_str()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(order(&replayed), order(&live));
+    db.cleanup().await;
+}
+
+/// `check` reads the columns as pgoutput sends them: a configured column that is missing,
+/// generated, left out of the publication's column list, or of a type that can never work is
+/// a problem, each named with its setting.
+#[tokio::test]
+async fn check_names_configured_columns_pgoutput_cannot_deliver() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    db.client()
+        .await
+        .batch_execute(
+            "ALTER TABLE outbox ADD COLUMN tenant text, ADD COLUMN at jsonb,
+                 ADD COLUMN g int4 GENERATED ALWAYS AS (1) STORED;
+             ALTER PUBLICATION outbox_relay_pub SET TABLE
+                 outbox (id, aggregatetype, aggregateid, type, payload, created_at, at);",
+        )
+        .await
+        .unwrap();
+    let config = write_config(
+        &format!("{}-check-columns", db.name),
+        r#"
+[outbox]
+key_column = "k"
+timestamp_column = "at"
+header_columns = { tenant = "x-tenant", g = "x-g" }
+"#,
+    );
+    let config = config.to_string_lossy().into_owned();
+    let out = ops(
+        &db.relay_env(),
+        &["--config", config.as_str(), "check", "--json"],
+    )
+    .await;
+    assert_eq!(out.code, 1, "{out}");
+    let report = out.json();
+    let columns = item(&report, "outbox columns");
+    assert_eq!(columns["status"], "problem", "{report:#}");
+    let detail = columns["detail"].as_str().unwrap();
+    for expected in [
+        "no column `k` (key_column)",
+        "`at` (timestamp_column) is jsonb",
+        "`g` (header_columns.g) is a generated column",
+        "`tenant` (header_columns.tenant) is left out of publication `outbox_relay_pub`'s column list",
+    ] {
+        assert!(detail.contains(expected), "{expected}: {report:#}");
+    }
+    assert_eq!(
+        item(&report, "publication tables")["status"],
+        "ok",
+        "{report:#}"
+    );
+
+    // Without a column list the catalog lists the generated column as published, but pgoutput
+    // still leaves it out.
+    db.client()
+        .await
+        .batch_execute("ALTER PUBLICATION outbox_relay_pub SET TABLE outbox")
+        .await
+        .unwrap();
+    let out = ops(
+        &db.relay_env(),
+        &["--config", config.as_str(), "check", "--json"],
+    )
+    .await;
+    let report = out.json();
+    let detail = item(&report, "outbox columns")["detail"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        detail.contains("`g` (header_columns.g) is a generated column"),
+        "{report:#}"
+    );
+    assert!(!detail.contains("`tenant`"), "{report:#}");
     db.cleanup().await;
 }

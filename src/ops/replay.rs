@@ -1,13 +1,19 @@
-//! `replay`: re-publishes events still present in the outbox table, the "rewind" a logical slot
-//! cannot do.
+//! `replay`: re-publishes events still present in the outbox tables, the "rewind" a logical
+//! slot cannot do.
 //!
-//! Rows are read in `created_at, id` order from one read-only snapshot, page by page through a
-//! portal, as pgoutput would send them ([`super::rows`]), and turned into records by the same
-//! [`OutboxMapping`] as the live stream, so topic, key, partition, payload and headers come out
-//! identical. Each record also carries [`REPLAY_HEADER`]. Sends are bounded in flight, and the
-//! command only reports success once every record is acknowledged.
+//! Every configured outbox table is replayed unless `--table` names one. Rows are read from one
+//! read-only snapshot, page by page through a portal per table, in `created_at, id` order
+//! (tables merged by `created_at`), as pgoutput would send them: the published columns with
+//! their type OIDs as the Relation, each value in its type's text output, printed in the ISO
+//! DateStyle and the walsender's TimeZone ([`super::rows`]). The same [`OutboxMapping`] as the
+//! live stream turns them into records, so topic, key, partition, payload and headers come out
+//! identical; so does the timestamp when it comes from `outbox.timestamp_column`, or, without
+//! one, when `track_commit_timestamp` is on (the row's commit time, as the live stream uses).
+//! Otherwise `created_at` stands in for the unknown commit time. Each record also carries
+//! [`REPLAY_HEADER`]. Sends are bounded in flight, and the command only reports success once
+//! every record is acknowledged.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::error::Error;
 use std::fmt;
 use std::io::Write;
@@ -18,10 +24,9 @@ use bytes::{Bytes, BytesMut};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_postgres::types::{Format, IsNull, ToSql, Type};
-use tokio_postgres::{Client, IsolationLevel, Row, Transaction};
+use tokio_postgres::{Client, IsolationLevel, Portal, Row, Transaction};
 
-use super::rows::OutboxTable;
-use super::status::CREATED_AT_COLUMN;
+use super::rows::{created_at_column, match_walsender_output, OutboxTable};
 use super::{connect, format, pg_message, query_err, OpsError, Report};
 use crate::config::{Config, KafkaConfig, OutboxConfig};
 use crate::control::quote_ident;
@@ -42,6 +47,9 @@ const ACK_GRACE: Duration = Duration::from_secs(10);
 /// Failures listed in the report; the rest are counted.
 const MAX_LISTED_FAILURES: usize = 5;
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
+/// [`ReplayReport::commit_time`] values.
+const COMMIT_TIME_TRACKED: &str = "commit_timestamp";
+const COMMIT_TIME_CREATED_AT: &str = "created_at";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -57,14 +65,17 @@ pub enum ReplayError {
         "--until ({until}) is not after --since ({since}): the range selects nothing; swap them?"
     )]
     EmptyRange { since: String, until: String },
-    #[error("{flag} `{value}` is not a valid value of column `{column}` ({reason})")]
+    #[error("{flag} `{value}` is not a valid value of column `{column}` of {table} ({reason}){}", if *.several { "; name one table with --table" } else { "" })]
     BadValue {
         flag: &'static str,
         value: String,
+        table: String,
         column: String,
         reason: String,
+        /// Several tables are replayed (the value may suit another one).
+        several: bool,
     },
-    #[error("outbox table {table} has no column `{column}`: replay selects and orders rows by `created_at` and outbox.id_column")]
+    #[error("outbox table {table} has no column `{column}`: replay selects and orders rows by it (outbox.sweeper.created_at_column)")]
     MissingColumn { table: String, column: String },
     #[error("outbox table {table} does not exist: see `outbox-relay check`")]
     MissingTable { table: String },
@@ -110,7 +121,8 @@ impl Selection {
 #[derive(Debug, Clone, Default)]
 pub struct ReplayOptions {
     pub selection: Selection,
-    /// The outbox table to replay (`schema.table`); `None`: the first configured one.
+    /// The outbox table to replay (`schema.table`, or a bare name in `public`); `None`: every
+    /// configured outbox table, merged in `created_at` order.
     pub table: Option<String>,
     /// Count and map the rows, send nothing.
     pub dry_run: bool,
@@ -128,10 +140,16 @@ pub struct ReplayReport {
     pub sent: u64,
     pub acknowledged: u64,
     pub failed: u64,
+    /// Rows matched per outbox table (`schema.table`).
+    pub tables: BTreeMap<String, u64>,
     /// Events per topic (sent, or that would be sent in a dry run).
     pub topics: BTreeMap<String, u64>,
     /// The header every replayed record carries, `name: value`.
     pub header: String,
+    /// What stands in for the commit time (the record timestamp unless
+    /// `outbox.timestamp_column` gives one): `commit_timestamp` (the row's own, with
+    /// `track_commit_timestamp = on`: as live) or `created_at`.
+    pub commit_time: String,
     pub seconds: f64,
     /// The first failed deliveries: event id, topic, error.
     pub failures: Vec<String>,
@@ -174,29 +192,42 @@ impl ToSql for TextParam {
     }
 }
 
-/// The SQL of a replay: the outbox table, its quoted columns and the WHERE clause.
+/// The SQL of a replay of one table: the table, its quoted columns and the WHERE clause.
 struct RowQuery {
     table: String,
     relation: String,
     select_list: String,
     created_at: String,
     id: String,
+    /// The commit time in Unix microseconds, or NULL.
+    commit_time: &'static str,
     conditions: Vec<String>,
     params: Vec<TextParam>,
 }
 
 impl RowQuery {
-    fn new(table: &OutboxTable, selection: &Selection) -> RowQuery {
+    /// `commit_times`: `track_commit_timestamp` is on, so each row's commit time is known.
+    fn new(table: &OutboxTable, selection: &Selection, commit_times: bool) -> RowQuery {
         let outbox = &table.config;
         let mut query = RowQuery {
             table: table.display.clone(),
             relation: table.quoted.clone(),
             select_list: table.select_list(),
-            created_at: quote_ident(CREATED_AT_COLUMN),
+            created_at: quote_ident(created_at_column(outbox)),
             id: quote_ident(&outbox.id_column),
+            commit_time: if commit_times {
+                "(extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000000)::int8"
+            } else {
+                "NULL::int8"
+            },
             conditions: Vec::new(),
             params: Vec::new(),
         };
+        // pgoutput sends only the rows the publication's row filter passes: the server's own
+        // expression for this table, not operator input.
+        if let Some(filter) = &table.row_filter {
+            query.conditions.push(format!("({filter})"));
+        }
         let created_at = query.created_at.clone();
         let id = query.id.clone();
         let s = selection;
@@ -237,11 +268,13 @@ impl RowQuery {
         )
     }
 
-    /// Every column's text output, then `created_at` in epoch milliseconds.
+    /// Every published column's text output, then `created_at` and the commit time in Unix
+    /// microseconds (the live stream's unit).
     fn select_sql(&self) -> String {
         format!(
-            "SELECT {}, (extract(epoch FROM {ca}) * 1000)::int8 FROM {}{} ORDER BY {ca}, {}",
+            "SELECT {}, (extract(epoch FROM {ca}) * 1000000)::int8, {} FROM {}{} ORDER BY {ca}, {}",
             self.select_list,
+            self.commit_time,
             self.relation,
             self.where_clause(),
             self.id,
@@ -257,22 +290,37 @@ impl RowQuery {
     }
 }
 
-/// The record for one row, as the live stream builds it, plus the replay header. The original
-/// commit time is unknown: `created_at` stands in for it (it only matters without an
-/// `outbox.timestamp_column`).
-fn event_from_row(
-    bound: &BoundTable,
-    table: &OutboxTable,
-    row: &Row,
-) -> Result<OutboxEvent, MappingError> {
-    let created_ms: Option<i64> = row.get(table.relation.columns.len());
-    let commit_time_ms = created_ms.unwrap_or_else(now_ms);
-    let mut event = bound.to_event(&table.tuple(row), commit_time_ms)?;
-    event.record.headers.push((
-        Arc::from(REPLAY_HEADER),
-        Bytes::from_static(REPLAY_HEADER_VALUE.as_bytes()),
-    ));
-    Ok(event)
+/// One table of the replay: described, bound by the live mapping, and its query.
+struct TableSource {
+    table: OutboxTable,
+    bound: BoundTable,
+    query: RowQuery,
+}
+
+impl TableSource {
+    /// `created_at` of a selected row in Unix microseconds: the merge order (NULL last, as
+    /// `ORDER BY` puts it).
+    fn created_us(&self, row: &Row) -> Option<i64> {
+        row.get(self.table.relation.columns.len())
+    }
+
+    /// The record for one row, as the live stream builds it, plus the replay header. The
+    /// commit time is the row's own when tracked, else `created_at` stands in for it (it only
+    /// matters without an `outbox.timestamp_column`). Both are cut to milliseconds as live.
+    fn event(&self, row: &Row) -> Result<OutboxEvent, MappingError> {
+        let commit_us: Option<i64> = row.get(self.table.relation.columns.len() + 1);
+        let commit_time_ms = commit_us
+            .or_else(|| self.created_us(row))
+            .map_or_else(now_ms, |us| us / 1000);
+        let mut event = self
+            .bound
+            .to_event(&self.table.tuple(row), commit_time_ms)?;
+        event.record.headers.push((
+            Arc::from(REPLAY_HEADER),
+            Bytes::from_static(REPLAY_HEADER_VALUE.as_bytes()),
+        ));
+        Ok(event)
+    }
 }
 
 fn now_ms() -> i64 {
@@ -281,46 +329,61 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// The outbox table to replay: `--table`, or the first configured one.
-fn choose_table(outbox: &OutboxConfig, wanted: Option<&str>) -> Result<OutboxConfig, ReplayError> {
+/// `schema.table` of a table's config.
+fn display_name(config: &OutboxConfig) -> String {
+    let (schema, table) = config.schema_and_table();
+    format!("{schema}.{table}")
+}
+
+/// The outbox tables to replay: the one `--table` names, or every configured one.
+fn choose_tables(
+    outbox: &OutboxConfig,
+    wanted: Option<&str>,
+) -> Result<Vec<OutboxConfig>, ReplayError> {
     let tables = outbox.table_configs();
+    if tables.is_empty() {
+        return Err(ReplayError::NoTable);
+    }
     let Some(wanted) = wanted else {
-        return tables.into_iter().next().ok_or(ReplayError::NoTable);
+        return Ok(tables);
     };
     let key = OutboxConfig {
         table: wanted.to_string(),
         ..OutboxConfig::default()
     }
     .schema_and_table();
-    let names: Vec<String> = tables.iter().map(|t| t.table.clone()).collect();
+    let names: Vec<String> = tables.iter().map(display_name).collect();
     tables
         .into_iter()
         .find(|t| t.schema_and_table() == key)
+        .map(|t| vec![t])
         .ok_or_else(|| ReplayError::UnknownTable {
             table: wanted.to_string(),
             configured: names.join(", "),
         })
 }
 
-/// The table described by the catalog and bound by the live mapping.
+/// The table described by the catalog (the columns the publication sends) and bound by the
+/// live mapping.
 async fn bind_table(
     client: &Client,
     config: &Config,
+    mapping: &OutboxMapping,
     table_config: &OutboxConfig,
 ) -> Result<(OutboxTable, BoundTable), OpsError> {
-    let table = OutboxTable::describe(client, table_config)
+    let table = OutboxTable::describe(client, table_config, &config.postgres.publication)
         .await?
         .ok_or_else(|| ReplayError::MissingTable {
-            table: table_config.table.clone(),
+            table: display_name(table_config),
         })?;
-    if !table.has_column(CREATED_AT_COLUMN) {
+    let created_at = created_at_column(&config.outbox);
+    if !table.has_column(created_at) {
         return Err(ReplayError::MissingColumn {
             table: table.display.clone(),
-            column: CREATED_AT_COLUMN.to_string(),
+            column: created_at.to_string(),
         }
         .into());
     }
-    let mapping = OutboxMapping::new(&config.outbox)?;
     match mapping.bind(&table.relation) {
         Some(bound) => Ok((table, bound?)),
         // Unreachable: the table comes from the same configuration.
@@ -332,17 +395,43 @@ async fn bind_table(
     }
 }
 
+/// `track_commit_timestamp` is on: rows' commit times can be read back.
+async fn commit_times_tracked(client: &Client) -> Result<bool, OpsError> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('track_commit_timestamp') = 'on'",
+            &[],
+        )
+        .await
+        .map_err(query_err("reading track_commit_timestamp"))?;
+    Ok(row.get(0))
+}
+
 /// Runs the replay; see the module docs.
 pub async fn run(config: &Config, options: &ReplayOptions) -> Result<ReplayReport, OpsError> {
     let selection = &options.selection;
     if selection.is_empty() {
         return Err(ReplayError::NoSelection.into());
     }
-    let table_config = choose_table(&config.outbox, options.table.as_deref())?;
+    let table_configs = choose_tables(&config.outbox, options.table.as_deref())?;
+    let mapping = OutboxMapping::new(&config.outbox)?;
     let mut control = connect(config).await?;
-    let (table, bound) = bind_table(control.client(), config, &table_config).await?;
-    let query = RowQuery::new(&table, selection);
-    validate(control.client(), &query, &table_config, selection).await?;
+    let client = control.client();
+    match_walsender_output(client).await?;
+    let commit_times = commit_times_tracked(client).await?;
+    validate_times(client, selection).await?;
+    let several = table_configs.len() > 1;
+    let mut sources = Vec::with_capacity(table_configs.len());
+    for table_config in &table_configs {
+        let (table, bound) = bind_table(client, config, &mapping, table_config).await?;
+        let query = RowQuery::new(&table, selection, commit_times);
+        validate_values(client, &query, table_config, selection, several).await?;
+        sources.push(TableSource {
+            table,
+            bound,
+            query,
+        });
+    }
     let started = Instant::now();
     let tx = control
         .client_mut()
@@ -352,27 +441,26 @@ pub async fn run(config: &Config, options: &ReplayOptions) -> Result<ReplayRepor
         .start()
         .await
         .map_err(query_err("starting a read-only transaction"))?;
-    let matched: i64 = tx
-        .query_one(&query.count_sql(), &query.params())
-        .await
-        .map_err(query_err(format!(
-            "counting the selected rows of {}",
-            query.table
-        )))?
-        .get(0);
-    let mut walk = Walk::new(matched.max(0) as u64, options, started);
+    let mut tables = BTreeMap::new();
+    for source in &sources {
+        let query = &source.query;
+        let matched: i64 = tx
+            .query_one(&query.count_sql(), &query.params())
+            .await
+            .map_err(query_err(format!(
+                "counting the selected rows of {}",
+                query.table
+            )))?
+            .get(0);
+        tables.insert(query.table.clone(), matched.max(0) as u64);
+    }
+    let mut walk = Walk::new(tables, options, started);
     let mut sender = if options.dry_run {
         None
     } else {
         Some(Sender::new(&config.kafka)?)
     };
-    let source = Rows {
-        tx: &tx,
-        query: &query,
-        table: &table,
-        bound: &bound,
-    };
-    let stopped = walk.rows(&source, sender.as_mut()).await.err();
+    let stopped = walk.rows(&tx, &sources, sender.as_mut()).await.err();
     let _ = tx.rollback().await;
     if let Some(sender) = sender.as_mut() {
         sender
@@ -380,25 +468,17 @@ pub async fn run(config: &Config, options: &ReplayOptions) -> Result<ReplayRepor
             .await;
     }
     walk.progress.clear();
-    Ok(walk.report(sender, stopped))
+    let commit_time = if commit_times {
+        COMMIT_TIME_TRACKED
+    } else {
+        COMMIT_TIME_CREATED_AT
+    };
+    Ok(walk.report(sender, stopped, commit_time))
 }
 
-/// Where the selected rows come from: one snapshot, one query, one table.
-struct Rows<'a> {
-    tx: &'a Transaction<'a>,
-    query: &'a RowQuery,
-    table: &'a OutboxTable,
-    bound: &'a BoundTable,
-}
-
-/// Checks every flag value against the server before anything is read or sent: one clear
-/// error per bad value, and a time range that selects something.
-async fn validate(
-    client: &Client,
-    query: &RowQuery,
-    outbox: &OutboxConfig,
-    selection: &Selection,
-) -> Result<(), OpsError> {
+/// Checks the time flags against the server before anything is read or sent: one clear error
+/// per bad value, and a time range that selects something.
+async fn validate_times(client: &Client, selection: &Selection) -> Result<(), OpsError> {
     let since = parse_time(client, "--since", &selection.since).await?;
     let until = parse_time(client, "--until", &selection.until).await?;
     if let (Some(since), Some(until)) = (since, until) {
@@ -413,6 +493,17 @@ async fn validate(
             return Err(ReplayError::EmptyRange { since, until }.into());
         }
     }
+    Ok(())
+}
+
+/// Checks the value flags against one table's column types.
+async fn validate_values(
+    client: &Client,
+    query: &RowQuery,
+    outbox: &OutboxConfig,
+    selection: &Selection,
+    several: bool,
+) -> Result<(), OpsError> {
     let values = [
         ("--from-id", &selection.from_id, &outbox.id_column),
         ("--to-id", &selection.to_id, &outbox.id_column),
@@ -425,7 +516,7 @@ async fn validate(
     ];
     for (flag, value, column) in values {
         if let Some(value) = value {
-            check_value(client, query, flag, value, column).await?;
+            check_value(client, query, flag, value, column, several).await?;
         }
     }
     Ok(())
@@ -462,6 +553,7 @@ async fn check_value(
     flag: &'static str,
     value: &str,
     column: &str,
+    several: bool,
 ) -> Result<(), OpsError> {
     let sql = format!(
         "SELECT 1 FROM {} WHERE {} = $1 LIMIT 0",
@@ -474,8 +566,10 @@ async fn check_value(
         Err(e) if is_data_error(&e) => Err(ReplayError::BadValue {
             flag,
             value: value.to_string(),
+            table: query.table.clone(),
             column: column.to_string(),
             reason: pg_message(&e),
+            several,
         }
         .into()),
         Err(e) => Err(query_err(format!("checking {flag}"))(e)),
@@ -487,9 +581,18 @@ fn is_data_error(e: &tokio_postgres::Error) -> bool {
     super::sqlstate(e).is_some_and(|s| s.starts_with("22"))
 }
 
+/// One table's selected rows, read a page at a time.
+struct Cursor<'a> {
+    source: &'a TableSource,
+    portal: Portal,
+    page: VecDeque<Row>,
+    done: bool,
+}
+
 /// Going through the selected rows: counts, topics and progress.
 struct Walk {
     matched: u64,
+    tables: BTreeMap<String, u64>,
     dry_run: bool,
     mapped: u64,
     topics: BTreeMap<String, u64>,
@@ -498,9 +601,11 @@ struct Walk {
 }
 
 impl Walk {
-    fn new(matched: u64, options: &ReplayOptions, started: Instant) -> Walk {
+    fn new(tables: BTreeMap<String, u64>, options: &ReplayOptions, started: Instant) -> Walk {
+        let matched = tables.values().sum();
         Walk {
             matched,
+            tables,
             dry_run: options.dry_run,
             mapped: 0,
             topics: BTreeMap::new(),
@@ -509,44 +614,72 @@ impl Walk {
         }
     }
 
-    /// Pages through the rows, sending each (unless a dry run). Stops at the first failure:
-    /// its description is the error.
+    /// Pages through every table's rows, merged by `created_at` (ties: the configured table
+    /// order), sending each (unless a dry run). Stops at the first failure: its description is
+    /// the error.
     async fn rows(
         &mut self,
-        source: &Rows<'_>,
+        tx: &Transaction<'_>,
+        sources: &[TableSource],
         mut sender: Option<&mut Sender>,
     ) -> Result<(), String> {
-        let tx = source.tx;
-        let statement = tx
-            .prepare(&source.query.select_sql())
-            .await
-            .map_err(|e| format!("preparing the row query: {}", pg_message(&e)))?;
-        let portal = tx
-            .bind(&statement, &source.query.params())
-            .await
-            .map_err(|e| format!("selecting the rows: {}", pg_message(&e)))?;
-        loop {
-            let rows = tx
-                .query_portal(&portal, PAGE_ROWS)
+        let mut cursors = Vec::with_capacity(sources.len());
+        for source in sources {
+            let statement = tx
+                .prepare(&source.query.select_sql())
                 .await
-                .map_err(|e| format!("reading the rows: {}", pg_message(&e)))?;
-            if rows.is_empty() {
-                return Ok(());
+                .map_err(|e| format!("preparing the row query: {}", pg_message(&e)))?;
+            let portal = tx
+                .bind(&statement, &source.query.params())
+                .await
+                .map_err(|e| format!("selecting the rows: {}", pg_message(&e)))?;
+            cursors.push(Cursor {
+                source,
+                portal,
+                page: VecDeque::new(),
+                done: false,
+            });
+        }
+        loop {
+            for cursor in cursors.iter_mut().filter(|c| c.page.is_empty() && !c.done) {
+                let rows = tx
+                    .query_portal(&cursor.portal, PAGE_ROWS)
+                    .await
+                    .map_err(|e| format!("reading the rows: {}", pg_message(&e)))?;
+                cursor.done = rows.is_empty();
+                cursor.page.extend(rows);
             }
-            for row in &rows {
-                let event =
-                    event_from_row(source.bound, source.table, row).map_err(|e| e.to_string())?;
-                *self.topics.entry(event.record.topic.clone()).or_default() += 1;
-                self.mapped += 1;
-                match sender.as_deref_mut() {
-                    Some(sender) => sender.send(&event, &mut self.progress).await?,
-                    None => self.progress.update(self.mapped),
-                }
+            let next = cursors
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| {
+                    let row = c.page.front()?;
+                    Some((c.source.created_us(row).unwrap_or(i64::MAX), i))
+                })
+                .min();
+            let Some((_, i)) = next else {
+                return Ok(());
+            };
+            let cursor = &mut cursors[i];
+            let Some(row) = cursor.page.pop_front() else {
+                continue;
+            };
+            let event = cursor.source.event(&row).map_err(|e| e.to_string())?;
+            *self.topics.entry(event.record.topic.clone()).or_default() += 1;
+            self.mapped += 1;
+            match sender.as_deref_mut() {
+                Some(sender) => sender.send(&event, &mut self.progress).await?,
+                None => self.progress.update(self.mapped),
             }
         }
     }
 
-    fn report(self, sender: Option<Sender>, stopped: Option<String>) -> ReplayReport {
+    fn report(
+        self,
+        sender: Option<Sender>,
+        stopped: Option<String>,
+        commit_time: &str,
+    ) -> ReplayReport {
         let (sent, acknowledged, failed, failures) = match sender {
             Some(s) => (s.sent, s.acknowledged, s.failed, s.failures),
             None => (0, 0, 0, Vec::new()),
@@ -562,8 +695,10 @@ impl Walk {
             sent,
             acknowledged,
             failed,
+            tables: self.tables,
             topics: self.topics,
             header: format!("{REPLAY_HEADER}: {REPLAY_HEADER_VALUE}"),
+            commit_time: commit_time.to_string(),
             seconds: self.started.elapsed().as_secs_f64(),
             failures,
             stopped,
@@ -742,9 +877,20 @@ impl fmt::Display for ReplayReport {
             return writeln!(f, "no events match the selection: nothing to replay");
         }
         self.write_headline(f)?;
+        if self.tables.len() > 1 {
+            let tables: Vec<String> = self
+                .tables
+                .iter()
+                .map(|(table, n)| format!("{table} ({n})"))
+                .collect();
+            writeln!(f, "  from {}", tables.join(", "))?;
+        }
         let width = self.topics.keys().map(String::len).max().unwrap_or(0);
         for (topic, n) in &self.topics {
             writeln!(f, "  {topic:<width$}  {n}")?;
+        }
+        if self.commit_time == COMMIT_TIME_CREATED_AT {
+            writeln!(f, "  record timestamps: outbox.timestamp_column where set, else created_at (the original commit time is not known: track_commit_timestamp is off)")?;
         }
         for failure in &self.failures {
             writeln!(f, "  failed: {failure}")?;
@@ -818,30 +964,33 @@ mod tests {
             type_oid,
             type_modifier: -1,
         };
+        let relation = crate::pgoutput::Relation {
+            id: 0,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: vec![
+                column("id", 2950),
+                column("aggregatetype", 25),
+                column("aggregateid", 25),
+                column("type", 25),
+                column("payload", 3802),
+                column("created_at", 1184),
+            ],
+        };
         OutboxTable {
             config: OutboxConfig::default(),
             display: "public.outbox".into(),
             quoted: r#""public"."outbox""#.into(),
-            relation: crate::pgoutput::Relation {
-                id: 0,
-                namespace: "public".into(),
-                name: "outbox".into(),
-                replica_identity: b'd',
-                columns: vec![
-                    column("id", 2950),
-                    column("aggregatetype", 25),
-                    column("aggregateid", 25),
-                    column("type", 25),
-                    column("payload", 3802),
-                    column("created_at", 1184),
-                ],
-            },
+            columns: Vec::new(),
+            row_filter: None,
+            relation,
         }
     }
 
     #[test]
     fn filters_are_numbered_parameters_never_spliced() {
-        let query = RowQuery::new(&outbox_table(), &selection());
+        let query = RowQuery::new(&outbox_table(), &selection(), false);
         let sql = query.select_sql();
         assert!(
             !sql.contains("DROP TABLE") && !sql.contains("2026"),
@@ -856,6 +1005,10 @@ mod tests {
         assert!(sql.ends_with(r#"ORDER BY "created_at", "id""#), "{sql}");
         assert!(sql.contains(r#"format('%s', "payload")"#), "{sql}");
         assert!(sql.contains(r#"FROM "public"."outbox""#), "{sql}");
+        assert!(
+            sql.contains(r#"(extract(epoch FROM "created_at") * 1000000)::int8, NULL::int8 FROM"#),
+            "{sql}"
+        );
         assert_eq!(query.params().len(), 3);
         assert_eq!(
             query.count_sql(),
@@ -867,24 +1020,84 @@ mod tests {
     }
 
     #[test]
-    fn the_table_is_the_first_configured_or_the_named_one() {
-        let mut outbox = OutboxConfig::default();
-        assert_eq!(choose_table(&outbox, None).unwrap().table, "public.outbox");
-        assert_eq!(
-            choose_table(&outbox, Some("outbox")).unwrap().table,
-            "public.outbox"
-        );
-        let err = choose_table(&outbox, Some("other")).unwrap_err();
+    fn commit_times_row_filter_and_created_at_column_follow_the_setup() {
+        let mut table = outbox_table();
+        table.config.sweeper.created_at_column = "inserted_at".into();
+        table.row_filter = Some("(aggregatetype <> 'internal'::text)".into());
+        let query = RowQuery::new(&table, &selection(), true);
+        let sql = query.select_sql();
         assert!(
-            err.to_string().contains("configured: public.outbox"),
+            sql.contains(
+                "(extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000000)::int8 FROM"
+            ),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(r#"WHERE ((aggregatetype <> 'internal'::text)) AND "inserted_at" >= $1"#),
+            "{sql}"
+        );
+        assert!(sql.ends_with(r#"ORDER BY "inserted_at", "id""#), "{sql}");
+        assert_eq!(query.params().len(), 3);
+    }
+
+    #[test]
+    fn every_configured_table_unless_one_is_named() {
+        let mut outbox = OutboxConfig::default();
+        outbox.tables.push(crate::config::OutboxTableConfig {
+            table: "app.events".into(),
+            ..Default::default()
+        });
+        let names = |tables: Vec<OutboxConfig>| -> Vec<String> {
+            tables.iter().map(display_name).collect()
+        };
+        assert_eq!(
+            names(choose_tables(&outbox, None).unwrap()),
+            ["public.outbox", "app.events"]
+        );
+        assert_eq!(
+            names(choose_tables(&outbox, Some("outbox")).unwrap()),
+            ["public.outbox"]
+        );
+        assert_eq!(
+            names(choose_tables(&outbox, Some("app.events")).unwrap()),
+            ["app.events"]
+        );
+        let err = choose_tables(&outbox, Some("other")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("configured: public.outbox, app.events"),
             "{err}"
         );
         assert!(err.is_usage());
         outbox.table = String::new();
+        assert_eq!(names(choose_tables(&outbox, None).unwrap()), ["app.events"]);
+        outbox.tables.clear();
+        outbox.message_prefix = "outbox".into();
         assert!(matches!(
-            choose_table(&outbox, None),
+            choose_tables(&outbox, None),
             Err(ReplayError::NoTable)
         ));
+    }
+
+    #[test]
+    fn a_bad_value_names_the_table_and_suggests_table_when_several() {
+        let err = |several| ReplayError::BadValue {
+            flag: "--from-id",
+            value: "42".into(),
+            table: "app.events".into(),
+            column: "id".into(),
+            reason: "invalid input syntax for type uuid".into(),
+            several,
+        };
+        let one = err(false).to_string();
+        assert!(
+            one.contains("not a valid value of column `id` of app.events"),
+            "{one}"
+        );
+        assert!(!one.contains("--table"), "{one}");
+        assert!(err(true)
+            .to_string()
+            .ends_with("name one table with --table"));
     }
 
     #[test]
@@ -920,8 +1133,10 @@ mod tests {
             sent: 3,
             acknowledged: 3,
             failed: 0,
+            tables: BTreeMap::from([("app.a".to_string(), 1), ("public.outbox".to_string(), 2)]),
             topics: BTreeMap::from([("a".to_string(), 2), ("bb".to_string(), 1)]),
             header: format!("{REPLAY_HEADER}: {REPLAY_HEADER_VALUE}"),
+            commit_time: COMMIT_TIME_TRACKED.into(),
             seconds: 1.0,
             failures: Vec::new(),
             stopped: None,
@@ -929,6 +1144,13 @@ mod tests {
         let text = report.to_string();
         assert!(text.starts_with("replayed 3 events to 2 topics"), "{text}");
         assert!(text.contains("outbox-relay-replay: true"), "{text}");
+        assert!(text.contains("from app.a (1), public.outbox (2)"), "{text}");
+        assert!(!text.contains("record timestamps"), "{text}");
+        report.commit_time = COMMIT_TIME_CREATED_AT.into();
+        assert!(
+            report.to_string().contains("track_commit_timestamp is off"),
+            "{report}"
+        );
         report.ok = false;
         report.acknowledged = 2;
         report.failed = 1;

@@ -1,17 +1,16 @@
 //! `status`: where the relay stands. The slot (who holds it, how far it confirmed, how much WAL
-//! it keeps), the publication, and the outbox table. Read-only; safe while the relay runs.
+//! it keeps), the publication, and every outbox table (`outbox.table` and `[[outbox.tables]]`).
+//! Read-only; safe while the relay runs.
 
 use std::fmt;
 
 use serde::Serialize;
 
+use super::rows::created_at_column;
 use super::{connect, format, query_err, sqlstate, OpsError, Report};
-use crate::config::Config;
+use crate::config::{Config, OutboxConfig};
 use crate::control::{quote_ident, Control, SlotInfo};
 use crate::lsn::Lsn;
-
-/// The column `status` reads the oldest row's age from (and `replay` selects by).
-pub const CREATED_AT_COLUMN: &str = "created_at";
 
 #[derive(Debug, Serialize)]
 pub struct StatusReport {
@@ -21,7 +20,10 @@ pub struct StatusReport {
     pub server_wal_lsn: Lsn,
     pub slot: SlotStatus,
     pub publication: PublicationStatus,
-    pub outbox: OutboxStatus,
+    /// Every configured outbox table, in configuration order (none for a message-only outbox).
+    pub outbox: Vec<OutboxStatus>,
+    /// `outbox.message_prefix`, when `pg_logical_emit_message` events are relayed too.
+    pub message_prefix: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -65,8 +67,11 @@ pub struct PublicationStatus {
 
 #[derive(Debug, Serialize)]
 pub struct OutboxStatus {
+    /// `schema.table`.
     pub table: String,
     pub exists: bool,
+    /// The publication includes the table (else its inserts are not streamed).
+    pub published: bool,
     pub rows: Option<i64>,
     pub oldest_created_at: Option<String>,
     pub oldest_age_seconds: Option<f64>,
@@ -91,7 +96,10 @@ pub async fn run(config: &Config) -> Result<StatusReport, OpsError> {
     };
     let slot = slot_status(&config.postgres.slot, info, holder, server_wal_lsn);
     let publication = publication(&control, &config.postgres.publication).await?;
-    let outbox = outbox(&control, config).await;
+    let mut outbox = Vec::new();
+    for table in config.outbox.table_configs() {
+        outbox.push(outbox_table(&control, config, &table, &publication).await);
+    }
     let ok = slot.exists && slot.wal_status.as_deref() != Some("lost");
     Ok(StatusReport {
         ok,
@@ -99,6 +107,10 @@ pub async fn run(config: &Config) -> Result<StatusReport, OpsError> {
         slot,
         publication,
         outbox,
+        message_prefix: config
+            .outbox
+            .messages_enabled()
+            .then(|| config.outbox.message_prefix.clone()),
     })
 }
 
@@ -214,11 +226,19 @@ async fn publication(control: &Control, name: &str) -> Result<PublicationStatus,
     })
 }
 
-/// Row count and oldest row; a missing table or column is reported, not an error.
-async fn outbox(control: &Control, config: &Config) -> OutboxStatus {
-    let (schema, table) = config.outbox.schema_and_table();
+/// One outbox table's row count and oldest row; a missing table or column is reported, not an
+/// error.
+async fn outbox_table(
+    control: &Control,
+    config: &Config,
+    table_config: &OutboxConfig,
+    publication: &PublicationStatus,
+) -> OutboxStatus {
+    let (schema, table) = table_config.schema_and_table();
+    let display = format!("{schema}.{table}");
     let mut status = OutboxStatus {
-        table: format!("{schema}.{table}"),
+        published: publication.tables.contains(&display),
+        table: display,
         exists: true,
         rows: None,
         oldest_created_at: None,
@@ -226,7 +246,7 @@ async fn outbox(control: &Control, config: &Config) -> OutboxStatus {
         error: None,
     };
     let relation = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
-    let created_at = quote_ident(CREATED_AT_COLUMN);
+    let created_at = quote_ident(created_at_column(&config.outbox));
     let with_age = format!(
         "SELECT count(*), min({created_at})::text,
                 extract(epoch FROM now() - min({created_at}))::float8
@@ -258,7 +278,16 @@ impl fmt::Display for StatusReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write_slot(f, &self.slot, self.server_wal_lsn)?;
         write_publication(f, &self.publication)?;
-        write_outbox(f, &self.outbox)
+        for outbox in &self.outbox {
+            write_outbox(f, outbox, &self.publication)?;
+        }
+        if let Some(prefix) = &self.message_prefix {
+            writeln!(
+                f,
+                "messages: pg_logical_emit_message(true, '{prefix}', …) events are relayed too"
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -355,19 +384,31 @@ fn write_publication(f: &mut fmt::Formatter<'_>, p: &PublicationStatus) -> fmt::
     )
 }
 
-fn write_outbox(f: &mut fmt::Formatter<'_>, o: &OutboxStatus) -> fmt::Result {
+fn write_outbox(
+    f: &mut fmt::Formatter<'_>,
+    o: &OutboxStatus,
+    publication: &PublicationStatus,
+) -> fmt::Result {
+    let unpublished = if o.published || !publication.exists {
+        String::new()
+    } else {
+        format!(
+            "; NOT in publication `{}`, so its inserts are not streamed (see `outbox-relay check`)",
+            publication.name
+        )
+    };
     if let Some(error) = &o.error {
-        return writeln!(f, "outbox {}: cannot read: {error}", o.table);
+        return writeln!(f, "outbox {}: cannot read: {error}{unpublished}", o.table);
     }
     let rows = o.rows.unwrap_or(0);
     match (&o.oldest_created_at, o.oldest_age_seconds) {
         (Some(oldest), Some(age)) => writeln!(
             f,
-            "outbox {}: {rows} rows, oldest {oldest} ({} ago)",
+            "outbox {}: {rows} rows, oldest {oldest} ({} ago){unpublished}",
             o.table,
             format::duration(age)
         ),
-        _ => writeln!(f, "outbox {}: {rows} rows", o.table),
+        _ => writeln!(f, "outbox {}: {rows} rows{unpublished}", o.table),
     }
 }
 
@@ -417,14 +458,27 @@ mod tests {
                 publishes: vec!["insert".into()],
                 tables: vec!["public.outbox".into()],
             },
-            outbox: OutboxStatus {
-                table: "public.outbox".into(),
-                exists: true,
-                rows: Some(12),
-                oldest_created_at: Some("2026-01-01 00:00:00+00".into()),
-                oldest_age_seconds: Some(185.0),
-                error: None,
-            },
+            outbox: vec![
+                OutboxStatus {
+                    table: "public.outbox".into(),
+                    exists: true,
+                    published: true,
+                    rows: Some(12),
+                    oldest_created_at: Some("2026-01-01 00:00:00+00".into()),
+                    oldest_age_seconds: Some(185.0),
+                    error: None,
+                },
+                OutboxStatus {
+                    table: "app.events".into(),
+                    exists: true,
+                    published: false,
+                    rows: Some(0),
+                    oldest_created_at: None,
+                    oldest_age_seconds: None,
+                    error: None,
+                },
+            ],
+            message_prefix: Some("outbox".into()),
         };
         let text = report.to_string();
         assert!(
@@ -446,7 +500,17 @@ mod tests {
             text.contains("12 rows, oldest 2026-01-01 00:00:00+00 (3 min 5 s ago)"),
             "{text}"
         );
+        assert!(
+            text.contains("outbox app.events: 0 rows; NOT in publication `p`"),
+            "{text}"
+        );
+        assert!(
+            text.contains("pg_logical_emit_message(true, 'outbox', …)"),
+            "{text}"
+        );
         let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["outbox"][1]["table"], "app.events");
+        assert_eq!(json["outbox"][1]["published"], false);
         assert_eq!(json["slot"]["lag_bytes"], 18_624);
         assert_eq!(json["slot"]["confirmed_flush_lsn"], "0/2000");
     }

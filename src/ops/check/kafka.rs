@@ -15,8 +15,7 @@ use super::{ok, problem, warning, Item};
 use crate::config::{Config, KafkaConfig};
 use crate::control::{quote_ident, Control};
 use crate::ops::format;
-use crate::ops::rows::OutboxTable;
-use crate::ops::status::CREATED_AT_COLUMN;
+use crate::ops::rows::{created_at_column, match_walsender_output, OutboxTable};
 use crate::outbox::OutboxMapping;
 use crate::publisher::client_config;
 
@@ -84,19 +83,27 @@ async fn sample_topics(
     let Ok(mapping) = OutboxMapping::new(&config.outbox) else {
         return topics;
     };
+    // Values printed as the walsender prints them (a failure shows in the queries below).
+    let _ = match_walsender_output(control.client()).await;
+    let created_at = created_at_column(&config.outbox);
     for table in tables {
         // A table the mapping cannot bind was reported with the columns already.
         let Some(Ok(bound)) = mapping.bind(&table.relation) else {
             continue;
         };
         // The newest rows, when there is a created_at to tell: the ones the relay meets next.
-        let order = if table.has_column(CREATED_AT_COLUMN) {
-            format!(" ORDER BY {} DESC", quote_ident(CREATED_AT_COLUMN))
+        let order = if table.has_column(created_at) {
+            format!(" ORDER BY {} DESC", quote_ident(created_at))
         } else {
             String::new()
         };
+        // Only the rows the publication sends (its row filter is the server's own SQL).
+        let filter = table
+            .row_filter
+            .as_ref()
+            .map_or(String::new(), |f| format!(" WHERE ({f})"));
         let sql = format!(
-            "SELECT {} FROM {}{order} LIMIT {TOPIC_SAMPLE_ROWS}",
+            "SELECT {} FROM {}{filter}{order} LIMIT {TOPIC_SAMPLE_ROWS}",
             table.select_list(),
             table.quoted
         );

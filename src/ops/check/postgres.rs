@@ -3,11 +3,10 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::{ok, problem, warning, Item};
-use crate::config::{Config, OutboxConfig};
+use crate::config::{Config, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY};
 use crate::control::{quote_ident, Control, SlotInfo};
 use crate::ops::format::{self, quote_literal};
-use crate::ops::rows::OutboxTable;
-use crate::ops::status::CREATED_AT_COLUMN;
+use crate::ops::rows::{created_at_column, OutboxTable, TableColumn};
 use crate::ops::{pg_message, query_err, OpsError};
 use crate::outbox::OutboxMapping;
 
@@ -35,6 +34,8 @@ impl Server {
                     "max_wal_senders",
                     "max_slot_wal_keep_size",
                     "server_version",
+                    "DateStyle",
+                    "TimeZone",
                 ]],
             )
             .await
@@ -101,6 +102,7 @@ pub(super) async fn postgres(
         ),
     ));
     items.push(wal_level(&server));
+    items.push(date_style(&server, config));
     let slot = control.slot(&config.postgres.slot).await;
     let slot = match slot {
         Ok(slot) => slot,
@@ -133,6 +135,41 @@ fn wal_level(server: &Server) -> Item {
         format!("wal_level = {level}: logical decoding is off, so no logical slot can be created or streamed"),
         "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL (on a managed service: set the parameter `wal_level` or `rds.logical_replication = 1` in its parameter group)",
     )
+}
+
+/// pgoutput prints timestamps in the walsender's DateStyle, which neither the relay nor this
+/// connection sets: both get the server's (or the database's, or the role's) default. The
+/// relay reads `timestamp_column` values in the ISO style only.
+fn date_style(server: &Server, config: &Config) -> Item {
+    let style = server.setting("DateStyle");
+    let zone = server.setting("TimeZone");
+    let detail = format!("DateStyle = {style}, TimeZone = {zone}");
+    if style.trim_start().to_ascii_uppercase().starts_with("ISO") {
+        return ok(
+            "DateStyle",
+            format!("{detail}: timestamps arrive in ISO form"),
+        );
+    }
+    let order = style.split_once(',').map_or("MDY", |(_, o)| o.trim());
+    let fix = format!(
+        "ALTER DATABASE {} SET DateStyle = 'ISO, {order}'; then restart the relay",
+        quote_ident(&server.database)
+    );
+    let detail = format!("{detail}: pgoutput sends date and time values in this style, not ISO");
+    let timestamps = config
+        .outbox
+        .table_configs()
+        .iter()
+        .any(|t| !t.timestamp_column.is_empty());
+    if timestamps {
+        problem(
+            "DateStyle",
+            format!("{detail}, and the relay reads timestamp_column values only in the ISO style"),
+            fix,
+        )
+    } else {
+        warning("DateStyle", detail, fix)
+    }
 }
 
 fn slot_capacity(server: &Server, slot_exists: bool) -> Item {
@@ -200,8 +237,7 @@ struct Table {
 }
 
 impl Table {
-    fn from_config(config: &OutboxConfig) -> Table {
-        let (schema, name) = config.schema_and_table();
+    fn new((schema, name): (String, String)) -> Table {
         Table {
             display: format!("{schema}.{name}"),
             quoted: format!("{}.{}", quote_ident(&schema), quote_ident(&name)),
@@ -209,12 +245,10 @@ impl Table {
             name,
         }
     }
-}
 
-/// A column of the outbox table as the catalog describes it.
-struct ColumnInfo {
-    type_name: String,
-    not_null: bool,
+    fn from_config(config: &OutboxConfig) -> Table {
+        Table::new(config.schema_and_table())
+    }
 }
 
 /// The items of every configured outbox table; returns the tables that exist, for the topic
@@ -266,7 +300,7 @@ async fn outbox_table(
             let item = problem(
                 "outbox table",
                 format!("table {} does not exist", table.display),
-                "create it (migrations/001_outbox.sql), or set outbox.table to the table's `schema.table`",
+                "create it (migrations/001_outbox.sql), or set outbox.table (or the [[outbox.tables]] entry's table) to the table's `schema.table`",
             );
             return (vec![item], None);
         }
@@ -280,14 +314,13 @@ async fn outbox_table(
         }
     };
     let mut items = vec![table_access(&table, &kind, readable, server)];
-    let described = OutboxTable::describe(control.client(), table_config).await;
-    let columns = columns(control, &table).await;
-    match (described, columns) {
-        (Ok(Some(outbox)), Ok(columns)) => {
-            items.push(outbox_columns(config, &outbox, &table, &columns));
+    let publication = &config.postgres.publication;
+    match OutboxTable::describe(control.client(), table_config, publication).await {
+        Ok(Some(outbox)) => {
+            items.push(outbox_columns(config, &outbox, &table));
             (items, Some(outbox))
         }
-        (Err(e), _) | (_, Err(e)) => {
+        Err(e) => {
             items.push(problem(
                 "outbox columns",
                 format!("cannot read the columns of {}: {e}", table.display),
@@ -295,7 +328,7 @@ async fn outbox_table(
             ));
             (items, None)
         }
-        (Ok(None), _) => (items, None),
+        Ok(None) => (items, None),
     }
 }
 
@@ -330,42 +363,144 @@ fn table_access(table: &Table, kind: &str, readable: bool, server: &Server) -> I
     )
 }
 
-async fn columns(
-    control: &Control,
-    table: &Table,
-) -> Result<HashMap<String, ColumnInfo>, OpsError> {
-    let rows = control
-        .client()
-        .query(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull
-             FROM pg_attribute a
-             JOIN pg_class c ON c.oid = a.attrelid
-             JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
-            &[&table.schema, &table.name],
-        )
-        .await
-        .map_err(query_err("reading the outbox columns"))?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let info = ColumnInfo {
-                type_name: r.get(1),
-                not_null: r.get(2),
-            };
-            (r.get(0), info)
-        })
-        .collect())
+/// Type OIDs the column checks tell apart: the ones whose text the live mapping interprets
+/// (`outbox.rs` reads a value by its column's own type OID), and text.
+mod oid {
+    pub const BYTEA: u32 = 17;
+    pub const INT8: u32 = 20;
+    pub const INT2: u32 = 21;
+    pub const INT4: u32 = 23;
+    pub const TEXT: u32 = 25;
+    pub const JSON: u32 = 114;
+    pub const BPCHAR: u32 = 1042;
+    pub const VARCHAR: u32 = 1043;
+    pub const TIMESTAMP: u32 = 1114;
+    pub const TIMESTAMPTZ: u32 = 1184;
+    pub const JSONB: u32 = 3802;
 }
 
-/// The live mapping binds the table (every configured column exists, with a usable type), and
-/// the routing columns cannot trip it up.
-fn outbox_columns(
-    config: &Config,
-    outbox: &OutboxTable,
-    table: &Table,
-    columns: &HashMap<String, ColumnInfo>,
-) -> Item {
+/// Every column a table's mapping reads: `(setting, column)`, optional ones when set.
+fn configured_columns(o: &OutboxConfig) -> Vec<(String, &str)> {
+    let mut columns: Vec<(String, &str)> = [
+        ("id_column", &o.id_column),
+        ("aggregate_type_column", &o.aggregate_type_column),
+        ("aggregate_id_column", &o.aggregate_id_column),
+        ("type_column", &o.type_column),
+        ("payload_column", &o.payload_column),
+        ("key_column", &o.key_column),
+        ("timestamp_column", &o.timestamp_column),
+        ("headers_column", &o.headers_column),
+        ("tracing_column", &o.tracing_column),
+        ("topic_column", &o.topic_column),
+    ]
+    .into_iter()
+    .filter(|(_, column)| !column.is_empty())
+    .map(|(setting, column)| (setting.to_string(), column.as_str()))
+    .collect();
+    if ![PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY].contains(&o.partition_by.as_str()) {
+        columns.push(("partition_by".into(), o.partition_by.as_str()));
+    }
+    for column in o.header_columns.keys() {
+        columns.push((format!("header_columns.{column}"), column.as_str()));
+    }
+    columns
+}
+
+/// What a column's type means for the setting that maps it.
+enum Fit {
+    Usable,
+    /// Works for the right values only: why.
+    Depends(String),
+    /// Can never work: why, and a type that would.
+    Unusable(String, &'static str),
+}
+
+fn type_fit(setting: &str, column: &TableColumn) -> Fit {
+    let c = &column.name;
+    let t = &column.type_name;
+    let text_like = |oid: u32| matches!(oid, oid::TEXT | oid::VARCHAR | oid::BPCHAR);
+    match setting {
+        // Read by the column's own type: a domain over bigint is text to the relay.
+        "timestamp_column" => match (column.type_oid, column.base_type_oid) {
+            (oid::TIMESTAMPTZ | oid::TIMESTAMP | oid::INT2 | oid::INT4 | oid::INT8, _) => {
+                Fit::Usable
+            }
+            // A domain over a timestamp prints as one.
+            (_, oid::TIMESTAMPTZ | oid::TIMESTAMP) => Fit::Usable,
+            (_, base) if text_like(base) => Fit::Depends(format!(
+                "`{c}` is {t}: its values must be ISO timestamps, or the event is a mapping error"
+            )),
+            _ => Fit::Unusable(format!("`{c}` (timestamp_column) is {t}: the record timestamp is read from timestamptz, timestamp (as UTC), an integer of milliseconds or ISO text, so every non-null value would be a mapping error"), "timestamptz"),
+        },
+        "headers_column" => match column.base_type_oid {
+            oid::JSON | oid::JSONB => Fit::Usable,
+            oid::BYTEA | oid::TEXT | oid::VARCHAR | oid::BPCHAR => Fit::Depends(format!(
+                "`{c}` is {t}: its values must be JSON objects, or the event is a mapping error"
+            )),
+            _ => Fit::Unusable(format!("`{c}` (headers_column) is {t}, which never holds a JSON object of headers: every non-null value would be a mapping error"), "jsonb"),
+        },
+        _ => Fit::Usable,
+    }
+}
+
+/// Every configured column exists, pgoutput sends it, and its type can work for its setting;
+/// then the live mapping binds the table, and the routing columns cannot trip it up.
+fn outbox_columns(config: &Config, outbox: &OutboxTable, table: &Table) -> Item {
+    let o = &outbox.config;
+    let publication = quote_ident(&config.postgres.publication);
+    let mut problems = Vec::new();
+    let mut fixes = Vec::new();
+    let mut warnings = Vec::new();
+    let mut listed = Vec::new();
+    for (setting, name) in configured_columns(o) {
+        let Some(column) = outbox.column(name) else {
+            problems.push(format!("no column `{name}` ({setting})"));
+            fixes.push(format!(
+                "add column `{name}` to {}, or set {setting} to one of its columns",
+                table.display
+            ));
+            continue;
+        };
+        if !column.published {
+            if column.generated {
+                problems.push(format!(
+                    "`{name}` ({setting}) is a generated column, which pgoutput does not send"
+                ));
+                fixes.push(format!(
+                    "map {setting} to a plain column of {}",
+                    table.display
+                ));
+            } else {
+                problems.push(format!("`{name}` ({setting}) is left out of publication `{}`'s column list, so pgoutput does not send it", config.postgres.publication));
+                fixes.push(format!(
+                    "BEGIN; ALTER PUBLICATION {publication} DROP TABLE {t}; ALTER PUBLICATION {publication} ADD TABLE {t}; COMMIT; (publishes every column)",
+                    t = table.quoted
+                ));
+            }
+            continue;
+        }
+        match type_fit(&setting, column) {
+            Fit::Usable => {}
+            Fit::Depends(why) => warnings.push(why),
+            Fit::Unusable(why, wanted) => {
+                problems.push(why);
+                fixes.push(format!(
+                    "map {setting} to a {wanted} column, or convert `{name}`: ALTER TABLE {} ALTER COLUMN {} TYPE {wanted} USING …;",
+                    table.quoted,
+                    quote_ident(name)
+                ));
+            }
+        }
+        listed.push(format!("{name} {}", column.type_name));
+    }
+    if !problems.is_empty() {
+        fixes.dedup();
+        return problem(
+            "outbox columns",
+            format!("{}: {}", table.display, problems.join("; ")),
+            fixes.join("\n"),
+        );
+    }
     let bound = OutboxMapping::new(&config.outbox).map(|m| m.bind(&outbox.relation));
     match bound {
         Ok(Some(Ok(_))) => {}
@@ -388,41 +523,43 @@ fn outbox_columns(
             )
         }
     }
-    let (warnings, fixes) = column_warnings(&outbox.config, table, columns);
+    let (more, mut fixes) = column_warnings(config, outbox, table);
+    warnings.extend(more);
+    if let Some(filter) = &outbox.row_filter {
+        warnings.push(format!(
+            "publication `{}` sends only the rows where {filter}: the others are never relayed",
+            config.postgres.publication
+        ));
+        fixes.push(format!(
+            "if that is not intended: BEGIN; ALTER PUBLICATION {publication} DROP TABLE {t}; ALTER PUBLICATION {publication} ADD TABLE {t}; COMMIT;",
+            t = table.quoted
+        ));
+    }
     if warnings.is_empty() {
-        let o = &outbox.config;
-        let listed: Vec<String> = [
-            &o.id_column,
-            &o.aggregate_type_column,
-            &o.aggregate_id_column,
-            &o.type_column,
-            &o.payload_column,
-        ]
-        .iter()
-        .filter_map(|c| {
-            columns
-                .get(c.as_str())
-                .map(|i| format!("{c} {}", i.type_name))
-        })
-        .collect();
         return ok(
             "outbox columns",
             format!("{}: {}", table.display, listed.join(", ")),
         );
     }
+    let fix = if fixes.is_empty() {
+        "make sure the application writes such values, or change the column type".to_string()
+    } else {
+        fixes.join("\n")
+    };
     warning(
         "outbox columns",
         format!("{}: {}", table.display, warnings.join("; ")),
-        fixes.join("\n"),
+        fix,
     )
 }
 
 /// Nullable or space-padded routing columns, and a `created_at` that `replay` cannot use.
 fn column_warnings(
-    o: &OutboxConfig,
+    config: &Config,
+    outbox: &OutboxTable,
     table: &Table,
-    columns: &HashMap<String, ColumnInfo>,
 ) -> (Vec<String>, Vec<String>) {
+    let o = &outbox.config;
     let mut warnings = Vec::new();
     let mut fixes = Vec::new();
     let routing = [
@@ -432,12 +569,12 @@ fn column_warnings(
         &o.type_column,
     ];
     for column in routing {
-        let Some(info) = columns.get(column.as_str()) else {
+        let Some(info) = outbox.column(column) else {
             continue;
         };
         if !info.not_null {
             warnings.push(format!(
-                "`{column}` allows NULL, and a NULL there stops the relay"
+                "`{column}` allows NULL, and a NULL there makes the event unpublishable (dead_letter.policy)"
             ));
             fixes.push(format!(
                 "ALTER TABLE {} ALTER COLUMN {} SET NOT NULL;",
@@ -445,7 +582,7 @@ fn column_warnings(
                 quote_ident(column)
             ));
         }
-        if info.type_name.starts_with("character(") || info.type_name == "bpchar" {
+        if info.type_oid == oid::BPCHAR {
             warnings.push(format!(
                 "`{column}` is {}: its values arrive space-padded",
                 info.type_name
@@ -457,20 +594,21 @@ fn column_warnings(
             ));
         }
     }
-    match columns.get(CREATED_AT_COLUMN) {
+    let created_at = created_at_column(&config.outbox);
+    match outbox.column(created_at) {
         Some(c) if c.type_name.starts_with("timestamp") => {}
         Some(c) => warnings.push(format!(
-            "`{CREATED_AT_COLUMN}` is {}, not a timestamp: `replay --since/--until` cannot use it",
+            "`{created_at}` is {}, not a timestamp: `replay --since/--until` cannot use it",
             c.type_name
         )),
         None => {
             warnings.push(format!(
-                "no `{CREATED_AT_COLUMN}` column: `replay` selects and orders rows by it"
+                "no `{created_at}` column (outbox.sweeper.created_at_column): `replay` selects and orders rows by it"
             ));
             fixes.push(format!(
                 "ALTER TABLE {} ADD COLUMN {} timestamptz NOT NULL DEFAULT now();",
                 table.quoted,
-                quote_ident(CREATED_AT_COLUMN)
+                quote_ident(created_at)
             ));
         }
     }
@@ -482,14 +620,19 @@ async fn publication(control: &Control, config: &Config) -> Vec<Item> {
     let name = &config.postgres.publication;
     let wanted: Vec<Table> = config
         .outbox
-        .table_configs()
-        .iter()
-        .map(Table::from_config)
+        .publication_tables()
+        .into_iter()
+        .map(Table::new)
         .collect();
+    // A message-only outbox needs a publication, but no table in it.
+    let target = if wanted.is_empty() {
+        String::new()
+    } else {
+        format!(" FOR TABLE {}", quoted_list(&wanted))
+    };
     let create = format!(
-        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');",
-        quote_ident(name),
-        quoted_list(&wanted)
+        "CREATE PUBLICATION {}{target} WITH (publish = 'insert');",
+        quote_ident(name)
     );
     let flags = control
         .client()
@@ -592,16 +735,29 @@ fn publication_tables(
             format!("DROP PUBLICATION {quoted}; {create}"),
         );
     }
-    let others: Vec<&str> = published
+    let others: Vec<&String> = published
         .iter()
-        .map(String::as_str)
-        .filter(|p| !wanted.iter().any(|t| t.display == *p))
+        .filter(|p| !wanted.iter().any(|t| &t.display == *p))
         .collect();
-    if !others.is_empty() && !wanted.is_empty() {
+    if !others.is_empty() {
+        let names: Vec<&str> = others.iter().map(|t| t.as_str()).collect();
+        let fix = match wanted {
+            [] => format!("DROP PUBLICATION {quoted}; {create}"),
+            _ => format!(
+                "ALTER PUBLICATION {quoted} SET TABLE {};",
+                quoted_list(wanted)
+            ),
+        };
         return warning(
             "publication tables",
-            format!("publication `{name}` also includes {}: their changes are decoded and sent, then ignored by the relay", others.join(", ")),
-            format!("ALTER PUBLICATION {quoted} SET TABLE {};", quoted_list(wanted)),
+            format!("publication `{name}` also includes {}: their changes are decoded and sent, then ignored by the relay", names.join(", ")),
+            fix,
+        );
+    }
+    if wanted.is_empty() {
+        return ok(
+            "publication tables",
+            format!("publication `{name}` has no tables, as a message-only outbox needs"),
         );
     }
     let names: Vec<&str> = wanted.iter().map(|t| t.display.as_str()).collect();
@@ -801,6 +957,199 @@ mod tests {
         assert_eq!(
             publication_operations("p", [true, false, false, false]).status,
             Status::Ok
+        );
+    }
+
+    /// A column: name, own type OID, base type OID, type name, published, generated.
+    fn col(
+        name: &str,
+        type_oid: u32,
+        base_type_oid: u32,
+        type_name: &str,
+        published: bool,
+        generated: bool,
+    ) -> TableColumn {
+        TableColumn {
+            name: name.into(),
+            type_oid,
+            type_modifier: -1,
+            type_name: type_name.into(),
+            base_type_oid,
+            not_null: true,
+            generated,
+            published,
+        }
+    }
+
+    fn described(config: &OutboxConfig, columns: Vec<TableColumn>) -> OutboxTable {
+        let (schema, name) = config.schema_and_table();
+        OutboxTable {
+            config: config.clone(),
+            display: format!("{schema}.{name}"),
+            quoted: format!("{}.{}", quote_ident(&schema), quote_ident(&name)),
+            row_filter: None,
+            relation: crate::pgoutput::Relation {
+                id: 0,
+                namespace: schema,
+                name,
+                replica_identity: b'd',
+                columns: columns
+                    .iter()
+                    .filter(|c| c.published)
+                    .map(|c| crate::pgoutput::Column {
+                        flags: 0,
+                        name: c.name.clone(),
+                        type_oid: c.type_oid,
+                        type_modifier: c.type_modifier,
+                    })
+                    .collect(),
+            },
+            columns,
+        }
+    }
+
+    fn base_columns() -> Vec<TableColumn> {
+        vec![
+            col("id", 2950, 2950, "uuid", true, false),
+            col("aggregatetype", 25, 25, "text", true, false),
+            col("aggregateid", 25, 25, "text", true, false),
+            col("type", 25, 25, "text", true, false),
+            col("payload", oid::BYTEA, oid::BYTEA, "bytea", true, false),
+            col(
+                "created_at",
+                1184,
+                1184,
+                "timestamp with time zone",
+                true,
+                false,
+            ),
+        ]
+    }
+
+    fn config_with(outbox: OutboxConfig) -> Config {
+        Config {
+            outbox,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn optional_columns_must_exist_be_published_and_fit() {
+        let outbox = OutboxConfig {
+            timestamp_column: "at".into(),
+            headers_column: "hdrs".into(),
+            key_column: "k".into(),
+            tracing_column: "span".into(),
+            partition_by: "shard".into(),
+            header_columns: [("total".to_string(), "x-total".to_string())].into(),
+            ..OutboxConfig::default()
+        };
+        let config = config_with(outbox.clone());
+        let table = Table::from_config(&outbox);
+
+        let mut columns = base_columns();
+        columns.extend([
+            col("at", oid::JSONB, oid::JSONB, "jsonb", true, false),
+            col("hdrs", 23, 23, "integer", true, false),
+            col("k", 25, 25, "text", false, false),
+            col("total", 1700, 1700, "numeric", false, true),
+            col("shard", 25, 25, "text", true, false),
+        ]);
+        let item = outbox_columns(&config, &described(&outbox, columns), &table);
+        assert_eq!(item.status, Status::Problem, "{item:?}");
+        for expected in [
+            "`at` (timestamp_column) is jsonb",
+            "`hdrs` (headers_column) is integer",
+            "`k` (key_column) is left out of publication `outbox_relay_pub`'s column list",
+            "`total` (header_columns.total) is a generated column",
+            "no column `span` (tracing_column)",
+        ] {
+            assert!(item.detail.contains(expected), "{expected}: {item:?}");
+        }
+        let fix = item.fix.unwrap();
+        assert!(
+            fix.contains(r#"ALTER PUBLICATION "outbox_relay_pub" ADD TABLE "public"."outbox""#),
+            "{fix}"
+        );
+
+        // Usable types; text that must hold the right values is a warning.
+        let mut columns = base_columns();
+        columns.extend([
+            col("at", 20, 20, "bigint", true, false),
+            col("hdrs", 25, 25, "text", true, false),
+            col("k", 25, 25, "text", true, false),
+            col("span", 25, 25, "text", true, false),
+            col("total", 1700, 1700, "numeric", true, false),
+            col("shard", 25, 25, "text", true, false),
+        ]);
+        let item = outbox_columns(&config, &described(&outbox, columns.clone()), &table);
+        assert_eq!(item.status, Status::Warning, "{item:?}");
+        assert!(
+            item.detail
+                .contains("`hdrs` is text: its values must be JSON objects"),
+            "{item:?}"
+        );
+        columns[7] = col("hdrs", oid::JSONB, oid::JSONB, "jsonb", true, false);
+        let item = outbox_columns(&config, &described(&outbox, columns.clone()), &table);
+        assert_eq!(item.status, Status::Ok, "{item:?}");
+        assert!(
+            item.detail
+                .contains("payload bytea, k text, at bigint, hdrs jsonb, span text"),
+            "{item:?}"
+        );
+        // A domain over bigint is text to the relay: not a timestamp.
+        columns[6] = col("at", 90_000, 20, "epoch_ms", true, false);
+        let item = outbox_columns(&config, &described(&outbox, columns), &table);
+        assert_eq!(item.status, Status::Problem, "{item:?}");
+    }
+
+    #[test]
+    fn date_style_must_be_iso_for_timestamp_columns() {
+        let mut s = server(true, true);
+        s.settings.insert("DateStyle".into(), "ISO, MDY".into());
+        s.settings.insert("TimeZone".into(), "Europe/Berlin".into());
+        let mut outbox = OutboxConfig::default();
+        assert_eq!(
+            date_style(&s, &config_with(outbox.clone())).status,
+            Status::Ok
+        );
+        s.settings.insert("DateStyle".into(), "SQL, DMY".into());
+        assert_eq!(
+            date_style(&s, &config_with(outbox.clone())).status,
+            Status::Warning
+        );
+        outbox.tables.push(crate::config::OutboxTableConfig {
+            table: "app.events".into(),
+            timestamp_column: Some("at".into()),
+            ..Default::default()
+        });
+        let item = date_style(&s, &config_with(outbox));
+        assert_eq!(item.status, Status::Problem);
+        assert_eq!(
+            item.fix.as_deref(),
+            Some(r#"ALTER DATABASE "db" SET DateStyle = 'ISO, DMY'; then restart the relay"#)
+        );
+    }
+
+    #[test]
+    fn a_message_only_outbox_wants_a_publication_without_tables() {
+        let none = BTreeSet::new();
+        assert_eq!(
+            publication_tables("p", &[], &none, false, "").status,
+            Status::Ok
+        );
+        let extra = BTreeSet::from(["public.orders".to_string()]);
+        let item = publication_tables(
+            "p",
+            &[],
+            &extra,
+            false,
+            r#"CREATE PUBLICATION "p" WITH (publish = 'insert');"#,
+        );
+        assert_eq!(item.status, Status::Warning);
+        assert_eq!(
+            item.fix.as_deref(),
+            Some(r#"DROP PUBLICATION "p"; CREATE PUBLICATION "p" WITH (publish = 'insert');"#)
         );
     }
 }
