@@ -1,0 +1,478 @@
+#!/usr/bin/env bash
+# scripts/bench.sh: throughput, latency and footprint of outbox-relay, measured
+# against PostgreSQL's own walsender limit in the same run.
+#
+# Usage: scripts/bench.sh [N] [OPTIONS]
+#
+#   N, --events N      events per drain round (default 1000000)
+#   --quick            5 s per latency rate, 10 s idle, and N=200000 unless
+#                      N is given (a shorter run)
+#   --txn-sizes LIST   drain rounds, rows per transaction (default "1 10 100")
+#   --rates LIST       latency rates, events/s (default "1000 5000 20000")
+#   --rate-seconds S   seconds per latency rate (default 15)
+#   --idle-seconds S   idle CPU window (default 30)
+#   --partitions P     partitions of each benchmark topic (default 3)
+#   --writers W        latency writer connections (default 4)
+#   --no-drain, --no-latency
+#                      skip a phase
+#   --relay-env K=V    extra OUTBOX_RELAY__K=V for every relay run (repeatable),
+#                      e.g. --relay-env KAFKA__LINGER_MS=10
+#   --perf             in each drain round, profile the relay (perf record with
+#                      DWARF call graphs) and the whole machine (no call
+#                      graphs) into the run dir; perf's own cost lowers the
+#                      figures of such a run
+#   --relay-bin PATH   measure this relay binary instead of building one
+#                      (to compare two builds of the relay)
+#   --label TEXT       recorded with the results (e.g. which patch was measured)
+#   --output FILE      result JSON (default bench/results/<date>.json)
+#   --keep-services    leave PostgreSQL and Kafka running at the end
+#
+# What it does (see bench/README.md for how to read the results):
+#   1. Drain: for each transaction size, a fresh database and two pgoutput
+#      slots at the same position (the second is a copy of the first), then a
+#      server-side preload of N events (~250-byte JSON payloads). It times
+#      pg_recvlogical draining slot 1 to /dev/null (--endpos: exits at the last
+#      commit), then the relay draining slot 2 to Kafka until that slot's
+#      confirmed_flush_lsn reaches the same position (polled every 100 ms),
+#      and samples the relay's peak RSS and CPU time at that moment.
+#   2. Latency: one relay, writers inserting 1-row transactions at each rate;
+#      a consumer computes receive time - record timestamp (the relay stamps
+#      each record with its transaction's commit time).
+#   3. Idle: the same relay's CPU over --idle-seconds with no traffic.
+# It prints one table and writes the same figures as JSON with the machine
+# and versions. It asserts nothing about time; it is not a test.
+#
+# Services: scripts/services.sh in ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-bench}
+# (its own PostgreSQL and Kafka, never the test suite's), stopped at the end.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$SCRIPT_DIR/.." && pwd)
+COMMAND_LINE="scripts/bench.sh${*:+ $*}"
+
+EVENTS=1000000
+EVENTS_GIVEN=0
+QUICK=0
+TXN_SIZES="1 10 100"
+RATES="1000 5000 20000"
+RATE_SECONDS=15
+IDLE_SECONDS=30
+PARTITIONS=3
+WRITERS=4
+DO_DRAIN=1
+DO_LATENCY=1
+PERF=0
+KEEP_SERVICES=0
+OUTPUT=
+LABEL=
+RELAY_BIN=
+RELAY_EXTRA_ENV=()
+
+# The drain relays report their position every 100 ms instead of every 1 s
+# (the default), so that the moment the slot reaches the end is seen with the
+# same 100 ms resolution as the polling; one 39-byte message per 100 ms costs
+# nothing measurable. The latency and idle relay runs with the defaults.
+DRAIN_STATUS_INTERVAL_MS=100
+
+export OUTBOX_RUN_DIR=${OUTBOX_RUN_DIR:-/tmp/outbox-relay-bench}
+# The broker's JIT: services.sh defaults to C1 only (fast start for tests);
+# a throughput benchmark wants C2, or the broker, not the relay, is measured.
+export OUTBOX_KAFKA_JVM_OPTS=${OUTBOX_KAFKA_JVM_OPTS:--XX:TieredStopAtLevel=4}
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+
+parse_args() {
+    while (($#)); do
+        case $1 in
+        --events) EVENTS=$2 EVENTS_GIVEN=1; shift ;;
+        --quick) QUICK=1 ;;
+        --txn-sizes) TXN_SIZES=$2; shift ;;
+        --rates) RATES=$2; shift ;;
+        --rate-seconds) RATE_SECONDS=$2; shift ;;
+        --idle-seconds) IDLE_SECONDS=$2; shift ;;
+        --partitions) PARTITIONS=$2; shift ;;
+        --writers) WRITERS=$2; shift ;;
+        --no-drain) DO_DRAIN=0 ;;
+        --no-latency) DO_LATENCY=0 ;;
+        --relay-env) RELAY_EXTRA_ENV+=("OUTBOX_RELAY__$2"); shift ;;
+        --perf) PERF=1 ;;
+        --output) OUTPUT=$2; shift ;;
+        --label) LABEL=$2; shift ;;
+        --relay-bin) RELAY_BIN=$(realpath "$2"); shift ;;
+        --keep-services) KEEP_SERVICES=1 ;;
+        -h | --help) usage; exit 0 ;;
+        [0-9]*) EVENTS=$1 EVENTS_GIVEN=1 ;;
+        *) usage >&2; exit 2 ;;
+        esac
+        shift
+    done
+    if ((QUICK)); then
+        ((EVENTS_GIVEN)) || EVENTS=200000
+        RATE_SECONDS=5 IDLE_SECONDS=10
+    fi
+    if ! [[ $EVENTS =~ ^[0-9]+$ ]] || ((EVENTS == 0)); then
+        die "N must be a positive integer"
+    fi
+    if ((PERF)) && ! command -v perf >/dev/null; then
+        die "--perf needs perf (Debian: apt-get install linux-perf)"
+    fi
+}
+
+# ------------------------------------------------------------------ set-up
+
+build() {
+    if [[ -n $RELAY_BIN ]]; then
+        log "cargo build --release (outbox-bench); relay: $RELAY_BIN"
+        (cd "$REPO" && cargo build --release --quiet --bin outbox-bench)
+    else
+        log "cargo build --release (outbox-relay, outbox-bench)"
+        (cd "$REPO" && cargo build --release --quiet --bin outbox-relay --bin outbox-bench)
+        RELAY_BIN="$REPO/target/release/outbox-relay"
+    fi
+    [[ -x $RELAY_BIN ]] || die "no relay binary at $RELAY_BIN"
+    BENCH_BIN="$REPO/target/release/outbox-bench"
+}
+
+start_services() {
+    local env_file
+    env_file=$(bash "$SCRIPT_DIR/services.sh" start)
+    # shellcheck disable=SC1090
+    source "$env_file"
+    PG_BIN=$OUTBOX_TEST_PG_BIN
+    PG_PORT=$OUTBOX_TEST_PG_PORT
+    BROKERS=$OUTBOX_TEST_KAFKA_BROKERS
+    trap cleanup EXIT
+}
+
+# On any exit: stop the relay (and perf), then the services unless kept.
+cleanup() {
+    stop_relay
+    if ((KEEP_SERVICES == 0)); then
+        log "stopping services in $OUTBOX_RUN_DIR"
+        bash "$SCRIPT_DIR/services.sh" stop || true
+    fi
+}
+
+# URL of database $1 on the benchmark cluster.
+pg_url() { echo "postgres://postgres@127.0.0.1:$PG_PORT/$1"; }
+
+# psql on database $1, remaining args passed on; unaligned, tuples only.
+sql() {
+    local db=$1
+    shift
+    PGOPTIONS="-c client_min_messages=warning" \
+        "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" "$@"
+}
+
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+
+# Appends one JSON line to the results file. Arguments: key=value pairs whose
+# values are numbers or plain strings without quotes or backslashes.
+record() {
+    local pair key value sep="" line="{"
+    for pair in "$@"; do
+        key=${pair%%=*}
+        value=${pair#*=}
+        if [[ $value =~ ^-?[0-9]+(\.[0-9]+)?$ ]]; then
+            line+="$sep\"$key\":$value"
+        else
+            line+="$sep\"$key\":\"$value\""
+        fi
+        sep=,
+    done
+    echo "$line}" >>"$RESULTS"
+}
+
+# A fresh database $1 with the outbox migration and the preload procedure.
+fresh_database() {
+    local db=$1 slot
+    # Slots pin their database: drop any left by an interrupted run first.
+    for slot in $(sql postgres -c "SELECT slot_name FROM pg_replication_slots WHERE database = '$db'"); do
+        sql postgres -c "SELECT pg_drop_replication_slot('$slot')" >/dev/null
+    done
+    sql postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
+    sql "$db" -f "$REPO/migrations/001_outbox.sql"
+    # Autovacuum would wake up after the preload and compete for the 2 cores
+    # with exactly the processes being measured.
+    sql "$db" -c "ALTER TABLE outbox SET (autovacuum_enabled = false)"
+    sql "$db" -f "$REPO/bench/preload.sql"
+}
+
+drop_database() {
+    local db=$1 slot
+    for slot in $(sql postgres -c "SELECT slot_name FROM pg_replication_slots WHERE database = '$db'"); do
+        sql postgres -c "SELECT pg_drop_replication_slot('$slot')" >/dev/null
+    done
+    sql postgres -c "DROP DATABASE IF EXISTS $db"
+}
+
+# --------------------------------------------------------------- the relay
+
+RELAY_PID=        # the relay process
+RELAY_WAIT_PID=   # what to wait for when stopping it: the relay, or perf around it
+SYSTEM_PERF_PID=  # a system-wide perf record, with --perf
+
+# Starts the relay on database $1, slot $2, topic template $3, with extra
+# OUTBOX_RELAY__* assignments after that; its log goes to $LOG_DIR/$4.log.
+# With PROFILE_AS set, it runs under perf record (DWARF call graphs: the
+# release build keeps debug info but no frame pointers), written to
+# $OUTBOX_RUN_DIR/perf-$PROFILE_AS.data. Sets RELAY_PID and RELAY_STARTED_NS.
+start_relay() {
+    local db=$1 slot=$2 topic=$3 name=$4 child i
+    shift 4
+    local -a command=(env OUTBOX_RELAY__POSTGRES__URL="$(pg_url "$db")"
+        OUTBOX_RELAY__POSTGRES__SLOT="$slot"
+        OUTBOX_RELAY__POSTGRES__PUBLICATION=outbox_relay_pub
+        OUTBOX_RELAY__POSTGRES__CREATE_SLOT=false
+        OUTBOX_RELAY__OUTBOX__TOPIC="$topic"
+        OUTBOX_RELAY__KAFKA__BROKERS="$BROKERS"
+        "${METRICS_ENV[@]}" "$@" "${RELAY_EXTRA_ENV[@]}" "$RELAY_BIN" run)
+    RELAY_STARTED_NS=$(date +%s%N)
+    if [[ -n ${PROFILE_AS:-} ]]; then
+        # Started under perf rather than attached to, so that librdkafka's
+        # threads, created at start-up, are all followed.
+        perf record -q -e cpu-clock -F 499 --call-graph dwarf,16384 \
+            -o "$OUTBOX_RUN_DIR/perf-$PROFILE_AS.data" -- "${command[@]}" \
+            >"$LOG_DIR/$name.log" 2>&1 &
+        RELAY_WAIT_PID=$!
+        for ((i = 0; i < 100; i++)); do
+            child=$(pgrep -P "$RELAY_WAIT_PID" || true)
+            [[ -n $child ]] && break
+            sleep 0.01
+        done
+        [[ -n $child ]] || die "the relay did not start under perf; log: $LOG_DIR/$name.log"
+        RELAY_PID=$child
+    else
+        "${command[@]}" >"$LOG_DIR/$name.log" 2>&1 &
+        RELAY_PID=$!
+        RELAY_WAIT_PID=$RELAY_PID
+    fi
+}
+
+# SIGTERM (the relay drains and confirms), then wait for it.
+stop_relay() {
+    if [[ -n $RELAY_PID ]]; then
+        kill -TERM "$RELAY_PID" 2>/dev/null || true
+        wait "$RELAY_WAIT_PID" 2>/dev/null || true
+        RELAY_PID=
+        RELAY_WAIT_PID=
+    fi
+    if [[ -n $SYSTEM_PERF_PID ]]; then
+        kill -INT "$SYSTEM_PERF_PID" 2>/dev/null || true
+        wait "$SYSTEM_PERF_PID" 2>/dev/null || true
+        SYSTEM_PERF_PID=
+    fi
+}
+
+# Relays with an HTTP listener (the [http] config section) get a free port:
+# a benchmark relay must not collide with another relay on the default 9187,
+# and the latency phase reads the relay's own commit-to-ack histogram there.
+# Sets METRICS_ENV (for start_relay) and METRICS_URL (empty: no listener).
+setup_metrics() {
+    local port
+    METRICS_ENV=()
+    METRICS_URL=
+    if "$RELAY_BIN" config 2>/dev/null | grep -q '^\[http\]'; then
+        for ((port = 19187; port < 19387; port++)); do
+            if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+                METRICS_ENV=("OUTBOX_RELAY__HTTP__LISTEN=127.0.0.1:$port")
+                METRICS_URL="http://127.0.0.1:$port/metrics"
+                log "relay metrics on $METRICS_URL"
+                return
+            fi
+        done
+        die "no free port for the relay's HTTP listener in 19187-19386"
+    fi
+    log "this relay has no HTTP listener: latency is measured by the consumer only"
+}
+
+# CPU seconds (user + system) used so far by process $1.
+cpu_seconds() {
+    local ticks
+    ticks=$(sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}')
+    awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f", t / hz }'
+}
+
+# -------------------------------------------------------------------- drain
+
+# One drain round: N events in transactions of $1 rows.
+drain_round() {
+    local rows=$1 db="bench_tx$1" recv_slot="bench_recv_tx$1" relay_slot="bench_relay_tx$1"
+    local topic="bench-$RUN_ID-tx$1" end_lsn t0 t1 seconds
+    log "drain, $rows-row transactions: fresh database $db"
+    fresh_database "$db"
+    # Both slots before the preload, at the same position: the copy shares
+    # the original's restart and confirmed positions exactly.
+    sql "$db" -c "SELECT pg_create_logical_replication_slot('$recv_slot', 'pgoutput')" >/dev/null
+    sql "$db" -c "SELECT pg_copy_logical_replication_slot('$recv_slot', '$relay_slot')" >/dev/null
+
+    log "drain, $rows-row transactions: preloading $EVENTS events"
+    t0=$(date +%s%N)
+    # The end position is read in the same session right after the last
+    # COMMIT: the end of that commit record, where both consumers must get to.
+    end_lsn=$(sql "$db" -c "CALL bench_preload($EVENTS, $rows)" \
+        -c "SELECT pg_current_wal_insert_lsn()")
+    t1=$(date +%s%N)
+    log "  preload took $(((t1 - t0) / 1000000)) ms; end LSN $end_lsn"
+    "$BENCH_BIN" create-topics --brokers "$BROKERS" --partitions "$PARTITIONS" "$topic"
+
+    log "  pg_recvlogical draining $recv_slot (load $(loadavg))"
+    record kind=load phase="recvlogical-tx$rows" loadavg="$(loadavg)"
+    t0=$(date +%s%N)
+    "$PG_BIN/pg_recvlogical" --start --no-loop -S "$recv_slot" -d "$(pg_url "$db")" \
+        --plugin=pgoutput -o proto_version=1 -o publication_names=outbox_relay_pub \
+        --endpos="$end_lsn" -f /dev/null
+    t1=$(date +%s%N)
+    seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+    log "  pg_recvlogical: $seconds s"
+    [[ $(sql "$db" -c "SELECT confirmed_flush_lsn >= '$end_lsn' FROM pg_replication_slots WHERE slot_name = '$recv_slot'") == t ]] ||
+        die "pg_recvlogical exited before its slot reached $end_lsn"
+    record kind=recvlogical txn_rows="$rows" events="$EVENTS" seconds="$seconds"
+
+    log "  relay draining $relay_slot into $topic (load $(loadavg))"
+    local load_before
+    load_before=$(loadavg)
+    if ((PERF)); then
+        # Where the whole machine's time goes (walsender, broker, relay),
+        # without call graphs: the share of each process and thread.
+        perf record -q -a -e cpu-clock -F 499 -o "$OUTBOX_RUN_DIR/perf-system-tx$rows.data" \
+            2>"$LOG_DIR/perf-system-tx$rows.log" &
+        SYSTEM_PERF_PID=$!
+    fi
+    local profile_as=""
+    if ((PERF)); then profile_as="tx$rows"; fi
+    PROFILE_AS=$profile_as start_relay "$db" "$relay_slot" "$topic" "relay-tx$rows" \
+        OUTBOX_RELAY__POSTGRES__STATUS_INTERVAL_MS="$DRAIN_STATUS_INTERVAL_MS"
+    "$BENCH_BIN" wait-slot --url "$(pg_url "$db")" --slot "$relay_slot" --lsn "$end_lsn" \
+        --pid "$RELAY_PID" --started-ns "$RELAY_STARTED_NS" --clk-tck "$(getconf CLK_TCK)" \
+        --field kind=relay_drain --field txn_rows="$rows" --field events="$EVENTS" \
+        --field load_before="$load_before" >>"$RESULTS" ||
+        die "the relay did not drain $relay_slot; log: $LOG_DIR/relay-tx$rows.log"
+    stop_relay
+    if ((PERF)); then
+        log "  profiles: perf report -i $OUTBOX_RUN_DIR/perf-tx$rows.data (relay)," \
+            "perf report -i $OUTBOX_RUN_DIR/perf-system-tx$rows.data --sort comm (machine)"
+    fi
+    # Frees the WAL the slots hold, so every round starts alike.
+    drop_database "$db"
+}
+
+# ------------------------------------------------------------------ latency
+
+latency_phase() {
+    local db=bench_latency slot=bench_latency rate topics=() lsn
+    log "latency: fresh database $db"
+    fresh_database "$db"
+    sql "$db" -c "SELECT pg_create_logical_replication_slot('$slot', 'pgoutput')" >/dev/null
+    for rate in $RATES; do topics+=("bench-$RUN_ID-lat-r$rate"); done
+    "$BENCH_BIN" create-topics --brokers "$BROKERS" --partitions "$PARTITIONS" "${topics[@]}"
+    # One relay for all rates; the topic follows the rows' aggregatetype.
+    start_relay "$db" "$slot" "bench-$RUN_ID-lat-{aggregatetype}" relay-latency
+    # Streaming once it confirms the current position (an idle relay
+    # confirms the server's keepalive position).
+    lsn=$(sql "$db" -c "SELECT pg_current_wal_insert_lsn()")
+    "$BENCH_BIN" wait-slot --url "$(pg_url "$db")" --slot "$slot" --lsn "$lsn" \
+        --pid "$RELAY_PID" --started-ns "$RELAY_STARTED_NS" --timeout-s 60 >/dev/null ||
+        die "the latency relay did not start; log: $LOG_DIR/relay-latency.log"
+    for rate in $RATES; do
+        log "latency: $rate events/s for $RATE_SECONDS s (load $(loadavg))"
+        record kind=load phase="latency-$rate" loadavg="$(loadavg)"
+        "$BENCH_BIN" latency --url "$(pg_url "$db")" --brokers "$BROKERS" \
+            --topic "bench-$RUN_ID-lat-r$rate" --aggregate-type "r$rate" --rate "$rate" \
+            --seconds "$RATE_SECONDS" --writers "$WRITERS" ${METRICS_URL:+--metrics-url "$METRICS_URL"} |
+            sed 's/^{/{"kind":"latency",/' >>"$RESULTS"
+    done
+    save_metrics
+    idle_phase
+    stop_relay
+    drop_database "$db"
+}
+
+# If the relay serves Prometheus metrics, keep a scrape next to the results.
+save_metrics() {
+    if [[ -n $METRICS_URL ]] && command -v curl >/dev/null &&
+        curl -sf -m 2 "$METRICS_URL" -o "$LOG_DIR/metrics.txt"; then
+        log "  relay metrics saved: $LOG_DIR/metrics.txt"
+    fi
+}
+
+# CPU of the latency relay over IDLE_SECONDS with nothing to do.
+idle_phase() {
+    local c0 c1 rss
+    log "idle: relay CPU over $IDLE_SECONDS s with no traffic"
+    sleep 2 # let the last deliveries and status updates pass
+    c0=$(cpu_seconds "$RELAY_PID")
+    sleep "$IDLE_SECONDS"
+    c1=$(cpu_seconds "$RELAY_PID")
+    rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$RELAY_PID/status")
+    record kind=idle seconds="$IDLE_SECONDS" cpu_seconds="$(awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.3f", b - a }')" \
+        cpu_percent="$(awk -v a="$c0" -v b="$c1" -v s="$IDLE_SECONDS" 'BEGIN { printf "%.3f", 100 * (b - a) / s }')" \
+        vmrss_kb="$rss"
+}
+
+# ------------------------------------------------------------------- report
+
+report() {
+    local kafka_version
+    kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$SCRIPT_DIR/kafka/pom.xml")
+    "$BENCH_BIN" report --input "$RESULTS" --output "$OUTPUT" \
+        --meta date="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+        --meta command="$COMMAND_LINE" \
+        --meta label="$LABEL" \
+        --meta events="$EVENTS" \
+        --meta partitions="$PARTITIONS" \
+        --meta payload_bytes_avg="$PAYLOAD_BYTES" \
+        --meta drain_relay_status_interval_ms="$DRAIN_STATUS_INTERVAL_MS" \
+        --meta relay_extra_env="${RELAY_EXTRA_ENV[*]}" \
+        --meta kafka_jvm_opts="$OUTBOX_KAFKA_JVM_OPTS" \
+        --meta load_start="$LOAD_START" \
+        --meta load_end="$(loadavg)" \
+        --meta git_commit="$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)" \
+        --meta relay_sha256="$(sha256sum "$RELAY_BIN" | cut -c1-16)" \
+        --meta postgres="$("$PG_BIN/postgres" --version)" \
+        --meta kafka="$kafka_version" \
+        --meta rustc="$(rustc --version)"
+}
+
+main() {
+    parse_args "$@"
+    RUN_ID=$(date -u +%Y%m%d%H%M%S)
+    OUTPUT=${OUTPUT:-$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M).json}
+    LOAD_START=$(loadavg)
+    build
+    setup_metrics
+    start_services
+    LOG_DIR="$OUTBOX_RUN_DIR/bench-$RUN_ID"
+    mkdir -p "$LOG_DIR"
+    RESULTS="$LOG_DIR/results.jsonl"
+    : >"$RESULTS"
+    log "run $RUN_ID: N=$EVENTS; logs and raw results in $LOG_DIR"
+    # A freshly started broker takes a moment to hand out producer ids; the
+    # first relay would otherwise wait for that inside its timed drain.
+    "$BENCH_BIN" warm-up --brokers "$BROKERS"
+    PAYLOAD_BYTES=$(payload_size)
+    if ((DO_DRAIN)); then
+        for rows in $TXN_SIZES; do
+            drain_round "$rows"
+        done
+    fi
+    if ((DO_LATENCY)); then
+        latency_phase
+    fi
+    report
+}
+
+# Average payload size of the preload, from a small sample.
+payload_size() {
+    sql postgres -c "DROP DATABASE IF EXISTS bench_sample" -c "CREATE DATABASE bench_sample"
+    sql bench_sample -f "$REPO/migrations/001_outbox.sql"
+    sql bench_sample -f "$REPO/bench/preload.sql"
+    sql bench_sample -c "CALL bench_preload(1000, 100)" \
+        -c "SELECT round(avg(octet_length(payload::text))) FROM outbox"
+    sql postgres -c "DROP DATABASE bench_sample"
+}
+
+main "$@"
