@@ -92,8 +92,10 @@ pub const TOPIC_PLACEHOLDERS: &[&str] = &[
 
 pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
 pub const DEFAULT_CLIENT_ID: &str = "outbox-relay";
-pub const DEFAULT_MAX_IN_FLIGHT_MESSAGES: usize = 100_000;
-pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 32 * 1024 * 1024;
+/// librdkafka holds ~700 bytes per queued record; 20,000 is ~150 ms of a full-speed drain,
+/// far more than a produce round trip, and keeps memory flat (bench/README.md).
+pub const DEFAULT_MAX_IN_FLIGHT_MESSAGES: usize = 20_000;
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 8 * 1024 * 1024;
 /// Lower bound of `kafka.max_in_flight_bytes` (1 MiB).
 pub const MIN_MAX_IN_FLIGHT_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_LINGER_MS: u64 = 5;

@@ -145,7 +145,10 @@ fn main() -> ExitCode {
         config.relay.log_format
     };
     init_logging(log_format, default_log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One thread: the pipeline is a single sequential loop, and a second runtime thread only
+    // adds a wake-up per readable socket (measured: half the CPU per event, bench/README.md).
+    // librdkafka has its own threads.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

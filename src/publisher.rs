@@ -5,6 +5,7 @@
 //! pipeline feeds the acknowledgements to the checkpoint ledger.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -160,8 +161,16 @@ impl ProducerContext for DeliveryReporter {
     }
 }
 
+/// How long one poll of librdkafka's event queue may wait. It returns at the first delivery
+/// report, so this bounds only how quickly the poller notices it should stop.
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
 pub struct Publisher {
-    producer: ThreadedProducer<DeliveryReporter>,
+    producer: Arc<BaseProducer<DeliveryReporter>>,
+    /// Serves delivery callbacks. rdkafka's `ThreadedProducer` polls every 100 ms and then
+    /// spins on 0 ms polls for the last millisecond (its timeout rounds down): ~1 % of a core
+    /// forever on an idle relay. Our own thread polls with a long timeout instead.
+    poller: Option<Poller>,
     /// Partition count per topic with the time it was read, for `Record::partition_key`.
     partition_counts: Mutex<HashMap<String, (i32, Instant)>>,
 }
@@ -181,12 +190,20 @@ impl Publisher {
         config: &KafkaConfig,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let producer = client_config(config)
-            .create_with_context(DeliveryReporter { deliveries: tx })
-            .map_err(PublishError::Create)?;
+        let producer: Arc<BaseProducer<DeliveryReporter>> = Arc::new(
+            client_config(config)
+                .create_with_context(DeliveryReporter { deliveries: tx })
+                .map_err(PublishError::Create)?,
+        );
+        let poller = Poller::start(producer.clone()).map_err(|e| {
+            PublishError::Create(KafkaError::ClientCreation(format!(
+                "cannot start the delivery thread: {e}"
+            )))
+        })?;
         Ok((
             Publisher {
                 producer,
+                poller: Some(poller),
                 partition_counts: Mutex::new(HashMap::new()),
             },
             rx,
@@ -435,6 +452,37 @@ impl DeliveryFailure {
                 .map(|k| String::from_utf8_lossy(k).into_owned())
                 .unwrap_or_default(),
             error: self.error.clone(),
+        }
+    }
+}
+
+/// The thread that serves librdkafka's delivery callbacks until stopped.
+struct Poller {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Poller {
+    fn start(producer: Arc<BaseProducer<DeliveryReporter>>) -> std::io::Result<Poller> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("kafka-deliveries".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::Relaxed) {
+                    producer.poll(POLL_INTERVAL);
+                }
+            })?;
+        Ok(Poller { stop, thread })
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        // Stop polling first; the producer itself purges and flushes when its last Arc goes.
+        if let Some(poller) = self.poller.take() {
+            poller.stop.store(true, Ordering::Relaxed);
+            let _ = poller.thread.join();
         }
     }
 }
