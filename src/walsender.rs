@@ -93,6 +93,9 @@ pub enum ReplicationError {
     Url(String),
     #[error("TLS with PostgreSQL failed: {0}")]
     Tls(String),
+    /// The handshake broke off (server restarting, network): worth another try.
+    #[error("TLS handshake with PostgreSQL broke off: {0}")]
+    TlsInterrupted(String),
 }
 
 impl ReplicationError {
@@ -103,6 +106,7 @@ impl ReplicationError {
             | ReplicationError::ConnectTimeout(..)
             | ReplicationError::Io(_)
             | ReplicationError::Closed
+            | ReplicationError::TlsInterrupted(_)
             | ReplicationError::SlotActive { .. } => true,
             // Shutdown, crash recovery, too many connections: the server will be back.
             ReplicationError::Server(e) => crate::control::sqlstate_is_transient(&e.code),
@@ -355,9 +359,7 @@ impl WalSender {
                     }
                     self.scram(require_password(params)?, plus).await?;
                 }
-                backend::Message::ErrorResponse(body) => {
-                    return Err(ReplicationError::Auth(server_error(&body)?.to_string()))
-                }
+                backend::Message::ErrorResponse(body) => return Err(login_error(&body)?),
                 _ => {
                     return Err(ReplicationError::Auth(
                         "unsupported authentication method requested by the server (use trust, password, md5 or scram-sha-256)".into(),
@@ -389,9 +391,7 @@ impl WalSender {
         self.send(&out).await?;
         match self.read_message().await? {
             backend::Message::AuthenticationSaslContinue(body) => scram.update(body.data())?,
-            backend::Message::ErrorResponse(body) => {
-                return Err(ReplicationError::Auth(server_error(&body)?.to_string()))
-            }
+            backend::Message::ErrorResponse(body) => return Err(login_error(&body)?),
             _ => return Err(ReplicationError::Protocol("unexpected SASL message".into())),
         }
         out.clear();
@@ -399,9 +399,7 @@ impl WalSender {
         self.send(&out).await?;
         match self.read_message().await? {
             backend::Message::AuthenticationSaslFinal(body) => Ok(scram.finish(body.data())?),
-            backend::Message::ErrorResponse(body) => {
-                Err(ReplicationError::Auth(server_error(&body)?.to_string()))
-            }
+            backend::Message::ErrorResponse(body) => Err(login_error(&body)?),
             _ => Err(ReplicationError::Protocol("unexpected SASL message".into())),
         }
     }
@@ -491,6 +489,17 @@ impl WalSender {
     }
 }
 
+/// An error while logging in: refused credentials (SQLSTATE class 28) need an operator; a
+/// server that is starting up or shutting down (57P03, 57P01) is only a reason to retry.
+fn login_error(body: &backend::ErrorResponseBody) -> Result<ReplicationError, ReplicationError> {
+    let error = server_error(body)?;
+    Ok(if error.code.starts_with("28") {
+        ReplicationError::Auth(error.to_string())
+    } else {
+        ReplicationError::Server(Box::new(error))
+    })
+}
+
 fn require_password(params: &ConnectParams) -> Result<&[u8], ReplicationError> {
     params.password.as_deref().ok_or_else(|| {
         ReplicationError::Auth(format!(
@@ -577,9 +586,14 @@ async fn negotiate_tls(
         .await
         .map_err(|e| {
             let verify = stream.ssl().verify_result();
-            ReplicationError::Tls(format!(
-                "handshake failed: {e} (certificate check: {verify})"
-            ))
+            if verify == openssl::x509::X509VerifyResult::OK {
+                ReplicationError::TlsInterrupted(e.to_string())
+            } else {
+                // A certificate the settings reject: retrying will not help.
+                ReplicationError::Tls(format!(
+                    "handshake failed: {e} (certificate check: {verify}); check postgres.ssl_root_cert and the host name"
+                ))
+            }
         })?;
     let binding = server_end_point(stream.ssl());
     Ok((Box::new(stream), binding))
