@@ -266,19 +266,8 @@ async fn invalidated_slot_stops_the_relay_with_the_recovery_steps() {
     let db = TestDb::new().await;
     db.create_slot().await;
     let mut relay = RelayProcess::start(&db.relay_env(), "slot_invalidated");
+    wait_for_slot(&db, &mut relay).await;
     let admin = db.client().await;
-    wait_for("the relay to stream", Duration::from_secs(30), || async {
-        admin
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-                 WHERE s.slot_name = $1",
-                &[&db.slot],
-            )
-            .await
-            .unwrap()
-            .is_some()
-    })
-    .await;
 
     // With the broker down, an event stays unacknowledged, so the running relay cannot confirm
     // past it and the slot falls behind; cap retained WAL and outrun the cap.

@@ -368,19 +368,8 @@ async fn standby_takes_over_when_the_active_relay_is_killed() {
 async fn dropping_the_slot_under_a_running_relay_stops_it() {
     let db = TestDb::new().await;
     let mut relay = RelayProcess::start(&db.relay_env(), "slot_dropped");
+    wait_for_slot(&db, &mut relay).await;
     let admin = db.client().await;
-    wait_for("the relay to stream", Duration::from_secs(30), || async {
-        admin
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-                 WHERE s.slot_name = $1",
-                &[&db.slot],
-            )
-            .await
-            .unwrap()
-            .is_some()
-    })
-    .await;
     // End the walsender and drop the slot before the relay reconnects (it retries quickly).
     wait_for("the slot to be dropped", Duration::from_secs(30), || async {
         let _ = admin

@@ -57,40 +57,6 @@ async fn write_concurrently(
     all
 }
 
-async fn wait_for_slot(db: &TestDb, relay: &mut RelayProcess) {
-    let client = db.client().await;
-    let slot = db.slot.clone();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let active: Option<bool> = client
-            .query_opt(
-                // Streaming, not merely being created: while pg_create_logical_replication_slot
-                // waits for running transactions the slot is already "active".
-                "SELECT true FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-                 WHERE s.slot_name = $1",
-                &[&slot],
-            )
-            .await
-            .unwrap()
-            .map(|r| r.get(0));
-        if active == Some(true) {
-            return;
-        }
-        if let Some(status) = relay.try_status() {
-            panic!(
-                "relay exited with {status} before streaming:\n{}",
-                relay.log_text()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "relay never started streaming:\n{}",
-            relay.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Waits until the slot has confirmed everything written so far.
 async fn wait_confirmed_current(db: &TestDb, timeout: Duration) {
     let target = db.current_wal_lsn().await;

@@ -628,3 +628,40 @@ pub async fn expect_all(
     );
     (received, t)
 }
+
+/// Waits until the relay streams the slot, failing early if the relay exits.
+///
+/// "Streams" means a walsender holds the slot: `active` alone is also true while
+/// `pg_create_logical_replication_slot` is still waiting for running transactions, and rows
+/// committed before it returns are (correctly) not part of the slot's stream.
+pub async fn wait_for_slot(db: &TestDb, relay: &mut RelayProcess) {
+    let client = db.client().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let streaming = client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots s
+                 JOIN pg_stat_replication r ON r.pid = s.active_pid
+                 WHERE s.slot_name = $1",
+                &[&db.slot],
+            )
+            .await
+            .unwrap()
+            .is_some();
+        if streaming {
+            return;
+        }
+        if let Some(status) = relay.try_status() {
+            panic!(
+                "relay exited with {status} before streaming:\n{}",
+                relay.log_text()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "relay never started streaming:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
