@@ -1017,8 +1017,20 @@ impl PostgresConfig {
     }
 
     fn parsed_url(&self) -> Result<tokio_postgres::Config, ConfigError> {
+        // tokio-postgres knows neither verify-ca nor verify-full: the TLS parameters are ours
+        // (see `tls::TlsSettings::resolve`), the rest is checked by its parser.
+        let (url, mode, _) = crate::tls::split_tls_params(&self.url);
+        if let Some(mode) = mode.filter(|m| SslMode::parse(m).is_none()) {
+            return Err(ConfigError::invalid(
+                "postgres.url",
+                format!(
+                    "sslmode `{mode}` is not one of {}",
+                    SslMode::NAMES.join(", ")
+                ),
+            ));
+        }
         // tokio-postgres' parse errors name the option, never its value.
-        self.url.parse::<tokio_postgres::Config>().map_err(|err| {
+        url.parse::<tokio_postgres::Config>().map_err(|err| {
             ConfigError::invalid(
                 "postgres.url",
                 format!("not a PostgreSQL connection string: {err}"),
@@ -2738,6 +2750,24 @@ envelope = true
         let err =
             from_env(&[("OUTBOX_RELAY__KAFKA__PROPERTIES__BOOTSTRAP_SERVERS", "x:1")]).unwrap_err();
         assert!(err.to_string().contains("kafka.brokers"), "{err}");
+    }
+
+    #[test]
+    fn url_may_carry_every_libpq_sslmode() {
+        for mode in ["disable", "prefer", "require", "verify-ca", "verify-full"] {
+            let url = format!("postgres://u@db/app?sslmode={mode}&sslrootcert=/ca.pem");
+            from_env(&[("OUTBOX_RELAY__POSTGRES__URL", &url)]).unwrap();
+        }
+        let err = from_env(&[(
+            "OUTBOX_RELAY__POSTGRES__URL",
+            "postgres://u@db/app?sslmode=paranoid",
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("postgres.url") && err.contains("paranoid"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -100,7 +100,7 @@ impl TlsSettings {
 }
 
 /// Removes `sslmode` and `sslrootcert` from a URL or `key=value` connection string.
-fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
+pub(crate) fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
     let (mut mode, mut root) = (None, None);
     let mut take = |key: &str, value: &str| match key {
         "sslmode" => {
