@@ -117,11 +117,6 @@ impl Ledger {
         self.entries.is_empty()
     }
 
-    /// Records handed to Kafka and not yet acknowledged.
-    pub fn outstanding(&self) -> u64 {
-        self.entries.iter().map(|e| e.outstanding).sum()
-    }
-
     fn advance(&mut self) {
         while let Some(front) = self.entries.front() {
             match front.end_lsn {

@@ -21,7 +21,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -1001,19 +1000,6 @@ impl PostgresConfig {
         Ok(parsed
             .get_password()
             .map(|p| Secret::new(String::from_utf8_lossy(p).into_owned())))
-    }
-
-    /// The tokio-postgres connection settings: `url`, the password from `password_file` (read
-    /// now) if set, and `connect_timeout_ms`.
-    pub fn connect_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
-        let mut config = self.parsed_url()?;
-        if self.password_file_path().is_some() {
-            if let Some(password) = self.password()? {
-                config.password(password.expose());
-            }
-        }
-        config.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
-        Ok(config)
     }
 
     fn parsed_url(&self) -> Result<tokio_postgres::Config, ConfigError> {
@@ -2894,12 +2880,6 @@ envelope = true
         assert_eq!(
             config.postgres.password().unwrap().unwrap().expose(),
             "filepw"
-        );
-        let pg = config.postgres.connect_config().unwrap();
-        assert_eq!(pg.get_password(), Some(&b"filepw"[..]));
-        assert_eq!(
-            pg.get_connect_timeout(),
-            Some(&Duration::from_millis(DEFAULT_CONNECT_TIMEOUT_MS))
         );
         let _ = std::fs::remove_dir_all(&dir);
 

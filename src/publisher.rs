@@ -346,15 +346,6 @@ impl Publisher {
             .fatal_error()
             .map(|(code, reason)| format!("{code:?}: {reason}"))
     }
-
-    /// Waits up to `timeout` for queued records to be delivered.
-    pub fn flush(&self, timeout: Duration) -> bool {
-        self.producer.flush(timeout).is_ok()
-    }
-
-    pub fn in_flight(&self) -> i32 {
-        self.producer.in_flight_count()
-    }
 }
 
 /// Runs blocking `f` without stalling other tasks of a multi-threaded runtime.
