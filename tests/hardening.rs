@@ -476,24 +476,26 @@ fn url_as(db: &TestDb, user_info: &str) -> String {
     format!("postgres://{user_info}@localhost:{port}/{}", db.name)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn tls_verify_full_with_scram_channel_binding() {
-    let db = TestDb::new().await;
-    db.create_slot().await;
-    let env = with(
+/// The relay as `scramuser` over TLS `verify-full` ("localhost"), trusting the CA in `ca_var`.
+fn verify_full_env(db: &TestDb, ca_var: &str) -> Vec<(String, String)> {
+    with(
         db.relay_env(),
         &[
             (
                 "OUTBOX_RELAY__POSTGRES__URL",
-                &url_as(&db, "scramuser:scrampass"),
+                &url_as(db, "scramuser:scrampass"),
             ),
             ("OUTBOX_RELAY__POSTGRES__SSL_MODE", "verify-full"),
-            (
-                "OUTBOX_RELAY__POSTGRES__SSL_ROOT_CERT",
-                &env("OUTBOX_TEST_PG_CA"),
-            ),
+            ("OUTBOX_RELAY__POSTGRES__SSL_ROOT_CERT", &env(ca_var)),
         ],
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_verify_full_with_scram_channel_binding() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let env = verify_full_env(&db, "OUTBOX_TEST_PG_CA");
     let mut relay = RelayProcess::start(&env, "tls");
     let mut client = db.client().await;
     let events: Vec<Event> = (0..100).map(|i| Event::new("order", "t", 0, i)).collect();
@@ -542,20 +544,7 @@ async fn tls_verify_full_with_scram_channel_binding() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tls_with_the_wrong_ca_fails_clearly() {
     let db = TestDb::new().await;
-    let env = with(
-        db.relay_env(),
-        &[
-            (
-                "OUTBOX_RELAY__POSTGRES__URL",
-                &url_as(&db, "scramuser:scrampass"),
-            ),
-            ("OUTBOX_RELAY__POSTGRES__SSL_MODE", "verify-full"),
-            (
-                "OUTBOX_RELAY__POSTGRES__SSL_ROOT_CERT",
-                &env("OUTBOX_TEST_PG_WRONG_CA"),
-            ),
-        ],
-    );
+    let env = verify_full_env(&db, "OUTBOX_TEST_PG_WRONG_CA");
     let mut relay = RelayProcess::start(&env, "tls_wrong_ca");
     let status = wait_exit(&mut relay, Duration::from_secs(30));
     assert!(!status.success());
