@@ -7,6 +7,11 @@
 //!
 //! When nothing is open or in flight, the last keepalive's WAL end is confirmed too, so an idle
 //! outbox on a busy database does not hold back WAL.
+//!
+//! Memory is bounded by the records in flight, not by the traffic: a committed transaction that
+//! has nothing left to acknowledge (no outbox record, as PostgreSQL 14 sends for every
+//! transaction of the database, or records already acknowledged) folds into the committed
+//! entry before it, which then simply ends later.
 
 use std::collections::VecDeque;
 
@@ -84,8 +89,26 @@ impl Ledger {
             .open_entry_mut()
             .ok_or(LedgerError::NoOpenTransaction("COMMIT"))?;
         open.end_lsn = Some(end_lsn);
+        if open.outstanding == 0 {
+            self.fold_last();
+        }
         self.advance();
         Ok(())
+    }
+
+    /// Folds the last entry, committed with nothing outstanding, into the committed entry
+    /// before it: confirming that one's end then means confirming this one's. No delivery
+    /// refers to the folded sequence number any more, so the next transaction reuses it and
+    /// the numbers stay contiguous (`entry_mut` relies on that).
+    fn fold_last(&mut self) {
+        let len = self.entries.len();
+        if len < 2 || self.entries[len - 2].end_lsn.is_none() {
+            return;
+        }
+        if let Some(last) = self.entries.pop_back() {
+            self.entries[len - 2].end_lsn = last.end_lsn;
+            self.next_seq -= 1;
+        }
     }
 
     /// Kafka acknowledged one record of transaction `seq`; returns the transaction's commit
@@ -115,6 +138,11 @@ impl Ledger {
     /// True when no transaction is open and no record is unacknowledged.
     pub fn is_idle(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Transactions held: open, or waiting for acknowledgements (or for an earlier one).
+    pub fn transactions_held(&self) -> usize {
+        self.entries.len()
     }
 
     fn advance(&mut self) {
@@ -226,6 +254,39 @@ mod tests {
         assert!(l.ack(7).is_err());
     }
 
+    #[test]
+    fn empty_transactions_behind_an_unacked_one_fold_into_one_entry() {
+        let mut l = Ledger::new(Lsn(0));
+        let a = txn(&mut l, 1, 100);
+        for i in 0..100_000 {
+            txn(&mut l, 0, 200 + i);
+        }
+        assert_eq!(l.transactions_held(), 1, "empty commits must not pile up");
+        let b = txn(&mut l, 1, 200_000);
+        assert_eq!(l.transactions_held(), 2);
+        assert_eq!(l.confirmed(), Lsn(0));
+        l.ack(b).unwrap();
+        assert_eq!(l.confirmed(), Lsn(0), "b waits for a");
+        l.ack(a).unwrap();
+        assert_eq!(l.confirmed(), Lsn(200_000));
+        assert!(l.is_idle());
+    }
+
+    #[test]
+    fn an_open_transaction_is_never_folded_into() {
+        let mut l = Ledger::new(Lsn(0));
+        let a = txn(&mut l, 1, 100);
+        let b = l.begin(0).unwrap();
+        l.record_sent().unwrap();
+        l.ack(b).unwrap();
+        // b's only record was acknowledged before its COMMIT arrived: it folds into a.
+        l.commit(Lsn(300)).unwrap();
+        assert_eq!(l.transactions_held(), 1);
+        assert_eq!(l.confirmed(), Lsn(0));
+        l.ack(a).unwrap();
+        assert_eq!(l.confirmed(), Lsn(300));
+    }
+
     proptest! {
         /// Whatever order acks arrive in, the confirmed position never passes a transaction
         /// with an unacknowledged record, never goes backwards, and reaches the last commit.
@@ -235,10 +296,12 @@ mod tests {
             order_seed in any::<u64>(),
         ) {
             let mut l = Ledger::new(Lsn(0));
+            // (sequence number, index in `sizes`): folded empty transactions give their
+            // number to the next one.
             let mut acks = Vec::new();
             for (i, &n) in sizes.iter().enumerate() {
                 let seq = txn(&mut l, n, (i as u64 + 1) * 10);
-                acks.extend(std::iter::repeat_n(seq, n as usize));
+                acks.extend(std::iter::repeat_n((seq, i), n as usize));
             }
             // Deterministic shuffle from the seed.
             let mut state = order_seed | 1;
@@ -248,9 +311,9 @@ mod tests {
             }
             let mut pending: Vec<u64> = sizes.clone();
             let mut last = Lsn(0);
-            for seq in acks {
+            for (seq, i) in acks {
                 l.ack(seq).unwrap();
-                pending[seq as usize] -= 1;
+                pending[i] -= 1;
                 let confirmed = l.confirmed();
                 prop_assert!(confirmed >= last);
                 last = confirmed;

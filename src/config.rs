@@ -122,6 +122,7 @@ pub const DEFAULT_DEAD_LETTER_POLICY: DeadLetterPolicy = DeadLetterPolicy::DeadL
 pub const DEFAULT_DEAD_LETTER_TOPIC: &str = "outbox.dlq";
 
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_CONFIRM_DELAY_MS: u64 = 20;
 pub const DEFAULT_LOG_FORMAT: LogFormat = LogFormat::Text;
 
 /// Longest PostgreSQL identifier, in bytes (NAMEDATALEN - 1).
@@ -528,6 +529,11 @@ pub struct RelayConfig {
     /// On SIGTERM / Ctrl-C, how long to wait for in-flight deliveries before exiting, in
     /// milliseconds. Unacknowledged rows are never confirmed; they are sent again after restart.
     pub shutdown_timeout_ms: u64,
+    /// After Kafka acknowledged events, how long to wait before confirming the new position to
+    /// PostgreSQL, in milliseconds: later acknowledgements in that window share one status
+    /// update. Bounds what a crash re-sends (about this long of traffic, plus what was in
+    /// flight); 0 confirms after every batch of acknowledgements.
+    pub confirm_delay_ms: u64,
     /// Log output format: `text` (human-readable) or `json` (one object per line).
     pub log_format: LogFormat,
 }
@@ -797,6 +803,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+            confirm_delay_ms: DEFAULT_CONFIRM_DELAY_MS,
             log_format: DEFAULT_LOG_FORMAT,
         }
     }

@@ -10,7 +10,7 @@
 //!           ─▶ walsender status update     (flush = that commit's end LSN)
 //! ```
 //!
-//! `pipeline` only wires these together; `control` is the ordinary SQL connection used for
+//! `relay` runs sessions that wire these together; `control` is the ordinary SQL connection used for
 //! set-up and inspection; `config` loads and validates the TOML file and its environment
 //! overrides; `ops` holds the operator commands (`check`, `status`, `slot`, `replay`), which
 //! reuse `control`, `outbox` and `publisher` so that a replayed record equals the live one.
@@ -26,8 +26,8 @@ pub mod ops;
 pub mod outbox;
 pub mod partition;
 pub mod pgoutput;
-pub mod pipeline;
 pub mod publisher;
+pub mod relay;
 pub mod slot_watch;
 pub mod sweeper;
 pub mod tls;

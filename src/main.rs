@@ -243,7 +243,7 @@ async fn run(config: Config) -> ExitCode {
     }
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    match outbox_relay::pipeline::run(config, shutdown).await {
+    match outbox_relay::relay::run(config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("outbox-relay: relay failed: {e}");

@@ -124,6 +124,8 @@ pub struct Metrics {
     pub messages_rejected: AtomicU64,
     pub reconnects: AtomicU64,
     pub records_in_flight: AtomicI64,
+    /// Transactions the checkpoint ledger holds (open, or waiting for acknowledgements).
+    pub ledger_transactions: AtomicI64,
     pub received_lsn: AtomicU64,
     pub confirmed_lsn: AtomicU64,
     /// Bytes between the server's WAL position and the slot's confirmed position; -1 unknown.
@@ -148,6 +150,7 @@ impl Default for Metrics {
             messages_rejected: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             records_in_flight: AtomicI64::new(0),
+            ledger_transactions: AtomicI64::new(0),
             received_lsn: AtomicU64::new(0),
             confirmed_lsn: AtomicU64::new(0),
             slot_lag_bytes: AtomicI64::new(-1),
@@ -259,6 +262,12 @@ impl Metrics {
             "outbox_relay_records_in_flight",
             "Records handed to Kafka and not yet acknowledged.",
             self.records_in_flight.load(Relaxed) as f64,
+        );
+        gauge(
+            &mut out,
+            "outbox_relay_ledger_transactions",
+            "Transactions held by the checkpoint ledger (open, or waiting for acknowledgements).",
+            self.ledger_transactions.load(Relaxed) as f64,
         );
         gauge(
             &mut out,

@@ -552,55 +552,55 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Test-only encoder, the inverse of `decode`: the decoder's tests and the session's fakes
+/// build their WAL with it.
 #[cfg(test)]
-mod tests {
+pub(crate) mod encode {
     use super::*;
-    use proptest::collection::vec;
-    use proptest::prelude::*;
 
     /// Test-only encoder: the inverse of `decode`, built field by field.
-    struct Enc(Vec<u8>);
+    pub(crate) struct Enc(Vec<u8>);
 
     impl Enc {
-        fn tag(tag: u8) -> Self {
+        pub(crate) fn tag(tag: u8) -> Self {
             Enc(vec![tag])
         }
-        fn u8(mut self, v: u8) -> Self {
+        pub(crate) fn u8(mut self, v: u8) -> Self {
             self.0.push(v);
             self
         }
-        fn i16(mut self, v: i16) -> Self {
+        pub(crate) fn i16(mut self, v: i16) -> Self {
             self.0.extend_from_slice(&v.to_be_bytes());
             self
         }
-        fn i32(mut self, v: i32) -> Self {
+        pub(crate) fn i32(mut self, v: i32) -> Self {
             self.0.extend_from_slice(&v.to_be_bytes());
             self
         }
-        fn u32(mut self, v: u32) -> Self {
+        pub(crate) fn u32(mut self, v: u32) -> Self {
             self.0.extend_from_slice(&v.to_be_bytes());
             self
         }
-        fn i64(mut self, v: i64) -> Self {
+        pub(crate) fn i64(mut self, v: i64) -> Self {
             self.0.extend_from_slice(&v.to_be_bytes());
             self
         }
-        fn u64(mut self, v: u64) -> Self {
+        pub(crate) fn u64(mut self, v: u64) -> Self {
             self.0.extend_from_slice(&v.to_be_bytes());
             self
         }
-        fn raw(mut self, v: &[u8]) -> Self {
+        pub(crate) fn raw(mut self, v: &[u8]) -> Self {
             self.0.extend_from_slice(v);
             self
         }
-        fn cstr(self, v: &str) -> Self {
+        pub(crate) fn cstr(self, v: &str) -> Self {
             self.raw(v.as_bytes()).u8(0)
         }
-        fn len_bytes(self, v: &[u8]) -> Self {
+        pub(crate) fn len_bytes(self, v: &[u8]) -> Self {
             let len = i32::try_from(v.len()).unwrap();
             self.i32(len).raw(v)
         }
-        fn tuple(self, t: &Tuple) -> Self {
+        pub(crate) fn tuple(self, t: &Tuple) -> Self {
             let count = i16::try_from(t.0.len()).unwrap();
             t.0.iter().fold(self.i16(count), |enc, v| match v {
                 TupleValue::Null => enc.u8(b'n'),
@@ -609,18 +609,18 @@ mod tests {
                 TupleValue::Binary(b) => enc.u8(b'b').len_bytes(b),
             })
         }
-        fn marked(self, marker: u8, t: &Option<Tuple>) -> Self {
+        pub(crate) fn marked(self, marker: u8, t: &Option<Tuple>) -> Self {
             match t {
                 Some(t) => self.u8(marker).tuple(t),
                 None => self,
             }
         }
-        fn done(self) -> Bytes {
+        pub(crate) fn done(self) -> Bytes {
             Bytes::from(self.0)
         }
     }
 
-    fn encode(msg: &LogicalMessage) -> Bytes {
+    pub(crate) fn encode(msg: &LogicalMessage) -> Bytes {
         match msg {
             LogicalMessage::Begin(m) => Enc::tag(b'B')
                 .u64(m.final_lsn.0)
@@ -659,7 +659,7 @@ mod tests {
         .done()
     }
 
-    fn encode_relation(m: &Relation) -> Enc {
+    pub(crate) fn encode_relation(m: &Relation) -> Enc {
         let count = i16::try_from(m.columns.len()).unwrap();
         let enc = Enc::tag(b'R')
             .u32(m.id)
@@ -674,6 +674,14 @@ mod tests {
                 .i32(c.type_modifier)
         })
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode::{encode, encode_relation, Enc};
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
 
     fn text(s: &str) -> TupleValue {
         TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))

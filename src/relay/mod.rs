@@ -1,0 +1,338 @@
+//! The relay proper: sessions that stream the slot into Kafka, and the supervisor that runs
+//! them one after another.
+//!
+//! In: the validated `Config`, a shutdown token. Out: records in Kafka, the slot confirmed up
+//! to the newest commit whose records Kafka acknowledged, metrics.
+//!
+//! - `session`: one replication connection plus one producer; the loop that decodes frames,
+//!   maps rows, sends records, feeds acknowledgements to the ledger and confirms. It depends on
+//!   the two traits of `seams` only, so its unit tests run with fakes.
+//! - this module: connecting a session, restarting it after transient errors (at-least-once:
+//!   resume from the slot), waiting as a standby while another relay holds the slot.
+
+mod seams;
+mod session;
+#[cfg(test)]
+mod session_tests;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::checkpoint::LedgerError;
+use crate::config::Config;
+use crate::control::{Control, ControlError};
+use crate::lsn::Lsn;
+use crate::metrics::{Metrics, RelayState};
+use crate::outbox::{MappingError, OutboxMapping};
+use crate::pgoutput::DecodeError;
+use crate::publisher::{self, PublishError, Publisher, Rejection};
+use crate::slot_watch::{self, SlotGone, Standby};
+use crate::walsender::{ConnectParams, ReplicationError, ReplicationStream, WalSender};
+
+pub use seams::{FrameSource, RecordKind, RecordSink};
+pub use session::{Session, Settings};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error(transparent)]
+    Replication(#[from] ReplicationError),
+    #[error("cannot decode the replication stream: {0}")]
+    Decode(#[from] DecodeError),
+    #[error(transparent)]
+    Mapping(#[from] MappingError),
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    #[error("replication stream out of order: {0}")]
+    Ledger(#[from] LedgerError),
+    #[error("kafka did not acknowledge {0}")]
+    Delivery(Box<Rejection>),
+    #[error("stopped on an event that cannot be published (dead_letter.policy = stop); the slot is not confirmed past it: {0}")]
+    Poison(String),
+    #[error("an INSERT arrived from `{schema}.{table}` (relation oid {relid}), which is not a configured outbox table; the relay stopped without confirming past it. Fix: add the table to `[outbox]` (`table`, or one more `[[outbox.tables]]`), or remove it from the publication (`ALTER PUBLICATION <publication> DROP TABLE {schema}.{table}`); if it is a partition of an outbox table, `ALTER PUBLICATION <publication> SET (publish_via_partition_root = true)`")]
+    UnmappedRelation {
+        schema: String,
+        table: String,
+        relid: u32,
+    },
+    #[error(transparent)]
+    SlotGone(#[from] SlotGone),
+    #[error("replication stream out of order: {0}")]
+    Protocol(String),
+    #[error("cannot listen on http.listen `{addr}`: {source}")]
+    Http {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RelayError {
+    /// Transient: reconnect and resume from the slot. Otherwise stop and tell the operator.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RelayError::Control(e) => e.is_transient(),
+            RelayError::Replication(e) => e.is_transient(),
+            RelayError::Publish(e) => e.is_transient(),
+            RelayError::Delivery(r) => !publisher::is_permanent(&r.error),
+            _ => false,
+        }
+    }
+
+    /// The process exit code: 3 when the slot is lost or gone (events may be missing), else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RelayError::SlotGone(_) | RelayError::Control(ControlError::SlotLost { .. }) => 3,
+            _ => 1,
+        }
+    }
+}
+
+/// Runs the relay until `shutdown` is cancelled (Ok, after draining) or a permanent error.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RelayError> {
+    run_with_metrics(config, shutdown, Arc::new(Metrics::default())).await
+}
+
+/// [`run`], updating `metrics` (and serving them when `http.listen` is set).
+pub async fn run_with_metrics(
+    config: Config,
+    shutdown: CancellationToken,
+    metrics: Arc<Metrics>,
+) -> Result<(), RelayError> {
+    let mapping = OutboxMapping::new(&config.outbox)?;
+    // The helpers stop after the session has drained, not when the signal arrives.
+    let helpers = CancellationToken::new();
+    start_http(&config, &metrics, &helpers).await?;
+    let (gone_tx, gone_rx) = mpsc::channel(1);
+    tokio::spawn(slot_watch::sample_forever(
+        config.clone(),
+        metrics.clone(),
+        gone_tx,
+        helpers.clone(),
+    ));
+    if config.outbox.sweeper.enabled {
+        tokio::spawn(crate::sweeper::run(config.clone(), helpers.clone()));
+    }
+    let result = supervise(&config, &mapping, &metrics, &shutdown, gone_rx).await;
+    metrics.set_state(if result.is_ok() {
+        RelayState::Stopped
+    } else {
+        RelayState::Failed
+    });
+    if let Err(e) = &result {
+        error!(error = %e, "relay stopped: this needs an operator");
+    }
+    helpers.cancel();
+    result
+}
+
+async fn start_http(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> Result<(), RelayError> {
+    let addr = &config.http.listen;
+    if addr.is_empty() {
+        return Ok(());
+    }
+    let listener = crate::http::bind(addr)
+        .await
+        .map_err(|source| RelayError::Http {
+            addr: addr.clone(),
+            source,
+        })?;
+    let staleness = Duration::from_millis(config.http.ready_staleness_ms);
+    tokio::spawn(crate::http::serve(
+        listener,
+        metrics.clone(),
+        staleness,
+        shutdown.clone(),
+    ));
+    Ok(())
+}
+
+/// Starts sessions one after another: reconnects after transient errors, waits as a standby
+/// while the slot is held elsewhere, stops on errors that need an operator. A session is
+/// never dropped on shutdown: it drains and confirms itself, and only then returns.
+async fn supervise(
+    config: &Config,
+    mapping: &OutboxMapping,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+    mut gone: mpsc::Receiver<SlotGone>,
+) -> Result<(), RelayError> {
+    let mut backoff = Backoff::new(config);
+    let mut standby = Standby::new();
+    // Once streamed, a slot that vanishes means lost events: never silently recreate it.
+    let mut slot_seen = false;
+    loop {
+        let started = Instant::now();
+        let result = tokio::select! {
+            Some(g) = gone.recv() => return Err(g.into()),
+            result = run_session(config, mapping, metrics, shutdown, &mut slot_seen) => result,
+        };
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if shutdown.is_cancelled() && e.is_transient() => {
+                warn!(error = %e, "session ended while shutting down; unconfirmed events will be sent again on restart");
+                return Ok(());
+            }
+            Err(RelayError::Replication(ReplicationError::SlotActive { .. })) => {
+                metrics.set_state(RelayState::Standby);
+                standby.wait(config, shutdown).await;
+            }
+            Err(e) if e.is_transient() => {
+                metrics.set_state(RelayState::Reconnecting);
+                metrics.reconnects.fetch_add(1, Relaxed);
+                if started.elapsed() > Duration::from_secs(30) {
+                    backoff.reset();
+                }
+                let delay = backoff.next();
+                warn!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "relay session ended; reconnecting and resuming from the slot's confirmed position");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Connects a session (unless shutdown comes first) and runs it to its end.
+async fn run_session(
+    config: &Config,
+    mapping: &OutboxMapping,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+    slot_seen: &mut bool,
+) -> Result<(), RelayError> {
+    let session = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(()),
+        session = connect(config, mapping, metrics, *slot_seen) => session?,
+    };
+    *slot_seen = true;
+    session.run(shutdown).await
+}
+
+/// Exponential backoff between sessions.
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(config: &Config) -> Self {
+        let initial = Duration::from_millis(config.postgres.reconnect_backoff_initial_ms);
+        Backoff {
+            initial,
+            max: Duration::from_millis(config.postgres.reconnect_backoff_max_ms),
+            next: initial,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(self.max);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.next = self.initial;
+    }
+}
+
+/// Opens the control connection and makes sure publication and slot exist. A slot is created
+/// only when `create_slot` is set and it has never been streamed by this process.
+async fn prepare_slot(config: &Config, create_slot: bool) -> Result<Control, RelayError> {
+    let pg = &config.postgres;
+    let control = slot_watch::connect(config).await?;
+    if pg.create_publication {
+        control
+            .ensure_publication_tables(&pg.publication, &config.outbox.publication_tables())
+            .await?;
+    }
+    control.prepare_slot(&pg.slot, create_slot).await?;
+    Ok(control)
+}
+
+/// A session on the real servers: the slot prepared, the walsender streaming from the slot's
+/// confirmed position, a fresh producer.
+async fn connect<'a>(
+    config: &Config,
+    mapping: &'a OutboxMapping,
+    metrics: &'a Metrics,
+    slot_seen: bool,
+) -> Result<Session<'a, ReplicationStream, Publisher>, RelayError> {
+    let pg = &config.postgres;
+    let control = match prepare_slot(config, pg.create_slot && !slot_seen).await {
+        Err(RelayError::Control(ControlError::SlotMissing { slot })) if slot_seen => {
+            let what = "was dropped while the relay ran".to_string();
+            return Err(slot_watch::slot_gone(&slot, what, metrics).into());
+        }
+        other => other?,
+    };
+    let status_interval = status_interval(config, control.wal_sender_timeout().await?);
+    let params = ConnectParams::from_config(pg)?;
+    let stream = WalSender::connect(&params)
+        .await?
+        .start_replication(
+            &pg.slot,
+            &pg.publication,
+            Lsn::ZERO,
+            mapping.messages_enabled(),
+        )
+        .await?;
+    let (publisher, deliveries) = Publisher::new(&config.kafka)?;
+    // The slot is ours now, so its position cannot move under us: start the ledger there,
+    // so that no status update ever reports less than the slot already confirmed.
+    let slot = control
+        .slot(&pg.slot)
+        .await?
+        .ok_or_else(|| ControlError::SlotMissing {
+            slot: pg.slot.clone(),
+        })?;
+    let start = slot.confirmed_flush_lsn.unwrap_or_default();
+    if slot.active_pid != Some(stream.backend_pid()) {
+        warn!(slot = %pg.slot, active_pid = ?slot.active_pid, our_pid = stream.backend_pid(),
+            "slot is not reported as held by our connection");
+    }
+    info!(slot = %pg.slot, publication = %pg.publication, start = %start,
+        backend_pid = stream.backend_pid(), status_interval_ms = status_interval.as_millis() as u64,
+        "streaming from the slot's confirmed position");
+    metrics.set_lsns(start, start);
+    metrics.set_state(RelayState::Streaming);
+    let settings = Settings::from_config(config, status_interval);
+    Ok(Session::new(
+        settings,
+        mapping,
+        metrics,
+        (stream, publisher, deliveries),
+        start,
+    ))
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Status updates must come well within the server's `wal_sender_timeout`.
+fn status_interval(config: &Config, wal_sender_timeout: Duration) -> Duration {
+    let configured = Duration::from_millis(config.postgres.status_interval_ms);
+    if wal_sender_timeout.is_zero() {
+        return configured;
+    }
+    configured.min(wal_sender_timeout / 3)
+}

@@ -1,0 +1,531 @@
+//! One session: frames from a [`FrameSource`] are decoded, mapped and handed to a
+//! [`RecordSink`]; acknowledgements feed the ledger; the ledger's position is confirmed back to
+//! the source. No I/O of its own: both ends are seams, so every rule here is unit-tested with
+//! fakes (`session_tests`).
+//!
+//! The loop, by priority: shutdown → acknowledgements → a due confirmation → the status timer
+//! → the next frame (only while in-flight work is under its caps). On shutdown the session
+//! stops reading (after finishing a half-read transaction), waits for every acknowledgement
+//! up to `shutdown_timeout`, confirms the last fully acknowledged commit and closes.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::seams::{FrameSource, RecordKind, RecordSink};
+use super::{now_ms, RelayError};
+use crate::checkpoint::{Ledger, TxnSeq};
+use crate::config::{Config, DeadLetterPolicy};
+use crate::dead_letter::{self, Reason};
+use crate::lsn::Lsn;
+use crate::metrics::{Metrics, RelayState};
+use crate::outbox::{self, BoundTable, MappingError, MessageRoute, OutboxEvent, OutboxMapping};
+use crate::pgoutput::{self, LogicalMessage, Relation, Tuple};
+use crate::publisher::{self, Delivery, DeliveryFailure, PublishError, Record};
+use crate::walsender::{pg_time_to_unix_us, ReplicationFrame};
+
+/// What the session needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub max_in_flight_messages: usize,
+    pub max_in_flight_bytes: usize,
+    pub dead_letter_policy: DeadLetterPolicy,
+    pub dead_letter_topic: String,
+    pub shutdown_timeout: Duration,
+    /// Status updates (asking for a reply) at least this often.
+    pub status_interval: Duration,
+    /// How long a newly confirmable position waits for company before it is reported.
+    pub confirm_delay: Duration,
+}
+
+impl Settings {
+    pub fn from_config(config: &Config, status_interval: Duration) -> Settings {
+        Settings {
+            max_in_flight_messages: config.kafka.max_in_flight_messages,
+            max_in_flight_bytes: config.kafka.max_in_flight_bytes,
+            dead_letter_policy: config.dead_letter.policy,
+            dead_letter_topic: config.dead_letter.topic.clone(),
+            shutdown_timeout: Duration::from_millis(config.relay.shutdown_timeout_ms),
+            status_interval,
+            confirm_delay: Duration::from_millis(config.relay.confirm_delay_ms),
+        }
+    }
+}
+
+/// The transaction being received.
+struct OpenTxn {
+    final_lsn: Lsn,
+    commit_time_ms: i64,
+    events: u64,
+}
+
+/// A relation from the stream, and its outbox binding when it is an outbox table.
+struct RelationEntry {
+    relation: Arc<Relation>,
+    bound: Option<BoundTable>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Streaming,
+    /// Shutdown requested: finish the open transaction, wait for acknowledgements.
+    Draining {
+        deadline: Instant,
+    },
+}
+
+pub struct Session<'a, S, K> {
+    settings: Settings,
+    mapping: &'a OutboxMapping,
+    metrics: &'a Metrics,
+    source: S,
+    sink: K,
+    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    ledger: Ledger,
+    relations: HashMap<u32, RelationEntry>,
+    txn: Option<OpenTxn>,
+    in_flight_messages: usize,
+    in_flight_bytes: usize,
+    /// Newest WAL position received (the status update's `write`).
+    received: Lsn,
+    /// The confirmed position at the last status update.
+    last_reported: Lsn,
+    /// When the newly confirmable position is to be reported.
+    confirm_due: Option<Instant>,
+    phase: Phase,
+}
+
+impl<'a, S: FrameSource, K: RecordSink> Session<'a, S, K> {
+    /// A session whose slot stands at `start`; `ends` are the source, the sink and the
+    /// sink's delivery reports.
+    pub fn new(
+        settings: Settings,
+        mapping: &'a OutboxMapping,
+        metrics: &'a Metrics,
+        ends: (S, K, mpsc::UnboundedReceiver<Delivery>),
+        start: Lsn,
+    ) -> Self {
+        let (source, sink, deliveries) = ends;
+        Session {
+            settings,
+            mapping,
+            metrics,
+            source,
+            sink,
+            deliveries,
+            ledger: Ledger::new(start),
+            relations: HashMap::new(),
+            txn: None,
+            in_flight_messages: 0,
+            in_flight_bytes: 0,
+            received: start,
+            last_reported: start,
+            confirm_due: None,
+            phase: Phase::Streaming,
+        }
+    }
+
+    /// Runs until drained after `shutdown` (Ok) or an error. Whatever the ending, the last
+    /// fully acknowledged commit is confirmed on the way out (best effort on errors).
+    pub async fn run(mut self, shutdown: &CancellationToken) -> Result<(), RelayError> {
+        let mut feedback = tokio::time::interval(self.settings.status_interval);
+        feedback.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let result = loop {
+            if self.is_drained() {
+                break Ok(());
+            }
+            let step = tokio::select! {
+                biased;
+                _ = shutdown.cancelled(), if self.phase == Phase::Streaming => {
+                    self.start_draining();
+                    Ok(())
+                }
+                _ = sleep_until(self.drain_deadline()), if self.drain_deadline().is_some() => {
+                    warn!(in_flight = self.in_flight_messages,
+                        "shutdown deadline reached; unacknowledged events will be sent again on restart");
+                    break Ok(());
+                }
+                Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await,
+                _ = sleep_until(self.confirm_due), if self.confirm_due.is_some() => {
+                    self.send_status(false).await
+                }
+                // Asking for a reply makes the server answer with a keepalive carrying its WAL
+                // end, which an idle relay confirms: unrelated traffic never piles up WAL.
+                _ = feedback.tick() => self.send_status(true).await,
+                frame = self.source.next_frame(), if self.wants_frames() => match frame {
+                    Ok(frame) => self.handle_frame(frame).await,
+                    Err(e) => Err(e.into()),
+                },
+            };
+            if let Err(e) = step {
+                break Err(e);
+            }
+            self.schedule_confirm();
+        };
+        self.finish(&result).await;
+        result
+    }
+
+    fn start_draining(&mut self) {
+        self.metrics.set_state(RelayState::Draining);
+        info!(
+            in_flight = self.in_flight_messages,
+            open_transaction = self.txn.is_some(),
+            "shutting down: finishing the open transaction and draining in-flight deliveries"
+        );
+        self.phase = Phase::Draining {
+            deadline: Instant::now() + self.settings.shutdown_timeout,
+        };
+    }
+
+    fn drain_deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Draining { deadline } => Some(deadline),
+            Phase::Streaming => None,
+        }
+    }
+
+    /// Draining, with nothing open and nothing in flight.
+    fn is_drained(&self) -> bool {
+        self.drain_deadline().is_some() && self.txn.is_none() && self.in_flight_messages == 0
+    }
+
+    /// More frames are read while under the caps; when draining, only to finish the open
+    /// transaction (so that its records need not be sent again after the restart).
+    fn wants_frames(&self) -> bool {
+        let room = self.in_flight_messages < self.settings.max_in_flight_messages
+            && self.in_flight_bytes < self.settings.max_in_flight_bytes;
+        room && (self.phase == Phase::Streaming || self.txn.is_some())
+    }
+
+    /// A position newer than the last reported one gets reported after `confirm_delay`.
+    fn schedule_confirm(&mut self) {
+        if self.confirm_due.is_none() && self.ledger.confirmed() > self.last_reported {
+            self.confirm_due = Some(Instant::now() + self.settings.confirm_delay);
+        }
+    }
+
+    /// The final status update (best effort after an error: the connection may be gone), then
+    /// the stream is closed.
+    async fn finish(&mut self, result: &Result<(), RelayError>) {
+        let confirmed = self.send_status(false).await;
+        if result.is_ok() {
+            if let Err(e) = &confirmed {
+                warn!(error = %e, "the final status update failed; the slot keeps its previous position");
+            }
+            info!(confirmed = %self.ledger.confirmed(),
+                published = self.metrics.events_published.load(Relaxed),
+                "final position confirmed; session closed");
+        }
+        self.source.close().await;
+        self.metrics.records_in_flight.store(0, Relaxed);
+    }
+
+    /// Handles one delivery and every other one already waiting.
+    async fn handle_deliveries(&mut self, first: Delivery) -> Result<(), RelayError> {
+        self.handle_delivery(first).await?;
+        while let Ok(delivery) = self.deliveries.try_recv() {
+            self.handle_delivery(delivery).await?;
+        }
+        self.metrics
+            .records_in_flight
+            .store(self.in_flight_messages as i64, Relaxed);
+        Ok(())
+    }
+
+    async fn handle_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
+        self.in_flight_messages = self.in_flight_messages.saturating_sub(1);
+        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(delivery.bytes);
+        match delivery.result {
+            Ok(()) => {
+                let commit_time_ms = self.ledger.ack(delivery.seq)?;
+                let counter = if delivery.dead_letter {
+                    &self.metrics.events_dead_lettered
+                } else {
+                    &self.metrics.events_published
+                };
+                counter.fetch_add(1, Relaxed);
+                let latency_ms = (now_ms() - commit_time_ms).max(0) as u64;
+                self.metrics
+                    .commit_to_ack
+                    .observe(Duration::from_millis(latency_ms));
+                Ok(())
+            }
+            Err(failure) => {
+                self.handle_failed_delivery(delivery.seq, delivery.dead_letter, failure)
+                    .await
+            }
+        }
+    }
+
+    /// A record Kafka did not take. Permanent problems of the record itself are dead-lettered
+    /// (same transaction: the slot waits for the dead letter instead); everything else ends the
+    /// session so that it restarts from the slot.
+    async fn handle_failed_delivery(
+        &mut self,
+        seq: TxnSeq,
+        was_dead_letter: bool,
+        failure: DeliveryFailure,
+    ) -> Result<(), RelayError> {
+        let kind = failure
+            .error
+            .rdkafka_error_code()
+            .map(|c| format!("{c:?}"))
+            .unwrap_or_else(|| "Other".into());
+        self.metrics.count_delivery_error(&kind);
+        let rejection = failure.rejection();
+        if let Some(fatal) = self.sink.fatal_error() {
+            return Err(PublishError::Fatal(fatal).into());
+        }
+        if !publisher::is_permanent(&failure.error) || was_dead_letter {
+            return Err(RelayError::Delivery(Box::new(rejection)));
+        }
+        let reason = Reason::for_kafka_error(&failure.error);
+        let dlq = &self.settings.dead_letter_topic;
+        let record =
+            dead_letter::from_failed(dlq, &failure.message, reason, &rejection.to_string());
+        self.dead_letter(seq, record, &rejection.event_id, &rejection.to_string())
+            .await
+    }
+
+    async fn handle_frame(&mut self, frame: ReplicationFrame) -> Result<(), RelayError> {
+        match frame {
+            ReplicationFrame::Keepalive {
+                wal_end,
+                reply_requested,
+            } => {
+                self.received = self.received.max(wal_end);
+                self.ledger.observe_wal_end(wal_end);
+                if reply_requested {
+                    self.send_status(false).await?;
+                }
+            }
+            ReplicationFrame::XLogData { wal_end, data, .. } => {
+                self.received = self.received.max(wal_end);
+                self.handle_message(pgoutput::decode(data)?).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_message(&mut self, message: LogicalMessage) -> Result<(), RelayError> {
+        match message {
+            LogicalMessage::Begin(begin) => {
+                let commit_time_ms = pg_time_to_unix_us(begin.commit_time_us) / 1000;
+                self.ledger.begin(commit_time_ms)?;
+                self.txn = Some(OpenTxn {
+                    final_lsn: begin.final_lsn,
+                    commit_time_ms,
+                    events: 0,
+                });
+            }
+            LogicalMessage::Commit(commit) => self.handle_commit(commit)?,
+            LogicalMessage::Relation(relation) => self.handle_relation(relation)?,
+            LogicalMessage::Insert(insert) => self.handle_insert(insert).await?,
+            LogicalMessage::Truncate(_) => {
+                warn!("the outbox table was truncated; nothing is published for a truncate")
+            }
+            LogicalMessage::Update(_)
+            | LogicalMessage::Delete(_)
+            | LogicalMessage::Origin(_)
+            | LogicalMessage::Type(_) => {}
+            LogicalMessage::Message(message) => self.handle_logical_message(message).await?,
+        }
+        Ok(())
+    }
+
+    async fn handle_logical_message(
+        &mut self,
+        message: pgoutput::Message,
+    ) -> Result<(), RelayError> {
+        match self.mapping.route_message(&message) {
+            MessageRoute::Event => {
+                let commit_time_ms = self.open_txn()?.commit_time_ms;
+                let event = self.mapping.message_event(&message, commit_time_ms);
+                let (relation, tuple) = outbox::message_as_row(&message);
+                self.publish_event(event, &relation, &tuple).await?;
+            }
+            MessageRoute::NonTransactional { rejected_total } => warn!(
+                prefix = %message.prefix, lsn = %message.lsn, rejected_total,
+                "skipped a non-transactional logical message with the outbox prefix: only pg_logical_emit_message(true, ...) is published"
+            ),
+            MessageRoute::Ignored => {}
+        }
+        Ok(())
+    }
+
+    fn handle_relation(&mut self, relation: Relation) -> Result<(), RelayError> {
+        let bound = self.mapping.bind(&relation).transpose()?;
+        if bound.is_none() {
+            debug!(schema = %relation.namespace, table = %relation.name,
+                "publication includes a table that is not an outbox; an insert into it stops the relay");
+        }
+        let entry = RelationEntry {
+            relation: Arc::new(relation),
+            bound,
+        };
+        self.relations.insert(entry.relation.id, entry);
+        Ok(())
+    }
+
+    fn handle_commit(&mut self, commit: pgoutput::Commit) -> Result<(), RelayError> {
+        let txn = self
+            .txn
+            .take()
+            .ok_or_else(|| RelayError::Protocol("COMMIT without BEGIN".into()))?;
+        if txn.final_lsn != commit.commit_lsn {
+            return Err(RelayError::Protocol(format!(
+                "COMMIT at {} does not match BEGIN's final LSN {}",
+                commit.commit_lsn, txn.final_lsn
+            )));
+        }
+        self.ledger.commit(commit.end_lsn)?;
+        debug!(end_lsn = %commit.end_lsn, events = txn.events, "transaction handed to kafka");
+        Ok(())
+    }
+
+    /// An insert is published, or dead-lettered, or stops the session: never skipped, since
+    /// the slot would then be confirmed past it.
+    async fn handle_insert(&mut self, insert: pgoutput::Insert) -> Result<(), RelayError> {
+        let commit_time_ms = self.open_txn()?.commit_time_ms;
+        let Some(entry) = self.relations.get(&insert.relation_id) else {
+            return Err(RelayError::Protocol(format!(
+                "INSERT for relation {} before its RELATION message",
+                insert.relation_id
+            )));
+        };
+        let relation = entry.relation.clone();
+        let Some(bound) = &entry.bound else {
+            return Err(RelayError::UnmappedRelation {
+                schema: relation.namespace.clone(),
+                table: relation.name.clone(),
+                relid: relation.id,
+            });
+        };
+        let event = bound.to_event(&insert.tuple, commit_time_ms);
+        self.publish_event(event, &relation, &insert.tuple).await
+    }
+
+    fn open_txn(&mut self) -> Result<&mut OpenTxn, RelayError> {
+        self.txn
+            .as_mut()
+            .ok_or_else(|| RelayError::Protocol("change outside a transaction".into()))
+    }
+
+    /// Hands one mapped event of the open transaction to the sink; an event that cannot be
+    /// published goes to the dead-letter topic (or stops the relay, by policy). `relation`
+    /// and `tuple` are the row it came from, for the dead letter.
+    async fn publish_event(
+        &mut self,
+        event: Result<OutboxEvent, MappingError>,
+        relation: &Relation,
+        tuple: &Tuple,
+    ) -> Result<(), RelayError> {
+        self.open_txn()?.events += 1;
+        let seq = self.ledger.record_sent()?;
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => return self.dead_letter_unmapped(seq, &e, relation, tuple).await,
+        };
+        let sent = self
+            .sink
+            .send(&event.record, seq, &event.id, RecordKind::Event)
+            .await;
+        match sent {
+            Ok(()) => {
+                self.count_in_flight(&event.record);
+                Ok(())
+            }
+            Err(PublishError::Rejected(r)) if publisher::is_permanent(&r.error) => {
+                self.metrics
+                    .count_delivery_error(&format!("{:?}", r.error.rdkafka_error_code()));
+                let reason = Reason::for_kafka_error(&r.error);
+                let dlq = &self.settings.dead_letter_topic;
+                let record = dead_letter::from_record(dlq, &event.record, reason, &r.to_string());
+                self.dead_letter(seq, record, &event.id, &r.to_string())
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn dead_letter_unmapped(
+        &mut self,
+        seq: TxnSeq,
+        error: &MappingError,
+        relation: &Relation,
+        tuple: &Tuple,
+    ) -> Result<(), RelayError> {
+        let reason = match error {
+            MappingError::InvalidTopic { .. } => Reason::InvalidTopic,
+            _ => Reason::Mapping,
+        };
+        let event_id = error.event_id();
+        let dlq = &self.settings.dead_letter_topic;
+        let why = error.to_string();
+        let record = dead_letter::from_row(dlq, relation, tuple, reason, &why, event_id);
+        self.dead_letter(seq, record, event_id.unwrap_or("?"), &why)
+            .await
+    }
+
+    /// Sends a dead letter in place of the event (policy `dead_letter`), or stops.
+    async fn dead_letter(
+        &mut self,
+        seq: TxnSeq,
+        record: Record,
+        event_id: &str,
+        why: &str,
+    ) -> Result<(), RelayError> {
+        if self.settings.dead_letter_policy == DeadLetterPolicy::Stop {
+            return Err(RelayError::Poison(format!("event {event_id}: {why}")));
+        }
+        warn!(event_id, topic = %record.topic, reason = why, "event sent to the dead-letter topic");
+        self.sink
+            .send(&record, seq, event_id, RecordKind::DeadLetter)
+            .await?;
+        self.count_in_flight(&record);
+        Ok(())
+    }
+
+    fn count_in_flight(&mut self, record: &Record) {
+        self.in_flight_messages += 1;
+        self.in_flight_bytes += record.size();
+    }
+
+    async fn send_status(&mut self, reply: bool) -> Result<(), RelayError> {
+        self.confirm_due = None;
+        let flush = self.ledger.confirmed();
+        self.source
+            .send_status(self.received.max(flush), flush, reply)
+            .await?;
+        if flush > self.last_reported || self.in_flight_messages == 0 {
+            self.metrics.mark_progress();
+        }
+        self.last_reported = flush;
+        self.metrics.set_lsns(self.received, flush);
+        self.metrics
+            .messages_rejected
+            .store(self.mapping.non_transactional_messages(), Relaxed);
+        self.metrics
+            .records_in_flight
+            .store(self.in_flight_messages as i64, Relaxed);
+        self.metrics
+            .ledger_transactions
+            .store(self.ledger.transactions_held() as i64, Relaxed);
+        Ok(())
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,784 @@
+//! The session loop against fakes: a scripted WAL and a sink whose acknowledgements the test
+//! controls. Ordering, confirmation, caps, dead-letter policies, shutdown drain and the
+//! errors that end a session, in milliseconds and without PostgreSQL or Kafka.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedMessage;
+use rdkafka::Timestamp;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::seams::{FrameSource, RecordKind, RecordSink};
+use super::session::{Session, Settings};
+use super::RelayError;
+use crate::checkpoint::TxnSeq;
+use crate::config::{DeadLetterPolicy, OutboxConfig};
+use crate::lsn::Lsn;
+use crate::metrics::Metrics;
+use crate::outbox::OutboxMapping;
+use crate::pgoutput::encode::encode;
+use crate::pgoutput::{Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue};
+use crate::publisher::{Delivery, DeliveryFailure, PublishError, Record};
+use crate::walsender::{ReplicationError, ReplicationFrame};
+
+const OUTBOX: u32 = 16_400;
+const AUDIT: u32 = 16_500;
+const DLQ: &str = "test.dlq";
+
+// ---------------------------------------------------------------------------------------
+// The scripted WAL.
+
+/// Builds frames as PostgreSQL would send them, with growing LSNs.
+struct Wal {
+    lsn: u64,
+}
+
+impl Wal {
+    fn new() -> Wal {
+        Wal { lsn: 0x1000 }
+    }
+
+    fn frame(message: LogicalMessage) -> ReplicationFrame {
+        ReplicationFrame::XLogData {
+            wal_start: Lsn::ZERO,
+            wal_end: Lsn::ZERO,
+            data: encode(&message),
+        }
+    }
+
+    fn relation(id: u32, name: &str) -> ReplicationFrame {
+        let column = |name: &str, type_oid| Column {
+            flags: 0,
+            name: name.into(),
+            type_oid,
+            type_modifier: -1,
+        };
+        Wal::frame(LogicalMessage::Relation(Relation {
+            id,
+            namespace: "public".into(),
+            name: name.into(),
+            replica_identity: b'd',
+            columns: vec![
+                column("id", 2950),
+                column("aggregatetype", 1043),
+                column("aggregateid", 1043),
+                column("type", 1043),
+                column("payload", 3802),
+            ],
+        }))
+    }
+
+    fn begin(&mut self, rows: usize) -> (ReplicationFrame, Lsn) {
+        let final_lsn = Lsn(self.lsn + 0x100 * rows as u64 + 0x10);
+        let begin = Wal::frame(LogicalMessage::Begin(Begin {
+            final_lsn,
+            commit_time_us: 0,
+            xid: 1,
+        }));
+        (begin, final_lsn)
+    }
+
+    fn commit(&mut self, final_lsn: Lsn) -> (ReplicationFrame, Lsn) {
+        let end_lsn = Lsn(final_lsn.0 + 0x30);
+        self.lsn = end_lsn.0 + 0x10;
+        let commit = Wal::frame(LogicalMessage::Commit(Commit {
+            flags: 0,
+            commit_lsn: final_lsn,
+            end_lsn,
+            commit_time_us: 0,
+        }));
+        (commit, end_lsn)
+    }
+
+    /// A whole transaction inserting `ids` into relation `relid` (`None`: a row whose
+    /// aggregate type is null, which cannot be routed). Returns its frames and end LSN.
+    fn txn(&mut self, relid: u32, ids: &[Option<&str>]) -> (Vec<ReplicationFrame>, Lsn) {
+        let (begin, final_lsn) = self.begin(ids.len());
+        let mut frames = vec![begin];
+        frames.extend(ids.iter().map(|id| insert(relid, *id)));
+        let (commit, end) = self.commit(final_lsn);
+        frames.push(commit);
+        (frames, end)
+    }
+}
+
+fn text(s: &str) -> TupleValue {
+    TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+fn insert(relid: u32, id: Option<&str>) -> ReplicationFrame {
+    let aggregate_type = match id {
+        Some(_) => text("order"),
+        None => TupleValue::Null,
+    };
+    let id = id.unwrap_or("00000000-0000-0000-0000-000000000000");
+    Wal::frame(LogicalMessage::Insert(Insert {
+        relation_id: relid,
+        tuple: Tuple(vec![
+            text(id),
+            aggregate_type,
+            text("42"),
+            text("OrderCreated"),
+            text("{\"n\": 1}"),
+        ]),
+    }))
+}
+
+fn event_id(n: usize) -> String {
+    format!("00000000-0000-0000-0000-{n:012}")
+}
+
+// ---------------------------------------------------------------------------------------
+// The fakes.
+
+/// What the session told PostgreSQL.
+#[derive(Default)]
+struct SourceLog {
+    /// `flush` of every status update, in order.
+    flushes: Vec<Lsn>,
+    closed: bool,
+}
+
+/// Frames from a channel (the test may add more while the session runs); none left: waits.
+struct FakeSource {
+    frames: mpsc::UnboundedReceiver<Result<ReplicationFrame, ReplicationError>>,
+    log: Arc<Mutex<SourceLog>>,
+}
+
+impl FrameSource for FakeSource {
+    async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
+        match self.frames.recv().await {
+            Some(frame) => frame,
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn send_status(
+        &mut self,
+        _write: Lsn,
+        flush: Lsn,
+        _reply: bool,
+    ) -> Result<(), ReplicationError> {
+        self.log.lock().unwrap().flushes.push(flush);
+        Ok(())
+    }
+
+    async fn close(&mut self) {
+        self.log.lock().unwrap().closed = true;
+    }
+}
+
+/// One record the sink took.
+#[derive(Debug, Clone)]
+struct Sent {
+    seq: TxnSeq,
+    event_id: String,
+    kind: RecordKind,
+    topic: String,
+    bytes: usize,
+}
+
+/// Takes records; acknowledges at once (`auto_ack`) or when the test says.
+struct FakeSink {
+    sent: Arc<Mutex<Vec<Sent>>>,
+    deliveries: mpsc::UnboundedSender<Delivery>,
+    auto_ack: bool,
+}
+
+impl RecordSink for FakeSink {
+    async fn send(
+        &mut self,
+        record: &Record,
+        seq: TxnSeq,
+        event_id: &str,
+        kind: RecordKind,
+    ) -> Result<(), PublishError> {
+        let sent = Sent {
+            seq,
+            event_id: event_id.to_string(),
+            kind,
+            topic: record.topic.clone(),
+            bytes: record.size(),
+        };
+        if self.auto_ack {
+            let _ = self.deliveries.send(ok(&sent));
+        }
+        self.sent.lock().unwrap().push(sent);
+        Ok(())
+    }
+
+    fn fatal_error(&self) -> Option<String> {
+        None
+    }
+}
+
+fn ok(sent: &Sent) -> Delivery {
+    Delivery {
+        seq: sent.seq,
+        dead_letter: sent.kind == RecordKind::DeadLetter,
+        bytes: sent.bytes,
+        result: Ok(()),
+    }
+}
+
+fn failed(sent: &Sent, code: RDKafkaErrorCode) -> Delivery {
+    let message = OwnedMessage::new(
+        Some(b"{}".to_vec()),
+        Some(sent.event_id.clone().into_bytes()),
+        sent.topic.clone(),
+        Timestamp::NotAvailable,
+        0,
+        -1,
+        None,
+    );
+    Delivery {
+        seq: sent.seq,
+        dead_letter: sent.kind == RecordKind::DeadLetter,
+        bytes: sent.bytes,
+        result: Err(DeliveryFailure {
+            error: KafkaError::MessageProduction(code),
+            message,
+        }),
+    }
+}
+
+/// A session wired to fakes, and the test's handles on them.
+struct Rig {
+    frames: mpsc::UnboundedSender<Result<ReplicationFrame, ReplicationError>>,
+    acks: mpsc::UnboundedSender<Delivery>,
+    log: Arc<Mutex<SourceLog>>,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    shutdown: CancellationToken,
+    ends: Option<(FakeSource, FakeSink, mpsc::UnboundedReceiver<Delivery>)>,
+}
+
+impl Rig {
+    fn new(auto_ack: bool) -> Rig {
+        let (frames, frames_rx) = mpsc::unbounded_channel();
+        let (acks, acks_rx) = mpsc::unbounded_channel();
+        let log = Arc::new(Mutex::new(SourceLog::default()));
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let source = FakeSource {
+            frames: frames_rx,
+            log: log.clone(),
+        };
+        let sink = FakeSink {
+            sent: sent.clone(),
+            deliveries: acks.clone(),
+            auto_ack,
+        };
+        Rig {
+            frames,
+            acks,
+            log,
+            sent,
+            shutdown: CancellationToken::new(),
+            ends: Some((source, sink, acks_rx)),
+        }
+    }
+
+    fn push(&self, frames: impl IntoIterator<Item = ReplicationFrame>) {
+        for f in frames {
+            self.frames.send(Ok(f)).unwrap();
+        }
+    }
+
+    fn session<'a>(
+        &mut self,
+        settings: Settings,
+        mapping: &'a OutboxMapping,
+        metrics: &'a Metrics,
+    ) -> Session<'a, FakeSource, FakeSink> {
+        let ends = self.ends.take().expect("one session per rig");
+        Session::new(settings, mapping, metrics, ends, Lsn(0x100))
+    }
+
+    fn sent(&self) -> Vec<Sent> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    fn last_flush(&self) -> Lsn {
+        self.log
+            .lock()
+            .unwrap()
+            .flushes
+            .last()
+            .copied()
+            .unwrap_or(Lsn::ZERO)
+    }
+
+    fn max_flush(&self) -> Lsn {
+        let log = self.log.lock().unwrap();
+        log.flushes.iter().copied().max().unwrap_or(Lsn::ZERO)
+    }
+
+    /// Waits (a few milliseconds of real time at most) until `check` holds.
+    async fn until(&self, what: &str, check: impl Fn(&Rig) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while !check(self) {
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        max_in_flight_messages: 10_000,
+        max_in_flight_bytes: 1 << 30,
+        dead_letter_policy: DeadLetterPolicy::DeadLetter,
+        dead_letter_topic: DLQ.into(),
+        shutdown_timeout: Duration::from_secs(5),
+        // Long: confirmations in these tests come from acknowledgements, not the timer.
+        status_interval: Duration::from_secs(60),
+        confirm_delay: Duration::ZERO,
+    }
+}
+
+fn mapping() -> OutboxMapping {
+    OutboxMapping::new(&OutboxConfig::default()).unwrap()
+}
+
+/// `count` transactions of 1 to 4 rows each; returns (frames, end LSN and row count per txn).
+fn transactions(
+    wal: &mut Wal,
+    count: usize,
+    rng: &mut impl Rng,
+) -> (Vec<ReplicationFrame>, Vec<(Lsn, usize)>) {
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    let mut txns = Vec::new();
+    let mut n = 0;
+    for _ in 0..count {
+        let rows = rng.gen_range(1..=4);
+        let ids: Vec<String> = (n..n + rows).map(event_id).collect();
+        n += rows;
+        let ids: Vec<Option<&str>> = ids.iter().map(|s| Some(s.as_str())).collect();
+        let (f, end) = wal.txn(OUTBOX, &ids);
+        frames.extend(f);
+        txns.push((end, rows));
+    }
+    (frames, txns)
+}
+
+// ---------------------------------------------------------------------------------------
+// The tests.
+
+#[tokio::test]
+async fn confirms_in_commit_order_whatever_the_ack_order() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (frames, txns) = transactions(&mut wal, 60, &mut rng);
+    let total: usize = txns.iter().map(|t| t.1).sum();
+    rig.push(frames);
+    let session = rig.session(settings(), &mapping, &metrics);
+
+    let driver = async {
+        rig.until("every record sent", |r| r.sent().len() == total)
+            .await;
+        let mut order = rig.sent();
+        order.shuffle(&mut rng);
+        let mut pending: Vec<usize> = txns.iter().map(|t| t.1).collect();
+        // The ledger numbers transactions from 0 in commit order.
+        for record in order {
+            rig.acks.send(ok(&record)).unwrap();
+            pending[record.seq as usize] -= 1;
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            let bound = match pending.iter().position(|&p| p > 0) {
+                Some(first_unacked) => txns[first_unacked].0,
+                None => Lsn(u64::MAX),
+            };
+            assert!(
+                rig.max_flush() < bound,
+                "confirmed {} past an unacknowledged commit ending at {bound}",
+                rig.max_flush()
+            );
+        }
+        let last = txns.last().unwrap().0;
+        rig.until("the last commit confirmed", |r| r.last_flush() == last)
+            .await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    let log = rig.log.lock().unwrap();
+    assert!(
+        log.flushes.windows(2).all(|w| w[0] <= w[1]),
+        "confirmed went backwards"
+    );
+    assert!(log.closed);
+}
+
+#[tokio::test]
+async fn reading_pauses_at_the_in_flight_cap() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    for n in 0..20 {
+        frames.extend(wal.txn(OUTBOX, &[Some(&event_id(n))]).0);
+    }
+    rig.push(frames);
+    let mut capped = settings();
+    capped.max_in_flight_messages = 5;
+    let session = rig.session(capped, &mapping, &metrics);
+
+    let driver = async {
+        rig.until("the cap reached", |r| r.sent().len() == 5).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(rig.sent().len(), 5, "read past the in-flight cap");
+        let mut acked = 0;
+        while acked < 20 {
+            let sent = rig.sent();
+            assert!(sent.len() - acked <= 5, "{} in flight", sent.len() - acked);
+            for record in &sent[acked..] {
+                rig.acks.send(ok(record)).unwrap();
+            }
+            acked = sent.len();
+            let more = acked;
+            rig.until("more read after the acks", |r| {
+                r.sent().len() > more || more == 20
+            })
+            .await;
+        }
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+}
+
+/// A row that cannot be routed, and a record Kafka refuses for good, under both policies.
+#[tokio::test]
+async fn poison_records_are_dead_lettered_under_policy_dead_letter() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (unroutable, end_a) = wal.txn(OUTBOX, &[None]);
+    let (too_large, end_b) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    rig.push(unroutable.into_iter().chain(too_large));
+    let session = rig.session(settings(), &mapping, &metrics);
+
+    let driver = async {
+        rig.until("two records", |r| r.sent().len() == 2).await;
+        let sent = rig.sent();
+        assert_eq!(sent[0].kind, RecordKind::DeadLetter);
+        assert_eq!(sent[0].topic, DLQ);
+        assert_eq!(sent[1].kind, RecordKind::Event);
+        rig.acks.send(ok(&sent[0])).unwrap();
+        rig.until("the dead letter confirms its transaction", |r| {
+            r.last_flush() == end_a
+        })
+        .await;
+        rig.acks
+            .send(failed(&sent[1], RDKafkaErrorCode::MessageSizeTooLarge))
+            .unwrap();
+        rig.until("the refused record dead-lettered", |r| r.sent().len() == 3)
+            .await;
+        let dead = rig.sent()[2].clone();
+        assert_eq!(
+            (dead.kind, dead.topic.as_str()),
+            (RecordKind::DeadLetter, DLQ)
+        );
+        assert_eq!(
+            dead.seq, sent[1].seq,
+            "the dead letter stands in for the record"
+        );
+        assert!(
+            rig.max_flush() < end_b,
+            "confirmed before the dead letter was acknowledged"
+        );
+        rig.acks.send(ok(&dead)).unwrap();
+        rig.until("confirmed past the dead letter", |r| {
+            r.last_flush() == end_b
+        })
+        .await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        metrics
+            .events_dead_lettered
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+}
+
+#[tokio::test]
+async fn unroutable_row_stops_the_session_under_policy_stop() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let (good, end_good) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    let (bad, _) = wal.txn(OUTBOX, &[None]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(good));
+    let mut stop = settings();
+    stop.dead_letter_policy = DeadLetterPolicy::Stop;
+    let session = rig.session(stop, &mapping, &metrics);
+    let driver = async {
+        rig.until("the good row confirmed", |r| r.last_flush() == end_good)
+            .await;
+        rig.push(bad);
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let err = result.unwrap_err();
+    assert!(matches!(err, RelayError::Poison(_)), "{err}");
+    assert!(!err.is_transient());
+    assert_eq!(rig.max_flush(), end_good, "confirmed past the poison row");
+    assert!(rig.sent().iter().all(|s| s.kind == RecordKind::Event));
+}
+
+#[tokio::test]
+async fn refused_record_stops_the_session_under_policy_stop() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (frames, end) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(frames));
+    let mut stop = settings();
+    stop.dead_letter_policy = DeadLetterPolicy::Stop;
+    let session = rig.session(stop, &mapping, &metrics);
+    let driver = async {
+        rig.until("the record sent", |r| r.sent().len() == 1).await;
+        let sent = rig.sent()[0].clone();
+        rig.acks
+            .send(failed(&sent, RDKafkaErrorCode::MessageSizeTooLarge))
+            .unwrap();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    assert!(matches!(result, Err(RelayError::Poison(_))), "{result:?}");
+    assert!(rig.max_flush() < end);
+}
+
+#[tokio::test]
+async fn unmappable_insert_stops_the_session_without_confirming() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let (good, end_good) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    let (audit, _) = wal.txn(AUDIT, &[Some(&event_id(2))]);
+    rig.push([
+        Wal::relation(OUTBOX, "outbox"),
+        Wal::relation(AUDIT, "audit"),
+    ]);
+    rig.push(good);
+    let session = rig.session(settings(), &mapping, &metrics);
+    let driver = async {
+        rig.until("the outbox row confirmed", |r| r.last_flush() == end_good)
+            .await;
+        rig.push(audit);
+        // A keepalive past the insert: confirming it would skip the row.
+        rig.push([ReplicationFrame::Keepalive {
+            wal_end: Lsn(u64::MAX / 2),
+            reply_requested: true,
+        }]);
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let err = result.unwrap_err();
+    assert!(
+        matches!(&err, RelayError::UnmappedRelation { table, relid: AUDIT, .. } if table == "audit"),
+        "{err}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("public.audit") && message.contains("ALTER PUBLICATION"),
+        "{message}"
+    );
+    assert!(!err.is_transient());
+    assert_eq!(err.exit_code(), 1);
+    assert_eq!(
+        rig.max_flush(),
+        end_good,
+        "confirmed past the unmapped insert"
+    );
+    assert_eq!(rig.sent().len(), 1);
+}
+
+#[tokio::test]
+async fn shutdown_finishes_the_open_transaction_and_drains_before_confirming() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (frames, txns) = transactions(&mut wal, 10, &mut rand::rngs::StdRng::seed_from_u64(1));
+    rig.push(frames);
+    // Half a transaction: BEGIN and one row, its COMMIT still on the way.
+    let (begin, final_lsn) = wal.begin(1);
+    rig.push([begin, insert(OUTBOX, Some(&event_id(999)))]);
+    let session = rig.session(settings(), &mapping, &metrics);
+    let total: usize = txns.iter().map(|t| t.1).sum::<usize>() + 1;
+
+    let driver = async {
+        rig.until("every record sent", |r| r.sent().len() == total)
+            .await;
+        rig.shutdown.cancel();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // The rest of the half-read transaction, then one that must not be read any more.
+        let (commit, end_open) = wal.commit(final_lsn);
+        let (after, _) = wal.txn(OUTBOX, &[Some(&event_id(1000))]);
+        rig.push(std::iter::once(commit).chain(after));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !rig.log.lock().unwrap().closed,
+            "closed with records in flight"
+        );
+        for record in rig.sent() {
+            rig.acks.send(ok(&record)).unwrap();
+        }
+        end_open
+    };
+    let (result, end_open) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        rig.sent().len(),
+        total,
+        "read a new transaction while draining"
+    );
+    assert_eq!(
+        rig.last_flush(),
+        end_open,
+        "the final status confirms every acknowledged commit"
+    );
+    assert!(rig.log.lock().unwrap().closed);
+}
+
+#[tokio::test]
+async fn shutdown_deadline_confirms_only_what_was_acknowledged() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (first, end_first) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    let (second, _) = wal.txn(OUTBOX, &[Some(&event_id(2))]);
+    rig.push(
+        std::iter::once(Wal::relation(OUTBOX, "outbox"))
+            .chain(first)
+            .chain(second),
+    );
+    let mut short = settings();
+    short.shutdown_timeout = Duration::from_millis(50);
+    let session = rig.session(short, &mapping, &metrics);
+    let driver = async {
+        rig.until("both sent", |r| r.sent().len() == 2).await;
+        rig.acks.send(ok(&rig.sent()[0])).unwrap();
+        rig.shutdown.cancel();
+    };
+    let started = std::time::Instant::now();
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(50));
+    assert_eq!(rig.last_flush(), end_first);
+}
+
+#[tokio::test]
+async fn transient_delivery_error_ends_the_session_without_confirming() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (frames, end) = wal.txn(OUTBOX, &[Some(&event_id(1)), Some(&event_id(2))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(frames));
+    let session = rig.session(settings(), &mapping, &metrics);
+    let driver = async {
+        rig.until("both sent", |r| r.sent().len() == 2).await;
+        let sent = rig.sent();
+        rig.acks.send(ok(&sent[0])).unwrap();
+        rig.acks
+            .send(failed(&sent[1], RDKafkaErrorCode::MessageTimedOut))
+            .unwrap();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let err = result.unwrap_err();
+    assert!(matches!(err, RelayError::Delivery(_)), "{err}");
+    assert!(
+        err.is_transient(),
+        "a timed-out delivery must restart the session: {err}"
+    );
+    assert!(rig.max_flush() < end);
+    assert!(rig.log.lock().unwrap().closed);
+}
+
+#[tokio::test]
+async fn source_error_ends_the_session_as_transient() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    rig.frames.send(Err(ReplicationError::Closed)).unwrap();
+    let session = rig.session(settings(), &mapping, &metrics);
+    let err = session.run(&rig.shutdown).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+}
+
+#[tokio::test]
+async fn acknowledged_commits_are_confirmed_without_waiting_for_the_timer() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let (frames, end) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(frames));
+    let mut coalesced = settings();
+    coalesced.confirm_delay = Duration::from_millis(20);
+    let session = rig.session(coalesced, &mapping, &metrics);
+    let driver = async {
+        // The status timer is 60 s: only the confirmation after the ack can get there.
+        rig.until("confirmed after the ack", |r| r.last_flush() == end)
+            .await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+}
+
+#[tokio::test]
+async fn empty_transactions_do_not_grow_the_ledger_while_kafka_is_down() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (frames, first_end) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(frames));
+    let mut last_end = Lsn::ZERO;
+    for _ in 0..10_000 {
+        let (empty, end) = wal.txn(OUTBOX, &[]);
+        rig.push(empty);
+        last_end = end;
+    }
+    let mut short = settings();
+    short.shutdown_timeout = Duration::from_millis(1);
+    let session = rig.session(short, &mapping, &metrics);
+    let driver = async {
+        rig.until("the record sent", |r| r.sent().len() == 1).await;
+        // Let the session read every empty transaction behind the unacknowledged one.
+        rig.push([ReplicationFrame::Keepalive {
+            wal_end: last_end,
+            reply_requested: true,
+        }]);
+        rig.until("the keepalive answered", |r| {
+            r.log.lock().unwrap().flushes.len() >= 2
+        })
+        .await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    let held = metrics
+        .ledger_transactions
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(held <= 1, "the ledger holds {held} transactions");
+    assert!(
+        rig.max_flush() < first_end,
+        "confirmed past the unacknowledged record"
+    );
+}
+
+#[test]
+fn fake_wal_is_well_formed() {
+    let mut wal = Wal::new();
+    let (frames, end) = wal.txn(OUTBOX, &[Some("a"), Some("b")]);
+    assert_eq!(frames.len(), 4);
+    let (_, end2) = wal.txn(OUTBOX, &[]);
+    assert!(end2 > end);
+}
