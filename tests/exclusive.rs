@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::probe::{free_port, http_get, wait_exit};
+use common::probe::{free_port, http_get, metric, wait_exit};
 use common::*;
 
 /// One exclusive test at a time.
@@ -206,6 +206,99 @@ async fn readiness_turns_red_while_the_broker_is_down_and_green_after() {
     let all = writing.await.unwrap();
     expect_all(
         "broker down behind /readyz",
+        &[db.topic("order")],
+        &all,
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+        &relay,
+    )
+    .await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+/// The relay's peak resident memory, from /proc (kB → bytes).
+fn peak_rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    kb * 1024
+}
+
+/// Memory is bounded by the records in flight, whatever the traffic: while the broker is down,
+/// 100,000 transactions that carry no outbox record (each with a logical message of another
+/// prefix, which pgoutput sends on every version, as PostgreSQL 14 sends every transaction)
+/// must not pile up behind the first unacknowledged one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_down_under_100k_recordless_transactions_keeps_memory_flat() {
+    let _alone = EXCLUSIVE.lock().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let port = free_port();
+    let mut env = db.relay_env();
+    env.retain(|(k, _)| k != "OUTBOX_RELAY__HTTP__LISTEN");
+    env.push((
+        "OUTBOX_RELAY__HTTP__LISTEN".into(),
+        format!("127.0.0.1:{port}"),
+    ));
+    // Decoding logical messages: every transaction that emits one reaches the relay.
+    env.push((
+        "OUTBOX_RELAY__OUTBOX__MESSAGE_PREFIX".into(),
+        "outbox".into(),
+    ));
+    let mut relay = RelayProcess::start(&env, "memory_outage");
+    wait_for_slot(&db, &mut relay).await;
+    let mut client = db.client().await;
+    let mut all: Vec<Event> = (0..100).map(|i| Event::new("order", "m", 0, i)).collect();
+    insert_events(&mut client, &all, true).await;
+
+    let outage = BrokerOutage::begin();
+    for round in 0..10 {
+        let batch: Vec<Event> = (0..20)
+            .map(|i| Event::new("order", "m", 0, 100 + round * 20 + i))
+            .collect();
+        insert_events(&mut client, &batch, true).await;
+        all.extend(batch);
+        client
+            .batch_execute(
+                "DO $$ BEGIN FOR i IN 1..10000 LOOP \
+                   PERFORM pg_logical_emit_message(true, 'unrelated', 'x'); COMMIT; \
+                 END LOOP; END $$",
+            )
+            .await
+            .unwrap();
+    }
+    let written = db.current_wal_lsn().await;
+    wait_for(
+        "the relay to read every transaction written during the outage",
+        Duration::from_secs(120),
+        || async {
+            http_get(port, "/metrics")
+                .and_then(|(_, body)| metric(&body, "outbox_relay_received_lsn"))
+                .is_some_and(|lsn| lsn as u64 >= written)
+        },
+    )
+    .await;
+    let peak = peak_rss_bytes(relay.pid());
+    let held = http_get(port, "/metrics")
+        .and_then(|(_, body)| metric(&body, "outbox_relay_ledger_transactions"))
+        .unwrap_or(f64::NAN);
+    println!(
+        "broker down, 100,000 recordless transactions read: peak RSS {:.1} MB, ledger holds {held} transactions",
+        peak as f64 / 1e6
+    );
+    assert!(
+        peak < 64 * 1024 * 1024,
+        "relay peak RSS {peak} bytes >= 64 MiB while the broker was down"
+    );
+    assert!(held <= 50.0, "the ledger holds {held} transactions");
+    drop(outage);
+
+    expect_all(
+        "broker down under recordless traffic",
         &[db.topic("order")],
         &all,
         Duration::from_secs(120),

@@ -665,3 +665,52 @@ pub async fn wait_for_slot(db: &TestDb, relay: &mut RelayProcess) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Writes `total` events from `writers` concurrent writers in transactions of 1 to `max_txn`
+/// rows, alternating aggregate types per transaction. Returns events in each writer's commit
+/// order, writer by writer.
+pub async fn write_concurrently(
+    db: &TestDb,
+    writers: usize,
+    total: usize,
+    max_txn: usize,
+    pause: Duration,
+) -> Vec<Vec<Event>> {
+    let per_writer = total / writers;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let mut client = db.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut written = Vec::with_capacity(per_writer);
+            let mut txn_no = 0;
+            while written.len() < per_writer {
+                let n = rand::thread_rng()
+                    .gen_range(1..=max_txn)
+                    .min(per_writer - written.len());
+                let aggregate_type = if txn_no % 2 == 0 { "order" } else { "customer" };
+                let batch: Vec<Event> = (0..n)
+                    .map(|i| {
+                        Event::new(
+                            aggregate_type,
+                            &format!("w{w}-{txn_no}"),
+                            w,
+                            written.len() + i,
+                        )
+                    })
+                    .collect();
+                insert_events(&mut client, &batch, true).await;
+                written.extend(batch);
+                txn_no += 1;
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            written
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.push(t.await.unwrap());
+    }
+    all
+}
