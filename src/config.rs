@@ -42,6 +42,21 @@ pub const MAX_STATUS_INTERVAL_MS: u64 = 30_000;
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_RECONNECT_BACKOFF_INITIAL_MS: u64 = 500;
 pub const DEFAULT_RECONNECT_BACKOFF_MAX_MS: u64 = 30_000;
+/// TCP keepalive on both PostgreSQL connections: first probe after this much silence.
+pub const DEFAULT_KEEPALIVES_IDLE_MS: u64 = 30_000;
+/// Between unanswered keepalive probes.
+pub const DEFAULT_KEEPALIVES_INTERVAL_MS: u64 = 10_000;
+/// Unanswered probes before the kernel drops the connection.
+pub const DEFAULT_KEEPALIVES_RETRIES: u32 = 3;
+/// `TCP_USER_TIMEOUT`: sent data unacknowledged this long drops the connection (Linux). Equal to
+/// idle + interval × retries, so keepalives and unacknowledged writes give up alike.
+pub const DEFAULT_TCP_USER_TIMEOUT_MS: u64 = 60_000;
+/// `postgres.receive_timeout_ms` of 0: derive the deadline from the server's
+/// `wal_sender_timeout`.
+pub const DEFAULT_RECEIVE_TIMEOUT_MS: u64 = 0;
+/// The replication receive deadline when it is derived and the server's `wal_sender_timeout`
+/// is 0 (disabled).
+pub const FALLBACK_RECEIVE_TIMEOUT_MS: u64 = 30_000;
 
 pub const DEFAULT_OUTBOX_TABLE: &str = "public.outbox";
 pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.event.{aggregatetype}";
@@ -300,6 +315,39 @@ pub struct PostgresConfig {
     /// How often the slot's lag, retained WAL and wal_status are sampled (for `/metrics`, and
     /// to stop when the slot is lost), in milliseconds; 100 to 600000.
     pub slot_sample_interval_ms: u64,
+    /// TCP keepalive on both connections: silence before the first probe, in milliseconds, at
+    /// least 1000 (the kernel counts whole seconds). A `keepalives_idle` (seconds) in `url` applies
+    /// when this key is left at its default; `keepalives=0` in `url` turns keepalives off.
+    pub keepalives_idle_ms: u64,
+    /// Between unanswered keepalive probes, in milliseconds; >= 1000. `keepalives_interval`
+    /// (seconds) in `url` applies when this key is left at its default.
+    pub keepalives_interval_ms: u64,
+    /// Unanswered probes before the connection is dropped; 1 to 127. `keepalives_retries` in
+    /// `url` applies when this key is left at its default.
+    pub keepalives_retries: u32,
+    /// `TCP_USER_TIMEOUT` (Linux) on both connections: data sent and unacknowledged this long
+    /// drops the connection, in milliseconds; 0 keeps the system default, else >= 1000.
+    /// `tcp_user_timeout` (milliseconds, as libpq) in `url` applies when this key is left at its
+    /// default.
+    pub tcp_user_timeout_ms: u64,
+    /// Receive deadline of the replication stream: no frame for this long ends the session
+    /// (reconnect, resume from the slot), in milliseconds. 0 (default): three quarters of the
+    /// server's `wal_sender_timeout` (the server sends a keepalive at least every half of it,
+    /// and answers every status update), at least two status intervals; 30000 when the server's
+    /// `wal_sender_timeout` is 0. Otherwise >= 2 × `status_interval_ms`.
+    pub receive_timeout_ms: u64,
+}
+
+/// TCP settings for both PostgreSQL connections, resolved from `[postgres]` and the URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpKeepalive {
+    /// Keepalive probes on (`keepalives=0` in the URL turns them off).
+    pub enabled: bool,
+    pub idle: std::time::Duration,
+    pub interval: std::time::Duration,
+    pub retries: u32,
+    /// `TCP_USER_TIMEOUT`; `None` keeps the system default.
+    pub user_timeout: Option<std::time::Duration>,
 }
 
 /// `[outbox]`: the outbox table(s), how a row becomes a Kafka record, the message outbox and
@@ -732,6 +780,11 @@ impl Default for PostgresConfig {
             stale_holder_after_ms: DEFAULT_STALE_HOLDER_AFTER_MS,
             terminate_stale_holder: false,
             slot_sample_interval_ms: DEFAULT_SLOT_SAMPLE_INTERVAL_MS,
+            keepalives_idle_ms: DEFAULT_KEEPALIVES_IDLE_MS,
+            keepalives_interval_ms: DEFAULT_KEEPALIVES_INTERVAL_MS,
+            keepalives_retries: DEFAULT_KEEPALIVES_RETRIES,
+            tcp_user_timeout_ms: DEFAULT_TCP_USER_TIMEOUT_MS,
+            receive_timeout_ms: DEFAULT_RECEIVE_TIMEOUT_MS,
         }
     }
 }
@@ -831,6 +884,11 @@ impl fmt::Debug for PostgresConfig {
             .field("stale_holder_after_ms", &self.stale_holder_after_ms)
             .field("terminate_stale_holder", &self.terminate_stale_holder)
             .field("slot_sample_interval_ms", &self.slot_sample_interval_ms)
+            .field("keepalives_idle_ms", &self.keepalives_idle_ms)
+            .field("keepalives_interval_ms", &self.keepalives_interval_ms)
+            .field("keepalives_retries", &self.keepalives_retries)
+            .field("tcp_user_timeout_ms", &self.tcp_user_timeout_ms)
+            .field("receive_timeout_ms", &self.receive_timeout_ms)
             .finish()
     }
 }
@@ -1121,6 +1179,7 @@ impl PostgresConfig {
                 ));
             }
         }
+        self.validate_network()?;
         let needs_ca = matches!(self.ssl_mode, SslMode::VerifyCa | SslMode::VerifyFull);
         if !self.ssl_root_cert.is_empty() && !needs_ca {
             return Err(ConfigError::invalid(
@@ -1129,6 +1188,102 @@ impl PostgresConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl PostgresConfig {
+    /// Keepalive, user timeout and receive deadline bounds.
+    fn validate_network(&self) -> Result<(), ConfigError> {
+        check_range(
+            "postgres.keepalives_idle_ms",
+            self.keepalives_idle_ms,
+            1_000,
+            u64::MAX,
+            "ms",
+        )?;
+        check_range(
+            "postgres.keepalives_interval_ms",
+            self.keepalives_interval_ms,
+            1_000,
+            u64::MAX,
+            "ms",
+        )?;
+        check_range(
+            "postgres.keepalives_retries",
+            u64::from(self.keepalives_retries),
+            1,
+            127,
+            "probes",
+        )?;
+        if self.tcp_user_timeout_ms != 0 && self.tcp_user_timeout_ms < 1_000 {
+            return Err(ConfigError::invalid(
+                "postgres.tcp_user_timeout_ms",
+                format!(
+                    "must be 0 (system default) or >= 1000 (ms), got {}",
+                    self.tcp_user_timeout_ms
+                ),
+            ));
+        }
+        let min_receive = self.status_interval_ms.saturating_mul(2);
+        if self.receive_timeout_ms != 0 && self.receive_timeout_ms < min_receive {
+            return Err(ConfigError::invalid(
+                "postgres.receive_timeout_ms",
+                format!(
+                    "must be 0 (derived from wal_sender_timeout) or >= 2 × postgres.status_interval_ms ({min_receive} ms): the server's frames answer our status updates; got {}",
+                    self.receive_timeout_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The TCP settings both connections use: the `[postgres]` keys, or the URL's libpq
+    /// parameters (`keepalives`, `keepalives_idle`, `keepalives_interval`, `keepalives_retries`
+    /// in seconds/count, `tcp_user_timeout` in milliseconds) where a key is left at its default.
+    pub fn tcp_keepalive(&self) -> TcpKeepalive {
+        use std::time::Duration;
+        let (url, _, _) = crate::tls::split_tls_params(&self.url);
+        let parsed = url.parse::<tokio_postgres::Config>().ok();
+        // tokio-postgres' own defaults: a getter that differs from them was set by the URL.
+        let pristine = tokio_postgres::Config::new();
+        let from_url = |get: &dyn Fn(&tokio_postgres::Config) -> Option<Duration>| {
+            parsed
+                .as_ref()
+                .and_then(|p| get(p).filter(|d| Some(*d) != get(&pristine)))
+        };
+        let keyed = |configured_ms: u64, default_ms: u64, url: Option<Duration>| match url {
+            Some(d) if configured_ms == default_ms => d,
+            _ => Duration::from_millis(configured_ms),
+        };
+        let idle = keyed(
+            self.keepalives_idle_ms,
+            DEFAULT_KEEPALIVES_IDLE_MS,
+            from_url(&|c| Some(c.get_keepalives_idle())),
+        );
+        let interval = keyed(
+            self.keepalives_interval_ms,
+            DEFAULT_KEEPALIVES_INTERVAL_MS,
+            from_url(&|c| c.get_keepalives_interval()),
+        );
+        let retries = match parsed.as_ref().and_then(|p| p.get_keepalives_retries()) {
+            Some(n) if self.keepalives_retries == DEFAULT_KEEPALIVES_RETRIES && n > 0 => n,
+            _ => self.keepalives_retries,
+        };
+        // libpq counts tcp_user_timeout in milliseconds; tokio-postgres' parser reads seconds.
+        let url_user_timeout = from_url(&|c| c.get_tcp_user_timeout().copied())
+            .map(|d| Duration::from_millis(d.as_secs()));
+        let user_timeout = keyed(
+            self.tcp_user_timeout_ms,
+            DEFAULT_TCP_USER_TIMEOUT_MS,
+            url_user_timeout,
+        );
+        TcpKeepalive {
+            enabled: parsed.as_ref().is_none_or(|p| p.get_keepalives()),
+            idle,
+            interval,
+            retries,
+            user_timeout: (!user_timeout.is_zero()).then_some(user_timeout),
+        }
     }
 }
 
@@ -2339,6 +2494,92 @@ mod tests {
         assert_eq!(config.kafka.properties["socket.timeout.ms"], "60000");
         assert_eq!(config.kafka.properties["client.rack"], "ssl");
         assert_eq!(config.kafka.properties["enable.idempotence"], "true");
+    }
+
+    #[test]
+    fn network_rules_name_their_field() {
+        Config::default().validate().unwrap();
+        for (config, field) in [
+            (
+                with(|c| c.postgres.keepalives_idle_ms = 999),
+                "postgres.keepalives_idle_ms",
+            ),
+            (
+                with(|c| c.postgres.keepalives_interval_ms = 0),
+                "postgres.keepalives_interval_ms",
+            ),
+            (
+                with(|c| c.postgres.keepalives_retries = 0),
+                "postgres.keepalives_retries",
+            ),
+            (
+                with(|c| c.postgres.keepalives_retries = 128),
+                "postgres.keepalives_retries",
+            ),
+            (
+                with(|c| c.postgres.tcp_user_timeout_ms = 500),
+                "postgres.tcp_user_timeout_ms",
+            ),
+        ] {
+            assert_invalid(&config, field);
+        }
+        let message = assert_invalid(
+            &with(|c| c.postgres.receive_timeout_ms = 1_500),
+            "postgres.receive_timeout_ms",
+        );
+        assert!(message.contains("2000 ms"), "{message}");
+        with(|c| c.postgres.receive_timeout_ms = 2_000)
+            .validate()
+            .unwrap();
+        with(|c| c.postgres.tcp_user_timeout_ms = 0)
+            .validate()
+            .unwrap();
+        let from_env = from_env(&[("OUTBOX_RELAY__POSTGRES__RECEIVE_TIMEOUT_MS", "4000")]).unwrap();
+        assert_eq!(from_env.postgres.receive_timeout_ms, 4_000);
+    }
+
+    #[test]
+    fn keepalives_come_from_the_keys_or_the_url() {
+        use std::time::Duration;
+        let defaults = PostgresConfig::default().tcp_keepalive();
+        assert_eq!(
+            defaults,
+            TcpKeepalive {
+                enabled: true,
+                idle: Duration::from_secs(30),
+                interval: Duration::from_secs(10),
+                retries: 3,
+                user_timeout: Some(Duration::from_secs(60)),
+            }
+        );
+        let url = PostgresConfig {
+            url: "postgres://u@db/app?keepalives_idle=5&keepalives_interval=2&keepalives_retries=4&tcp_user_timeout=9000&sslmode=require".into(),
+            ..PostgresConfig::default()
+        };
+        assert_eq!(
+            url.tcp_keepalive(),
+            TcpKeepalive {
+                enabled: true,
+                idle: Duration::from_secs(5),
+                interval: Duration::from_secs(2),
+                retries: 4,
+                user_timeout: Some(Duration::from_millis(9_000)),
+            }
+        );
+        // Keys set in the config win over the URL.
+        let keyed = PostgresConfig {
+            keepalives_idle_ms: 7_000,
+            tcp_user_timeout_ms: 0,
+            ..url.clone()
+        };
+        let resolved = keyed.tcp_keepalive();
+        assert_eq!(resolved.idle, Duration::from_secs(7));
+        assert_eq!(resolved.user_timeout, None);
+        let off = PostgresConfig {
+            url: "host=db user=u keepalives=0".into(),
+            ..PostgresConfig::default()
+        };
+        assert!(!off.tcp_keepalive().enabled);
     }
 
     #[test]

@@ -135,7 +135,7 @@ fn parse_lsn(text: Option<String>) -> Option<Lsn> {
 
 impl Control {
     /// Connects as `[postgres]` says: URL, password (file, URL or `PGPASSWORD`), TLS mode
-    /// and CA, connect timeout.
+    /// and CA, connect timeout, TCP keepalives and user timeout.
     pub async fn connect(pg: &PostgresConfig) -> Result<Control, ControlError> {
         let (tls, url) = TlsSettings::resolve(pg);
         let mut config: tokio_postgres::Config =
@@ -147,6 +147,15 @@ impl Control {
             config.password(p);
         }
         config.connect_timeout(Duration::from_millis(pg.connect_timeout_ms));
+        // Keepalives and user timeout as on the replication connection (keys or URL).
+        let keepalive = pg.tcp_keepalive();
+        config
+            .keepalives(keepalive.enabled)
+            .keepalives_idle(keepalive.idle)
+            .keepalives_interval(keepalive.interval)
+            .keepalives_retries(keepalive.retries);
+        // Zero is the system default (and replaces a URL value read in the wrong unit).
+        config.tcp_user_timeout(keepalive.user_timeout.unwrap_or(Duration::ZERO));
         config.application_name("outbox-relay control");
         config.ssl_mode(tls.tokio_postgres_mode());
         let target = describe_target(&config);

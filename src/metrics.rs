@@ -135,6 +135,11 @@ pub struct Metrics {
     /// Milliseconds after `started` at which the stream last made progress (confirmed moved,
     /// or nothing was waiting).
     progress_at_ms: AtomicU64,
+    /// Milliseconds after `started` at which bytes last arrived on the replication stream.
+    frame_at_ms: AtomicU64,
+    /// The stream's receive deadline in milliseconds (0: not streaming yet); `/readyz` is not
+    /// ready once no frame arrived for longer.
+    receive_timeout_ms: AtomicU64,
     pub commit_to_ack: Histogram,
     delivery_errors: Mutex<BTreeMap<String, u64>>,
     wal_status: Mutex<String>,
@@ -156,6 +161,8 @@ impl Default for Metrics {
             slot_lag_bytes: AtomicI64::new(-1),
             slot_retained_wal_bytes: AtomicI64::new(-1),
             progress_at_ms: AtomicU64::new(0),
+            frame_at_ms: AtomicU64::new(0),
+            receive_timeout_ms: AtomicU64::new(0),
             commit_to_ack: Histogram::default(),
             delivery_errors: Mutex::new(BTreeMap::new()),
             wal_status: Mutex::new(String::new()),
@@ -172,7 +179,26 @@ impl Metrics {
         self.state.store(state as u8, Relaxed);
         if state == RelayState::Streaming {
             self.mark_progress();
+            self.mark_received(Instant::now());
         }
+    }
+
+    /// Bytes arrived on the replication stream at `at` (the stream's own clock, read once per
+    /// socket read, so this is a single store).
+    pub fn mark_received(&self, at: Instant) {
+        let ms = at.saturating_duration_since(self.started).as_millis() as u64;
+        self.frame_at_ms.store(ms, Relaxed);
+    }
+
+    /// The stream's receive deadline, which `/readyz` also applies.
+    pub fn set_receive_timeout(&self, limit: Duration) {
+        self.receive_timeout_ms
+            .store(limit.as_millis() as u64, Relaxed);
+    }
+
+    pub fn since_received(&self) -> Duration {
+        let now = self.started.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.frame_at_ms.load(Relaxed)))
     }
 
     /// The stream is moving (or has nothing to move): resets the staleness clock.
@@ -203,11 +229,21 @@ impl Metrics {
         self.confirmed_lsn.store(confirmed.0, Relaxed);
     }
 
-    /// Ready: streaming, and not stuck with work waiting longer than `staleness`.
+    /// Ready: streaming, frames arriving within the receive deadline, and not stuck with work
+    /// waiting longer than `staleness`.
     pub fn readiness(&self, staleness: Duration) -> Result<(), String> {
         let state = self.state();
         if state != RelayState::Streaming {
             return Err(format!("not streaming (state: {})", state.name()));
+        }
+        let limit = Duration::from_millis(self.receive_timeout_ms.load(Relaxed));
+        let silent = self.since_received();
+        if !limit.is_zero() && silent > limit {
+            return Err(format!(
+                "nothing received from PostgreSQL for {:.1}s (receive deadline {:.1}s): the replication connection may be dead; see the logs",
+                silent.as_secs_f64(),
+                limit.as_secs_f64()
+            ));
         }
         let stalled = self.since_progress();
         if stalled > staleness {
@@ -295,6 +331,12 @@ impl Metrics {
         );
         gauge(
             &mut out,
+            "outbox_relay_last_received_age_seconds",
+            "Seconds since bytes last arrived on the replication stream.",
+            self.since_received().as_secs_f64(),
+        );
+        gauge(
+            &mut out,
             "outbox_relay_last_progress_age_seconds",
             "Seconds since the confirmed position last moved while events waited.",
             self.since_progress().as_secs_f64(),
@@ -364,6 +406,19 @@ mod tests {
     }
 
     #[test]
+    fn silent_stream_is_not_ready() {
+        let m = Metrics::default();
+        m.set_receive_timeout(Duration::from_millis(50));
+        m.set_state(RelayState::Streaming);
+        assert!(m.readiness(Duration::from_secs(60)).is_ok());
+        std::thread::sleep(Duration::from_millis(80));
+        let why = m.readiness(Duration::from_secs(60)).unwrap_err();
+        assert!(why.contains("nothing received from PostgreSQL"), "{why}");
+        m.mark_received(Instant::now());
+        assert!(m.readiness(Duration::from_secs(60)).is_ok());
+    }
+
+    #[test]
     fn render_names_every_series() {
         let m = Metrics::default();
         m.count_delivery_error("MessageTimedOut");
@@ -379,6 +434,7 @@ mod tests {
             "outbox_relay_slot_wal_status{status=\"reserved\"} 1",
             "outbox_relay_state{state=\"starting\"} 1",
             "outbox_relay_commit_to_ack_seconds_count 0",
+            "outbox_relay_last_received_age_seconds",
         ] {
             assert!(text.contains(series), "missing {series}\n{text}");
         }

@@ -7,6 +7,12 @@
 //!
 //! Reading is cancel-safe (`ReplicationStream::next_frame` only consumes a frame once it is
 //! whole), so the pipeline can poll it inside `tokio::select!` next to its timers.
+//!
+//! Dead connections: the socket has TCP keepalives and `TCP_USER_TIMEOUT`, and the stream has
+//! a receive deadline. A healthy server sends a frame at least every `wal_sender_timeout / 2`
+//! while idle, and answers every status update that asks for a reply, so silence longer than
+//! the deadline means the path is gone (a NAT or load balancer dropped the flow without a
+//! FIN/RST, a frozen VM): `next_frame` then fails with [`ReplicationError::ReceiveTimeout`].
 
 use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,9 +26,10 @@ use postgres_protocol::authentication::sasl::{
 use postgres_protocol::message::{backend, frontend};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_postgres::config::Host;
 
-use crate::config::{PostgresConfig, SslMode};
+use crate::config::{PostgresConfig, SslMode, TcpKeepalive, FALLBACK_RECEIVE_TIMEOUT_MS};
 use crate::lsn::Lsn;
 use crate::tls::{server_end_point, TlsSettings};
 
@@ -96,6 +103,9 @@ pub enum ReplicationError {
     /// The handshake broke off (server restarting, network): worth another try.
     #[error("TLS handshake with PostgreSQL broke off: {0}")]
     TlsInterrupted(String),
+    /// Nothing arrived before the receive deadline: the connection is presumed dead.
+    #[error("no replication frame from PostgreSQL for {waited:?} (receive deadline {limit:?}, from wal_sender_timeout or postgres.receive_timeout_ms): the server answers every status update, so the connection is presumed dead (a dropped network path); reconnecting")]
+    ReceiveTimeout { waited: Duration, limit: Duration },
 }
 
 impl ReplicationError {
@@ -107,6 +117,7 @@ impl ReplicationError {
             | ReplicationError::Io(_)
             | ReplicationError::Closed
             | ReplicationError::TlsInterrupted(_)
+            | ReplicationError::ReceiveTimeout { .. }
             | ReplicationError::SlotActive { .. } => true,
             // Shutdown, crash recovery, too many connections: the server will be back.
             ReplicationError::Server(e) => crate::control::sqlstate_is_transient(&e.code),
@@ -126,6 +137,10 @@ pub struct ConnectParams {
     pub dbname: String,
     pub application_name: String,
     pub connect_timeout: Duration,
+    /// TCP keepalives and user timeout for the socket.
+    pub keepalive: TcpKeepalive,
+    /// No frame for this long while streaming ends the stream (see [`receive_timeout`]).
+    pub receive_timeout: Duration,
 }
 
 impl std::fmt::Debug for ConnectParams {
@@ -150,6 +165,10 @@ impl ConnectParams {
             Duration::from_millis(pg.connect_timeout_ms),
         )?;
         params.tls = tls;
+        params.keepalive = pg.tcp_keepalive();
+        if pg.receive_timeout_ms != 0 {
+            params.receive_timeout = Duration::from_millis(pg.receive_timeout_ms);
+        }
         Ok(params)
     }
 
@@ -189,6 +208,8 @@ impl ConnectParams {
             dbname,
             application_name: "outbox-relay".into(),
             connect_timeout,
+            keepalive: PostgresConfig::default().tcp_keepalive(),
+            receive_timeout: Duration::from_millis(FALLBACK_RECEIVE_TIMEOUT_MS),
         })
     }
 
@@ -292,6 +313,9 @@ pub struct WalSender {
     buf: BytesMut,
     /// The server's backend process id, for logs and `pg_terminate_backend`.
     pub backend_pid: i32,
+    /// When bytes last arrived from the server.
+    last_read: Instant,
+    receive_timeout: Duration,
 }
 
 impl WalSender {
@@ -306,6 +330,8 @@ impl WalSender {
             channel_binding,
             buf: BytesMut::with_capacity(READ_CHUNK),
             backend_pid: 0,
+            last_read: Instant::now(),
+            receive_timeout: params.receive_timeout,
         };
         tokio::time::timeout(params.connect_timeout, conn.startup(params))
             .await
@@ -437,6 +463,7 @@ impl WalSender {
             if header.tag() == b'W' {
                 // CopyBothResponse: postgres-protocol's parser does not know it.
                 self.buf.advance(header.len() as usize + 1);
+                self.last_read = Instant::now();
                 return Ok(ReplicationStream { conn: self });
             }
             match self.read_message().await? {
@@ -485,6 +512,7 @@ impl WalSender {
         if self.io.read_buf(&mut self.buf).await? == 0 {
             return Err(ReplicationError::Closed);
         }
+        self.last_read = Instant::now();
         Ok(())
     }
 }
@@ -524,6 +552,7 @@ async fn open_transport(params: &ConnectParams) -> Result<Opened, ReplicationErr
                 .await
                 .map_err(connect_err)?;
             stream.set_nodelay(true).map_err(connect_err)?;
+            set_keepalive(&stream, &params.keepalive).map_err(connect_err)?;
             negotiate_tls(stream, host, &params.tls).await
         }
         // Like libpq, no TLS over a local socket.
@@ -540,6 +569,42 @@ async fn open_transport(params: &ConnectParams) -> Result<Opened, ReplicationErr
             "unix sockets are not supported here".into(),
         )),
     }
+}
+
+/// TCP keepalives and `TCP_USER_TIMEOUT` on the socket, before TLS (which wraps it).
+fn set_keepalive(stream: &TcpStream, keepalive: &TcpKeepalive) -> io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    if keepalive.enabled {
+        let probes = socket2::TcpKeepalive::new()
+            .with_time(keepalive.idle)
+            .with_interval(keepalive.interval)
+            .with_retries(keepalive.retries);
+        socket.set_tcp_keepalive(&probes)?;
+    }
+    #[cfg(target_os = "linux")]
+    socket.set_tcp_user_timeout(keepalive.user_timeout)?;
+    Ok(())
+}
+
+/// The replication receive deadline: `configured_ms` when set; else three quarters of the
+/// server's `wal_sender_timeout` (which sends a keepalive at least every half of it while
+/// idle), or [`FALLBACK_RECEIVE_TIMEOUT_MS`] when that is 0 (disabled). Never under two
+/// status intervals: the relay's own status updates ask for a reply, so a live server answers
+/// within one.
+pub fn receive_timeout(
+    configured_ms: u64,
+    wal_sender_timeout: Duration,
+    status_interval: Duration,
+) -> Duration {
+    if configured_ms != 0 {
+        return Duration::from_millis(configured_ms);
+    }
+    let derived = if wal_sender_timeout.is_zero() {
+        Duration::from_millis(FALLBACK_RECEIVE_TIMEOUT_MS)
+    } else {
+        wal_sender_timeout * 3 / 4
+    };
+    derived.max(status_interval * 2)
 }
 
 /// SSLRequest, then a TLS handshake when the server agrees (or plain TCP where the mode
@@ -664,13 +729,39 @@ impl ReplicationStream {
         self.conn.backend_pid
     }
 
+    /// When bytes last arrived from the server (for `/readyz`).
+    pub fn last_received(&self) -> std::time::Instant {
+        self.conn.last_read.into_std()
+    }
+
+    /// No frame for this long fails [`ReplicationStream::next_frame`].
+    pub fn receive_timeout(&self) -> Duration {
+        self.conn.receive_timeout
+    }
+
     /// The next replication frame. Cancel-safe.
+    ///
+    /// Fails with [`ReplicationError::ReceiveTimeout`] when nothing has arrived for the receive
+    /// deadline. The clock runs from the last bytes received, not from this call, so the
+    /// deadline holds although `select!` recreates this future on every turn; bytes that came
+    /// while the caller was not reading (in-flight cap reached) are still taken first.
     pub async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
         loop {
             if let Some(body) = self.take_copy_data()? {
                 return parse_frame(body);
             }
-            self.conn.fill().await?;
+            let limit = self.conn.receive_timeout;
+            let deadline = self.conn.last_read + limit;
+            // `timeout_at` polls the read first, so ready bytes win over an expired deadline.
+            match tokio::time::timeout_at(deadline, self.conn.fill()).await {
+                Ok(filled) => filled?,
+                Err(_) => {
+                    return Err(ReplicationError::ReceiveTimeout {
+                        waited: self.conn.last_read.elapsed(),
+                        limit,
+                    })
+                }
+            }
         }
     }
 
@@ -800,6 +891,123 @@ mod tests {
             cmd,
             "START_REPLICATION SLOT \"s\" LOGICAL 0/0 (\"proto_version\" '1', \"publication_names\" '\"my\"\"pub\"', \"messages\" 'true')"
         );
+    }
+
+    #[test]
+    fn receive_deadline_derives_from_wal_sender_timeout() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // Default server: 60 s; the server keepalives every 30 s, we ask every second.
+        assert_eq!(receive_timeout(0, s(60), s(1)), s(45));
+        assert_eq!(receive_timeout(0, s(4), s(1)), s(3));
+        // Never under two status intervals.
+        assert_eq!(receive_timeout(0, ms(1_000), ms(333)), ms(750));
+        assert_eq!(receive_timeout(0, ms(400), ms(300)), ms(600));
+        // wal_sender_timeout = 0 disables the server's timeout: our fallback.
+        assert_eq!(
+            receive_timeout(0, Duration::ZERO, s(1)),
+            ms(FALLBACK_RECEIVE_TIMEOUT_MS)
+        );
+        // Configured: as is.
+        assert_eq!(receive_timeout(5_000, s(60), s(1)), s(5));
+    }
+
+    /// A streaming connection over an in-memory pipe; the other end plays the server.
+    fn stream_over(limit: Duration) -> (ReplicationStream, tokio::io::DuplexStream) {
+        let (ours, server) = tokio::io::duplex(64 * 1024);
+        let conn = WalSender {
+            io: Box::new(ours),
+            channel_binding: None,
+            buf: BytesMut::new(),
+            backend_pid: 1,
+            last_read: Instant::now(),
+            receive_timeout: limit,
+        };
+        (ReplicationStream { conn }, server)
+    }
+
+    /// A keepalive frame inside CopyData, as the server sends it.
+    fn keepalive_message(wal_end: u64) -> Vec<u8> {
+        let mut body = BytesMut::new();
+        body.put_u8(b'k');
+        body.put_u64(wal_end);
+        body.put_i64(0);
+        body.put_u8(0);
+        let mut out = vec![b'd'];
+        out.extend_from_slice(&(4 + body.len() as i32).to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    #[tokio::test]
+    async fn silent_stream_fails_at_the_receive_deadline() {
+        let limit = Duration::from_millis(200);
+        let (mut stream, _server) = stream_over(limit);
+        let started = std::time::Instant::now();
+        let err = stream.next_frame().await.unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            matches!(err, ReplicationError::ReceiveTimeout { limit: l, .. } if l == limit),
+            "{err:?}"
+        );
+        assert!(took >= limit && took < Duration::from_secs(2), "{took:?}");
+        assert!(err.is_transient());
+        assert!(err.to_string().contains("receive deadline"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn deadline_runs_from_the_last_bytes_not_from_each_poll() {
+        let limit = Duration::from_millis(300);
+        let (mut stream, mut server) = stream_over(limit);
+        let writer = tokio::spawn(async move {
+            for i in 0..8 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                server.write_all(&keepalive_message(i)).await.unwrap();
+            }
+            server // kept open, silent
+        });
+        // As in the pipeline's select!: the read future is dropped and recreated often.
+        let mut frames = 0;
+        let started = std::time::Instant::now();
+        let err = loop {
+            tokio::select! {
+                frame = stream.next_frame() => match frame {
+                    Ok(_) => frames += 1,
+                    Err(e) => break e,
+                },
+                _ = tokio::time::sleep(Duration::from_millis(30)) => {}
+            }
+        };
+        assert_eq!(frames, 8, "every frame before the silence arrives");
+        assert!(
+            matches!(err, ReplicationError::ReceiveTimeout { .. }),
+            "{err:?}"
+        );
+        // 8 frames over ~800 ms, then the deadline: the 30 ms polls never reset it.
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(1_000), "{took:?}");
+        assert!(took < Duration::from_millis(3_000), "{took:?}");
+        drop(writer.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn bytes_that_waited_win_over_an_expired_deadline() {
+        let (mut stream, mut server) = stream_over(Duration::from_millis(100));
+        server.write_all(&keepalive_message(7)).await.unwrap();
+        // The caller did not read for longer than the deadline (in-flight cap reached).
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let frame = stream.next_frame().await.unwrap();
+        assert_eq!(
+            frame,
+            ReplicationFrame::Keepalive {
+                wal_end: Lsn(7),
+                reply_requested: false
+            }
+        );
+        assert!(matches!(
+            stream.next_frame().await,
+            Err(ReplicationError::ReceiveTimeout { .. })
+        ));
     }
 
     #[test]

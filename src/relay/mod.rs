@@ -33,7 +33,9 @@ use crate::outbox::{MappingError, OutboxMapping};
 use crate::pgoutput::DecodeError;
 use crate::publisher::{self, PublishError, Publisher, Rejection};
 use crate::slot_watch::{self, SlotGone, Standby};
-use crate::walsender::{ConnectParams, ReplicationError, ReplicationStream, WalSender};
+use crate::walsender::{
+    receive_timeout, ConnectParams, ReplicationError, ReplicationStream, WalSender,
+};
 
 pub use seams::{FrameSource, RecordKind, RecordSink};
 pub use session::{Session, Settings};
@@ -281,8 +283,11 @@ async fn connect<'a>(
         }
         other => other?,
     };
-    let status_interval = status_interval(config, control.wal_sender_timeout().await?);
-    let params = ConnectParams::from_config(pg)?;
+    let wal_sender_timeout = control.wal_sender_timeout().await?;
+    let status_interval = status_interval(config, wal_sender_timeout);
+    let mut params = ConnectParams::from_config(pg)?;
+    params.receive_timeout =
+        receive_timeout(pg.receive_timeout_ms, wal_sender_timeout, status_interval);
     let stream = WalSender::connect(&params)
         .await?
         .start_replication(
@@ -310,6 +315,7 @@ async fn connect<'a>(
         backend_pid = stream.backend_pid(), status_interval_ms = status_interval.as_millis() as u64,
         "streaming from the slot's confirmed position");
     metrics.set_lsns(start, start);
+    metrics.set_receive_timeout(stream.receive_timeout());
     metrics.set_state(RelayState::Streaming);
     let settings = Settings::from_config(config, status_interval);
     Ok(Session::new(

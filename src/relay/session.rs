@@ -159,7 +159,10 @@ impl<'a, S: FrameSource, K: RecordSink> Session<'a, S, K> {
                 // end, which an idle relay confirms: unrelated traffic never piles up WAL.
                 _ = feedback.tick() => self.send_status(true).await,
                 frame = self.source.next_frame(), if self.wants_frames() => match frame {
-                    Ok(frame) => self.handle_frame(frame).await,
+                    Ok(frame) => {
+                        self.metrics.mark_received(std::time::Instant::now());
+                        self.handle_frame(frame).await
+                    }
                     Err(e) => Err(e.into()),
                 },
             };
