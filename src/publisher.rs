@@ -3,6 +3,10 @@
 //!
 //! Every record carries its transaction's sequence number as the delivery opaque; the
 //! pipeline feeds the acknowledgements to the checkpoint ledger.
+//!
+//! Nothing here blocks the (single) runtime thread: sending is async, metadata requests run on
+//! the blocking pool, a full librdkafka queue is waited out with the runtime's timer, and the
+//! producer is torn down on a thread of its own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -210,28 +214,39 @@ impl Publisher {
         ))
     }
 
-    /// Hands a record to librdkafka. Returns at once; the outcome arrives as a `Delivery`.
-    pub fn send(&self, record: &Record, seq: TxnSeq, event_id: &str) -> Result<(), PublishError> {
-        self.send_with_opaque(record, seq as usize, event_id)
+    /// Hands a record to librdkafka; the outcome arrives later as a `Delivery`.
+    ///
+    /// Usually ready at the first poll. It waits (without blocking the thread) only to read a
+    /// topic's partition count the first time a record needs it (up to ~10 s while the brokers
+    /// are unreachable) and while librdkafka's queue is full (up to ~1 s).
+    pub async fn send(
+        &self,
+        record: &Record,
+        seq: TxnSeq,
+        event_id: &str,
+    ) -> Result<(), PublishError> {
+        self.send_with_opaque(record, seq as usize, event_id).await
     }
 
-    /// Sends a dead letter for transaction `seq`; its `Delivery` has `dead_letter` set.
-    pub fn send_dead_letter(
+    /// Sends a dead letter for transaction `seq`; its `Delivery` has `dead_letter` set. Waits
+    /// as [`Publisher::send`] does.
+    pub async fn send_dead_letter(
         &self,
         record: &Record,
         seq: TxnSeq,
         event_id: &str,
     ) -> Result<(), PublishError> {
         self.send_with_opaque(record, seq as usize | DEAD_LETTER_BIT, event_id)
+            .await
     }
 
-    fn send_with_opaque(
+    async fn send_with_opaque(
         &self,
         record: &Record,
         opaque: usize,
         event_id: &str,
     ) -> Result<(), PublishError> {
-        let partition = self.choose_partition(record).map_err(|error| {
+        let partition = self.choose_partition(record).await.map_err(|error| {
             PublishError::Rejected(Box::new(Rejection {
                 topic: record.topic.clone(),
                 event_id: event_id.to_string(),
@@ -249,7 +264,7 @@ impl Publisher {
                     // Our in-flight cap sits below librdkafka's queue limit, so this is rare:
                     // give the polling thread a moment to drain callbacks.
                     attempts += 1;
-                    std::thread::sleep(Duration::from_millis(1));
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err((error, _)) => {
                     return Err(PublishError::Rejected(Box::new(Rejection {
@@ -265,11 +280,11 @@ impl Publisher {
     /// The record's partition: its explicit one, or the Java-compatible hash of its
     /// `partition_key` over the topic's partition count, or `None` (the partitioner hashes
     /// the key).
-    fn choose_partition(&self, record: &Record) -> Result<Option<i32>, KafkaError> {
+    async fn choose_partition(&self, record: &Record) -> Result<Option<i32>, KafkaError> {
         match (&record.partition, &record.partition_key) {
             (Some(p), _) => Ok(Some(*p)),
             (None, Some(bytes)) => {
-                let count = self.partition_count(&record.topic)?;
+                let count = self.partition_count(&record.topic).await?;
                 Ok(Some(partition::partition_for_key(bytes, count)))
             }
             (None, None) => Ok(None),
@@ -278,7 +293,7 @@ impl Publisher {
 
     /// The topic's partition count, from the cache or (rarely: once per topic and
     /// [`PARTITION_COUNT_TTL`]) from the brokers.
-    fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
+    async fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
         let cached = self
             .partition_counts
             .lock()
@@ -292,13 +307,15 @@ impl Publisher {
         }
         let count = match cached {
             None => {
-                blocking(|| self.fetch_partition_count(topic, METADATA_TIMEOUT, METADATA_WAIT))?
+                self.fetch_partition_count(topic, METADATA_TIMEOUT, METADATA_WAIT)
+                    .await?
             }
-            Some((known, _)) => blocking(|| {
-                self.fetch_partition_count(topic, METADATA_REFRESH_TIMEOUT, Duration::ZERO)
-            })
-            // Brokers unreachable: the count we had is still the best guess; retry after the TTL.
-            .unwrap_or(known),
+            Some((known, _)) => self
+                .fetch_partition_count(topic, METADATA_REFRESH_TIMEOUT, Duration::ZERO)
+                .await
+                // Brokers unreachable: the count we had is still the best guess; retry after
+                // the TTL.
+                .unwrap_or(known),
         };
         self.partition_counts
             .lock()
@@ -307,10 +324,10 @@ impl Publisher {
         Ok(count)
     }
 
-    /// Reads the partition count from the brokers (blocking), retrying for up to `wait`. A
-    /// topic that does not exist yet is created by this request when the brokers auto-create
-    /// topics.
-    fn fetch_partition_count(
+    /// Reads the partition count from the brokers, retrying for up to `wait`. A topic that
+    /// does not exist yet is created by this request when the brokers auto-create topics.
+    /// librdkafka's metadata request blocks its caller, so each one runs on the blocking pool.
+    async fn fetch_partition_count(
         &self,
         topic: &str,
         timeout: Duration,
@@ -318,7 +335,15 @@ impl Publisher {
     ) -> Result<i32, KafkaError> {
         let deadline = Instant::now() + wait;
         loop {
-            let error = match self.producer.client().fetch_metadata(Some(topic), timeout) {
+            let producer = self.producer.clone();
+            let name = topic.to_string();
+            let fetched = tokio::task::spawn_blocking(move || {
+                producer.client().fetch_metadata(Some(&name), timeout)
+            })
+            .await
+            // Only a panic or a runtime shutting down get here.
+            .map_err(|_| KafkaError::MetadataFetch(RDKafkaErrorCode::Fail))?;
+            let error = match fetched {
                 Ok(metadata) => match metadata.topics().iter().find(|t| t.name() == topic) {
                     Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
                         return Ok(t.partitions().len() as i32)
@@ -335,7 +360,7 @@ impl Publisher {
                 warn!(topic, error = %error, "cannot read the topic's partition count");
                 return Err(error);
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -345,16 +370,6 @@ impl Publisher {
             .client()
             .fatal_error()
             .map(|(code, reason)| format!("{code:?}: {reason}"))
-    }
-}
-
-/// Runs blocking `f` without stalling other tasks of a multi-threaded runtime.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
     }
 }
 
@@ -402,6 +417,8 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
         .set("compression.type", config.compression.as_str())
         .set("message.timeout.ms", config.message_timeout_ms.to_string())
         .set("partitioner", "murmur2_random")
+        // A broker connection that died without a FIN/RST is noticed by the kernel.
+        .set("socket.keepalive.enable", "true")
         .set(
             "queue.buffering.max.messages",
             (config.max_in_flight_messages * 2).to_string(),
@@ -447,6 +464,9 @@ impl DeliveryFailure {
     }
 }
 
+/// How long the teardown thread waits to hold the producer's last reference.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(1);
+
 /// The thread that serves librdkafka's delivery callbacks until stopped.
 struct Poller {
     stop: Arc<AtomicBool>,
@@ -470,10 +490,32 @@ impl Poller {
 
 impl Drop for Publisher {
     fn drop(&mut self) {
-        // Stop polling first; the producer itself purges and flushes when its last Arc goes.
-        if let Some(poller) = self.poller.take() {
-            poller.stop.store(true, Ordering::Relaxed);
+        // Stop polling first; the producer itself purges and flushes (up to 500 ms) when its
+        // last Arc goes. The poll in progress ends within POLL_INTERVAL. Both would stall the
+        // runtime thread, so inside a runtime they are waited out on a thread of their own.
+        let Some(poller) = self.poller.take() else {
+            return;
+        };
+        poller.stop.store(true, Ordering::Relaxed);
+        let producer = self.producer.clone();
+        let teardown = move || {
             let _ = poller.thread.join();
+            // Let `self.producer` go first (it is dropped right after this function), so that
+            // librdkafka's destroy runs here and not on the runtime thread.
+            let waited = Instant::now();
+            while Arc::strong_count(&producer) > 1 && waited.elapsed() < TEARDOWN_WAIT {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(producer);
+        };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return teardown();
+        }
+        if let Err(e) = std::thread::Builder::new()
+            .name("kafka-teardown".into())
+            .spawn(teardown)
+        {
+            warn!(error = %e, "cannot start the producer teardown thread; the producer is leaked");
         }
     }
 }

@@ -46,7 +46,7 @@ async fn transient_produce_errors_are_retried_without_loss() {
     let (publisher, mut deliveries) =
         Publisher::new(&config(cluster.bootstrap_servers(), 30_000)).unwrap();
     for i in 0..50 {
-        publisher.send(&record(i), i as u64, "e").unwrap();
+        publisher.send(&record(i), i as u64, "e").await.unwrap();
     }
     let mut acked = [false; 50];
     for _ in 0..50 {
@@ -72,7 +72,7 @@ async fn record_too_large_for_the_broker_is_a_permanent_failure() {
     );
     let (publisher, mut deliveries) =
         Publisher::new(&config(cluster.bootstrap_servers(), 30_000)).unwrap();
-    publisher.send(&record(0), 7, "e").unwrap();
+    publisher.send(&record(0), 7, "e").await.unwrap();
     let d = next(&mut deliveries, Duration::from_secs(20)).await;
     assert_eq!(d.seq, 7);
     let failure = d.result.expect_err("the broker refused the record");
@@ -87,7 +87,7 @@ async fn broker_down_holds_records_until_it_returns() {
     cluster.create_topic("orders", 1, 1).unwrap();
     let (publisher, mut deliveries) =
         Publisher::new(&config(cluster.bootstrap_servers(), 60_000)).unwrap();
-    publisher.send(&record(0), 0, "e").unwrap();
+    publisher.send(&record(0), 0, "e").await.unwrap();
     assert!(next(&mut deliveries, Duration::from_secs(20))
         .await
         .result
@@ -95,7 +95,7 @@ async fn broker_down_holds_records_until_it_returns() {
 
     cluster.broker_down(1).unwrap();
     for i in 1..20 {
-        publisher.send(&record(i), i as u64, "e").unwrap();
+        publisher.send(&record(i), i as u64, "e").await.unwrap();
     }
     let early = tokio::time::timeout(Duration::from_secs(3), deliveries.recv()).await;
     assert!(
@@ -116,7 +116,7 @@ async fn message_timeout_is_a_transient_failure_to_retry_from_the_slot() {
     cluster.broker_down(1).unwrap();
     let (publisher, mut deliveries) =
         Publisher::new(&config(cluster.bootstrap_servers(), 1_000)).unwrap();
-    publisher.send(&record(0), 3, "e").unwrap();
+    publisher.send(&record(0), 3, "e").await.unwrap();
     let d = next(&mut deliveries, Duration::from_secs(20)).await;
     let failure = d.result.expect_err("the record cannot reach a broker");
     assert!(

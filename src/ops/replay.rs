@@ -755,6 +755,7 @@ impl Sender {
         }
         self.publisher
             .send(&event.record, self.sent, &event.id)
+            .await
             .map_err(|e| e.to_string())?;
         self.sent += 1;
         self.in_flight += 1;

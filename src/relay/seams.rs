@@ -77,8 +77,8 @@ impl RecordSink for Publisher {
         kind: RecordKind,
     ) -> Result<(), PublishError> {
         match kind {
-            RecordKind::Event => Publisher::send(self, record, seq, event_id),
-            RecordKind::DeadLetter => self.send_dead_letter(record, seq, event_id),
+            RecordKind::Event => Publisher::send(self, record, seq, event_id).await,
+            RecordKind::DeadLetter => self.send_dead_letter(record, seq, event_id).await,
         }
     }
 
