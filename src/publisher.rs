@@ -8,7 +8,7 @@
 //! the blocking pool, a full librdkafka queue is waited out with the runtime's timer, and the
 //! producer is torn down on a thread of its own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -18,8 +18,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
-use rdkafka::{ClientContext, Statistics};
+use rdkafka::{ClientContext, Statistics, Timestamp};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::checkpoint::TxnSeq;
@@ -130,14 +131,36 @@ pub fn is_permanent(error: &KafkaError) -> bool {
 /// Receives librdkafka callbacks on its polling thread and forwards deliveries.
 pub struct DeliveryReporter {
     deliveries: mpsc::UnboundedSender<Delivery>,
+    errors_logged: Mutex<ErrorLog>,
 }
+
+/// librdkafka reports a broker that is down every few tens of milliseconds: one line per
+/// [`ERROR_LOG_INTERVAL`] says it, with how many were not logged.
+#[derive(Default)]
+struct ErrorLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl ClientContext for DeliveryReporter {
     fn stats(&self, _: Statistics) {}
 
     fn error(&self, error: KafkaError, reason: &str) {
         // Broker connection problems are reported here; librdkafka retries by itself.
-        warn!(error = %error, reason, "kafka client error; the producer keeps retrying");
+        let mut log = self
+            .errors_logged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if log.last.is_some_and(|at| at.elapsed() < ERROR_LOG_INTERVAL) {
+            log.suppressed += 1;
+            return;
+        }
+        let suppressed = std::mem::take(&mut log.suppressed);
+        log.last = Some(Instant::now());
+        warn!(error = %error, reason, suppressed,
+            "kafka client error; the producer keeps retrying");
     }
 }
 
@@ -170,23 +193,54 @@ impl ProducerContext for DeliveryReporter {
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 pub struct Publisher {
-    producer: Arc<BaseProducer<DeliveryReporter>>,
+    shared: Arc<Shared>,
     /// Serves delivery callbacks. rdkafka's `ThreadedProducer` polls every 100 ms and then
     /// spins on 0 ms polls for the last millisecond (its timeout rounds down): ~1 % of a core
     /// forever on an idle relay. Our own thread polls with a long timeout instead.
     poller: Option<Poller>,
+}
+
+/// What the publisher shares with its background topic readers.
+struct Shared {
+    producer: Arc<BaseProducer<DeliveryReporter>>,
+    topics: Mutex<Topics>,
+    /// Where failures of records that never reached librdkafka are reported.
+    deliveries: mpsc::UnboundedSender<Delivery>,
+    /// How long a record may wait for its topic's partition count while the brokers cannot
+    /// be reached: librdkafka's own `message.timeout.ms` for records in its queue.
+    message_timeout: Duration,
+    /// Cancelled when the publisher goes: background readers stop.
+    stop: CancellationToken,
+}
+
+/// Partition counts of the topics written to, and the records waiting for one.
+#[derive(Default)]
+struct Topics {
     /// Partition count per topic with the time it was read, for `Record::partition_key`.
-    partition_counts: Mutex<HashMap<String, (i32, Instant)>>,
+    counts: HashMap<String, (i32, Instant)>,
+    /// Records of topics whose count is being read for the first time, in send order.
+    waiting: HashMap<String, VecDeque<Waiting>>,
+    /// Topics whose count is being read again; their records use the known count meanwhile.
+    refreshing: HashSet<String>,
+}
+
+/// A record that waits for its topic's partition count.
+struct Waiting {
+    record: Record,
+    opaque: usize,
 }
 
 /// How long a topic's partition count is trusted before it is read again (a topic may grow).
 const PARTITION_COUNT_TTL: Duration = Duration::from_secs(60);
 /// Per metadata request.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long to wait for a topic not seen before (maybe being auto-created) to get partitions.
+/// How long a topic the brokers answer for, but without partitions (maybe being
+/// auto-created, or refused), may take to get them before its records fail.
 const METADATA_WAIT: Duration = Duration::from_secs(10);
 /// One attempt to refresh a known count; on failure the known count is kept.
 const METADATA_REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause between metadata requests for a topic whose first count is not known yet.
+const METADATA_RETRY: Duration = Duration::from_millis(200);
 
 impl Publisher {
     /// Creates the producer; deliveries arrive on the returned channel.
@@ -194,9 +248,13 @@ impl Publisher {
         config: &KafkaConfig,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let reporter = DeliveryReporter {
+            deliveries: tx.clone(),
+            errors_logged: Mutex::new(ErrorLog::default()),
+        };
         let producer: Arc<BaseProducer<DeliveryReporter>> = Arc::new(
             client_config(config)
-                .create_with_context(DeliveryReporter { deliveries: tx })
+                .create_with_context(reporter)
                 .map_err(PublishError::Create)?,
         );
         let poller = Poller::start(producer.clone()).map_err(|e| {
@@ -204,11 +262,17 @@ impl Publisher {
                 "cannot start the delivery thread: {e}"
             )))
         })?;
+        let shared = Arc::new(Shared {
+            producer,
+            topics: Mutex::new(Topics::default()),
+            deliveries: tx,
+            message_timeout: Duration::from_millis(config.message_timeout_ms),
+            stop: CancellationToken::new(),
+        });
         Ok((
             Publisher {
-                producer,
+                shared,
                 poller: Some(poller),
-                partition_counts: Mutex::new(HashMap::new()),
             },
             rx,
         ))
@@ -216,9 +280,10 @@ impl Publisher {
 
     /// Hands a record to librdkafka; the outcome arrives later as a `Delivery`.
     ///
-    /// Usually ready at the first poll. It waits (without blocking the thread) only to read a
-    /// topic's partition count the first time a record needs it (up to ~10 s while the brokers
-    /// are unreachable) and while librdkafka's queue is full (up to ~1 s).
+    /// Never waits for the brokers: a record whose topic's partition count is not known yet
+    /// waits in that topic's queue (in order) while the count is read in the background, and
+    /// counts as sent. It waits (without blocking the thread) only while librdkafka's queue is
+    /// full, which the relay's in-flight caps make rare.
     pub async fn send(
         &self,
         record: &Record,
@@ -228,8 +293,7 @@ impl Publisher {
         self.send_with_opaque(record, seq as usize, event_id).await
     }
 
-    /// Sends a dead letter for transaction `seq`; its `Delivery` has `dead_letter` set. Waits
-    /// as [`Publisher::send`] does.
+    /// Sends a dead letter for transaction `seq`; its `Delivery` has `dead_letter` set.
     pub async fn send_dead_letter(
         &self,
         record: &Record,
@@ -246,13 +310,85 @@ impl Publisher {
         opaque: usize,
         event_id: &str,
     ) -> Result<(), PublishError> {
-        let partition = self.choose_partition(record).await.map_err(|error| {
-            PublishError::Rejected(Box::new(Rejection {
-                topic: record.topic.clone(),
-                event_id: event_id.to_string(),
-                error,
-            }))
-        })?;
+        let Some(partition) = self.shared.route(record, opaque) else {
+            return Ok(());
+        };
+        self.shared
+            .produce(record, opaque, partition)
+            .await
+            .map_err(|error| {
+                PublishError::Rejected(Box::new(Rejection {
+                    topic: record.topic.clone(),
+                    event_id: event_id.to_string(),
+                    error,
+                }))
+            })
+    }
+
+    /// The producer's fatal error, after which every send fails and it must be recreated.
+    pub fn fatal_error(&self) -> Option<String> {
+        self.shared
+            .producer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("{code:?}: {reason}"))
+    }
+}
+
+impl Shared {
+    fn topics(&self) -> std::sync::MutexGuard<'_, Topics> {
+        self.topics.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The record's partition (`Some(None)`: the partitioner hashes the key), or `None` when
+    /// the record was queued to wait for its topic's partition count.
+    fn route(self: &Arc<Self>, record: &Record, opaque: usize) -> Option<Option<i32>> {
+        let Some(key) = record
+            .partition_key
+            .as_ref()
+            .filter(|_| record.partition.is_none())
+        else {
+            return Some(record.partition);
+        };
+        let mut topics = self.topics();
+        if let Some(queue) = topics.waiting.get_mut(&record.topic) {
+            // Behind the records already waiting: per-partition order is send order.
+            queue.push_back(Waiting {
+                record: record.clone(),
+                opaque,
+            });
+            return None;
+        }
+        match topics.counts.get(&record.topic).copied() {
+            Some((count, read_at)) => {
+                if read_at.elapsed() >= PARTITION_COUNT_TTL
+                    && topics.refreshing.insert(record.topic.clone())
+                {
+                    tokio::spawn(self.clone().refresh_count(record.topic.clone(), count));
+                }
+                Some(Some(partition::partition_for_key(key, count)))
+            }
+            None => {
+                let first = Waiting {
+                    record: record.clone(),
+                    opaque,
+                };
+                topics
+                    .waiting
+                    .insert(record.topic.clone(), VecDeque::from([first]));
+                tokio::spawn(self.clone().read_first_count(record.topic.clone()));
+                None
+            }
+        }
+    }
+
+    /// Hands one record to librdkafka, waiting out a full queue on the runtime's timer.
+    async fn produce(
+        &self,
+        record: &Record,
+        opaque: usize,
+        partition: Option<i32>,
+    ) -> Result<(), KafkaError> {
         let mut attempts = 0;
         loop {
             let base = base_record(record, opaque, partition);
@@ -266,111 +402,160 @@ impl Publisher {
                     attempts += 1;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Err((error, _)) => {
-                    return Err(PublishError::Rejected(Box::new(Rejection {
-                        topic: record.topic.clone(),
-                        event_id: event_id.to_string(),
-                        error,
-                    })))
-                }
+                Err((error, _)) => return Err(error),
             }
         }
     }
 
-    /// The record's partition: its explicit one, or the Java-compatible hash of its
-    /// `partition_key` over the topic's partition count, or `None` (the partitioner hashes
-    /// the key).
-    async fn choose_partition(&self, record: &Record) -> Result<Option<i32>, KafkaError> {
-        match (&record.partition, &record.partition_key) {
-            (Some(p), _) => Ok(Some(*p)),
-            (None, Some(bytes)) => {
-                let count = self.partition_count(&record.topic).await?;
-                Ok(Some(partition::partition_for_key(bytes, count)))
-            }
-            (None, None) => Ok(None),
-        }
-    }
-
-    /// The topic's partition count, from the cache or (rarely: once per topic and
-    /// [`PARTITION_COUNT_TTL`]) from the brokers.
-    async fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
-        let cached = self
-            .partition_counts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(topic)
-            .copied();
-        if let Some((count, read_at)) = cached {
-            if read_at.elapsed() < PARTITION_COUNT_TTL {
-                return Ok(count);
-            }
-        }
-        let count = match cached {
-            None => {
-                self.fetch_partition_count(topic, METADATA_TIMEOUT, METADATA_WAIT)
-                    .await?
-            }
-            Some((known, _)) => self
-                .fetch_partition_count(topic, METADATA_REFRESH_TIMEOUT, Duration::ZERO)
-                .await
-                // Brokers unreachable: the count we had is still the best guess; retry after
-                // the TTL.
-                .unwrap_or(known),
-        };
-        self.partition_counts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(topic.to_string(), (count, Instant::now()));
-        Ok(count)
-    }
-
-    /// Reads the partition count from the brokers, retrying for up to `wait`. A topic that
-    /// does not exist yet is created by this request when the brokers auto-create topics.
-    /// librdkafka's metadata request blocks its caller, so each one runs on the blocking pool.
-    async fn fetch_partition_count(
-        &self,
-        topic: &str,
-        timeout: Duration,
-        wait: Duration,
-    ) -> Result<i32, KafkaError> {
-        let deadline = Instant::now() + wait;
-        loop {
-            let producer = self.producer.clone();
-            let name = topic.to_string();
-            let fetched = tokio::task::spawn_blocking(move || {
-                producer.client().fetch_metadata(Some(&name), timeout)
-            })
-            .await
-            // Only a panic or a runtime shutting down get here.
-            .map_err(|_| KafkaError::MetadataFetch(RDKafkaErrorCode::Fail))?;
-            let error = match fetched {
-                Ok(metadata) => match metadata.topics().iter().find(|t| t.name() == topic) {
-                    Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
-                        return Ok(t.partitions().len() as i32)
-                    }
-                    Some(t) => KafkaError::MetadataFetch(
-                        t.error()
-                            .map_or(RDKafkaErrorCode::UnknownTopicOrPartition, Into::into),
-                    ),
-                    None => KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition),
-                },
+    /// Reads a topic's first partition count, then produces its waiting records in order,
+    /// or fails them all. Brokers that cannot be reached are waited for as long as
+    /// librdkafka waits for the records in its own queue (`message.timeout.ms`).
+    async fn read_first_count(self: Arc<Self>, topic: String) {
+        let started = Instant::now();
+        let mut warned = false;
+        let outcome = loop {
+            let error = match self.fetch_count(&topic, METADATA_TIMEOUT).await {
+                Ok(count) => break Ok(count),
                 Err(e) => e,
             };
-            if Instant::now() >= deadline {
-                warn!(topic, error = %error, "cannot read the topic's partition count");
-                return Err(error);
+            let unreachable = matches!(
+                error.rdkafka_error_code(),
+                Some(
+                    RDKafkaErrorCode::BrokerTransportFailure
+                        | RDKafkaErrorCode::AllBrokersDown
+                        | RDKafkaErrorCode::OperationTimedOut
+                )
+            );
+            if !unreachable && started.elapsed() >= METADATA_WAIT {
+                break Err(error);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            if started.elapsed() >= self.message_timeout {
+                break Err(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::MessageTimedOut,
+                ));
+            }
+            if !warned {
+                warn!(topic, error = %error, "cannot read the topic's partition count yet; its records wait");
+                warned = true;
+            }
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(METADATA_RETRY) => {}
+            }
+        };
+        if let Ok(count) = outcome {
+            self.topics()
+                .counts
+                .insert(topic.clone(), (count, Instant::now()));
+        }
+        self.release_waiting(&topic, outcome).await;
+    }
+
+    /// Produces (or fails) the records waiting for `topic`, oldest first; the queue goes
+    /// only once empty, so a record sent meanwhile still lines up behind them.
+    async fn release_waiting(&self, topic: &str, outcome: Result<i32, KafkaError>) {
+        loop {
+            if self.stop.is_cancelled() {
+                return;
+            }
+            let next = {
+                let mut topics = self.topics();
+                match topics.waiting.get_mut(topic).and_then(VecDeque::pop_front) {
+                    Some(next) => next,
+                    None => {
+                        topics.waiting.remove(topic);
+                        return;
+                    }
+                }
+            };
+            let result = match &outcome {
+                Ok(count) => {
+                    let key = next.record.partition_key.as_deref().unwrap_or_default();
+                    let partition = partition::partition_for_key(key, *count);
+                    self.produce(&next.record, next.opaque, Some(partition))
+                        .await
+                }
+                Err(error) => Err(error.clone()),
+            };
+            if let Err(error) = result {
+                self.fail(next, error);
+            }
         }
     }
 
-    /// The producer's fatal error, after which every send fails and it must be recreated.
-    pub fn fatal_error(&self) -> Option<String> {
-        self.producer
-            .client()
-            .fatal_error()
-            .map(|(code, reason)| format!("{code:?}: {reason}"))
+    /// Refreshes a known count in the background; on failure the known one stays, for
+    /// another TTL.
+    async fn refresh_count(self: Arc<Self>, topic: String, known: i32) {
+        let count = self
+            .fetch_count(&topic, METADATA_REFRESH_TIMEOUT)
+            .await
+            .unwrap_or(known);
+        let mut topics = self.topics();
+        topics.counts.insert(topic.clone(), (count, Instant::now()));
+        topics.refreshing.remove(&topic);
     }
+
+    /// One metadata request for `topic` (which creates it when the brokers auto-create
+    /// topics). librdkafka's request blocks its caller, so it runs on the blocking pool.
+    async fn fetch_count(&self, topic: &str, timeout: Duration) -> Result<i32, KafkaError> {
+        let producer = self.producer.clone();
+        let name = topic.to_string();
+        let fetched = tokio::task::spawn_blocking(move || {
+            producer.client().fetch_metadata(Some(&name), timeout)
+        })
+        .await
+        // Only a panic or a runtime shutting down get here.
+        .map_err(|_| KafkaError::MetadataFetch(RDKafkaErrorCode::Fail))?;
+        let metadata = fetched?;
+        match metadata.topics().iter().find(|t| t.name() == topic) {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                Ok(t.partitions().len() as i32)
+            }
+            Some(t) => Err(KafkaError::MetadataFetch(
+                t.error()
+                    .map_or(RDKafkaErrorCode::UnknownTopicOrPartition, Into::into),
+            )),
+            None => Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownTopicOrPartition,
+            )),
+        }
+    }
+
+    /// Reports a record that never reached librdkafka as a failed delivery, as librdkafka
+    /// would have: the session then decides (dead letter, or restart from the slot).
+    fn fail(&self, waiting: Waiting, error: KafkaError) {
+        let record = &waiting.record;
+        warn!(topic = %record.topic, error = %error, "a record waiting for its topic's partition count failed");
+        let message = OwnedMessage::new(
+            record.payload.as_ref().map(|p| p.to_vec()),
+            Some(record.key.to_vec()),
+            record.topic.clone(),
+            record
+                .timestamp_ms
+                .map_or(Timestamp::NotAvailable, Timestamp::CreateTime),
+            -1,
+            -1,
+            Some(owned_headers(record)),
+        );
+        let _ = self.deliveries.send(Delivery {
+            seq: (waiting.opaque & !DEAD_LETTER_BIT) as TxnSeq,
+            dead_letter: waiting.opaque & DEAD_LETTER_BIT != 0,
+            bytes: record.size(),
+            result: Err(DeliveryFailure { error, message }),
+        });
+    }
+}
+
+fn owned_headers(record: &Record) -> OwnedHeaders {
+    record.headers.iter().fold(
+        OwnedHeaders::new_with_capacity(record.headers.len()),
+        |h, (k, v)| {
+            h.insert(Header {
+                key: k,
+                value: Some(&v[..]),
+            })
+        },
+    )
 }
 
 fn base_record<'a>(
@@ -383,16 +568,7 @@ fn base_record<'a>(
         base = base.payload(&payload[..]);
     }
     if !record.headers.is_empty() {
-        let headers = record.headers.iter().fold(
-            OwnedHeaders::new_with_capacity(record.headers.len()),
-            |h, (k, v)| {
-                h.insert(Header {
-                    key: k,
-                    value: Some(&v[..]),
-                })
-            },
-        );
-        base = base.headers(headers);
+        base = base.headers(owned_headers(record));
     }
     if let Some(ts) = record.timestamp_ms {
         base = base.timestamp(ts);
@@ -497,10 +673,11 @@ impl Drop for Publisher {
             return;
         };
         poller.stop.store(true, Ordering::Relaxed);
-        let producer = self.producer.clone();
+        self.shared.stop.cancel();
+        let producer = self.shared.producer.clone();
         let teardown = move || {
             let _ = poller.thread.join();
-            // Let `self.producer` go first (it is dropped right after this function), so that
+            // Let `self.shared` go first (it is dropped right after this function), so that
             // librdkafka's destroy runs here and not on the runtime thread.
             let waited = Instant::now();
             while Arc::strong_count(&producer) > 1 && waited.elapsed() < TEARDOWN_WAIT {
