@@ -25,6 +25,10 @@ pub struct SlotGone {
     pub confirmed: Lsn,
 }
 
+/// Longest wait for one sample or standby look-up (connect included). A control connection
+/// whose path died without a FIN/RST would otherwise hang the watcher until TCP gives up.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Opens a control connection for the configured database.
 pub async fn connect(config: &Config) -> Result<Control, ControlError> {
     Control::connect(&config.postgres).await
@@ -44,10 +48,22 @@ pub async fn sample_forever(
     let mut seen = false;
     loop {
         if control.is_none() {
-            control = connect(&config).await.ok();
+            control = tokio::time::timeout(LOOKUP_TIMEOUT, connect(&config))
+                .await
+                .ok()
+                .and_then(Result::ok);
         }
         if let Some(c) = &control {
-            match c.sample_slot(&slot).await {
+            let Ok(sampled) = tokio::time::timeout(LOOKUP_TIMEOUT, c.sample_slot(&slot)).await
+            else {
+                warn!(
+                    timeout_s = LOOKUP_TIMEOUT.as_secs(),
+                    "sampling the slot timed out; reconnecting"
+                );
+                control = None;
+                continue;
+            };
+            match sampled {
                 Ok(Some(sample)) => {
                     seen = true;
                     metrics
@@ -106,6 +122,23 @@ impl Standby {
 
     pub async fn wait(&mut self, config: &Config, shutdown: &CancellationToken) {
         let pg = &config.postgres;
+        if tokio::time::timeout(LOOKUP_TIMEOUT, self.look_up(config))
+            .await
+            .is_err()
+        {
+            warn!(
+                timeout_s = LOOKUP_TIMEOUT.as_secs(),
+                "standby: looking up the slot's holder timed out"
+            );
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(Duration::from_millis(pg.standby_retry_ms)) => {}
+        }
+    }
+
+    async fn look_up(&mut self, config: &Config) {
+        let pg = &config.postgres;
         match connect(config).await {
             Ok(control) => match control.slot_holder(&pg.slot).await {
                 Ok(Some(holder)) => self.consider(&control, config, &holder).await,
@@ -113,10 +146,6 @@ impl Standby {
                 Err(e) => warn!(error = %e, "standby: cannot look up the slot's holder"),
             },
             Err(e) => warn!(error = %e, "standby: cannot connect to look up the slot's holder"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            _ = tokio::time::sleep(Duration::from_millis(pg.standby_retry_ms)) => {}
         }
     }
 

@@ -104,7 +104,7 @@ pub enum ReplicationError {
     #[error("TLS handshake with PostgreSQL broke off: {0}")]
     TlsInterrupted(String),
     /// Nothing arrived before the receive deadline: the connection is presumed dead.
-    #[error("no replication frame from PostgreSQL for {waited:?} (receive deadline {limit:?}, from wal_sender_timeout or postgres.receive_timeout_ms): the server answers every status update, so the connection is presumed dead (a dropped network path); reconnecting")]
+    #[error("no replication frame from PostgreSQL for {waited:?} (receive deadline {limit:?}, from wal_sender_timeout or postgres.receive_timeout_ms): the server answers every status update, so the connection is presumed dead (a network path dropped without FIN or RST)")]
     ReceiveTimeout { waited: Duration, limit: Duration },
 }
 
