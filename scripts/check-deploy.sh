@@ -313,6 +313,15 @@ EOF
 }
 check "$K8S: parses; 2 replicas, probes, ConfigMap, Secret, Job consistent" k8s_manifest
 
+job_script_parses() {
+    "$PYTHON" -c 'import sys, yaml
+job = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d)
+c = job["spec"]["template"]["spec"]["containers"][0]
+assert c["command"] == ["/bin/sh", "-c"], c["command"]
+print(c["args"][0])' "$K8S_JOB" >"$WORK/job.sh" && sh -n "$WORK/job.sh"
+}
+check "$K8S_JOB: its shell script parses" job_script_parses
+
 # The relay itself accepts the ConfigMap's file with the manifest's variables (it refuses
 # unknown keys and OUTBOX_RELAY__ variables naming no key) and reads the Secret's files.
 relay_accepts_config() {
