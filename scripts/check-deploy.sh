@@ -63,7 +63,7 @@ fi
 PYTHON=
 for candidate in python3 /usr/bin/python3; do
     if command -v "$candidate" >/dev/null 2>&1 &&
-        "$candidate" -c 'import yaml, tomllib' >/dev/null 2>&1; then
+        "$candidate" -c 'import yaml' >/dev/null 2>&1; then
         PYTHON=$candidate
         break
     fi
@@ -331,8 +331,31 @@ relay_accepts_config() {
     env -i PATH="$PATH" "${vars[@]}" "$RELAY" config --config "$WORK/k8s/outbox-relay.toml" \
         >"$WORK/k8s/effective.toml" || return 1
     "$PYTHON" - "$WORK/k8s/effective.toml" "$WORK/k8s/env" "$WORK/k8s/grace" <<'EOF'
-import sys, tomllib
-effective = tomllib.load(open(sys.argv[1], "rb"))
+import json, re, sys
+try:
+    import tomllib
+    effective = tomllib.load(open(sys.argv[1], "rb"))
+except ImportError:
+    # Python before 3.11: the relay's own output is simple enough to read line by line
+    # ([section.sub] headers, key = value with TOML strings, integers, booleans, arrays).
+    effective, table = {}, None
+    for line in open(sys.argv[1]):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"\[([\w.]+)\]", line)
+        if m:
+            table = effective
+            for part in m.group(1).split("."):
+                table = table.setdefault(part, {})
+            continue
+        key, _, value = line.partition(" = ")
+        value = {"true": True, "false": False}.get(value, value)
+        if isinstance(value, str) and re.fullmatch(r"-?\d+", value):
+            value = int(value)
+        elif isinstance(value, str) and value.startswith('"'):
+            value = json.loads(value)
+        table[key.strip('"')] = value
 problems = []
 for line in filter(None, open(sys.argv[2]).read().split("\0")):
     name, _, value = line.partition("=")
