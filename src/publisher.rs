@@ -239,6 +239,8 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 const METADATA_WAIT: Duration = Duration::from_secs(10);
 /// One attempt to refresh a known count; on failure the known count is kept.
 const METADATA_REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a record waits for room in a full librdkafka queue before it is refused.
+const QUEUE_FULL_WAIT: Duration = Duration::from_secs(1);
 /// Pause between metadata requests for a topic whose first count is not known yet.
 const METADATA_RETRY: Duration = Duration::from_millis(200);
 
@@ -389,17 +391,16 @@ impl Shared {
         opaque: usize,
         partition: Option<i32>,
     ) -> Result<(), KafkaError> {
-        let mut attempts = 0;
+        let give_up = Instant::now() + QUEUE_FULL_WAIT;
         loop {
             let base = base_record(record, opaque, partition);
             match self.producer.send(base) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
-                    if attempts < 1000 =>
+                    if Instant::now() < give_up =>
                 {
                     // Our in-flight cap sits below librdkafka's queue limit, so this is rare:
                     // give the polling thread a moment to drain callbacks.
-                    attempts += 1;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err((error, _)) => return Err(error),

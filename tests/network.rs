@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use bytes::Bytes;
 use common::probe::{free_port, http_get};
 use common::*;
+use outbox_relay::config::KafkaConfig;
+use outbox_relay::publisher::{PublishError, Publisher, Record};
 
 fn with(mut env: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
     for (k, v) in extra {
@@ -319,4 +322,84 @@ async fn kafka_unreachable_at_start_keeps_http_answering() {
     .await;
     assert!(relay.terminate(Duration::from_secs(30)).success());
     db.cleanup().await;
+}
+
+/// Runs a task on the (single) test runtime thread that ticks every 20 ms; returns the
+/// longest gap between ticks seen until `stop`.
+fn watch_the_runtime_thread(stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Duration> {
+    tokio::spawn(async move {
+        let mut longest = Duration::ZERO;
+        let mut last = Instant::now();
+        while !stop.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            longest = longest.max(last.elapsed());
+            last = Instant::now();
+        }
+        longest
+    })
+}
+
+/// The relay's runtime has one thread, as this test's has: a full librdkafka queue, a partition
+/// count read from unreachable brokers and dropping the producer must all leave it free.
+#[tokio::test(flavor = "current_thread")]
+async fn publisher_never_blocks_a_current_thread_runtime() {
+    let mut config = KafkaConfig {
+        // Nothing listens there: every metadata request waits for its timeout.
+        brokers: format!("127.0.0.1:{}", free_port()),
+        ..KafkaConfig::default()
+    };
+    config
+        .properties
+        .insert("queue.buffering.max.messages".into(), "1".into());
+    let (publisher, _deliveries) = Publisher::new(&config).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = watch_the_runtime_thread(stop.clone());
+    let record = |partition: Option<i32>, partition_key: Option<&'static str>| Record {
+        topic: "network.orders".into(),
+        key: Bytes::from_static(b"event"),
+        payload: Some(Bytes::from_static(b"{}")),
+        partition,
+        partition_key: partition_key.map(|k: &'static str| Bytes::from_static(k.as_bytes())),
+        ..Record::default()
+    };
+
+    // One record fills the queue; the next waits for room (on the timer), then is refused.
+    publisher
+        .send(&record(Some(0), None), 1, "a")
+        .await
+        .unwrap();
+    let began = Instant::now();
+    let full = publisher.send(&record(Some(0), None), 2, "b").await;
+    assert!(
+        matches!(&full, Err(PublishError::Rejected(r)) if r.error.to_string().contains("Queue full")),
+        "{full:?}"
+    );
+    println!("queue full: refused after {:?}", began.elapsed());
+
+    // A partition key needs the topic's partition count, which unreachable brokers never give:
+    // the send either gives up after its tries or queues the record behind a background read.
+    // Either way the thread stays free, also while the reads go on.
+    let began = Instant::now();
+    let keyed = publisher.send(&record(None, Some("agg")), 3, "c").await;
+    println!(
+        "partition count: send returned {:?} after {:?}",
+        keyed.as_ref().map_err(ToString::to_string),
+        began.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let began = Instant::now();
+    drop(publisher);
+    let dropped_in = began.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let longest = watcher.await.unwrap();
+    println!("drop took {dropped_in:?}; longest stall of the runtime thread {longest:?}");
+    assert!(
+        dropped_in < Duration::from_millis(100),
+        "drop took {dropped_in:?}"
+    );
+    assert!(
+        longest < Duration::from_millis(250),
+        "the runtime thread stalled for {longest:?}"
+    );
 }
