@@ -204,10 +204,11 @@ impl Control {
             return Ok(false);
         }
         let sql = format!(
-            "CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert')",
+            "CREATE PUBLICATION {} FOR TABLE {}.{} WITH ({})",
             quote_ident(publication),
             quote_ident(schema),
-            quote_ident(table)
+            quote_ident(table),
+            self.publication_options().await?
         );
         self.client
             .batch_execute(&sql)
@@ -337,8 +338,9 @@ impl Control {
                 format!(" FOR TABLE {}", quoted(tables))
             };
             let sql = format!(
-                "CREATE PUBLICATION {}{target} WITH (publish = 'insert')",
-                quote_ident(publication)
+                "CREATE PUBLICATION {}{target} WITH ({})",
+                quote_ident(publication),
+                self.publication_options().await?
             );
             self.client
                 .batch_execute(&sql)
@@ -350,10 +352,19 @@ impl Control {
         if all_tables {
             return Ok(Vec::new());
         }
+        // pg_publication_tables lists the leaves instead of a partitioned table when the
+        // publication does not publish via the root; pg_publication_rel names what was added.
         let published: Vec<(String, String)> = self
             .client
             .query(
-                "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+                "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1
+                 UNION
+                 SELECT n.nspname::text, c.relname::text
+                 FROM pg_publication_rel r
+                 JOIN pg_publication p ON p.oid = r.prpubid
+                 JOIN pg_class c ON c.oid = r.prrelid
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE p.pubname = $1",
                 &[&publication],
             )
             .await
@@ -382,6 +393,58 @@ impl Control {
             )))?;
         info!(publication, tables = %quoted(&missing), "added outbox tables to the publication");
         Ok(missing)
+    }
+}
+
+/// The `WITH (...)` options of a publication the relay creates: inserts only and, from
+/// PostgreSQL 13 on, changes of a partitioned outbox under the partitioned table's own name
+/// (otherwise pgoutput names the leaf partition the row was routed to).
+pub fn publication_options(server_version_num: i32) -> &'static str {
+    if server_version_num >= 130000 {
+        "publish = 'insert', publish_via_partition_root = true"
+    } else {
+        "publish = 'insert'"
+    }
+}
+
+impl Control {
+    /// [`publication_options`] for the connected server.
+    pub async fn publication_options(&self) -> Result<&'static str, ControlError> {
+        let version: i32 = self
+            .client
+            .query_one("SELECT current_setting('server_version_num')::int4", &[])
+            .await
+            .map_err(query_err("reading server_version_num"))?
+            .get(0);
+        Ok(publication_options(version))
+    }
+
+    /// The table a relation is published as: for a partition (at any depth) the root of its
+    /// partition tree, else the relation itself, as `(schema, table)`. `relid` is the pg_class
+    /// OID, which is what a pgoutput Relation message carries. `None` when no relation has
+    /// that OID any more (dropped since the change was written).
+    ///
+    /// This reads the *current* catalog: a partition detached after the change was written
+    /// resolves to itself.
+    pub async fn partition_root(
+        &self,
+        relid: u32,
+    ) -> Result<Option<(String, String)>, ControlError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT n.nspname::text, c.relname::text
+                 FROM (SELECT $1::oid AS relid) r
+                 JOIN pg_class c
+                   ON c.oid = COALESCE(pg_partition_root(r.relid::regclass)::oid, r.relid)
+                 JOIN pg_namespace n ON n.oid = c.relnamespace",
+                &[&relid],
+            )
+            .await
+            .map_err(query_err(format!(
+                "resolving relation {relid} to its partition root"
+            )))?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 }
 
@@ -510,6 +573,15 @@ mod tests {
             wal_status: Some(status.into()),
             safe_wal_size: None,
         }
+    }
+
+    #[test]
+    fn publications_publish_via_the_partition_root_where_possible() {
+        assert_eq!(
+            publication_options(150004),
+            "publish = 'insert', publish_via_partition_root = true"
+        );
+        assert_eq!(publication_options(120010), "publish = 'insert'");
     }
 
     #[test]

@@ -704,6 +704,24 @@ impl OutboxMapping {
         Some(bind_columns(rules, relation))
     }
 
+    /// Like [`OutboxMapping::bind`], but under another name: a partition of a partitioned
+    /// outbox, bound with the configuration of its root `schema.table` (the table the topic
+    /// templates and headers name). Columns are looked up by name in `relation`, so a leaf
+    /// whose columns are ordered differently from its root still maps correctly. `None` when
+    /// `schema.table` is not a configured outbox table.
+    pub fn bind_as(
+        &self,
+        relation: &Relation,
+        schema: &str,
+        table: &str,
+    ) -> Option<Result<BoundTable, MappingError>> {
+        let rules = self
+            .tables
+            .iter()
+            .find(|r| r.schema == schema && r.table == table)?;
+        Some(bind_columns(rules, relation))
+    }
+
     /// True when `pg_logical_emit_message` events are read (pgoutput option `messages`).
     pub fn messages_enabled(&self) -> bool {
         self.messages.is_some()
@@ -1346,6 +1364,35 @@ mod tests {
         let rel = relation_of(&columns.iter().map(|(n, t, _)| (*n, *t)).collect::<Vec<_>>());
         let tuple = Tuple(columns.iter().map(|(_, _, v)| v.clone()).collect());
         mapping.bind(&rel).unwrap()?.to_event(&tuple, 1234)
+    }
+
+    #[test]
+    fn a_partition_binds_as_its_root_by_column_name() {
+        let m = mapping(|c| c.topic = "{schema}.{table}.{aggregatetype}".into());
+        // A leaf attached with its columns in another order than the root's.
+        let mut leaf = relation(&[
+            "created_at",
+            "payload",
+            "type",
+            "aggregateid",
+            "aggregatetype",
+            "id",
+        ]);
+        leaf.name = "outbox_2026_01".into();
+        assert!(m.bind(&leaf).is_none(), "a leaf is not the outbox by name");
+        assert!(m.bind_as(&leaf, "public", "other").is_none());
+        let bound = m.bind_as(&leaf, "public", "outbox").unwrap().unwrap();
+        let tuple = Tuple(vec![
+            text("2026-01-01 00:00:00+00"),
+            text("{}"),
+            text("OrderCreated"),
+            text("42"),
+            text("order"),
+            text(ID),
+        ]);
+        let event = bound.to_event(&tuple, 1).unwrap();
+        assert_eq!(event.id, ID);
+        assert_eq!(event.record.topic, "public.outbox.order");
     }
 
     fn debezium_columns(payload: TupleValue) -> Vec<(&'static str, u32, TupleValue)> {
