@@ -37,7 +37,7 @@ use crate::walsender::{
     receive_timeout, ConnectParams, ReplicationError, ReplicationStream, WalSender,
 };
 
-pub use seams::{FrameSource, RecordKind, RecordSink};
+pub use seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 pub use session::{Session, Settings};
 
 #[derive(Debug, thiserror::Error)]
@@ -58,12 +58,10 @@ pub enum RelayError {
     Delivery(Box<Rejection>),
     #[error("stopped on an event that cannot be published (dead_letter.policy = stop); the slot is not confirmed past it: {0}")]
     Poison(String),
-    #[error("an INSERT arrived from `{schema}.{table}` (relation oid {relid}), which is not a configured outbox table; the relay stopped without confirming past it. Fix: add the table to `[outbox]` (`table`, or one more `[[outbox.tables]]`), or remove it from the publication (`ALTER PUBLICATION <publication> DROP TABLE {schema}.{table}`); if it is a partition of an outbox table, `ALTER PUBLICATION <publication> SET (publish_via_partition_root = true)`")]
-    UnmappedRelation {
-        schema: String,
-        table: String,
-        relid: u32,
-    },
+    /// An insert from a relation that is not a configured outbox table (nor a partition of
+    /// one): never skipped, because the slot would be confirmed past it.
+    #[error("{0}")]
+    Unmapped(Box<Unmapped>),
     #[error(transparent)]
     SlotGone(#[from] SlotGone),
     #[error("replication stream out of order: {0}")]
@@ -74,6 +72,38 @@ pub enum RelayError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The details of [`RelayError::Unmapped`]: which relation, and what the operator can do.
+#[derive(Debug)]
+pub struct Unmapped {
+    pub relation: String,
+    pub oid: u32,
+    /// Its partition root when that differs from the relation itself.
+    pub root: Option<String>,
+    /// The relation no longer exists in the catalog.
+    pub dropped: bool,
+    pub publication: String,
+}
+
+impl std::fmt::Display for Unmapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Unmapped {
+            relation,
+            oid,
+            publication,
+            ..
+        } = self;
+        let publication = crate::control::quote_ident(publication);
+        write!(f, "received an insert from {relation} (oid {oid}), which is not a configured outbox table")?;
+        if let Some(root) = &self.root {
+            write!(f, " but a partition of {root}, which is not one either")?;
+        }
+        if self.dropped {
+            return write!(f, " and no longer exists: most likely a partition of the outbox, detached or dropped before the relay read its rows, in a publication that does not publish via the partition root. The relay stops so that the slot is not confirmed past it. Fix: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true) so that later changes name the outbox itself; the changes already in the slot cannot be mapped: make sure their events are not needed (or re-create them), then `outbox-relay slot advance --to <LSN>` past them");
+        }
+        write!(f, "; the relay stops so that the slot is not confirmed past it. Fix: if its rows are outbox events, configure the table (outbox.table or [[outbox.tables]]; a partitioned outbox by its partitioned table); if not, remove it from the publication: ALTER PUBLICATION {publication} DROP TABLE ... (`outbox-relay check` lists what the publication holds)")
+    }
 }
 
 impl RelayError {
@@ -274,7 +304,7 @@ async fn connect<'a>(
     mapping: &'a OutboxMapping,
     metrics: &'a Metrics,
     slot_seen: bool,
-) -> Result<Session<'a, ReplicationStream, Publisher>, RelayError> {
+) -> Result<Session<'a, ReplicationStream, Publisher, Control>, RelayError> {
     let pg = &config.postgres;
     let control = match prepare_slot(config, pg.create_slot && !slot_seen).await {
         Err(RelayError::Control(ControlError::SlotMissing { slot })) if slot_seen => {
@@ -318,13 +348,13 @@ async fn connect<'a>(
     metrics.set_receive_timeout(stream.receive_timeout());
     metrics.set_state(RelayState::Streaming);
     let settings = Settings::from_config(config, status_interval);
-    Ok(Session::new(
-        settings,
-        mapping,
-        metrics,
-        (stream, publisher, deliveries),
-        start,
-    ))
+    let ends = Ends {
+        source: stream,
+        sink: publisher,
+        deliveries,
+        catalog: control,
+    };
+    Ok(Session::new(settings, mapping, metrics, ends, start))
 }
 
 fn now_ms() -> i64 {

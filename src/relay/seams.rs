@@ -1,11 +1,15 @@
-//! The session's two seams: where replication frames come from (and status updates go), and
-//! where records go (and acknowledgements come from). Production wires the walsender
-//! connection and the Kafka publisher; the unit tests wire in-memory fakes: a scripted WAL, a
-//! sink that acknowledges late, out of order, or fails on a chosen record.
+//! The session's seams: where replication frames come from (and status updates go), where
+//! records go (and acknowledgements come from), and the catalog it asks about relations it
+//! does not know. Production wires the walsender connection, the Kafka publisher and the
+//! control connection; the unit tests wire in-memory fakes: a scripted WAL, a sink that
+//! acknowledges late, out of order, or fails on a chosen record, a map of partitions.
+
+use tokio::sync::mpsc;
 
 use crate::checkpoint::TxnSeq;
+use crate::control::{Control, ControlError};
 use crate::lsn::Lsn;
-use crate::publisher::{PublishError, Publisher, Record};
+use crate::publisher::{Delivery, PublishError, Publisher, Record};
 use crate::walsender::{ReplicationError, ReplicationFrame, ReplicationStream};
 
 /// A replication stream: frames in, status updates out.
@@ -47,6 +51,37 @@ pub trait RecordSink {
     ) -> Result<(), PublishError>;
     /// Set once the producer can no longer send anything (it must be recreated).
     fn fatal_error(&self) -> Option<String>;
+}
+
+/// The database's catalog, asked when the stream names a relation that does not bind by name:
+/// a partition of an outbox, sent under its own name by a publication that does not publish
+/// via the partition root.
+#[allow(async_fn_in_trait)]
+pub trait Catalog {
+    /// The partition root `(schema, table)` of relation `relid` (itself when it is not a
+    /// partition); `None` when no relation has that OID any more.
+    async fn partition_root(
+        &mut self,
+        relid: u32,
+    ) -> Result<Option<(String, String)>, ControlError>;
+}
+
+/// Everything a session talks to.
+pub struct Ends<S, K, C> {
+    pub source: S,
+    pub sink: K,
+    /// The sink's delivery reports.
+    pub deliveries: mpsc::UnboundedReceiver<Delivery>,
+    pub catalog: C,
+}
+
+impl Catalog for Control {
+    async fn partition_root(
+        &mut self,
+        relid: u32,
+    ) -> Result<Option<(String, String)>, ControlError> {
+        Control::partition_root(self, relid).await
+    }
 }
 
 impl FrameSource for ReplicationStream {

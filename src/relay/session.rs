@@ -18,8 +18,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::seams::{FrameSource, RecordKind, RecordSink};
-use super::{now_ms, RelayError};
+use super::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
+use super::{now_ms, RelayError, Unmapped};
 use crate::checkpoint::{Ledger, TxnSeq};
 use crate::config::{Config, DeadLetterPolicy};
 use crate::dead_letter::{self, Reason};
@@ -42,6 +42,8 @@ pub struct Settings {
     pub status_interval: Duration,
     /// How long a newly confirmable position waits for company before it is reported.
     pub confirm_delay: Duration,
+    /// The publication streamed, for the fixes an error suggests.
+    pub publication: String,
 }
 
 impl Settings {
@@ -54,6 +56,7 @@ impl Settings {
             shutdown_timeout: Duration::from_millis(config.relay.shutdown_timeout_ms),
             status_interval,
             confirm_delay: Duration::from_millis(config.relay.confirm_delay_ms),
+            publication: config.postgres.publication.clone(),
         }
     }
 }
@@ -65,10 +68,17 @@ struct OpenTxn {
     events: u64,
 }
 
-/// A relation from the stream, and its outbox binding when it is an outbox table.
+/// A relation from the stream, and its outbox binding when it is an outbox table or a
+/// partition of one.
 struct RelationEntry {
     relation: Arc<Relation>,
     bound: Option<BoundTable>,
+    /// The configured outbox `(schema, table)` a partition was bound as; `None` when bound
+    /// under its own name or not bound.
+    bound_as: Option<(String, String)>,
+    /// For an unbound relation: its partition root as the catalog said when it arrived
+    /// (`None`: no relation has its OID any more).
+    root: Option<(String, String)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,13 +90,14 @@ enum Phase {
     },
 }
 
-pub struct Session<'a, S, K> {
+pub struct Session<'a, S, K, C> {
     settings: Settings,
     mapping: &'a OutboxMapping,
     metrics: &'a Metrics,
     source: S,
     sink: K,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
+    catalog: C,
     ledger: Ledger,
     relations: HashMap<u32, RelationEntry>,
     txn: Option<OpenTxn>,
@@ -101,24 +112,23 @@ pub struct Session<'a, S, K> {
     phase: Phase,
 }
 
-impl<'a, S: FrameSource, K: RecordSink> Session<'a, S, K> {
-    /// A session whose slot stands at `start`; `ends` are the source, the sink and the
-    /// sink's delivery reports.
+impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
+    /// A session whose slot stands at `start`.
     pub fn new(
         settings: Settings,
         mapping: &'a OutboxMapping,
         metrics: &'a Metrics,
-        ends: (S, K, mpsc::UnboundedReceiver<Delivery>),
+        ends: Ends<S, K, C>,
         start: Lsn,
     ) -> Self {
-        let (source, sink, deliveries) = ends;
         Session {
             settings,
             mapping,
             metrics,
-            source,
-            sink,
-            deliveries,
+            source: ends.source,
+            sink: ends.sink,
+            deliveries: ends.deliveries,
+            catalog: ends.catalog,
             ledger: Ledger::new(start),
             relations: HashMap::new(),
             txn: None,
@@ -329,7 +339,7 @@ impl<'a, S: FrameSource, K: RecordSink> Session<'a, S, K> {
                 });
             }
             LogicalMessage::Commit(commit) => self.handle_commit(commit)?,
-            LogicalMessage::Relation(relation) => self.handle_relation(relation)?,
+            LogicalMessage::Relation(relation) => self.handle_relation(relation).await?,
             LogicalMessage::Insert(insert) => self.handle_insert(insert).await?,
             LogicalMessage::Truncate(_) => {
                 warn!("the outbox table was truncated; nothing is published for a truncate")
@@ -363,17 +373,50 @@ impl<'a, S: FrameSource, K: RecordSink> Session<'a, S, K> {
         Ok(())
     }
 
-    fn handle_relation(&mut self, relation: Relation) -> Result<(), RelayError> {
-        let bound = self.mapping.bind(&relation).transpose()?;
-        if bound.is_none() {
-            debug!(schema = %relation.namespace, table = %relation.name,
-                "publication includes a table that is not an outbox; an insert into it stops the relay");
-        }
-        let entry = RelationEntry {
+    /// Binds a relation to its outbox configuration: by name, else (a partition, when the
+    /// publication does not publish via the root) as its partition root. A relation that binds
+    /// neither way is kept unbound: an insert from it stops the session (`handle_insert`).
+    async fn handle_relation(&mut self, relation: Relation) -> Result<(), RelayError> {
+        let mut entry = RelationEntry {
+            bound: self.mapping.bind(&relation).transpose()?,
             relation: Arc::new(relation),
-            bound,
+            bound_as: None,
+            root: None,
         };
+        if entry.bound.is_none() {
+            self.bind_as_root(&mut entry).await?;
+        }
         self.relations.insert(entry.relation.id, entry);
+        Ok(())
+    }
+
+    async fn bind_as_root(&mut self, entry: &mut RelationEntry) -> Result<(), RelayError> {
+        let relation = entry.relation.clone();
+        let root = self.catalog.partition_root(relation.id).await?;
+        // A partition detached since it was bound in this session resolves to itself now,
+        // but its changes still in the stream were written while it was a partition.
+        let previous = self
+            .relations
+            .get(&relation.id)
+            .and_then(|e| e.bound_as.clone());
+        let candidate = root
+            .clone()
+            .filter(|(s, t)| (s, t) != (&relation.namespace, &relation.name))
+            .or(previous);
+        if let Some((schema, table)) = candidate {
+            if let Some(bound) = self.mapping.bind_as(&relation, &schema, &table) {
+                info!(schema = %relation.namespace, table = %relation.name, oid = relation.id,
+                    outbox = %format!("{schema}.{table}"),
+                    "a partition of an outbox arrived under its own name (the publication does not publish via the root); mapped as its root");
+                entry.bound = Some(bound?);
+                entry.bound_as = Some((schema, table));
+                return Ok(());
+            }
+        }
+        warn!(schema = %relation.namespace, table = %relation.name, oid = relation.id,
+            root = ?root.as_ref().map(|(s, t)| format!("{s}.{t}")),
+            "the publication sends a relation that is not a configured outbox table; an insert from it stops the relay");
+        entry.root = root;
         Ok(())
     }
 
@@ -405,11 +448,15 @@ impl<'a, S: FrameSource, K: RecordSink> Session<'a, S, K> {
         };
         let relation = entry.relation.clone();
         let Some(bound) = &entry.bound else {
-            return Err(RelayError::UnmappedRelation {
-                schema: relation.namespace.clone(),
-                table: relation.name.clone(),
-                relid: relation.id,
-            });
+            let name = format!("{}.{}", relation.namespace, relation.name);
+            let root = entry.root.as_ref().map(|(s, t)| format!("{s}.{t}"));
+            return Err(RelayError::Unmapped(Box::new(Unmapped {
+                oid: relation.id,
+                dropped: root.is_none(),
+                root: root.filter(|r| *r != name),
+                relation: name,
+                publication: self.settings.publication.clone(),
+            })));
         };
         let event = bound.to_event(&insert.tuple, commit_time_ms);
         self.publish_event(event, &relation, &insert.tuple).await

@@ -14,11 +14,14 @@ use rdkafka::Timestamp;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::seams::{FrameSource, RecordKind, RecordSink};
+use super::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 use super::session::{Session, Settings};
 use super::RelayError;
 use crate::checkpoint::TxnSeq;
+use std::collections::HashMap;
+
 use crate::config::{DeadLetterPolicy, OutboxConfig};
+use crate::control::ControlError;
 use crate::lsn::Lsn;
 use crate::metrics::Metrics;
 use crate::outbox::OutboxMapping;
@@ -29,6 +32,10 @@ use crate::walsender::{ReplicationError, ReplicationFrame};
 
 const OUTBOX: u32 = 16_400;
 const AUDIT: u32 = 16_500;
+/// A partition of the outbox (`public.outbox_2026_11`), sent under its own name.
+const LEAF: u32 = 16_600;
+/// A relation that was dropped before the session asked about it.
+const GONE: u32 = 16_700;
 const DLQ: &str = "test.dlq";
 
 // ---------------------------------------------------------------------------------------
@@ -53,6 +60,10 @@ impl Wal {
     }
 
     fn relation(id: u32, name: &str) -> ReplicationFrame {
+        Wal::relation_in("public", id, name)
+    }
+
+    fn relation_in(schema: &str, id: u32, name: &str) -> ReplicationFrame {
         let column = |name: &str, type_oid| Column {
             flags: 0,
             name: name.into(),
@@ -61,7 +72,7 @@ impl Wal {
         };
         Wal::frame(LogicalMessage::Relation(Relation {
             id,
-            namespace: "public".into(),
+            namespace: schema.into(),
             name: name.into(),
             replica_identity: b'd',
             columns: vec![
@@ -248,6 +259,30 @@ fn failed(sent: &Sent, code: RDKafkaErrorCode) -> Delivery {
     }
 }
 
+/// The catalog: partitions of the outbox resolve to it; everything else to itself; `GONE`
+/// to nothing.
+struct FakeCatalog(HashMap<u32, (String, String)>);
+
+impl FakeCatalog {
+    fn new() -> FakeCatalog {
+        let table = |s: &str, t: &str| (s.to_string(), t.to_string());
+        FakeCatalog(HashMap::from([
+            (OUTBOX, table("public", "outbox")),
+            (AUDIT, table("public", "audit")),
+            (LEAF, table("public", "outbox")),
+        ]))
+    }
+}
+
+impl Catalog for FakeCatalog {
+    async fn partition_root(
+        &mut self,
+        relid: u32,
+    ) -> Result<Option<(String, String)>, ControlError> {
+        Ok(self.0.get(&relid).cloned())
+    }
+}
+
 /// A session wired to fakes, and the test's handles on them.
 struct Rig {
     frames: mpsc::UnboundedSender<Result<ReplicationFrame, ReplicationError>>,
@@ -255,7 +290,7 @@ struct Rig {
     log: Arc<Mutex<SourceLog>>,
     sent: Arc<Mutex<Vec<Sent>>>,
     shutdown: CancellationToken,
-    ends: Option<(FakeSource, FakeSink, mpsc::UnboundedReceiver<Delivery>)>,
+    ends: Option<Ends<FakeSource, FakeSink, FakeCatalog>>,
 }
 
 impl Rig {
@@ -279,7 +314,12 @@ impl Rig {
             log,
             sent,
             shutdown: CancellationToken::new(),
-            ends: Some((source, sink, acks_rx)),
+            ends: Some(Ends {
+                source,
+                sink,
+                deliveries: acks_rx,
+                catalog: FakeCatalog::new(),
+            }),
         }
     }
 
@@ -294,7 +334,7 @@ impl Rig {
         settings: Settings,
         mapping: &'a OutboxMapping,
         metrics: &'a Metrics,
-    ) -> Session<'a, FakeSource, FakeSink> {
+    ) -> Session<'a, FakeSource, FakeSink, FakeCatalog> {
         let ends = self.ends.take().expect("one session per rig");
         Session::new(settings, mapping, metrics, ends, Lsn(0x100))
     }
@@ -338,6 +378,7 @@ fn settings() -> Settings {
         // Long: confirmations in these tests come from acknowledgements, not the timer.
         status_interval: Duration::from_secs(60),
         confirm_delay: Duration::ZERO,
+        publication: "outbox_relay_pub".into(),
     }
 }
 
@@ -584,12 +625,13 @@ async fn unmappable_insert_stops_the_session_without_confirming() {
     let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
     let err = result.unwrap_err();
     assert!(
-        matches!(&err, RelayError::UnmappedRelation { table, relid: AUDIT, .. } if table == "audit"),
+        matches!(&err, RelayError::Unmapped(u) if u.oid == AUDIT && u.relation == "public.audit" && !u.dropped),
         "{err}"
     );
     let message = err.to_string();
     assert!(
-        message.contains("public.audit") && message.contains("ALTER PUBLICATION"),
+        message.contains("public.audit")
+            && message.contains("ALTER PUBLICATION \"outbox_relay_pub\" DROP TABLE"),
         "{message}"
     );
     assert!(!err.is_transient());
@@ -600,6 +642,49 @@ async fn unmappable_insert_stops_the_session_without_confirming() {
         "confirmed past the unmapped insert"
     );
     assert_eq!(rig.sent().len(), 1);
+}
+
+#[tokio::test]
+async fn a_partition_sent_under_its_own_name_is_published_as_its_outbox() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let (frames, end) = wal.txn(LEAF, &[Some(&event_id(1)), Some(&event_id(2))]);
+    rig.push(std::iter::once(Wal::relation(LEAF, "outbox_2026_11")).chain(frames));
+    let session = rig.session(settings(), &mapping, &metrics);
+    let driver = async {
+        rig.until("the partition's rows confirmed", |r| r.last_flush() == end)
+            .await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 2);
+    assert!(sent
+        .iter()
+        .all(|s| s.kind == RecordKind::Event && s.topic == "outbox.event.order"));
+}
+
+#[tokio::test]
+async fn an_insert_from_a_dropped_relation_stops_with_its_own_fix() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let (frames, _) = wal.txn(GONE, &[Some(&event_id(1))]);
+    rig.push(std::iter::once(Wal::relation(GONE, "outbox_2025_01")).chain(frames));
+    let session = rig.session(settings(), &mapping, &metrics);
+    let err = session.run(&rig.shutdown).await.unwrap_err();
+    assert!(
+        matches!(&err, RelayError::Unmapped(u) if u.dropped && u.oid == GONE),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("publish_via_partition_root = true"),
+        "{err}"
+    );
+    assert!(rig.sent().is_empty());
 }
 
 #[tokio::test]
