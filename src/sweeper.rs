@@ -45,6 +45,14 @@
 //! 2^31-xid window below it (wraparound protection guarantees that for unfrozen rows, and the
 //! raw xmin of a frozen row is kept), so the widening is exact.
 //!
+//! # Partitioned outbox tables
+//!
+//! A row's `ctid` is unique only within one partition: the same `(0,1)` exists in every leaf,
+//! so a `DELETE ... WHERE ctid = ANY (...)` on the partitioned table would also delete the
+//! namesakes of the chosen rows in *other* partitions, unconfirmed ones included. The sweeper
+//! therefore deletes leaf by leaf (`pg_partition_tree`, read again every sweep so attached and
+//! detached partitions are followed); a plain table is its own only leaf.
+//!
 //! Marks are taken every `interval_ms` and queued; each sweep uses the newest confirmed one
 //! and drops the older ones. Deletion therefore trails confirmation by about one interval.
 //! Nothing here ever waits for the relay: with the relay stopped, marks simply stay
@@ -56,7 +64,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::config::{Config, SweeperConfig};
+use crate::config::Config;
 use crate::control::{quote_ident, Control, ControlError};
 use crate::lsn::Lsn;
 
@@ -98,17 +106,18 @@ pub struct SweepReport {
     pub deleted: u64,
 }
 
-/// One outbox table: its quoted name and the DELETE for one batch.
+/// One outbox table: its name for messages and its quoted name for SQL.
 #[derive(Debug, Clone)]
 struct SweptTable {
     name: String,
-    delete_sql: String,
+    quoted: String,
 }
 
 pub struct Sweeper {
     control: Control,
     slot: String,
     tables: Vec<SweptTable>,
+    created_at_column: String,
     retention_ms: i64,
     batch_size: i64,
     marks: VecDeque<Mark>,
@@ -130,16 +139,14 @@ impl Sweeper {
             .into_iter()
             .map(|(schema, table)| SweptTable {
                 name: format!("{schema}.{table}"),
-                delete_sql: delete_sql(
-                    &format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
-                    sweeper,
-                ),
+                quoted: format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
             })
             .collect();
         Sweeper {
             control,
             slot: config.postgres.slot.clone(),
             tables,
+            created_at_column: sweeper.created_at_column.clone(),
             retention_ms: i64::try_from(sweeper.retention_ms).unwrap_or(i64::MAX),
             batch_size: i64::try_from(sweeper.batch_size).unwrap_or(i64::MAX),
             marks: VecDeque::new(),
@@ -197,23 +204,54 @@ impl Sweeper {
         };
         report.used = Some(mark);
         for table in &self.tables {
-            for _ in 0..MAX_BATCHES_PER_SWEEP {
-                let deleted = self
-                    .control
-                    .client()
-                    .execute(
-                        &table.delete_sql,
-                        &[&self.retention_ms, &mark.xmin, &self.batch_size],
-                    )
-                    .await
-                    .map_err(query_err(format!("deleting old rows of {}", table.name)))?;
-                report.deleted += deleted;
-                if (deleted as i64) < self.batch_size {
-                    break;
+            for leaf in self.leaves(table).await? {
+                let sql = delete_sql(&leaf, &self.created_at_column);
+                for _ in 0..MAX_BATCHES_PER_SWEEP {
+                    let deleted = self
+                        .control
+                        .client()
+                        .execute(&sql, &[&self.retention_ms, &mark.xmin, &self.batch_size])
+                        .await
+                        .map_err(query_err(format!("deleting old rows of {leaf}")))?;
+                    report.deleted += deleted;
+                    if (deleted as i64) < self.batch_size {
+                        break;
+                    }
                 }
             }
         }
         Ok(report)
+    }
+
+    /// The tables that hold `table`'s rows, quoted: its leaf partitions when it is
+    /// partitioned, else itself (see the module docs for why deletes go leaf by leaf).
+    async fn leaves(&self, table: &SweptTable) -> Result<Vec<String>, SweepError> {
+        let leaves: Vec<String> = self
+            .control
+            .client()
+            .query(
+                "SELECT format('%I.%I', n.nspname, c.relname)
+                 FROM pg_partition_tree($1::text::regclass) t
+                 JOIN pg_class c ON c.oid = t.relid
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE t.isleaf
+                 ORDER BY t.level, c.relname",
+                &[&table.quoted],
+            )
+            .await
+            .map_err(query_err(format!(
+                "listing the partitions of {}",
+                table.name
+            )))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if leaves.is_empty() {
+            // A plain table (pg_partition_tree returns nothing for it), or a partitioned
+            // table without partitions (which holds no rows).
+            return Ok(vec![table.quoted.clone()]);
+        }
+        Ok(leaves)
     }
 
     /// One round: a new mark, then a sweep under the newest confirmed mark.
@@ -224,8 +262,9 @@ impl Sweeper {
 }
 
 /// One batch: at most `$3` rows older than `$1` ms whose widened xmin is below `$2`.
-fn delete_sql(relation: &str, config: &SweeperConfig) -> String {
-    let created_at = quote_ident(&config.created_at_column);
+/// `relation` must not be a partitioned table (`ctid` is unique per partition only).
+fn delete_sql(relation: &str, created_at_column: &str) -> String {
+    let created_at = quote_ident(created_at_column);
     format!(
         "WITH horizon AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid)
          DELETE FROM {relation}
@@ -301,11 +340,7 @@ mod tests {
 
     #[test]
     fn delete_quotes_names_and_binds_values() {
-        let config = SweeperConfig {
-            created_at_column: "Created \"At\"".into(),
-            ..SweeperConfig::default()
-        };
-        let sql = delete_sql("\"s\".\"t\"", &config);
+        let sql = delete_sql("\"s\".\"t\"", "Created \"At\"");
         assert!(sql.contains("DELETE FROM \"s\".\"t\""), "{sql}");
         assert!(sql.contains("o.\"Created \"\"At\"\"\" < now()"), "{sql}");
         for param in ["$1::bigint", "$2::bigint", "$3::bigint"] {
