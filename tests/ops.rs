@@ -205,7 +205,7 @@ async fn check_fails_on_a_missing_publication_and_names_the_fix() {
     assert_eq!(publication["status"], "problem", "{out}");
     assert!(
         publication["fix"].as_str().unwrap().starts_with(
-            r#"CREATE PUBLICATION "outbox_relay_pub" FOR TABLE "public"."outbox" WITH (publish = 'insert');"#
+            r#"CREATE PUBLICATION "outbox_relay_pub" FOR TABLE "public"."outbox" WITH (publish = 'insert', publish_via_partition_root = true);"#
         ),
         "{out}"
     );

@@ -61,8 +61,14 @@ pub struct PublicationStatus {
     pub exists: bool,
     /// Operations published: insert, update, delete, truncate.
     pub publishes: Vec<String>,
-    /// `schema.table` of every published table.
+    /// `schema.table` of every published table (the leaf partitions of a partitioned table
+    /// unless the publication publishes via the root).
     pub tables: Vec<String>,
+    /// `schema.table` of the partition root of every published table (the table itself when
+    /// it is not a partition): what the relay maps inserts by.
+    pub roots: Vec<String>,
+    /// `publish_via_partition_root` (PostgreSQL 13+; `None` before).
+    pub via_partition_root: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,8 +76,11 @@ pub struct OutboxStatus {
     /// `schema.table`.
     pub table: String,
     pub exists: bool,
-    /// The publication includes the table (else its inserts are not streamed).
+    /// The publication includes the table or its partitions (else its inserts are not
+    /// streamed).
     pub published: bool,
+    /// Its leaf partitions when it is a partitioned table; `None` for a plain table.
+    pub partitions: Option<i64>,
     pub rows: Option<i64>,
     pub oldest_created_at: Option<String>,
     pub oldest_age_seconds: Option<f64>,
@@ -188,7 +197,9 @@ async fn publication(control: &Control, name: &str) -> Result<PublicationStatus,
     let client = control.client();
     let flags = client
         .query_opt(
-            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1",
+            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate,
+                    (to_jsonb(p) ->> 'pubviaroot')::bool
+             FROM pg_publication p WHERE pubname = $1",
             &[&name],
         )
         .await
@@ -199,6 +210,8 @@ async fn publication(control: &Control, name: &str) -> Result<PublicationStatus,
             exists: false,
             publishes: Vec::new(),
             tables: Vec::new(),
+            roots: Vec::new(),
+            via_partition_root: None,
         });
     };
     let publishes = ["insert", "update", "delete", "truncate"]
@@ -207,22 +220,31 @@ async fn publication(control: &Control, name: &str) -> Result<PublicationStatus,
         .filter(|(i, _)| flags.get::<_, bool>(*i))
         .map(|(_, op)| op.to_string())
         .collect();
-    let tables = client
+    let rows = client
         .query(
-            "SELECT schemaname::text || '.' || tablename::text FROM pg_publication_tables
-             WHERE pubname = $1 ORDER BY 1",
+            "SELECT pt.schemaname::text || '.' || pt.tablename::text,
+                    COALESCE(rn.nspname::text || '.' || rc.relname::text,
+                             pt.schemaname::text || '.' || pt.tablename::text)
+             FROM pg_publication_tables pt
+             LEFT JOIN pg_class rc ON rc.oid = pg_partition_root(
+                 format('%I.%I', pt.schemaname, pt.tablename)::regclass)
+             LEFT JOIN pg_namespace rn ON rn.oid = rc.relnamespace
+             WHERE pt.pubname = $1 ORDER BY 1",
             &[&name],
         )
         .await
-        .map_err(query_err("reading pg_publication_tables"))?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .map_err(query_err("reading pg_publication_tables"))?;
+    let tables = rows.iter().map(|r| r.get(0)).collect();
+    let mut roots: Vec<String> = rows.iter().map(|r| r.get(1)).collect();
+    roots.sort();
+    roots.dedup();
     Ok(PublicationStatus {
         name: name.to_string(),
         exists: true,
         publishes,
         tables,
+        roots,
+        via_partition_root: flags.get(4),
     })
 }
 
@@ -237,8 +259,9 @@ async fn outbox_table(
     let (schema, table) = table_config.schema_and_table();
     let display = format!("{schema}.{table}");
     let mut status = OutboxStatus {
-        published: publication.tables.contains(&display),
+        published: publication.roots.contains(&display),
         table: display,
+        partitions: None,
         exists: true,
         rows: None,
         oldest_created_at: None,
@@ -246,6 +269,19 @@ async fn outbox_table(
         error: None,
     };
     let relation = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
+    // count(*) and min() read every partition of a partitioned table; this only says how many.
+    let partitions = control
+        .client()
+        .query_opt(
+            "SELECT CASE WHEN c.relkind = 'p' THEN
+                        (SELECT count(*) FROM pg_partition_tree(c.oid) t WHERE t.isleaf)
+                    END
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&schema, &table],
+        )
+        .await;
+    status.partitions = partitions.ok().flatten().and_then(|r| r.get(0));
     let created_at = quote_ident(created_at_column(&config.outbox));
     let with_age = format!(
         "SELECT count(*), min({created_at})::text,
@@ -397,18 +433,29 @@ fn write_outbox(
             publication.name
         )
     };
+    let unpublished = match o.partitions {
+        Some(_) if o.published && publication.via_partition_root == Some(false) => format!(
+            "{unpublished}; publication `{}` sends its partitions under their own names (the relay maps them to the table; `outbox-relay check` shows how to publish via the root)",
+            publication.name
+        ),
+        _ => unpublished,
+    };
     if let Some(error) = &o.error {
         return writeln!(f, "outbox {}: cannot read: {error}{unpublished}", o.table);
     }
     let rows = o.rows.unwrap_or(0);
+    let rows = match o.partitions {
+        Some(n) => format!("{rows} rows in {n} partitions"),
+        None => format!("{rows} rows"),
+    };
     match (&o.oldest_created_at, o.oldest_age_seconds) {
         (Some(oldest), Some(age)) => writeln!(
             f,
-            "outbox {}: {rows} rows, oldest {oldest} ({} ago){unpublished}",
+            "outbox {}: {rows}, oldest {oldest} ({} ago){unpublished}",
             o.table,
             format::duration(age)
         ),
-        _ => writeln!(f, "outbox {}: {rows} rows{unpublished}", o.table),
+        _ => writeln!(f, "outbox {}: {rows}{unpublished}", o.table),
     }
 }
 
@@ -457,12 +504,15 @@ mod tests {
                 exists: true,
                 publishes: vec!["insert".into()],
                 tables: vec!["public.outbox".into()],
+                roots: vec!["public.outbox".into()],
+                via_partition_root: Some(true),
             },
             outbox: vec![
                 OutboxStatus {
                     table: "public.outbox".into(),
                     exists: true,
                     published: true,
+                    partitions: None,
                     rows: Some(12),
                     oldest_created_at: Some("2026-01-01 00:00:00+00".into()),
                     oldest_age_seconds: Some(185.0),
@@ -472,6 +522,7 @@ mod tests {
                     table: "app.events".into(),
                     exists: true,
                     published: false,
+                    partitions: None,
                     rows: Some(0),
                     oldest_created_at: None,
                     oldest_age_seconds: None,

@@ -1,6 +1,6 @@
 //! The PostgreSQL items of `check`: server settings, role, outbox table, publication, slot.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use super::{ok, problem, warning, Item};
 use crate::config::{Config, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY};
@@ -630,15 +630,26 @@ async fn publication(control: &Control, config: &Config) -> Vec<Item> {
     } else {
         format!(" FOR TABLE {}", quoted_list(&wanted))
     };
+    let options = match control.publication_options().await {
+        Ok(options) => options,
+        Err(e) => {
+            return vec![problem(
+                "publication",
+                format!("cannot read the server version: {e}"),
+                "check the connection",
+            )]
+        }
+    };
     let create = format!(
-        "CREATE PUBLICATION {}{target} WITH (publish = 'insert');",
+        "CREATE PUBLICATION {}{target} WITH ({options});",
         quote_ident(name)
     );
     let flags = control
         .client()
         .query_opt(
-            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate, puballtables
-             FROM pg_publication WHERE pubname = $1",
+            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate, puballtables,
+                    (to_jsonb(p) ->> 'pubviaroot')::bool
+             FROM pg_publication p WHERE pubname = $1",
             &[name],
         )
         .await;
@@ -674,13 +685,77 @@ async fn publication(control: &Control, config: &Config) -> Vec<Item> {
         }
     };
     let all_tables: bool = flags.get(4);
-    vec![
+    let mut items = vec![
         publication_tables(name, &wanted, &published, all_tables, &create),
         publication_operations(
             name,
             [flags.get(0), flags.get(1), flags.get(2), flags.get(3)],
         ),
-    ]
+    ];
+    match partitioned_tables(control, &wanted).await {
+        Ok(partitioned) => items.extend(publication_partitions(name, &partitioned, flags.get(5))),
+        Err(e) => items.push(problem(
+            "publication partitions",
+            format!("cannot tell which outbox tables are partitioned: {e}"),
+            "check the role's access to the catalog",
+        )),
+    }
+    items
+}
+
+/// The outbox tables that are partitioned (relkind `p`).
+async fn partitioned_tables<'t>(
+    control: &Control,
+    tables: &'t [Table],
+) -> Result<Vec<&'t Table>, OpsError> {
+    let mut partitioned = Vec::new();
+    for table in tables {
+        let kind: Option<String> = control
+            .client()
+            .query_opt(
+                "SELECT c.relkind::text FROM pg_class c
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relname = $2",
+                &[&table.schema, &table.name],
+            )
+            .await
+            .map_err(query_err("reading pg_class"))?
+            .map(|r| r.get(0));
+        if kind.as_deref() == Some("p") {
+            partitioned.push(table);
+        }
+    }
+    Ok(partitioned)
+}
+
+/// A partitioned outbox should be published via its root (`via_root`: `pubviaroot`, `None`
+/// before PostgreSQL 13): otherwise pgoutput names the leaf partition of every change.
+fn publication_partitions(
+    name: &str,
+    partitioned: &[&Table],
+    via_root: Option<bool>,
+) -> Option<Item> {
+    let names: Vec<&str> = partitioned.iter().map(|t| t.display.as_str()).collect();
+    if names.is_empty() {
+        return None;
+    }
+    let names = names.join(", ");
+    Some(match via_root {
+        Some(true) => ok(
+            "publication partitions",
+            format!("publication `{name}` sends the changes of partitioned {names} under the table's own name (publish_via_partition_root)"),
+        ),
+        Some(false) => warning(
+            "publication partitions",
+            format!("publication `{name}` sends the changes of partitioned {names} under each leaf partition's name: the relay maps a leaf to its root while it is attached, but stops (without confirming past them) on changes of a partition that was detached or dropped before the relay read them"),
+            format!("ALTER PUBLICATION {} SET (publish_via_partition_root = true);", quote_ident(name)),
+        ),
+        None => warning(
+            "publication partitions",
+            format!("{names} is partitioned, and this PostgreSQL (before 13) cannot publish via the partition root: the relay maps each leaf to its root while it is attached, but stops on changes of a partition detached or dropped before the relay read them"),
+            "detach or drop a partition only after `outbox-relay status` shows the slot confirmed past its last insert",
+        ),
+    })
 }
 
 /// `"s"."a", "s"."b"`.
@@ -689,32 +764,53 @@ fn quoted_list(tables: &[Table]) -> String {
     quoted.join(", ")
 }
 
+/// What the publication holds, `schema.table` → the `schema.table` of its partition root (of
+/// itself when it is not a partition): the tables pg_publication_tables lists (the leaves of
+/// a partitioned table unless the publication publishes via the root) and its explicit
+/// members (a partitioned table without partitions is listed nowhere else).
 async fn published_tables(
     control: &Control,
     publication: &str,
-) -> Result<BTreeSet<String>, OpsError> {
+) -> Result<BTreeMap<String, String>, OpsError> {
     let rows = control
         .client()
         .query(
-            "SELECT schemaname::text || '.' || tablename::text FROM pg_publication_tables WHERE pubname = $1",
+            "WITH published AS (
+                 SELECT format('%I.%I', schemaname, tablename)::regclass AS relid
+                 FROM pg_publication_tables WHERE pubname = $1
+                 UNION
+                 SELECT r.prrelid::regclass FROM pg_publication_rel r
+                 JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = $1
+             )
+             SELECT n.nspname::text || '.' || c.relname::text,
+                    rn.nspname::text || '.' || rc.relname::text
+             FROM published pb
+             JOIN pg_class c ON c.oid = pb.relid
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             JOIN pg_class rc ON rc.oid = COALESCE(pg_partition_root(pb.relid), pb.relid)
+             JOIN pg_namespace rn ON rn.oid = rc.relnamespace",
             &[&publication],
         )
         .await
         .map_err(query_err("reading pg_publication_tables"))?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 fn publication_tables(
     name: &str,
     wanted: &[Table],
-    published: &BTreeSet<String>,
+    published: &BTreeMap<String, String>,
     all_tables: bool,
     create: &str,
 ) -> Item {
     let quoted = quote_ident(name);
     let missing: Vec<&Table> = wanted
         .iter()
-        .filter(|t| !published.contains(&t.display))
+        .filter(|t| {
+            !published
+                .iter()
+                .any(|(table, root)| *table == t.display || *root == t.display)
+        })
         .collect();
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter().map(|t| t.display.as_str()).collect();
@@ -729,15 +825,20 @@ fn publication_tables(
         );
     }
     if all_tables {
-        return warning(
+        return problem(
             "publication tables",
-            format!("publication `{name}` is FOR ALL TABLES: every table's changes are decoded and sent, then ignored by the relay"),
+            format!("publication `{name}` is FOR ALL TABLES: every table's inserts are sent, and the relay stops at the first insert into a table that is not a configured outbox (it never skips one silently)"),
             format!("DROP PUBLICATION {quoted}; {create}"),
         );
     }
     let others: Vec<&String> = published
         .iter()
-        .filter(|p| !wanted.iter().any(|t| &t.display == *p))
+        .filter(|(table, root)| {
+            !wanted
+                .iter()
+                .any(|t| &t.display == *table || &t.display == *root)
+        })
+        .map(|(table, _)| table)
         .collect();
     if !others.is_empty() {
         let names: Vec<&str> = others.iter().map(|t| t.as_str()).collect();
@@ -748,9 +849,9 @@ fn publication_tables(
                 quoted_list(wanted)
             ),
         };
-        return warning(
+        return problem(
             "publication tables",
-            format!("publication `{name}` also includes {}: their changes are decoded and sent, then ignored by the relay", names.join(", ")),
+            format!("publication `{name}` also includes {}, which are not configured outbox tables: the relay stops at the first insert into one of them (it never skips one silently)", names.join(", ")),
             fix,
         );
     }
@@ -929,22 +1030,29 @@ mod tests {
     fn publication_must_publish_inserts_and_only_the_outbox() {
         let table = [Table::from_config(&OutboxConfig::default())];
         let table = &table[..];
-        let only = BTreeSet::from(["public.outbox".to_string()]);
+        let only = published(&[("public.outbox", "public.outbox")]);
         assert_eq!(
             publication_tables("p", table, &only, false, "").status,
             Status::Ok
         );
-        let none = BTreeSet::new();
+        let none = BTreeMap::new();
         let item = publication_tables("p", table, &none, false, "");
         assert_eq!(item.status, Status::Problem);
         assert_eq!(
             item.fix.as_deref(),
             Some("ALTER PUBLICATION \"p\" ADD TABLE \"public\".\"outbox\";")
         );
-        let more = BTreeSet::from(["public.outbox".to_string(), "public.orders".to_string()]);
+        let more = published(&[
+            ("public.outbox", "public.outbox"),
+            ("public.orders", "public.orders"),
+        ]);
         assert_eq!(
             publication_tables("p", table, &more, false, "").status,
-            Status::Warning
+            Status::Problem
+        );
+        assert_eq!(
+            publication_tables("p", table, &only, true, "").status,
+            Status::Problem
         );
         assert_eq!(
             publication_operations("p", [false, true, true, true]).status,
@@ -1131,14 +1239,59 @@ mod tests {
         );
     }
 
+    fn published(entries: &[(&str, &str)]) -> BTreeMap<String, String> {
+        entries
+            .iter()
+            .map(|(t, r)| (t.to_string(), r.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn leaves_of_a_partitioned_outbox_cover_it() {
+        let table = [Table::from_config(&OutboxConfig::default())];
+        let leaves = published(&[
+            ("public.outbox_2026_01", "public.outbox"),
+            ("public.outbox_default", "public.outbox"),
+        ]);
+        assert_eq!(
+            publication_tables("p", &table, &leaves, false, "").status,
+            Status::Ok
+        );
+        let foreign = published(&[
+            ("public.outbox_2026_01", "public.outbox"),
+            ("public.orders_2026_01", "public.orders"),
+        ]);
+        let item = publication_tables("p", &table, &foreign, false, "");
+        assert_eq!(item.status, Status::Problem, "{item:?}");
+        assert!(item.detail.contains("public.orders_2026_01"), "{item:?}");
+    }
+
+    #[test]
+    fn a_partitioned_outbox_wants_publish_via_partition_root() {
+        let table = Table::from_config(&OutboxConfig::default());
+        assert!(publication_partitions("p", &[], Some(false)).is_none());
+        let item = publication_partitions("p", &[&table], Some(false)).unwrap();
+        assert_eq!(item.status, Status::Warning);
+        assert_eq!(
+            item.fix.as_deref(),
+            Some(r#"ALTER PUBLICATION "p" SET (publish_via_partition_root = true);"#)
+        );
+        assert_eq!(
+            publication_partitions("p", &[&table], Some(true))
+                .unwrap()
+                .status,
+            Status::Ok
+        );
+    }
+
     #[test]
     fn a_message_only_outbox_wants_a_publication_without_tables() {
-        let none = BTreeSet::new();
+        let none = BTreeMap::new();
         assert_eq!(
             publication_tables("p", &[], &none, false, "").status,
             Status::Ok
         );
-        let extra = BTreeSet::from(["public.orders".to_string()]);
+        let extra = published(&[("public.orders", "public.orders")]);
         let item = publication_tables(
             "p",
             &[],
@@ -1146,7 +1299,7 @@ mod tests {
             false,
             r#"CREATE PUBLICATION "p" WITH (publish = 'insert');"#,
         );
-        assert_eq!(item.status, Status::Warning);
+        assert_eq!(item.status, Status::Problem);
         assert_eq!(
             item.fix.as_deref(),
             Some(r#"DROP PUBLICATION "p"; CREATE PUBLICATION "p" WITH (publish = 'insert');"#)
