@@ -92,6 +92,7 @@ pub const DEFAULT_SWEEPER_INTERVAL_MS: u64 = 10_000;
 pub const DEFAULT_SWEEPER_BATCH_SIZE: u64 = 1_000;
 pub const MAX_SWEEPER_BATCH_SIZE: u64 = 100_000;
 pub const DEFAULT_SWEEPER_CREATED_AT_COLUMN: &str = "created_at";
+pub const DEFAULT_SWEEPER_DROP_PARTITIONS: bool = false;
 /// Schema of a bare `outbox.table`.
 pub const DEFAULT_SCHEMA: &str = "public";
 /// Placeholders allowed in `outbox.topic`, written `{name}`.
@@ -488,6 +489,11 @@ pub struct SweeperConfig {
     pub batch_size: u64,
     /// Timestamp column compared with the retention, in every outbox table.
     pub created_at_column: String,
+    /// For a partitioned outbox table: drop whole partitions instead of deleting their rows.
+    /// A partition (never the DEFAULT one, which keeps being swept row by row) is detached and
+    /// dropped once it holds rows and every one of them is older than `retention_ms` and
+    /// confirmed by the slot; until then its rows stay. Needs ownership of the tables.
+    pub drop_partitions: bool,
 }
 
 /// `[kafka]`. `Debug` hides the values of secret `properties`.
@@ -825,6 +831,7 @@ impl Default for SweeperConfig {
             interval_ms: DEFAULT_SWEEPER_INTERVAL_MS,
             batch_size: DEFAULT_SWEEPER_BATCH_SIZE,
             created_at_column: DEFAULT_SWEEPER_CREATED_AT_COLUMN.to_string(),
+            drop_partitions: DEFAULT_SWEEPER_DROP_PARTITIONS,
         }
     }
 }

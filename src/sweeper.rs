@@ -53,6 +53,25 @@
 //! therefore deletes leaf by leaf (`pg_partition_tree`, read again every sweep so attached and
 //! detached partitions are followed); a plain table is its own only leaf.
 //!
+//! # Dropping partitions (`drop_partitions`, opt-in)
+//!
+//! Deleting rows one by one is what partitioning by time avoids. With `drop_partitions`, the
+//! leaves of a partitioned outbox other than its DEFAULT partition are not swept row by row:
+//! such a partition is detached and dropped as a whole once it holds rows and **every** row in
+//! it satisfies the same rule as a row delete (older than the retention, `xmin` below a mark
+//! the slot confirmed). A partition that is empty is left alone: nothing tells an old empty
+//! partition from next month's. The DEFAULT partition is never dropped; its rows are deleted
+//! one by one as for a plain table.
+//!
+//! The check runs twice: once without locks (cheap, fails fast on young partitions), then in
+//! one transaction that first takes `SHARE` on the partition. That lock conflicts with every
+//! insert into it, so no insert is in progress or can start, and the second check sees
+//! everything the partition will ever hold. Only then `DETACH` (which needs `ACCESS
+//! EXCLUSIVE` on the partitioned table for a moment) and `DROP`, in the same transaction. Two
+//! waits are bounded by `lock_timeout = deadlock_timeout / 2`, and a partition someone is
+//! waiting to insert into is skipped, so the sweeper gives up (trying again next sweep) before
+//! PostgreSQL's deadlock detector could pick an application's transaction as the victim.
+//!
 //! Marks are taken every `interval_ms` and queued; each sweep uses the newest confirmed one
 //! and drops the older ones. Deletion therefore trails confirmation by about one interval.
 //! Nothing here ever waits for the relay: with the relay stopped, marks simply stay
@@ -104,6 +123,18 @@ pub struct SweepReport {
     pub used: Option<Mark>,
     /// Rows deleted, over all tables.
     pub deleted: u64,
+    /// Partitions detached and dropped (`drop_partitions`), `schema.table` quoted where needed.
+    pub dropped: Vec<String>,
+}
+
+/// One table holding an outbox table's rows: a leaf partition, or the table itself.
+#[derive(Debug, Clone)]
+struct Leaf {
+    /// Quoted `schema.table`.
+    quoted: String,
+    /// The partitioned table it is attached to (quoted), when it is a partition and not the
+    /// DEFAULT one: a candidate for `drop_partitions`.
+    droppable_from: Option<String>,
 }
 
 /// One outbox table: its name for messages and its quoted name for SQL.
@@ -118,6 +149,7 @@ pub struct Sweeper {
     slot: String,
     tables: Vec<SweptTable>,
     created_at_column: String,
+    drop_partitions: bool,
     retention_ms: i64,
     batch_size: i64,
     marks: VecDeque<Mark>,
@@ -147,6 +179,7 @@ impl Sweeper {
             slot: config.postgres.slot.clone(),
             tables,
             created_at_column: sweeper.created_at_column.clone(),
+            drop_partitions: sweeper.drop_partitions,
             retention_ms: i64::try_from(sweeper.retention_ms).unwrap_or(i64::MAX),
             batch_size: i64::try_from(sweeper.batch_size).unwrap_or(i64::MAX),
             marks: VecDeque::new(),
@@ -203,8 +236,16 @@ impl Sweeper {
             return Ok(report);
         };
         report.used = Some(mark);
-        for table in &self.tables {
-            for leaf in self.leaves(table).await? {
+        for table in self.tables.clone() {
+            for leaf in self.leaves(&table).await? {
+                if let (true, Some(parent)) = (self.drop_partitions, &leaf.droppable_from) {
+                    // Its rows stay until the whole partition can go.
+                    if self.drop_partition(parent, &leaf.quoted, mark).await? {
+                        report.dropped.push(leaf.quoted.clone());
+                    }
+                    continue;
+                }
+                let leaf = leaf.quoted;
                 let sql = delete_sql(&leaf, &self.created_at_column);
                 for _ in 0..MAX_BATCHES_PER_SWEEP {
                     let deleted = self
@@ -225,15 +266,20 @@ impl Sweeper {
 
     /// The tables that hold `table`'s rows, quoted: its leaf partitions when it is
     /// partitioned, else itself (see the module docs for why deletes go leaf by leaf).
-    async fn leaves(&self, table: &SweptTable) -> Result<Vec<String>, SweepError> {
-        let leaves: Vec<String> = self
+    async fn leaves(&self, table: &SweptTable) -> Result<Vec<Leaf>, SweepError> {
+        let leaves: Vec<Leaf> = self
             .control
             .client()
             .query(
-                "SELECT format('%I.%I', n.nspname, c.relname)
+                "SELECT format('%I.%I', n.nspname, c.relname),
+                        CASE WHEN t.relid <> pt.partdefid
+                             THEN format('%I.%I', pn.nspname, p.relname) END
                  FROM pg_partition_tree($1::text::regclass) t
                  JOIN pg_class c ON c.oid = t.relid
                  JOIN pg_namespace n ON n.oid = c.relnamespace
+                 JOIN pg_class p ON p.oid = t.parentrelid
+                 JOIN pg_namespace pn ON pn.oid = p.relnamespace
+                 JOIN pg_partitioned_table pt ON pt.partrelid = t.parentrelid
                  WHERE t.isleaf
                  ORDER BY t.level, c.relname",
                 &[&table.quoted],
@@ -244,14 +290,110 @@ impl Sweeper {
                 table.name
             )))?
             .iter()
-            .map(|r| r.get(0))
+            .map(|r| Leaf {
+                quoted: r.get(0),
+                droppable_from: r.get(1),
+            })
             .collect();
         if leaves.is_empty() {
             // A plain table (pg_partition_tree returns nothing for it), or a partitioned
             // table without partitions (which holds no rows).
-            return Ok(vec![table.quoted.clone()]);
+            return Ok(vec![Leaf {
+                quoted: table.quoted.clone(),
+                droppable_from: None,
+            }]);
         }
         Ok(leaves)
+    }
+
+    /// Detaches `leaf` from `parent` and drops it when it holds rows and every row would be
+    /// deleted under `mark` (older than the retention, inserted by a transaction the slot
+    /// confirmed). Returns whether it did. See "Dropping partitions" in the module docs.
+    async fn drop_partition(
+        &mut self,
+        parent: &str,
+        leaf: &str,
+        mark: Mark,
+    ) -> Result<bool, SweepError> {
+        let what = format!("dropping partition {leaf}");
+        // Cheap and lock-free first: most partitions are young and fail at once.
+        let check = drop_check_sql(leaf, &self.created_at_column);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&self.retention_ms, &mark.xmin];
+        let row = self
+            .control
+            .client()
+            .query_one(&check, &params)
+            .await
+            .map_err(query_err(what.clone()))?;
+        if !(row.get::<_, bool>(0) && row.get::<_, bool>(1)) {
+            return Ok(false);
+        }
+        let deadlock_ms: i32 = self
+            .control
+            .client()
+            .query_one(
+                "SELECT setting::int4 FROM pg_settings WHERE name = 'deadlock_timeout'",
+                &[],
+            )
+            .await
+            .map_err(query_err(what.clone()))?
+            .get(0);
+        let lock_timeout_ms = (deadlock_ms / 2).max(1);
+        let tx = self
+            .control
+            .client_mut()
+            .transaction()
+            .await
+            .map_err(query_err(what.clone()))?;
+        let locked = async {
+            tx.batch_execute(&format!(
+                "SET LOCAL lock_timeout = {lock_timeout_ms};
+                 LOCK TABLE ONLY {leaf} IN SHARE MODE"
+            ))
+            .await?;
+            // No insert into the partition is in progress or can start now: what the check
+            // sees is all it will ever hold.
+            let row = tx.query_one(&check, &params).await?;
+            if !(row.get::<_, bool>(0) && row.get::<_, bool>(1)) {
+                return Ok(false);
+            }
+            // Someone waiting to insert into the partition holds the table's lock that the
+            // DETACH needs: leave it to them (the partition is not done), rather than deadlock.
+            let waiting: bool = tx
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks
+                                    WHERE locktype = 'relation' AND NOT granted
+                                      AND relation = $1::text::regclass)",
+                    &[&leaf],
+                )
+                .await?
+                .get(0);
+            if waiting {
+                return Ok(false);
+            }
+            tx.batch_execute(&format!(
+                "ALTER TABLE {parent} DETACH PARTITION {leaf}; DROP TABLE {leaf}"
+            ))
+            .await?;
+            Ok::<_, tokio_postgres::Error>(true)
+        }
+        .await;
+        match locked {
+            Ok(true) => {
+                tx.commit().await.map_err(query_err(what))?;
+                info!(partition = %leaf, table = %parent,
+                    "dropped a partition whose rows are all older than the retention and confirmed");
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            // lock_not_available: someone uses the partition or the table; next sweep.
+            Err(e) if e.code().map(|c| c.code()) == Some("55P03") => {
+                debug!(partition = %leaf, "partition busy; trying to drop it next sweep");
+                Ok(false)
+            }
+            Err(e) => Err(query_err(what)(e)),
+        }
     }
 
     /// One round: a new mark, then a sweep under the newest confirmed mark.
@@ -282,6 +424,28 @@ fn delete_sql(relation: &str, created_at_column: &str) -> String {
     )
 }
 
+/// Whether `relation` has rows, and whether every row would be deleted by [`delete_sql`]
+/// with the same parameters (`$1` retention ms, `$2` mark xmin).
+fn drop_check_sql(relation: &str, created_at_column: &str) -> String {
+    let created_at = quote_ident(created_at_column);
+    format!(
+        "WITH horizon AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid)
+         SELECT EXISTS (SELECT 1 FROM {relation}),
+                NOT EXISTS (
+                    SELECT 1
+                    FROM {relation} o
+                    CROSS JOIN horizon h
+                    CROSS JOIN LATERAL (
+                        SELECT ((h.next_xid >> 32) << 32) | o.xmin::text::bigint AS same_epoch
+                    ) x
+                    WHERE NOT COALESCE(
+                        o.{created_at} < now() - $1::bigint * interval '1 millisecond'
+                        AND CASE WHEN x.same_epoch > h.next_xid THEN x.same_epoch - 4294967296
+                                 ELSE x.same_epoch END < $2::bigint,
+                        false))"
+    )
+}
+
 fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> SweepError {
     let what = what.into();
     move |source| SweepError::Query { what, source }
@@ -295,6 +459,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) {
         retention_ms = config.outbox.sweeper.retention_ms,
         interval_ms = config.outbox.sweeper.interval_ms,
         batch_size = config.outbox.sweeper.batch_size,
+        drop_partitions = config.outbox.sweeper.drop_partitions,
         "retention sweeper started"
     );
     let mut sweeper: Option<Sweeper> = None;
@@ -318,8 +483,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) {
             round = s.tick() => round,
         };
         match round {
-            Ok(report) if report.deleted > 0 => {
-                debug!(deleted = report.deleted, below = ?report.used.map(|m| m.lsn.to_string()),
+            Ok(report) if report.deleted > 0 || !report.dropped.is_empty() => {
+                debug!(deleted = report.deleted, dropped_partitions = report.dropped.len(),
+                    below = ?report.used.map(|m| m.lsn.to_string()),
                     "sweeper deleted confirmed rows older than the retention")
             }
             Ok(report) => {
@@ -337,6 +503,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partition_is_dropped_only_when_no_row_fails_the_delete_rule() {
+        let sql = drop_check_sql("\"s\".\"t_2026_01\"", "created_at");
+        assert!(
+            sql.contains("SELECT EXISTS (SELECT 1 FROM \"s\".\"t_2026_01\")"),
+            "{sql}"
+        );
+        // A NULL created_at is not "older than the retention".
+        assert!(sql.contains("WHERE NOT COALESCE("), "{sql}");
+        assert!(
+            sql.contains("< $2::bigint,\n                        false))"),
+            "{sql}"
+        );
+    }
 
     #[test]
     fn delete_quotes_names_and_binds_values() {

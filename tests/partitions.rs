@@ -601,3 +601,108 @@ async fn sweeper_deletes_only_confirmed_old_rows_of_a_partitioned_outbox() {
     assert_eq!(outbox_ids(&client).await, expect);
     db.cleanup().await;
 }
+
+async fn table_exists(client: &Client, name: &str) -> bool {
+    client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `drop_partitions`: a monthly partition goes as a whole once every row in it is past the
+/// retention and confirmed; one with an unconfirmed row stays, and so does one into which an
+/// insert is in progress (the sweeper gives up the lock and tries again); an empty partition
+/// and the DEFAULT partition are never dropped (DEFAULT is swept row by row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sweeper_drops_partitions_whose_rows_are_all_confirmed_and_old() {
+    let db = TestDb::new().await;
+    partition_outbox(
+        &db,
+        Some("CREATE PUBLICATION outbox_relay_pub FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)"),
+    )
+    .await;
+    db.create_slot().await;
+    let mut client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE outbox_2026_03 PARTITION OF outbox
+                 FOR VALUES FROM ('2026-03-01 00:00:00+00') TO ('2026-04-01 00:00:00+00');",
+        )
+        .await
+        .unwrap();
+    let mut config = Config::default();
+    config.postgres.url = db.url.clone();
+    config.postgres.slot = db.slot.clone();
+    config.outbox.sweeper.retention_ms = 3_600_000;
+    config.outbox.sweeper.drop_partitions = true;
+    let control = Control::connect(&config.postgres).await.unwrap();
+    let mut sweeper = Sweeper::new(control, &config);
+
+    let january = batch(3, 0, 0);
+    insert_at(&mut client, &january, JAN).await;
+    let old_default = batch(2, 0, 3);
+    insert_at(&mut client, &old_default, LATER).await;
+    let confirmed: Vec<String> = january
+        .iter()
+        .chain(&old_default)
+        .map(|e| e.id.clone())
+        .collect();
+    let mark = mark_after(&mut sweeper, &client, &confirmed).await;
+    advance_slot(&db, mark.lsn).await;
+    let february = batch(1, 1, 0);
+    insert_at(&mut client, &february, FEB).await;
+    let young = batch(1, 2, 0);
+    let now: String = client
+        .query_one("SELECT now()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    insert_at(&mut client, &young, &now).await;
+
+    let report = sweeper.sweep().await.unwrap();
+    assert_eq!(report.used, Some(mark));
+    assert_eq!(report.dropped, vec!["public.outbox_2026_01".to_string()]);
+    assert_eq!(
+        report.deleted, 2,
+        "DEFAULT's confirmed old rows: {report:?}"
+    );
+    assert!(!table_exists(&client, "outbox_2026_01").await);
+    for kept in ["outbox_2026_02", "outbox_2026_03", "outbox_default"] {
+        assert!(table_exists(&client, kept).await, "{kept} was dropped");
+    }
+    let expect: HashSet<String> = [february[0].id.clone(), young[0].id.clone()].into();
+    assert_eq!(outbox_ids(&client).await, expect);
+
+    // February's row gets confirmed, but an insert into February is in progress: the
+    // sweeper cannot lock the partition and leaves it.
+    let open = db.client().await;
+    let late = batch(1, 3, 0);
+    open.batch_execute(&format!(
+        "BEGIN; INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at)
+         VALUES ('{}', 'order', 'a', 'Created', '{{}}', '{FEB}')",
+        late[0].id
+    ))
+    .await
+    .unwrap();
+    let mark2 = mark_after(&mut sweeper, &client, &[february[0].id.clone()]).await;
+    advance_slot(&db, mark2.lsn).await;
+    let report = sweeper.sweep().await.unwrap();
+    assert_eq!(report.used, Some(mark2));
+    assert!(report.dropped.is_empty(), "{report:?}");
+    assert!(table_exists(&client, "outbox_2026_02").await);
+    open.batch_execute("COMMIT").await.unwrap();
+
+    // Once that insert is confirmed too, February goes.
+    let mark3 = mark_after(&mut sweeper, &client, &[late[0].id.clone()]).await;
+    advance_slot(&db, mark3.lsn).await;
+    let report = sweeper.sweep().await.unwrap();
+    assert_eq!(report.dropped, vec!["public.outbox_2026_02".to_string()]);
+    assert!(table_exists(&client, "outbox_2026_03").await, "empty: kept");
+    assert!(table_exists(&client, "outbox_default").await);
+    assert_eq!(
+        outbox_ids(&client).await,
+        HashSet::from([young[0].id.clone()])
+    );
+    db.cleanup().await;
+}
