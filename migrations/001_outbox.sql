@@ -33,6 +33,28 @@ CREATE TABLE IF NOT EXISTS outbox (
 -- rows by created_at.
 CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON outbox (created_at);
 
+-- A partitioned outbox instead (README: "Partitioned outbox tables"): one
+-- partition per month, dropped when every row in it was confirmed by the slot
+-- (by hand, or by the sweeper with [outbox.sweeper] drop_partitions = true).
+-- The primary key must include the partition key. Configure the partitioned
+-- table (outbox.table = "public.outbox"), not its partitions.
+--
+-- CREATE TABLE outbox (
+--     id            uuid        NOT NULL,
+--     aggregatetype text        NOT NULL,
+--     aggregateid   text        NOT NULL,
+--     type          text        NOT NULL,
+--     payload       jsonb,
+--     created_at    timestamptz NOT NULL DEFAULT now(),
+--     PRIMARY KEY (id, created_at)
+-- ) PARTITION BY RANGE (created_at);
+-- CREATE TABLE outbox_2026_01 PARTITION OF outbox
+--     FOR VALUES FROM ('2026-01-01') TO ('2026-02-01');
+-- CREATE TABLE outbox_2026_02 PARTITION OF outbox
+--     FOR VALUES FROM ('2026-02-01') TO ('2026-03-01');
+-- CREATE TABLE outbox_default PARTITION OF outbox DEFAULT;
+-- CREATE INDEX outbox_created_at_idx ON outbox (created_at);
+
 -- The relay reads the outbox through logical decoding (pgoutput) of this
 -- publication, not by polling the table.
 --
@@ -43,12 +65,17 @@ CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON outbox (created_at);
 -- insert-then-delete pattern stays invisible to the relay and to Kafka, and
 -- the table never needs REPLICA IDENTITY FULL.
 --
+-- publish_via_partition_root = true (PostgreSQL 13+) makes pgoutput send the
+-- changes of a partitioned outbox under the partitioned table's name instead of
+-- each partition's; it changes nothing for a plain table.
+--
 -- CREATE PUBLICATION has no IF NOT EXISTS, hence the DO block. The relay also
 -- creates the publication (and its replication slot) itself when missing.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'outbox_relay_pub') THEN
-        CREATE PUBLICATION outbox_relay_pub FOR TABLE outbox WITH (publish = 'insert');
+        CREATE PUBLICATION outbox_relay_pub FOR TABLE outbox
+            WITH (publish = 'insert', publish_via_partition_root = true);
     END IF;
 END
 $$;
