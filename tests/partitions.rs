@@ -706,3 +706,65 @@ async fn sweeper_drops_partitions_whose_rows_are_all_confirmed_and_old() {
     );
     db.cleanup().await;
 }
+
+/// No silent skip: the user's publication also holds a table that is not an outbox. The
+/// events before its insert arrive; at its insert the relay stops with exit code 1, naming
+/// the table and the fix, without confirming past it (before: the row was ignored and the
+/// slot confirmed past it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_insert_into_a_table_that_is_not_an_outbox_stops_the_relay() {
+    let db = TestDb::new().await;
+    let mut client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE orders (id int PRIMARY KEY);
+             ALTER PUBLICATION outbox_relay_pub ADD TABLE orders;",
+        )
+        .await
+        .unwrap();
+    db.create_slot().await;
+    let before = batch(10, 0, 0);
+    insert_events(&mut client, &before, true).await;
+    let tx = client.transaction().await.unwrap();
+    tx.execute("INSERT INTO orders VALUES (1)", &[])
+        .await
+        .unwrap();
+    let orders_commit: i64 = tx
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+        .await
+        .unwrap()
+        .get(0);
+    tx.commit().await.unwrap();
+    insert_events(&mut client, &batch(10, 0, 10), true).await;
+
+    let mut relay = RelayProcess::start(&db.relay_env(), &format!("{}-foreign", db.name));
+    expect_all(
+        "before the foreign insert",
+        &[db.topic("order")],
+        &before,
+        Duration::from_secs(60),
+        Duration::ZERO,
+        &relay,
+    )
+    .await;
+    let mut exit = None;
+    wait_for("the relay to stop", Duration::from_secs(60), || {
+        exit = relay.try_status();
+        std::future::ready(exit.is_some())
+    })
+    .await;
+    let log = relay.log_text();
+    assert_eq!(exit.unwrap().code(), Some(1), "{log}");
+    for expected in [
+        "received an insert from public.orders (oid ",
+        "ALTER PUBLICATION \"outbox_relay_pub\" DROP TABLE",
+    ] {
+        assert!(log.contains(expected), "`{expected}` in:\n{log}");
+    }
+    let confirmed = db.confirmed_flush_lsn().await;
+    assert!(
+        confirmed <= orders_commit as u64,
+        "the slot confirmed {confirmed:#x}, past the unmappable insert committed after {orders_commit:#x}"
+    );
+    db.cleanup().await;
+}
