@@ -43,6 +43,7 @@
 //! in hand is finished and its offsets committed first).
 
 use std::collections::HashMap;
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -162,6 +163,7 @@ async fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_env("INBOX_LOG")
                 .unwrap_or_else(|_| "info,rdkafka=warn".into()),
         )
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     let args = Args::parse();
 
