@@ -118,6 +118,19 @@ impl RelayError {
         }
     }
 
+    /// Errors about the stream's content: the records sent before it are still worth
+    /// delivering and confirming before the session ends.
+    pub fn drains_before_stopping(&self) -> bool {
+        matches!(
+            self,
+            RelayError::Unmapped(_)
+                | RelayError::Poison(_)
+                | RelayError::Mapping(_)
+                | RelayError::Decode(_)
+                | RelayError::Protocol(_)
+        )
+    }
+
     /// The process exit code: 3 when the slot is lost or gone (events may be missing), else 1.
     pub fn exit_code(&self) -> u8 {
         match self {

@@ -88,6 +88,11 @@ enum Phase {
     Draining {
         deadline: Instant,
     },
+    /// An error the relay must stop on (`stop_error`): read nothing more, let what was sent
+    /// before it be acknowledged and confirmed, then end with the error.
+    Stopping {
+        deadline: Instant,
+    },
 }
 
 pub struct Session<'a, S, K, C> {
@@ -110,6 +115,7 @@ pub struct Session<'a, S, K, C> {
     /// When the newly confirmable position is to be reported.
     confirm_due: Option<Instant>,
     phase: Phase,
+    stop_error: Option<RelayError>,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -138,17 +144,20 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             last_reported: start,
             confirm_due: None,
             phase: Phase::Streaming,
+            stop_error: None,
         }
     }
 
     /// Runs until drained after `shutdown` (Ok) or an error. Whatever the ending, the last
-    /// fully acknowledged commit is confirmed on the way out (best effort on errors).
+    /// fully acknowledged commit is confirmed on the way out (best effort on errors). An error
+    /// about the stream's content (an unmapped relation, a poison event) first lets the records
+    /// sent before it be acknowledged, so that the slot stops right before the bad transaction.
     pub async fn run(mut self, shutdown: &CancellationToken) -> Result<(), RelayError> {
         let mut feedback = tokio::time::interval(self.settings.status_interval);
         feedback.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let result = loop {
             if self.is_drained() {
-                break Ok(());
+                break self.stop_error.take().map_or(Ok(()), Err);
             }
             let step = tokio::select! {
                 biased;
@@ -158,8 +167,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 }
                 _ = sleep_until(self.drain_deadline()), if self.drain_deadline().is_some() => {
                     warn!(in_flight = self.in_flight_messages,
-                        "shutdown deadline reached; unacknowledged events will be sent again on restart");
-                    break Ok(());
+                        "drain deadline reached; unacknowledged events will be sent again on restart");
+                    break self.stop_error.take().map_or(Ok(()), Err);
                 }
                 Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await,
                 _ = sleep_until(self.confirm_due), if self.confirm_due.is_some() => {
@@ -177,7 +186,14 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 },
             };
             if let Err(e) = step {
-                break Err(e);
+                match self.stop_error {
+                    None if e.drains_before_stopping() => self.start_stopping(e),
+                    None => break Err(e),
+                    Some(_) => {
+                        warn!(error = %e, "a second error while stopping");
+                        break Err(self.stop_error.take().unwrap_or(e));
+                    }
+                }
             }
             self.schedule_confirm();
         };
@@ -197,16 +213,29 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         };
     }
 
+    fn start_stopping(&mut self, error: RelayError) {
+        warn!(error = %error, in_flight = self.in_flight_messages,
+            "stopping: waiting for the records sent before this error to be acknowledged");
+        self.phase = Phase::Stopping {
+            deadline: Instant::now() + self.settings.shutdown_timeout,
+        };
+        self.stop_error = Some(error);
+    }
+
     fn drain_deadline(&self) -> Option<Instant> {
         match self.phase {
-            Phase::Draining { deadline } => Some(deadline),
+            Phase::Draining { deadline } | Phase::Stopping { deadline } => Some(deadline),
             Phase::Streaming => None,
         }
     }
 
-    /// Draining, with nothing open and nothing in flight.
+    /// Draining with nothing open and nothing in flight, or stopping with nothing in flight.
     fn is_drained(&self) -> bool {
-        self.drain_deadline().is_some() && self.txn.is_none() && self.in_flight_messages == 0
+        match self.phase {
+            Phase::Streaming => false,
+            Phase::Draining { .. } => self.txn.is_none() && self.in_flight_messages == 0,
+            Phase::Stopping { .. } => self.in_flight_messages == 0,
+        }
     }
 
     /// More frames are read while under the caps; when draining, only to finish the open
@@ -214,7 +243,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     fn wants_frames(&self) -> bool {
         let room = self.in_flight_messages < self.settings.max_in_flight_messages
             && self.in_flight_bytes < self.settings.max_in_flight_bytes;
-        room && (self.phase == Phase::Streaming || self.txn.is_some())
+        match self.phase {
+            Phase::Streaming => room,
+            Phase::Draining { .. } => room && self.txn.is_some(),
+            Phase::Stopping { .. } => false,
+        }
     }
 
     /// A position newer than the last reported one gets reported after `confirm_delay`.

@@ -577,6 +577,41 @@ async fn unroutable_row_stops_the_session_under_policy_stop() {
     assert!(rig.sent().iter().all(|s| s.kind == RecordKind::Event));
 }
 
+/// Stopping on a poison row still delivers and confirms what came before it.
+#[tokio::test]
+async fn a_stop_lets_earlier_records_be_acknowledged_and_confirmed_first() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (good, end_good) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    let (bad, _) = wal.txn(OUTBOX, &[Some(&event_id(2)), None]);
+    let frames = std::iter::once(Wal::relation(OUTBOX, "outbox"));
+    rig.push(frames.chain(good).chain(bad));
+    let mut stop = settings();
+    stop.dead_letter_policy = DeadLetterPolicy::Stop;
+    let session = rig.session(stop, &mapping, &metrics);
+    let driver = async {
+        // The good row and the bad transaction's first row were sent before the poison row.
+        rig.until("two records sent", |r| r.sent().len() == 2).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !rig.log.lock().unwrap().closed,
+            "stopped with records in flight"
+        );
+        for record in rig.sent() {
+            rig.acks.send(ok(&record)).unwrap();
+        }
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    assert!(matches!(result, Err(RelayError::Poison(_))), "{result:?}");
+    assert_eq!(
+        rig.last_flush(),
+        end_good,
+        "the transaction before the poison row is confirmed"
+    );
+    assert_eq!(rig.sent().len(), 2, "read past the poison row");
+}
+
 #[tokio::test]
 async fn refused_record_stops_the_session_under_policy_stop() {
     let (mapping, metrics) = (mapping(), Metrics::default());
