@@ -2,33 +2,30 @@
 //! commit order, confirming the replication slot only after Kafka acknowledged.
 //!
 //! ```text
-//! WAL bytes ─▶ walsender (frames, keepalives, status updates)
-//!           ─▶ pgoutput::decode            (pure: bytes → messages)
-//!           ─▶ outbox::BoundTable::to_event (pure: row → Kafka record)
-//!           ─▶ publisher                   (idempotent producer, delivery callbacks)
-//!           ─▶ checkpoint::Ledger          (pure: newest fully acknowledged commit)
-//!           ─▶ walsender status update     (flush = that commit's end LSN)
+//!  PostgreSQL ──WAL──▶ source     walsender connection: frames, keepalives, status updates;
+//!                      │          pgoutput decoding (pure: bytes → messages)
+//!                      ▼
+//!                     mapping     outbox rows and logical messages → Kafka records (pure)
+//!                      │
+//!                      ▼
+//!                     sink        idempotent producer, delivery reports, dead letters ──▶ Kafka
+//!                      │
+//!                      ▼
+//!                     relay       session loop: ledger of acknowledged commits → confirm the
+//!                                 slot; supervisor: reconnects, standby, shutdown drain
 //! ```
 //!
-//! `relay` runs sessions that wire these together; `control` is the ordinary SQL connection used for
-//! set-up and inspection; `config` loads and validates the TOML file and its environment
-//! overrides; `ops` holds the operator commands (`check`, `status`, `slot`, `replay`), which
-//! reuse `control`, `outbox` and `publisher` so that a replayed record equals the live one.
+//! Around the data path: `config` (the TOML file and its environment overrides: plain data and
+//! validation, a leaf), `postgres` (the control connection and TLS), `serve` (metrics and the
+//! HTTP endpoints), `ops` (the operator commands, which reuse the same mapping and sink so that
+//! a replayed record equals the live one), `lsn` (WAL positions).
 
-pub mod checkpoint;
 pub mod config;
-pub mod control;
-pub mod dead_letter;
-pub mod http;
 pub mod lsn;
-pub mod metrics;
+pub mod mapping;
 pub mod ops;
-pub mod outbox;
-pub mod partition;
-pub mod pgoutput;
-pub mod publisher;
+pub mod postgres;
 pub mod relay;
-pub mod slot_watch;
-pub mod sweeper;
-pub mod tls;
-pub mod walsender;
+pub mod serve;
+pub mod sink;
+pub mod source;

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use outbox_relay::config::KafkaConfig;
-use outbox_relay::dead_letter::Reason;
-use outbox_relay::publisher::{is_permanent, Delivery, Publisher, Record};
+use outbox_relay::mapping::Record;
+use outbox_relay::sink::dead_letter::Reason;
+use outbox_relay::sink::publisher::{is_permanent, Delivery, Publisher};
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use tokio::sync::mpsc::UnboundedReceiver;

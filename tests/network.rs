@@ -16,7 +16,8 @@ use bytes::Bytes;
 use common::probe::{free_port, http_get};
 use common::*;
 use outbox_relay::config::KafkaConfig;
-use outbox_relay::publisher::{PublishError, Publisher, Record};
+use outbox_relay::mapping::Record;
+use outbox_relay::sink::publisher::{PublishError, Publisher};
 
 fn with(mut env: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
     for (k, v) in extra {

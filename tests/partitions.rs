@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use common::*;
 use outbox_relay::config::Config;
-use outbox_relay::control::Control;
 use outbox_relay::lsn::Lsn;
-use outbox_relay::sweeper::{Mark, Sweeper};
+use outbox_relay::postgres::control::Control;
+use outbox_relay::relay::sweeper::{Mark, Sweeper};
 use serde_json::Value;
 use tokio_postgres::Client;
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use common::*;
 use outbox_relay::config::Config;
-use outbox_relay::control::Control;
 use outbox_relay::lsn::Lsn;
-use outbox_relay::partition::partition_for_key;
-use outbox_relay::sweeper::{Mark, Sweeper};
+use outbox_relay::mapping::partition::partition_for_key;
+use outbox_relay::postgres::control::Control;
+use outbox_relay::relay::sweeper::{Mark, Sweeper};
 use rand::seq::SliceRandom;
 use rand::Rng;
 

@@ -18,9 +18,9 @@ pub mod status;
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::control::{Control, ControlError};
-use crate::outbox::MappingError;
-use crate::publisher::PublishError;
+use crate::mapping::MappingError;
+use crate::postgres::control::{Control, ControlError};
+use crate::sink::publisher::PublishError;
 
 /// Exit code of a failed command (server state, Kafka, a refused operation).
 pub const EXIT_FAILURE: u8 = 1;

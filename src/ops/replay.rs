@@ -29,9 +29,9 @@ use tokio_postgres::{Client, IsolationLevel, Portal, Row, Transaction};
 use super::rows::{created_at_column, match_walsender_output, OutboxTable};
 use super::{connect, format, pg_message, query_err, OpsError, Report};
 use crate::config::{Config, KafkaConfig, OutboxConfig};
-use crate::control::quote_ident;
-use crate::outbox::{BoundTable, MappingError, OutboxEvent, OutboxMapping};
-use crate::publisher::{Delivery, Publisher};
+use crate::mapping::{BoundTable, MappingError, OutboxEvent, OutboxMapping};
+use crate::postgres::control::quote_ident;
+use crate::sink::publisher::{Delivery, Publisher};
 
 /// Header added to every replayed record, so consumers can tell a replay from the live stream.
 pub const REPLAY_HEADER: &str = "outbox-relay-replay";
@@ -959,13 +959,13 @@ mod tests {
     }
 
     fn outbox_table() -> OutboxTable {
-        let column = |name: &str, type_oid: u32| crate::pgoutput::Column {
+        let column = |name: &str, type_oid: u32| crate::source::pgoutput::Column {
             flags: 0,
             name: name.to_string(),
             type_oid,
             type_modifier: -1,
         };
-        let relation = crate::pgoutput::Relation {
+        let relation = crate::source::pgoutput::Relation {
             id: 0,
             namespace: "public".into(),
             name: "outbox".into(),

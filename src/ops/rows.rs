@@ -1,6 +1,6 @@
 //! Outbox rows as pgoutput would send them: the table's published columns (names, type OIDs,
 //! typmods) as a [`Relation`], and each row's values as their types' text output. `replay` and
-//! `check` turn them into records with the live [`crate::outbox::OutboxMapping`], so that
+//! `check` turn them into records with the live [`crate::mapping::OutboxMapping`], so that
 //! topic, key, partition, payload, timestamp and headers come out exactly as in the live
 //! stream.
 //!
@@ -14,8 +14,8 @@ use tokio_postgres::{Client, Row};
 
 use super::{query_err, OpsError};
 use crate::config::OutboxConfig;
-use crate::control::quote_ident;
-use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
+use crate::postgres::control::quote_ident;
+use crate::source::pgoutput::{Column, Relation, Tuple, TupleValue};
 
 /// Makes this session print values as the relay's walsender does.
 ///

@@ -15,8 +15,8 @@ use tokio_postgres::types::PgLsn;
 
 use super::{connect, format, query_err, sqlstate, OpsError, Report};
 use crate::config::Config;
-use crate::control::{check_slot_usable, Control, SlotInfo};
 use crate::lsn::Lsn;
+use crate::postgres::control::{check_slot_usable, Control, SlotInfo};
 
 /// How long `--force` waits for the slot to become inactive after ending its holder.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -9,8 +9,8 @@ use serde::Serialize;
 use super::rows::created_at_column;
 use super::{connect, format, query_err, sqlstate, OpsError, Report};
 use crate::config::{Config, OutboxConfig};
-use crate::control::{quote_ident, Control, SlotInfo};
 use crate::lsn::Lsn;
+use crate::postgres::control::{quote_ident, Control, SlotInfo};
 
 #[derive(Debug, Serialize)]
 pub struct StatusReport {

@@ -7,13 +7,19 @@
 //! - `session`: one replication connection plus one producer; the loop that decodes frames,
 //!   maps rows, sends records, feeds acknowledgements to the ledger and confirms. It depends on
 //!   the two traits of `seams` only, so its unit tests run with fakes.
+//! - `ledger`: which position may be confirmed (pure).
+//! - `slot_watch` samples the slot's lag and notices when it is lost; `sweeper` deletes rows
+//!   (or drops partitions) the slot has confirmed.
 //! - this module: connecting a session, restarting it after transient errors (at-least-once:
 //!   resume from the slot), waiting as a standby while another relay holds the slot.
 
+pub mod ledger;
 mod seams;
 mod session;
 #[cfg(test)]
 mod session_tests;
+pub mod slot_watch;
+pub mod sweeper;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -24,18 +30,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::checkpoint::LedgerError;
 use crate::config::Config;
-use crate::control::{Control, ControlError};
 use crate::lsn::Lsn;
-use crate::metrics::{Metrics, RelayState};
-use crate::outbox::{MappingError, OutboxMapping};
-use crate::pgoutput::DecodeError;
-use crate::publisher::{self, PublishError, Publisher, Rejection};
-use crate::slot_watch::{self, SlotGone, Standby};
-use crate::walsender::{
+use crate::mapping::{MappingError, OutboxMapping};
+use crate::postgres::control::{Control, ControlError};
+use crate::relay::ledger::LedgerError;
+use crate::serve::metrics::{Metrics, RelayState};
+use crate::sink::publisher::{self, PublishError, Publisher, Rejection};
+use crate::source::pgoutput::DecodeError;
+use crate::source::walsender::{
     receive_timeout, ConnectParams, ReplicationError, ReplicationStream, WalSender,
 };
+use slot_watch::{SlotGone, Standby};
 
 pub use seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 pub use session::{Session, Settings};
@@ -94,7 +100,7 @@ impl std::fmt::Display for Unmapped {
             publication,
             ..
         } = self;
-        let publication = crate::control::quote_ident(publication);
+        let publication = crate::postgres::control::quote_ident(publication);
         write!(f, "received an insert from {relation} (oid {oid}), which is not a configured outbox table")?;
         if let Some(root) = &self.root {
             write!(f, " but a partition of {root}, which is not one either")?;
@@ -163,7 +169,7 @@ pub async fn run_with_metrics(
         helpers.clone(),
     ));
     if config.outbox.sweeper.enabled {
-        tokio::spawn(crate::sweeper::run(config.clone(), helpers.clone()));
+        tokio::spawn(crate::relay::sweeper::run(config.clone(), helpers.clone()));
     }
     let result = supervise(&config, &mapping, &metrics, &shutdown, gone_rx).await;
     metrics.set_state(if result.is_ok() {
@@ -187,14 +193,14 @@ async fn start_http(
     if addr.is_empty() {
         return Ok(());
     }
-    let listener = crate::http::bind(addr)
+    let listener = crate::serve::http::bind(addr)
         .await
         .map_err(|source| RelayError::Http {
             addr: addr.clone(),
             source,
         })?;
     let staleness = Duration::from_millis(config.http.ready_staleness_ms);
-    tokio::spawn(crate::http::serve(
+    tokio::spawn(crate::serve::http::serve(
         listener,
         metrics.clone(),
         staleness,

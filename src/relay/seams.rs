@@ -6,11 +6,12 @@
 
 use tokio::sync::mpsc;
 
-use crate::checkpoint::TxnSeq;
-use crate::control::{Control, ControlError};
 use crate::lsn::Lsn;
-use crate::publisher::{Delivery, PublishError, Publisher, Record};
-use crate::walsender::{ReplicationError, ReplicationFrame, ReplicationStream};
+use crate::mapping::Record;
+use crate::postgres::control::{Control, ControlError};
+use crate::relay::ledger::TxnSeq;
+use crate::sink::publisher::{Delivery, PublishError, Publisher};
+use crate::source::walsender::{ReplicationError, ReplicationFrame, ReplicationStream};
 
 /// A replication stream: frames in, status updates out.
 // Only ever a generic bound (never `dyn`), so the futures' auto traits are those of the

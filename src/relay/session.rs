@@ -20,15 +20,16 @@ use tracing::{debug, info, warn};
 
 use super::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 use super::{now_ms, RelayError, Unmapped};
-use crate::checkpoint::{Ledger, TxnSeq};
 use crate::config::{Config, DeadLetterPolicy};
-use crate::dead_letter::{self, Reason};
 use crate::lsn::Lsn;
-use crate::metrics::{Metrics, RelayState};
-use crate::outbox::{self, BoundTable, MappingError, MessageRoute, OutboxEvent, OutboxMapping};
-use crate::pgoutput::{self, LogicalMessage, Relation, Tuple};
-use crate::publisher::{self, Delivery, DeliveryFailure, PublishError, Record};
-use crate::walsender::{pg_time_to_unix_us, ReplicationFrame};
+use crate::mapping::Record;
+use crate::mapping::{self, BoundTable, MappingError, MessageRoute, OutboxEvent, OutboxMapping};
+use crate::relay::ledger::{Ledger, TxnSeq};
+use crate::serve::metrics::{Metrics, RelayState};
+use crate::sink::dead_letter::{self, Reason};
+use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
+use crate::source::pgoutput::{self, LogicalMessage, Relation, Tuple};
+use crate::source::walsender::{pg_time_to_unix_us, ReplicationFrame};
 
 /// What the session needs from the configuration.
 #[derive(Debug, Clone)]
@@ -394,7 +395,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             MessageRoute::Event => {
                 let commit_time_ms = self.open_txn()?.commit_time_ms;
                 let event = self.mapping.message_event(&message, commit_time_ms);
-                let (relation, tuple) = outbox::message_as_row(&message);
+                let (relation, tuple) = mapping::message_as_row(&message);
                 self.publish_event(event, &relation, &tuple).await?;
             }
             MessageRoute::NonTransactional { rejected_total } => warn!(

@@ -17,18 +17,21 @@ use tokio_util::sync::CancellationToken;
 use super::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 use super::session::{Session, Settings};
 use super::RelayError;
-use crate::checkpoint::TxnSeq;
+use crate::relay::ledger::TxnSeq;
 use std::collections::HashMap;
 
 use crate::config::{DeadLetterPolicy, OutboxConfig};
-use crate::control::ControlError;
 use crate::lsn::Lsn;
-use crate::metrics::Metrics;
-use crate::outbox::OutboxMapping;
-use crate::pgoutput::encode::encode;
-use crate::pgoutput::{Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue};
-use crate::publisher::{Delivery, DeliveryFailure, PublishError, Record};
-use crate::walsender::{ReplicationError, ReplicationFrame};
+use crate::mapping::OutboxMapping;
+use crate::mapping::Record;
+use crate::postgres::control::ControlError;
+use crate::serve::metrics::Metrics;
+use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError};
+use crate::source::pgoutput::encode::encode;
+use crate::source::pgoutput::{
+    Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue,
+};
+use crate::source::walsender::{ReplicationError, ReplicationFrame};
 
 const OUTBOX: u32 = 16_400;
 const AUDIT: u32 = 16_500;

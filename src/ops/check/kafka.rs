@@ -13,11 +13,11 @@ use rdkafka::ClientContext;
 
 use super::{ok, problem, warning, Item};
 use crate::config::{Config, KafkaConfig};
-use crate::control::{quote_ident, Control};
+use crate::mapping::OutboxMapping;
 use crate::ops::format;
 use crate::ops::rows::{created_at_column, match_walsender_output, OutboxTable};
-use crate::outbox::OutboxMapping;
-use crate::publisher::client_config;
+use crate::postgres::control::{quote_ident, Control};
+use crate::sink::publisher::client_config;
 
 /// How long each Kafka request of the check may take.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);

@@ -4,11 +4,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::{ok, problem, warning, Item};
 use crate::config::{Config, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY};
-use crate::control::{quote_ident, Control, SlotInfo};
+use crate::mapping::OutboxMapping;
 use crate::ops::format::{self, quote_literal};
 use crate::ops::rows::{created_at_column, OutboxTable, TableColumn};
 use crate::ops::{pg_message, query_err, OpsError};
-use crate::outbox::OutboxMapping;
+use crate::postgres::control::{quote_ident, Control, SlotInfo};
 
 /// What the server is and who we are on it, read once.
 struct Server {
@@ -1096,7 +1096,7 @@ mod tests {
             display: format!("{schema}.{name}"),
             quoted: format!("{}.{}", quote_ident(&schema), quote_ident(&name)),
             row_filter: None,
-            relation: crate::pgoutput::Relation {
+            relation: crate::source::pgoutput::Relation {
                 id: 0,
                 namespace: schema,
                 name,
@@ -1104,7 +1104,7 @@ mod tests {
                 columns: columns
                     .iter()
                     .filter(|c| c.published)
-                    .map(|c| crate::pgoutput::Column {
+                    .map(|c| crate::source::pgoutput::Column {
                         flags: 0,
                         name: c.name.clone(),
                         type_oid: c.type_oid,

@@ -84,8 +84,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::control::{quote_ident, Control, ControlError};
 use crate::lsn::Lsn;
+use crate::postgres::control::{quote_ident, Control, ControlError};
 
 /// Most marks kept while none is confirmed (the relay is down or far behind). When full, no
 /// new marks are taken until the oldest are confirmed and used.

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use crate::config::PostgresConfig;
 use crate::lsn::Lsn;
-use crate::tls::TlsSettings;
+use crate::postgres::tls::TlsSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {

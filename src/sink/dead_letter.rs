@@ -10,8 +10,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 
-use crate::pgoutput::{Relation, Tuple, TupleValue};
-use crate::publisher::Record;
+use crate::mapping::Record;
+use crate::source::pgoutput::{Relation, Tuple, TupleValue};
 
 /// Column values larger than this are left out of a row dead letter (the broker's default
 /// record limit is 1 MB); the header `outbox-relay.dlq.omitted` names them.
@@ -165,7 +165,7 @@ fn annotate(dead: &mut Record, reason: Reason, error: &str, original_topic: &str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pgoutput::Column;
+    use crate::source::pgoutput::Column;
 
     fn relation() -> Relation {
         Relation {

@@ -697,7 +697,7 @@ impl HttpConfig {
 
 impl DeadLetterConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(problem) = crate::outbox::topic_name_problem(&self.topic) {
+        if let Some(problem) = crate::mapping::topic_name_problem(&self.topic) {
             return Err(ConfigError::invalid(
                 "dead_letter.topic",
                 format!(
@@ -1077,7 +1077,7 @@ impl PostgresConfig {
     fn parsed_url(&self) -> Result<tokio_postgres::Config, ConfigError> {
         // tokio-postgres knows neither verify-ca nor verify-full: the TLS parameters are ours
         // (see `tls::TlsSettings::resolve`), the rest is checked by its parser.
-        let (url, mode, _) = crate::tls::split_tls_params(&self.url);
+        let (url, mode, _) = crate::postgres::tls::split_tls_params(&self.url);
         if let Some(mode) = mode.filter(|m| SslMode::parse(m).is_none()) {
             return Err(ConfigError::invalid(
                 "postgres.url",
@@ -1249,7 +1249,7 @@ impl PostgresConfig {
     /// in seconds/count, `tcp_user_timeout` in milliseconds) where a key is left at its default.
     pub fn tcp_keepalive(&self) -> TcpKeepalive {
         use std::time::Duration;
-        let (url, _, _) = crate::tls::split_tls_params(&self.url);
+        let (url, _, _) = crate::postgres::tls::split_tls_params(&self.url);
         let parsed = url.parse::<tokio_postgres::Config>().ok();
         // tokio-postgres' own defaults: a getter that differs from them was set by the URL.
         let pristine = tokio_postgres::Config::new();
@@ -2243,7 +2243,7 @@ fn redact_key_value(conn: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    const EXAMPLE: &str = include_str!("../config/outbox-relay.toml");
+    const EXAMPLE: &str = include_str!("../../config/outbox-relay.toml");
 
     fn no_env() -> Vec<(String, String)> {
         Vec::new()

@@ -20,6 +20,11 @@
 //! | timestamp | `timestamp_column` if non-null, else the commit time |
 //! | headers | `id`, `type`, `aggregatetype`, `aggregateid`, then `header_columns`, the `headers_column` object, the tracing context |
 
+pub mod partition;
+mod record;
+
+pub use record::Record;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,8 +33,7 @@ use bytes::Bytes;
 
 use crate::config::{NullPayload, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY};
 use crate::lsn::Lsn;
-use crate::pgoutput::{Column, Message, Relation, Tuple, TupleValue};
-use crate::publisher::Record;
+use crate::source::pgoutput::{Column, Message, Relation, Tuple, TupleValue};
 
 /// Kafka's limit on topic name length.
 const MAX_TOPIC_LEN: usize = 249;

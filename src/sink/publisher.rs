@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders, OwnedMessage};
@@ -23,35 +22,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::checkpoint::TxnSeq;
 use crate::config::KafkaConfig;
-use crate::partition;
-
-/// One Kafka record, built from an outbox event. Payload and key are shared, not copied,
-/// until librdkafka copies them into its queue.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Record {
-    pub topic: String,
-    pub key: Bytes,
-    /// `None` is a tombstone.
-    pub payload: Option<Bytes>,
-    pub headers: Vec<(Arc<str>, Bytes)>,
-    /// Milliseconds since the Unix epoch; `None` lets the producer stamp it.
-    pub timestamp_ms: Option<i64>,
-    /// An explicit partition; `None` lets the partitioner choose from the key.
-    pub partition: Option<i32>,
-    /// When `partition` is `None`: bytes to choose the partition from instead of the key,
-    /// exactly as the Java client's default partitioner would for a record keyed by them
-    /// (`toPositive(murmur2(bytes)) % partitions`). The outbox puts the aggregate id here.
-    pub partition_key: Option<Bytes>,
-}
-
-impl Record {
-    /// Bytes this record holds while in flight (what the in-flight cap counts).
-    pub fn size(&self) -> usize {
-        self.key.len() + self.payload.as_ref().map_or(0, Bytes::len)
-    }
-}
+use crate::mapping::{partition, Record};
+use crate::relay::ledger::TxnSeq;
 
 /// Marks a dead-letter record in the delivery opaque (transaction numbers never get there).
 const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);

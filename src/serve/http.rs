@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use crate::metrics::Metrics;
+use crate::serve::metrics::Metrics;
 
 /// Largest request head we read; anything longer is answered with 431.
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
@@ -190,7 +190,7 @@ mod tests {
         };
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
-        metrics.set_state(crate::metrics::RelayState::Streaming);
+        metrics.set_state(crate::serve::metrics::RelayState::Streaming);
         assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
         assert!(get("/metrics")
             .await

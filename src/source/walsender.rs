@@ -31,7 +31,7 @@ use tokio_postgres::config::Host;
 
 use crate::config::{PostgresConfig, SslMode, TcpKeepalive, FALLBACK_RECEIVE_TIMEOUT_MS};
 use crate::lsn::Lsn;
-use crate::tls::{server_end_point, TlsSettings};
+use crate::postgres::tls::{server_end_point, TlsSettings};
 
 /// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 UTC).
 const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
@@ -120,7 +120,7 @@ impl ReplicationError {
             | ReplicationError::ReceiveTimeout { .. }
             | ReplicationError::SlotActive { .. } => true,
             // Shutdown, crash recovery, too many connections: the server will be back.
-            ReplicationError::Server(e) => crate::control::sqlstate_is_transient(&e.code),
+            ReplicationError::Server(e) => crate::postgres::control::sqlstate_is_transient(&e.code),
             _ => false,
         }
     }
@@ -157,8 +157,8 @@ impl ConnectParams {
     /// Host, port, user, password, database and TLS as `[postgres]` says.
     pub fn from_config(pg: &PostgresConfig) -> Result<Self, ReplicationError> {
         let (tls, url) = TlsSettings::resolve(pg);
-        let password =
-            crate::control::password(pg).map_err(|e| ReplicationError::Url(e.to_string()))?;
+        let password = crate::postgres::control::password(pg)
+            .map_err(|e| ReplicationError::Url(e.to_string()))?;
         let mut params = Self::from_url(
             &url,
             password.as_deref(),

@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::control::{Control, ControlError, SlotHolder};
 use crate::lsn::Lsn;
-use crate::metrics::Metrics;
+use crate::postgres::control::{Control, ControlError, SlotHolder};
+use crate::serve::metrics::Metrics;
 
 /// Why the slot can no longer be trusted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,0 +1,8 @@
+//! Where records go: the Kafka producer, which reports every record's outcome as a delivery,
+//! and the dead-letter records that stand in for events that cannot be published.
+//!
+//! In: [`crate::mapping::Record`]s tagged with their transaction's sequence number. Out:
+//! [`publisher::Delivery`] reports on a channel.
+
+pub mod dead_letter;
+pub mod publisher;
