@@ -536,6 +536,11 @@ BEGIN
     END LOOP;
 END
 $$;
+-- PostgreSQL 18 deprecates MD5 passwords (they still work) and warns at each.
+SELECT current_setting('server_version_num')::int >= 180000 AS pg18 \gset
+\if :pg18
+SET md5_password_warnings = off;
+\endif
 SET password_encryption = 'md5';
 ALTER ROLE md5user WITH LOGIN REPLICATION PASSWORD 'md5pass';
 SET password_encryption = 'scram-sha-256';
