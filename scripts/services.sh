@@ -54,7 +54,8 @@
 #   OUTBOX_KAFKA_CDS=0      no class archive
 #   OUTBOX_KAFKA_STOP_TIMEOUT (20), OUTBOX_KAFKA_START_TIMEOUT (120),
 #   OUTBOX_PG_START_TIMEOUT (60)   seconds
-#   OUTBOX_PG_VERSION       PostgreSQL major: 14, 15, 16, 17 or 18. Unset: the
+#   OUTBOX_PG_VERSION       PostgreSQL major: 14, 15, 16, 17 or 18 (13: only
+#                           to test that the relay refuses it). Unset: the
 #                           state dir's clusters' version, else Debian's 15.
 #                           Majors Debian does not ship here come from Maven
 #                           Central, cached (scripts/pg-binaries.sh). A state
@@ -326,8 +327,9 @@ ensure_pg_installed() {
     local want
     want=$(pg_major_wanted strict)
     if [[ -n $want ]]; then
-        [[ -n ${OUTBOX_PG_BIN:-} ]] || [[ $want =~ ^(14|15|16|17|18)$ ]] ||
-            die "OUTBOX_PG_VERSION=$want: supported are 14, 15, 16, 17 and 18"
+        # 13 only to test that the relay refuses it.
+        [[ -n ${OUTBOX_PG_BIN:-} ]] || [[ $want =~ ^(13|14|15|16|17|18)$ ]] ||
+            die "OUTBOX_PG_VERSION=$want: supported are 14, 15, 16, 17 and 18 (and 13, to test the refusal)"
         PG_BIN=$(find_pg_bin) || die "no PostgreSQL $want server binaries"
         PG_CLIENT_BIN=$(find_pg_client_bin) || {
             apt_install postgresql-client
