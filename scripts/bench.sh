@@ -432,7 +432,7 @@ report() {
         --meta load_end="$(loadavg)" \
         --meta git_commit="$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)" \
         --meta relay_sha256="$(sha256sum "$RELAY_BIN" | cut -c1-16)" \
-        --meta postgres="$("$PG_BIN/postgres" --version)" \
+        --meta postgres="$("${OUTBOX_TEST_PG_SERVER_BIN:-$PG_BIN}/postgres" --version)" \
         --meta kafka="$kafka_version" \
         --meta rustc="$(rustc --version)"
 }

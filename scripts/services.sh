@@ -16,6 +16,14 @@
 #                      a second, independent cluster with wal_level=replica;
 #                      pg-replica-start prints its URL, which also goes into
 #                      the env file as OUTBOX_TEST_PG_REPLICA_URL
+#   pg-ha-start        a primary (pg-ha) and its physical standby (pg-ha-standby),
+#                      apart from the main cluster, for failover tests; see
+#                      "Primary and standby" below. Prints the env file path.
+#   pg-ha-crash        crash the primary: pg_ctl stop -m immediate
+#   pg-ha-promote      promote the standby; returns once it accepts writes
+#   pg-ha-stop         stop both (pg-ha-start starts them again)
+#   pg-ha-reset        stop and delete both; the next pg-ha-start makes a
+#                      fresh pair (needed after a promotion)
 #   env                print the env file path (exit 1 if not written yet)
 #   status             say what is running
 #   clean              stop everything and delete the state dir
@@ -27,10 +35,11 @@
 #
 # State lives in ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-run}:
 #   env                     shell `export` lines (source it)
-#   ports/{pg,pg-replica,kafka,kafka-controller}
+#   ports/{pg,pg-replica,pg-ha,pg-ha-standby,kafka,kafka-controller,...}
 #                           the ports picked on first start; reused afterwards
 #   pg/data, pg/postgres.log                 main cluster; socket in pg/
 #   pg-replica/data, pg-replica/postgres.log second cluster
+#   pg-ha/..., pg-ha-standby/...             primary and standby
 #   kafka/data, kafka/logs/server.log, kafka/kafka.out, kafka/kafka.pid,
 #   kafka/cluster.id, kafka/server.properties
 # The Kafka classpath (resolved once with Maven from scripts/kafka/pom.xml) and
@@ -45,7 +54,36 @@
 #   OUTBOX_KAFKA_CDS=0      no class archive
 #   OUTBOX_KAFKA_STOP_TIMEOUT (20), OUTBOX_KAFKA_START_TIMEOUT (120),
 #   OUTBOX_PG_START_TIMEOUT (60)   seconds
-#   OUTBOX_PG_BIN           PostgreSQL bin dir (default /usr/lib/postgresql/15/bin)
+#   OUTBOX_PG_VERSION       PostgreSQL major: 14, 15, 16, 17 or 18 (13: only
+#                           to test that the relay refuses it). Unset: the
+#                           state dir's clusters' version, else Debian's 15.
+#                           Majors Debian does not ship here come from Maven
+#                           Central, cached (scripts/pg-binaries.sh). A state
+#                           dir holds one major: `clean` before switching.
+#   OUTBOX_PG_BIN           PostgreSQL server bin dir (overrides the above)
+#
+# Env file, PostgreSQL: OUTBOX_TEST_PG_URL/_HOST/_PORT/_DATA (main cluster),
+# OUTBOX_TEST_PG_VERSION (its major), OUTBOX_TEST_PG_SERVER_BIN (postgres,
+# initdb, pg_ctl), OUTBOX_TEST_PG_BIN (client tools: psql, pg_recvlogical; for
+# majors from Maven, Debian's 15 client, which speaks to 14-18),
+# OUTBOX_TEST_PG_CA/_WRONG_CA, OUTBOX_TEST_PG_REPLICA_URL (while it runs), and
+# after pg-ha-start: OUTBOX_TEST_PG_HA_PRIMARY_URL, OUTBOX_TEST_PG_HA_STANDBY_URL,
+# OUTBOX_TEST_PG_HA_URL (both hosts: postgres://postgres@h:p1,h:p2/postgres),
+# OUTBOX_TEST_PG_HA_SLOT (the standby's physical slot), *_PRIMARY_DATA/_STANDBY_DATA.
+#
+# Primary and standby (pg-ha-start): pg-ha is set up like the main cluster
+# (wal_level=logical, TLS, the test roles); pg-ha-standby is a copy of its
+# cleanly stopped data dir (no pg_basebackup; slots not copied) with
+# standby.signal, primary_conninfo (with dbname=postgres, which slot sync
+# needs), primary_slot_name = the physical slot, hot_standby_feedback = on.
+# Replication is synchronous (synchronous_standby_names), so a commit pg-ha
+# acknowledged survives pg-ha-crash. On 17+: sync_replication_slots = on on
+# the standby, synchronized_standby_slots = the physical slot on the primary;
+# a logical slot created with failover = true is then synced to the standby
+# (by the worker, or with OUTBOX_PG_HA_SLOT_SYNC=manual only by `SELECT
+# pg_sync_replication_slots()` on the standby, for deterministic tests). While the
+# standby is down, commits on pg-ha wait for it (synchronous replication) and
+# so do logical walsenders on 17+.
 #
 # Messages go to stderr; stdout carries only the documented output, so
 # `source "$(scripts/services.sh start)"` works.
@@ -145,7 +183,7 @@ port_for() {
 # ---------------------------------------------------------------- env file
 
 write_env() {
-    local tmp="$ENV_FILE.tmp.$$" pg_port kafka_port replica_port
+    local tmp="$ENV_FILE.tmp.$$" pg_port kafka_port replica_port ha1= ha2
     pg_port=$(port_for pg)
     kafka_port=$(port_for kafka)
     {
@@ -155,7 +193,11 @@ write_env() {
         printf 'export OUTBOX_TEST_PG_URL=%q\n' "postgres://postgres@127.0.0.1:$pg_port/postgres"
         printf 'export OUTBOX_TEST_PG_HOST=%q\n' "127.0.0.1"
         printf 'export OUTBOX_TEST_PG_PORT=%q\n' "$pg_port"
-        printf 'export OUTBOX_TEST_PG_BIN=%q\n' "${PG_BIN:-$(find_pg_bin || true)}"
+        # Client tools (psql, pg_recvlogical); the server's own bin dir for Debian's 15.
+        printf 'export OUTBOX_TEST_PG_BIN=%q\n' "${PG_CLIENT_BIN:-$(find_pg_client_bin || true)}"
+        # Server binaries (postgres, initdb, pg_ctl) and their major version.
+        printf 'export OUTBOX_TEST_PG_SERVER_BIN=%q\n' "${PG_BIN:-$(find_pg_bin || true)}"
+        printf 'export OUTBOX_TEST_PG_VERSION=%q\n' "$(pg_existing_major)"
         printf 'export OUTBOX_TEST_PG_DATA=%q\n' "$RUN_DIR/pg/data"
         printf 'export OUTBOX_TEST_KAFKA_BROKERS=%q\n' "127.0.0.1:$kafka_port"
         # The same broker behind SASL (PLAIN, SCRAM-SHA-256/512), and SASL over TLS.
@@ -170,6 +212,19 @@ write_env() {
             replica_port=$(port_for pg-replica)
             printf 'export OUTBOX_TEST_PG_REPLICA_URL=%q\n' \
                 "postgres://postgres@127.0.0.1:$replica_port/postgres"
+        fi
+        if [[ -f $RUN_DIR/pg-ha/data/PG_VERSION ]]; then
+            ha1=127.0.0.1:$(port_for pg-ha)
+            printf 'export OUTBOX_TEST_PG_HA_PRIMARY_URL=%q\n' "postgres://postgres@$ha1/postgres"
+            printf 'export OUTBOX_TEST_PG_HA_PRIMARY_DATA=%q\n' "$RUN_DIR/pg-ha/data"
+        fi
+        if [[ -f $RUN_DIR/pg-ha-standby/data/PG_VERSION ]]; then
+            ha2=127.0.0.1:$(port_for pg-ha-standby)
+            printf 'export OUTBOX_TEST_PG_HA_STANDBY_URL=%q\n' "postgres://postgres@$ha2/postgres"
+            printf 'export OUTBOX_TEST_PG_HA_STANDBY_DATA=%q\n' "$RUN_DIR/pg-ha-standby/data"
+            # Both hosts, in libpq's multi-host form.
+            printf 'export OUTBOX_TEST_PG_HA_URL=%q\n' "postgres://postgres@$ha1,$ha2/postgres"
+            printf 'export OUTBOX_TEST_PG_HA_SLOT=%q\n' "$HA_SLOT"
         fi
     } >"$tmp"
     mv -f "$tmp" "$ENV_FILE"
@@ -190,11 +245,51 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" </dev/null >&2
 }
 
+# Cluster names: pg (the main one), pg-replica (wal_level=replica), pg-ha and
+# pg-ha-standby (a primary and its physical standby, for failover tests).
+# Every cluster of a state dir runs the same major version.
+PG_CLUSTERS=(pg pg-replica pg-ha pg-ha-standby)
+HA_SLOT=outbox_ha_standby      # the standby's physical slot on pg-ha
+
+# The major version of the clusters already in the state dir (empty if none).
+pg_existing_major() {
+    local c
+    for c in "${PG_CLUSTERS[@]}"; do
+        if [[ -f $RUN_DIR/$c/data/PG_VERSION ]]; then
+            cat "$RUN_DIR/$c/data/PG_VERSION"
+            return 0
+        fi
+    done
+}
+
+# The major version to run: the state dir's, else OUTBOX_PG_VERSION, else
+# empty (= the default search below, Debian's 15). With "strict", a clash
+# between OUTBOX_PG_VERSION and existing clusters is an error.
+pg_major_wanted() {
+    local existing want=${OUTBOX_PG_VERSION:-}
+    existing=$(pg_existing_major)
+    if [[ -n $want && -n $existing && $want != "$existing" && ${1:-} == strict ]]; then
+        die "$RUN_DIR holds PostgreSQL $existing clusters but OUTBOX_PG_VERSION=$want: run '$SELF clean' first"
+    fi
+    if [[ -n $existing ]]; then
+        echo "$existing"
+    else
+        echo "$want"
+    fi
+}
+
+# Prints the server bin dir (postgres, initdb, pg_ctl).
 find_pg_bin() {
-    local d
+    local d want
     if [[ -n ${OUTBOX_PG_BIN:-} ]]; then
         echo "$OUTBOX_PG_BIN"
         return 0
+    fi
+    want=$(pg_major_wanted)
+    if [[ -n $want ]]; then
+        # Debian's build when installed, else Maven Central (cached).
+        bash "$SCRIPT_DIR/pg-binaries.sh" "$want"
+        return
     fi
     if [[ -x /usr/lib/postgresql/15/bin/postgres ]]; then
         echo /usr/lib/postgresql/15/bin
@@ -213,8 +308,37 @@ find_pg_bin() {
     return 1
 }
 
+# Prints a bin dir with the client tools (psql, pg_isready, pg_recvlogical):
+# the server's own when it has them (Debian), else the newest Debian client.
+find_pg_client_bin() {
+    local d
+    if [[ -n ${PG_BIN:-} && -x $PG_BIN/psql && -x $PG_BIN/pg_isready ]]; then
+        echo "$PG_BIN"
+        return 0
+    fi
+    d=$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | while read -r d; do
+        [[ -x $d/psql && -x $d/pg_isready ]] && echo "$d"
+    done | tail -n 1)
+    [[ -n $d ]] && { echo "$d"; return 0; }
+    return 1
+}
+
 ensure_pg_installed() {
+    local want
+    want=$(pg_major_wanted strict)
+    if [[ -n $want ]]; then
+        # 13 only to test that the relay refuses it.
+        [[ -n ${OUTBOX_PG_BIN:-} ]] || [[ $want =~ ^(13|14|15|16|17|18)$ ]] ||
+            die "OUTBOX_PG_VERSION=$want: supported are 14, 15, 16, 17 and 18 (and 13, to test the refusal)"
+        PG_BIN=$(find_pg_bin) || die "no PostgreSQL $want server binaries"
+        PG_CLIENT_BIN=$(find_pg_client_bin) || {
+            apt_install postgresql-client
+            PG_CLIENT_BIN=$(find_pg_client_bin) || die "no psql/pg_isready after apt-get install postgresql-client"
+        }
+        return
+    fi
     if PG_BIN=$(find_pg_bin); then
+        PG_CLIENT_BIN=$(find_pg_client_bin) || PG_CLIENT_BIN=$PG_BIN
         return
     fi
     apt_install postgresql
@@ -226,6 +350,7 @@ ensure_pg_installed() {
         done
     fi
     PG_BIN=$(find_pg_bin) || die "PostgreSQL still not found after apt-get install postgresql"
+    PG_CLIENT_BIN=$(find_pg_client_bin) || PG_CLIENT_BIN=$PG_BIN
 }
 
 # Runs a command as the cluster owner (postgres when we are root).
@@ -242,6 +367,19 @@ pg_running() {
     [[ -f $data/PG_VERSION && -f $data/postmaster.pid ]] || return 1
     bin=${PG_BIN:-$(find_pg_bin)} || return 1
     as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1
+}
+
+# psql as superuser on cluster $1 (database postgres); other args passed on.
+pg_psql() {
+    local name=$1
+    shift
+    "$PG_CLIENT_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$(port_for "$name")" \
+        -U postgres -d postgres "$@"
+}
+
+# The major version of the cluster $1's data dir.
+pg_data_major() {
+    cat "$RUN_DIR/$1/data/PG_VERSION"
 }
 
 # A test CA, a server certificate it signed (for localhost and 127.0.0.1) and an
@@ -288,22 +426,31 @@ pg_write_conf() {
         echo "logging_collector = off"
         echo "log_line_prefix = '%m [%p] %q%u@%d '"
         echo "log_replication_commands = on"
-        if [[ $name == pg ]]; then
+        case $name in
+        pg | pg-ha | pg-ha-standby)
+            # The same TLS certificate (for 127.0.0.1) on every logical cluster.
             echo "ssl = on"
-            echo "ssl_cert_file = '$dir/tls/server.crt'"
-            echo "ssl_key_file = '$dir/tls/server.key'"
+            echo "ssl_cert_file = '$RUN_DIR/pg/tls/server.crt'"
+            echo "ssl_key_file = '$RUN_DIR/pg/tls/server.key'"
             echo "wal_level = logical"
             echo "max_replication_slots = 64"
             echo "max_wal_senders = 64"
             echo "wal_sender_timeout = '10s'"
-            echo "shared_buffers = 256MB"
-        else
+            if [[ $name == pg ]]; then
+                echo "shared_buffers = 256MB"
+            else
+                echo "shared_buffers = 128MB"
+            fi
+            ;;
+        *)
             # The cluster a pre-flight check must reject: no logical decoding.
             echo "wal_level = replica"
             echo "max_replication_slots = 10"
             echo "max_wal_senders = 10"
             echo "shared_buffers = 32MB"
-        fi
+            ;;
+        esac
+        pg_ha_conf "$name"
     } >"$data/outbox-relay.conf"
     # Order matters: the first line whose type, user and address match wins.
     cat >"$data/pg_hba.conf" <<'EOF'
@@ -314,6 +461,8 @@ host    all       md5user    127.0.0.1/32  md5
 host    all       scramuser  127.0.0.1/32  scram-sha-256
 host    all       clearuser  127.0.0.1/32  password
 host    all       all        127.0.0.1/32  trust
+# Physical replication (pg-ha-standby's walreceiver); "all" above does not cover it.
+host    replication all      127.0.0.1/32  trust
 EOF
     if [[ $EUID -eq 0 ]]; then
         chown "$PG_USER_OS:" "$data/outbox-relay.conf" "$data/pg_hba.conf"
@@ -339,7 +488,8 @@ pg_start_cluster() {
         die "socket path $dir/.s.PGSQL.$port is too long for a Unix socket: use a shorter OUTBOX_RUN_DIR"
     fi
     if [[ ! -f $data/PG_VERSION ]]; then
-        log "initdb $data"
+        [[ $name != pg-ha-standby ]] || die "no standby data dir: start it with '$SELF pg-ha-start'"
+        log "initdb $data ($("$PG_BIN/postgres" --version))"
         rm -rf "$data"
         as_pg "$PG_BIN/initdb" -D "$data" -U postgres -A trust -E UTF8 --no-locale -N \
             >"$dir/initdb.log" 2>&1 9>&- || {
@@ -351,7 +501,7 @@ pg_start_cluster() {
     if port_in_use "$port"; then
         die "port $port (saved in $PORTS_DIR/$name) is taken by another process; stop it or run '$SELF clean'"
     fi
-    if [[ $name == pg ]]; then pg_make_certs "$name"; fi
+    if [[ $name != pg-replica ]]; then pg_make_certs pg; fi
     pg_write_conf "$name" "$port"
     log "starting PostgreSQL ($name) on 127.0.0.1:$port"
     if ! as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$logf" -w -t "$PG_START_TIMEOUT" -s start \
@@ -360,7 +510,7 @@ pg_start_cluster() {
         die "PostgreSQL ($name) did not start; log: $logf"
     fi
     for ((i = 0; i < PG_START_TIMEOUT * 10; i++)); do
-        if "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" -d postgres -U postgres; then
+        if "$PG_CLIENT_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" -d postgres -U postgres; then
             log "PostgreSQL ($name) ready on 127.0.0.1:$port"
             return 0
         fi
@@ -371,11 +521,12 @@ pg_start_cluster() {
 }
 
 # Roles the tests log in as (one per password method, one without
-# REPLICATION). Idempotent: passwords are reset at every start.
+# REPLICATION), on cluster $1 (default pg). Idempotent: passwords are reset at
+# every start.
 pg_setup_roles() {
     local port
-    port=$(port_for pg)
-    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres \
+    port=$(port_for "${1:-pg}")
+    "$PG_CLIENT_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres \
         >/dev/null <<'SQL'
 DO $$
 DECLARE r text;
@@ -387,6 +538,11 @@ BEGIN
     END LOOP;
 END
 $$;
+-- PostgreSQL 18 deprecates MD5 passwords (they still work) and warns at each.
+SELECT current_setting('server_version_num')::int >= 180000 AS pg18 \gset
+\if :pg18
+SET md5_password_warnings = off;
+\endif
 SET password_encryption = 'md5';
 ALTER ROLE md5user WITH LOGIN REPLICATION PASSWORD 'md5pass';
 SET password_encryption = 'scram-sha-256';
@@ -400,7 +556,7 @@ SQL
     # template1) has them as well.
     local db
     for db in postgres template1; do
-        "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" \
+        "$PG_CLIENT_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" \
             >/dev/null <<'SQL'
 GRANT ALL ON SCHEMA public TO md5user, scramuser, clearuser, norepl;
 -- Tables the superuser creates later (e.g. outbox) are usable by them too.
@@ -422,6 +578,135 @@ pg_stop_cluster() {
         log "fast shutdown of $name failed; immediate shutdown"
         as_pg "$PG_BIN/pg_ctl" -D "$data" -m immediate -w -t 30 -s stop >&2 9>&- || true
     fi
+}
+
+# ------------------------------------------------------- primary + standby
+#
+# pg-ha and pg-ha-standby: a primary and a physical standby of it, for
+# failover tests, apart from the main cluster (crashing pg-ha disturbs no
+# other test). The standby is a copy of the cleanly stopped primary's data
+# dir (no pg_basebackup) plus standby.signal; it streams through the physical
+# slot $HA_SLOT with synchronous replication, so every commit the primary
+# acknowledged is on the standby when the primary is crashed.
+
+ha_promoted_marker() { echo "$RUN_DIR/pg-ha-standby/promoted"; }
+
+# The failover-related settings of cluster $1, appended to its outbox-relay.conf.
+pg_ha_conf() {
+    local name=$1 major
+    [[ $name == pg-ha || $name == pg-ha-standby ]] || return 0
+    major=$(pg_data_major "$name")
+    if [[ $name == pg-ha ]]; then
+        [[ -f $RUN_DIR/pg-ha-standby/data/PG_VERSION && ! -f $(ha_promoted_marker) ]] || return 0
+        echo "# Primary of pg-ha-standby."
+        echo "synchronous_commit = on"
+        echo "synchronous_standby_names = '\"pg-ha-standby\"'"
+        if ((major >= 17)); then
+            # Logical walsenders wait until the standby has the WAL they send,
+            # so a synced failover slot is never ahead of the standby.
+            echo "synchronized_standby_slots = '$HA_SLOT'"
+        fi
+    else
+        echo "# Physical standby of pg-ha."
+        echo "primary_conninfo = 'host=127.0.0.1 port=$(port_for pg-ha) user=postgres dbname=postgres application_name=pg-ha-standby'"
+        echo "primary_slot_name = '$HA_SLOT'"
+        echo "hot_standby = on"
+        echo "hot_standby_feedback = on"
+        echo "wal_receiver_status_interval = '1s'"
+        if ((major >= 17)); then
+            # The slot sync worker, unless OUTBOX_PG_HA_SLOT_SYNC=manual: then
+            # only `SELECT pg_sync_replication_slots()` on the standby syncs
+            # (it fails with "cannot synchronize replication slots
+            # concurrently" while the worker runs).
+            if [[ ${OUTBOX_PG_HA_SLOT_SYNC:-worker} == manual ]]; then
+                echo "sync_replication_slots = off"
+            else
+                echo "sync_replication_slots = on"
+            fi
+        fi
+    fi
+}
+
+# Polls SQL $2 on cluster $1 until it prints 't' (deadline $3 seconds).
+pg_wait_true() {
+    local name=$1 sql=$2 secs=${3:-$PG_START_TIMEOUT} i
+    for ((i = 0; i < secs * 10; i++)); do
+        [[ $(pg_psql "$name" -At -c "$sql" 2>/dev/null) == t ]] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+cmd_ha_start() {
+    local standby="$RUN_DIR/pg-ha-standby" f
+    ensure_pg_installed
+    if [[ -f $(ha_promoted_marker) ]]; then
+        die "pg-ha failed over (pg-ha-standby was promoted); run '$SELF pg-ha-reset' for a fresh pair"
+    fi
+    port_for pg-ha >/dev/null
+    port_for pg-ha-standby >/dev/null
+    if [[ ! -f $standby/data/PG_VERSION ]]; then
+        pg_start_cluster pg-ha
+        pg_setup_roles pg-ha
+        pg_psql pg-ha -c "SELECT pg_create_physical_replication_slot('$HA_SLOT', true)
+            WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '$HA_SLOT')" >/dev/null
+        # A clean shutdown (checkpoint written), so that a plain copy of the
+        # data dir is consistent.
+        log "stopping PostgreSQL (pg-ha) to copy its data dir"
+        as_pg "$PG_BIN/pg_ctl" -D "$RUN_DIR/pg-ha/data" -m fast -w -t 60 -s stop >&2 9>&- ||
+            die "pg-ha did not stop cleanly"
+        rm -rf "$standby"
+        mkdir -p "$standby"
+        [[ $EUID -ne 0 ]] || chown "$PG_USER_OS:" "$standby"
+        as_pg cp -a "$RUN_DIR/pg-ha/data" "$standby/data.tmp"
+        # What pg_basebackup leaves out: the primary's slots (a copied logical
+        # slot would clash with a synced one), its pid and options files.
+        for f in postmaster.pid postmaster.opts standby.signal recovery.signal; do
+            rm -f "$standby/data.tmp/$f"
+        done
+        find "$standby/data.tmp/pg_replslot" -mindepth 1 -delete
+        [[ ! -d $standby/data.tmp/pg_stat_tmp ]] || find "$standby/data.tmp/pg_stat_tmp" -mindepth 1 -delete
+        as_pg touch "$standby/data.tmp/standby.signal"
+        mv "$standby/data.tmp" "$standby/data"
+        log "pg-ha-standby: copy of pg-ha's data dir, streaming through slot $HA_SLOT"
+    fi
+    pg_start_cluster pg-ha
+    pg_start_cluster pg-ha-standby
+    pg_wait_true pg-ha "SELECT EXISTS (SELECT 1 FROM pg_stat_replication
+            WHERE application_name = 'pg-ha-standby' AND state = 'streaming')" ||
+        { show_tail "$standby/postgres.log"; die "pg-ha-standby does not stream from pg-ha"; }
+    log "pg-ha (primary) on 127.0.0.1:$(port_for pg-ha), pg-ha-standby on 127.0.0.1:$(port_for pg-ha-standby)"
+}
+
+cmd_ha_stop() {
+    pg_stop_cluster pg-ha || true
+    pg_stop_cluster pg-ha-standby || true
+}
+
+# Crashes the primary: no shutdown checkpoint, no goodbye to clients.
+cmd_ha_crash() {
+    ensure_pg_installed
+    pg_running pg-ha || { log "pg-ha is not running"; return 0; }
+    log "crashing PostgreSQL (pg-ha): pg_ctl stop -m immediate"
+    as_pg "$PG_BIN/pg_ctl" -D "$RUN_DIR/pg-ha/data" -m immediate -w -t 30 -s stop >&2 9>&-
+}
+
+# Promotes the standby and waits until it accepts writes.
+cmd_ha_promote() {
+    ensure_pg_installed
+    pg_running pg-ha-standby || die "pg-ha-standby is not running"
+    log "promoting pg-ha-standby"
+    : >"$(ha_promoted_marker)"
+    as_pg "$PG_BIN/pg_ctl" -D "$RUN_DIR/pg-ha-standby/data" -w -t "$PG_START_TIMEOUT" -s promote >&2 9>&- ||
+        die "pg_ctl promote failed (log: $RUN_DIR/pg-ha-standby/postgres.log)"
+    pg_wait_true pg-ha-standby "SELECT NOT pg_is_in_recovery()" ||
+        die "pg-ha-standby still in recovery after promote"
+    log "pg-ha-standby is a primary on 127.0.0.1:$(port_for pg-ha-standby)"
+}
+
+cmd_ha_reset() {
+    cmd_ha_stop
+    rm -rf "$RUN_DIR/pg-ha" "$RUN_DIR/pg-ha-standby"
 }
 
 # ------------------------------------------------------------------- Kafka
@@ -767,6 +1052,7 @@ cmd_start() {
 
 cmd_stop() {
     kafka_stop || true
+    cmd_ha_stop
     pg_stop_cluster pg-replica || true
     pg_stop_cluster pg || true
     # Drops OUTBOX_TEST_PG_REPLICA_URL again.
@@ -779,6 +1065,13 @@ cmd_status() {
     local rc=0 pid
     if pg_running pg; then echo "postgres:   running on 127.0.0.1:$(cat "$PORTS_DIR/pg")"; else echo "postgres:   stopped"; rc=3; fi
     if pg_running pg-replica; then echo "pg-replica: running on 127.0.0.1:$(cat "$PORTS_DIR/pg-replica")"; else echo "pg-replica: stopped"; fi
+    local c
+    for c in pg-ha pg-ha-standby; do
+        [[ -f $RUN_DIR/$c/data/PG_VERSION ]] || continue
+        if pg_running "$c"; then echo "$c: running on 127.0.0.1:$(cat "$PORTS_DIR/$c")"; else echo "$c: stopped"; fi
+    done
+    [[ -f $(ha_promoted_marker) ]] && echo "pg-ha-standby: promoted (pg-ha-reset for a fresh pair)"
+    [[ -n $(pg_existing_major) ]] && echo "PostgreSQL: $(pg_existing_major) ($(find_pg_bin 2>/dev/null || true))"
     if pid=$(kafka_pid); then echo "kafka:      running on 127.0.0.1:$(cat "$PORTS_DIR/kafka") (pid $pid)"; else echo "kafka:      stopped"; rc=3; fi
     [[ -f $ENV_FILE ]] && echo "env file:   $ENV_FILE"
     return "$rc"
@@ -788,7 +1081,7 @@ main() {
     local cmd=${1:-}
     shift || true
     case $cmd in
-    start | pg-start | kafka-start | pg-replica-start)
+    start | pg-start | kafka-start | pg-replica-start | pg-ha-start | pg-ha-crash | pg-ha-promote)
         ensure_run_dir
         take_lock
         case $cmd in
@@ -807,9 +1100,16 @@ main() {
             write_env
             echo "postgres://postgres@127.0.0.1:$(port_for pg-replica)/postgres"
             ;;
+        pg-ha-start)
+            cmd_ha_start
+            write_env
+            echo "$ENV_FILE"
+            ;;
+        pg-ha-crash) cmd_ha_crash ;;
+        pg-ha-promote) cmd_ha_promote ;;
         esac
         ;;
-    stop | pg-stop | kafka-stop | pg-replica-stop)
+    stop | pg-stop | kafka-stop | pg-replica-stop | pg-ha-stop | pg-ha-reset)
         [[ -d $RUN_DIR ]] || exit 0
         take_lock
         case $cmd in
@@ -818,6 +1118,11 @@ main() {
         kafka-stop) kafka_stop || true ;;
         pg-replica-stop)
             pg_stop_cluster pg-replica || true
+            if [[ -f $ENV_FILE ]]; then write_env 2>/dev/null || true; fi
+            ;;
+        pg-ha-stop) cmd_ha_stop ;;
+        pg-ha-reset)
+            cmd_ha_reset
             if [[ -f $ENV_FILE ]]; then write_env 2>/dev/null || true; fi
             ;;
         esac
@@ -842,7 +1147,7 @@ main() {
     psql)
         ensure_pg_installed
         [[ -s $PORTS_DIR/pg ]] || die "PostgreSQL was never started in $RUN_DIR"
-        exec "$PG_BIN/psql" -X -h 127.0.0.1 -p "$(cat "$PORTS_DIR/pg")" -U postgres -d postgres "$@"
+        exec "$PG_CLIENT_BIN/psql" -X -h 127.0.0.1 -p "$(cat "$PORTS_DIR/pg")" -U postgres -d postgres "$@"
         ;;
     kafka-tool)
         ensure_run_dir

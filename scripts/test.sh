@@ -7,13 +7,19 @@
 #   scripts/test.sh --test e2e            cargo options go before `--`...
 #   scripts/test.sh --test e2e -- --nocapture
 #                                         ...test-binary options after it
+#   OUTBOX_PG_VERSION=17 scripts/test.sh --test relay_e2e
+#                                         against another PostgreSQL major
+#                                         (14, 15, 16, 17, 18; default 15)
 #
 # Services run from a fresh state dir, ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-test}
 # (wiped first unless OUTBOX_KEEP_STATE=1), and are stopped on exit whatever
 # happens; the exit code is cargo test's. Their logs stay in the state dir:
 #   pg/postgres.log  pg-replica/postgres.log  kafka/logs/server.log
 # Needs nothing but what scripts/services.sh installs (PostgreSQL, Java and
-# Maven via apt-get when missing, the Kafka jars via Maven).
+# Maven via apt-get when missing, the Kafka jars via Maven, and with
+# OUTBOX_PG_VERSION other than 15 that PostgreSQL's server binaries via Maven;
+# see scripts/pg-binaries.sh). Tests can read the running major from
+# OUTBOX_TEST_PG_VERSION.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -69,11 +75,12 @@ cleanup() {
     if ((services_started)); then
         if ((rc != 0)) && [[ ${CI:-} == true ]]; then
             # CI keeps no files: show the end of the service logs.
-            f="$OUTBOX_RUN_DIR/pg/postgres.log"
-            if [[ -s $f ]]; then
-                printf -- '----- last lines of %s -----\n' "$f" >&2
-                tail -n 60 "$f" >&2 || true
-            fi
+            for f in "$OUTBOX_RUN_DIR"/{pg,pg-ha,pg-ha-standby}/postgres.log; do
+                if [[ -s $f ]]; then
+                    printf -- '----- last lines of %s -----\n' "$f" >&2
+                    tail -n 60 "$f" >&2 || true
+                fi
+            done
             f="$OUTBOX_RUN_DIR/kafka/logs/server.log"
             if [[ -s $f ]]; then
                 printf -- '----- last warnings and errors of %s -----\n' "$f" >&2
@@ -94,7 +101,7 @@ if [[ ${OUTBOX_KEEP_STATE:-0} != 1 ]]; then
     bash "$SERVICES" clean
 fi
 services_started=1
-log "starting PostgreSQL and Kafka in $OUTBOX_RUN_DIR"
+log "starting PostgreSQL ${OUTBOX_PG_VERSION:-(default)} and Kafka in $OUTBOX_RUN_DIR"
 start_time=$SECONDS
 # services.sh prints the log tails itself when a service fails to start.
 env_file=$(bash "$SERVICES" start) || {
@@ -105,9 +112,9 @@ bash "$SERVICES" pg-replica-start >/dev/null || {
     log "the wal_level=replica cluster failed to start (log: $OUTBOX_RUN_DIR/pg-replica/postgres.log)"
     exit 1
 }
-log "services up in $((SECONDS - start_time))s; env: $env_file"
 # shellcheck disable=SC1090 # written at run time by services.sh
 source "$env_file"
+log "services up in $((SECONDS - start_time))s (PostgreSQL $OUTBOX_TEST_PG_VERSION); env: $env_file"
 
 set +e
 # --no-fail-fast: a failing test binary does not hide the results of the others.
