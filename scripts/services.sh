@@ -385,12 +385,16 @@ pg_data_major() {
 # A test CA, a server certificate it signed (for localhost and 127.0.0.1) and an
 # unrelated CA, so tests can check verify-full and a wrong CA. Made once per state dir.
 pg_make_certs() {
-    local tls="$RUN_DIR/$1/tls"
+    local tls="$RUN_DIR/$1/tls" tmp
     [[ -f $tls/server.crt ]] && return 0
     command -v openssl >/dev/null 2>&1 || apt_install openssl
-    mkdir -p "$tls"
+    # Made aside and moved into place in one step: PostgreSQL and Kafka start in
+    # parallel and both need them; two half-written sets gave a key that did
+    # not match its certificate.
+    mkdir -p "$RUN_DIR/$1"
+    tmp=$(mktemp -d "$RUN_DIR/$1/.tls.XXXXXX")
     (
-        cd "$tls"
+        cd "$tmp"
         openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox-relay test CA" \
             -keyout ca.key -out ca.crt 2>/dev/null
         openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=unrelated CA" \
@@ -400,12 +404,16 @@ pg_make_certs() {
         printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >san.ext
         openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
             -extfile san.ext -out server.crt 2>/dev/null
-    ) || die "cannot make the test TLS certificates"
-    chmod 600 "$tls/server.key"
+    ) || { rm -rf "$tmp"; die "cannot make the test TLS certificates"; }
+    chmod 755 "$tmp"
+    chmod 600 "$tmp/server.key"
+    chmod 644 "$tmp/ca.crt" "$tmp/wrong-ca.crt"
     if [[ $EUID -eq 0 ]]; then
-        chown -R "$PG_USER_OS:" "$tls"
+        chown -R "$PG_USER_OS:" "$tmp"
     fi
-    chmod 644 "$tls/ca.crt" "$tls/wrong-ca.crt"
+    # Fails when another start won the race: then its set is the one.
+    mv -T "$tmp" "$tls" 2>/dev/null || rm -rf "$tmp"
+    [[ -f $tls/server.crt ]] || die "no test TLS certificates in $tls"
 }
 
 # Writes the settings file that postgresql.conf includes (rewritten at every
@@ -1030,6 +1038,8 @@ cmd_start() {
     port_for pg >/dev/null
     port_for kafka >/dev/null
     port_for kafka-controller >/dev/null
+    # Both need the test certificates: made here, before they run in parallel.
+    pg_make_certs pg
     # Kafka (JVM start, maybe Maven) and PostgreSQL start in parallel, as
     # background jobs (where set -e still applies), then both are waited for.
     kafka_start &
