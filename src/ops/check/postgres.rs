@@ -265,7 +265,7 @@ async fn outbox_tables(
             "outbox table",
             format!(
                 "no outbox table: events come from pg_logical_emit_message with prefix `{}`",
-                config.outbox.message_prefix
+                config.outbox.message_prefix.as_deref().unwrap_or_default()
             ),
         ));
     }
