@@ -48,8 +48,9 @@ pub struct OutboxConfig {
     /// Per aggregate type, a topic template used instead of `topic` (aggregate type → template).
     pub topic_overrides: BTreeMap<String, String>,
     /// Column holding the topic name; where it is non-null it wins over `topic` and
-    /// `topic_overrides`. Empty: none.
-    pub topic_column: String,
+    /// `topic_overrides`. Unset (`""`): none.
+    #[serde(with = "unset")]
+    pub topic_column: Option<String>,
     /// Column holding the event id: the Kafka key (unless `key_column` is set) and header `id`.
     pub id_column: String,
     /// Column holding the aggregate type (usually selects the topic; header `aggregatetype`).
@@ -62,20 +63,24 @@ pub struct OutboxConfig {
     /// Column holding the payload, the record value: jsonb, json and text are sent as their
     /// text, bytea as its raw bytes.
     pub payload_column: String,
-    /// Column holding the record key. Empty: the event id.
-    pub key_column: String,
+    /// Column holding the record key. Unset (`""`): the event id.
+    #[serde(with = "unset")]
+    pub key_column: Option<String>,
     /// Column holding the event time (timestamptz, timestamp as UTC, or an integer of
-    /// milliseconds since the Unix epoch): the record timestamp. Empty, or a null value: the
+    /// milliseconds since the Unix epoch): the record timestamp. Unset, or a null value: the
     /// transaction's commit time.
-    pub timestamp_column: String,
+    #[serde(with = "unset")]
+    pub timestamp_column: Option<String>,
     /// Column holding a JSON object (jsonb or json); each key becomes a record header, its
     /// value the header value (strings as they are, other values as JSON, null skipped).
-    /// Empty: none.
-    pub headers_column: String,
+    /// Unset (`""`): none.
+    #[serde(with = "unset")]
+    pub headers_column: Option<String>,
     /// Column holding a tracing span context. A W3C `traceparent` value is sent as header
     /// `tracing_header`; a `key=value` list, one per line (Debezium's `tracingspancontext`),
-    /// becomes one header per key. Empty: none.
-    pub tracing_column: String,
+    /// becomes one header per key. Unset (`""`): none.
+    #[serde(with = "unset")]
+    pub tracing_column: Option<String>,
     /// Header name for a plain span context from `tracing_column`.
     pub tracing_header: String,
     /// Further columns sent as headers (column → header name), like Debezium's
@@ -122,7 +127,8 @@ impl NullPayload {
 }
 
 /// One `[[outbox.tables]]` entry: a table and the mapping keys it sets differently from
-/// `[outbox]`.
+/// `[outbox]`. `None` (key absent) inherits; an optional column (`key_column`,
+/// `topic_column`, …) set to `""` means none for this table.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxTableConfig {
@@ -180,18 +186,16 @@ impl Default for OutboxConfig {
             table: "public.outbox".to_string(),
             topic: "outbox.event.{aggregatetype}".to_string(),
             topic_overrides: BTreeMap::new(),
-            topic_column: String::new(),
+            topic_column: None,
             id_column: "id".to_string(),
             aggregate_type_column: "aggregatetype".to_string(),
             aggregate_id_column: "aggregateid".to_string(),
             type_column: "type".to_string(),
             payload_column: "payload".to_string(),
-            // Empty: the key is the event id.
-            key_column: String::new(),
-            // Empty: the record timestamp is the commit time.
-            timestamp_column: String::new(),
-            headers_column: String::new(),
-            tracing_column: String::new(),
+            key_column: None,
+            timestamp_column: None,
+            headers_column: None,
+            tracing_column: None,
             tracing_header: "traceparent".to_string(),
             header_columns: BTreeMap::new(),
             envelope: false,
@@ -329,11 +333,11 @@ impl OutboxConfig {
             ("headers_column", &self.headers_column),
             ("tracing_column", &self.tracing_column),
         ] {
-            if !column.is_empty() {
+            if let Some(column) = column {
                 check_identifier(&field(key), column)?;
             }
         }
-        if !self.tracing_column.is_empty() {
+        if self.tracing_column.is_some() {
             check_header_name(&field("tracing_header"), &self.tracing_header)?;
         }
         for (column, header) in &self.header_columns {
@@ -358,20 +362,27 @@ impl OutboxTableConfig {
         fn pick<T: Clone>(own: &Option<T>, inherited: &T) -> T {
             own.clone().unwrap_or_else(|| inherited.clone())
         }
+        // An optional column set to `""` in the entry means none, whatever `[outbox]` says.
+        fn pick_column(own: &Option<String>, inherited: &Option<String>) -> Option<String> {
+            match own {
+                Some(column) => (!column.is_empty()).then(|| column.clone()),
+                None => inherited.clone(),
+            }
+        }
         OutboxConfig {
             table: self.table.clone(),
             topic: pick(&self.topic, &base.topic),
             topic_overrides: pick(&self.topic_overrides, &base.topic_overrides),
-            topic_column: pick(&self.topic_column, &base.topic_column),
+            topic_column: pick_column(&self.topic_column, &base.topic_column),
             id_column: pick(&self.id_column, &base.id_column),
             aggregate_type_column: pick(&self.aggregate_type_column, &base.aggregate_type_column),
             aggregate_id_column: pick(&self.aggregate_id_column, &base.aggregate_id_column),
             type_column: pick(&self.type_column, &base.type_column),
             payload_column: pick(&self.payload_column, &base.payload_column),
-            key_column: pick(&self.key_column, &base.key_column),
-            timestamp_column: pick(&self.timestamp_column, &base.timestamp_column),
-            headers_column: pick(&self.headers_column, &base.headers_column),
-            tracing_column: pick(&self.tracing_column, &base.tracing_column),
+            key_column: pick_column(&self.key_column, &base.key_column),
+            timestamp_column: pick_column(&self.timestamp_column, &base.timestamp_column),
+            headers_column: pick_column(&self.headers_column, &base.headers_column),
+            tracing_column: pick_column(&self.tracing_column, &base.tracing_column),
             tracing_header: pick(&self.tracing_header, &base.tracing_header),
             header_columns: pick(&self.header_columns, &base.header_columns),
             envelope: pick(&self.envelope, &base.envelope),

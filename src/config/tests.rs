@@ -575,12 +575,12 @@ fn outbox_mapping_keys_are_validated_per_table() {
         "outbox.partition_by",
     );
     assert_invalid(
-        &with(|c| c.outbox.timestamp_column = "t".repeat(64)),
+        &with(|c| c.outbox.timestamp_column = Some("t".repeat(64))),
         "outbox.timestamp_column",
     );
     assert_invalid(
         &with(|c| {
-            c.outbox.tracing_column = "span".into();
+            c.outbox.tracing_column = Some("span".into());
             c.outbox.tracing_header = String::new();
         }),
         "outbox.tracing_header",
@@ -628,7 +628,7 @@ fn env_overrides_reach_the_new_outbox_keys() {
     assert!(o.envelope);
     assert_eq!(o.null_payload, NullPayload::Tombstone);
     assert!(o.messages_enabled());
-    assert_eq!(o.timestamp_column, "occurred_at");
+    assert_eq!(o.timestamp_column.as_deref(), Some("occurred_at"));
     assert!(o.sweeper.enabled);
     assert_eq!(o.sweeper.retention_ms, 60_000);
     let err = from_env(&[("OUTBOX_RELAY__OUTBOX__TABLES", "x")]).unwrap_err();
@@ -988,4 +988,17 @@ fn file_errors_name_the_key_path() {
     assert!(err.to_string().ends_with("found -5"), "{err}");
     let err = from_toml("[kafka.properties]\nx = [1]\n").unwrap_err();
     assert!(err.to_string().contains("`kafka.properties.x`"), "{err}");
+}
+
+#[test]
+fn a_table_entry_may_clear_an_inherited_optional_column() {
+    let config = from_toml(
+        "[outbox]\nkey_column = \"k\"\n[[outbox.tables]]\ntable = \"s.t\"\nkey_column = \"\"\n\
+         [[outbox.tables]]\ntable = \"s.u\"\n",
+    )
+    .unwrap();
+    let tables = config.outbox.table_configs();
+    assert_eq!(tables[0].key_column.as_deref(), Some("k"));
+    assert_eq!(tables[1].key_column, None);
+    assert_eq!(tables[2].key_column.as_deref(), Some("k"));
 }

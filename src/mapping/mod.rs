@@ -334,7 +334,6 @@ struct Rules {
 
 impl Rules {
     fn new(config: &OutboxConfig, schema: String, table: String) -> Result<Rules, MappingError> {
-        let optional = |name: &str| (!name.is_empty()).then(|| name.to_string());
         let partition_by = match config.partition_by.as_str() {
             PARTITION_BY_AGGREGATE_ID => PartitionBy::AggregateId,
             PARTITION_BY_KEY => PartitionBy::Key,
@@ -346,11 +345,11 @@ impl Rules {
             Some(config.aggregate_id_column.clone()),
             Some(config.type_column.clone()),
             Some(config.payload_column.clone()),
-            optional(&config.key_column),
-            optional(&config.timestamp_column),
-            optional(&config.headers_column),
-            optional(&config.tracing_column),
-            optional(&config.topic_column),
+            config.key_column.clone(),
+            config.timestamp_column.clone(),
+            config.headers_column.clone(),
+            config.tracing_column.clone(),
+            config.topic_column.clone(),
             (partition_by == PartitionBy::Column).then(|| config.partition_by.clone()),
         ];
         let mut topic_overrides = HashMap::with_capacity(config.topic_overrides.len());
@@ -1451,7 +1450,7 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("aggregate_id_column"), "{err}");
 
-        let m = mapping(|c| c.timestamp_column = "occurred_at".into());
+        let m = mapping(|c| c.timestamp_column = Some("occurred_at".into()));
         let err = m.bind(&relation(&COLUMNS)).unwrap().unwrap_err();
         assert!(err.to_string().contains("timestamp_column"), "{err}");
         let m = mapping(|c| {
@@ -1538,7 +1537,7 @@ mod tests {
             c.topic = "{schema}.{table}.{aggregatetype}.{type}".into();
             c.topic_overrides
                 .insert("customer".into(), "crm.{aggregateid}".into());
-            c.topic_column = "destination".into();
+            c.topic_column = Some("destination".into());
         });
         let mut cols = debezium_columns(text("{}"));
         cols.push(("destination", 25, TupleValue::Null));
@@ -1565,7 +1564,7 @@ mod tests {
             c.aggregate_id_column = "entity".into();
             c.type_column = "name".into();
             c.payload_column = "body".into();
-            c.key_column = "k".into();
+            c.key_column = Some("k".into());
             c.partition_by = "shard".into();
         });
         let cols = vec![
@@ -1649,7 +1648,7 @@ mod tests {
 
     #[test]
     fn timestamp_column_sets_the_record_timestamp() {
-        let m = mapping(|c| c.timestamp_column = "occurred_at".into());
+        let m = mapping(|c| c.timestamp_column = Some("occurred_at".into()));
         let mut cols = debezium_columns(text("{}"));
         cols.push((
             "occurred_at",
@@ -1706,7 +1705,7 @@ mod tests {
     #[test]
     fn headers_column_and_extra_columns_become_headers() {
         let m = mapping(|c| {
-            c.headers_column = "headers".into();
+            c.headers_column = Some("headers".into());
             c.header_columns.insert("tenant".into(), "x-tenant".into());
             c.header_columns.insert("region".into(), "x-region".into());
         });
@@ -1735,7 +1734,7 @@ mod tests {
 
     #[test]
     fn tracing_context_becomes_headers() {
-        let m = mapping(|c| c.tracing_column = "tracingspancontext".into());
+        let m = mapping(|c| c.tracing_column = Some("tracingspancontext".into()));
         let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let mut cols = debezium_columns(text("{}"));
         cols.push(("tracingspancontext", 25, text(traceparent)));
@@ -1875,7 +1874,7 @@ mod tests {
     fn bad_message_content_is_a_mapping_error() {
         let m = mapping(|c| {
             c.message_prefix = Some("outbox".into());
-            c.timestamp_column = "at".into();
+            c.timestamp_column = Some("at".into());
         });
         for (content, expect) in [
             ("not json", "not JSON"),
