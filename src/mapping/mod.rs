@@ -31,12 +31,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::config::{NullPayload, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY};
+use crate::config::{
+    topic_name_problem, NullPayload, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY,
+};
 use crate::lsn::Lsn;
 use crate::source::pgoutput::{Column, Message, Relation, Tuple, TupleValue};
-
-/// Kafka's limit on topic name length.
-const MAX_TOPIC_LEN: usize = 249;
 
 /// Type OIDs whose text form the mapping interprets.
 mod oid {
@@ -176,24 +175,6 @@ impl TopicTemplate {
             }
         }
         topic
-    }
-}
-
-/// Checks a topic name the way the broker will, so a bad one is caught before sending.
-pub fn topic_name_problem(topic: &str) -> Option<&'static str> {
-    if topic.is_empty() {
-        Some("empty")
-    } else if topic.len() > MAX_TOPIC_LEN {
-        Some("longer than 249 characters")
-    } else if topic == "." || topic == ".." {
-        Some("`.` and `..` are reserved")
-    } else if !topic
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
-        Some("only ASCII letters, digits, `.`, `_` and `-` are allowed")
-    } else {
-        None
     }
 }
 
@@ -353,7 +334,6 @@ struct Rules {
 
 impl Rules {
     fn new(config: &OutboxConfig, schema: String, table: String) -> Result<Rules, MappingError> {
-        let optional = |name: &str| (!name.is_empty()).then(|| name.to_string());
         let partition_by = match config.partition_by.as_str() {
             PARTITION_BY_AGGREGATE_ID => PartitionBy::AggregateId,
             PARTITION_BY_KEY => PartitionBy::Key,
@@ -365,11 +345,11 @@ impl Rules {
             Some(config.aggregate_id_column.clone()),
             Some(config.type_column.clone()),
             Some(config.payload_column.clone()),
-            optional(&config.key_column),
-            optional(&config.timestamp_column),
-            optional(&config.headers_column),
-            optional(&config.tracing_column),
-            optional(&config.topic_column),
+            config.key_column.clone(),
+            config.timestamp_column.clone(),
+            config.headers_column.clone(),
+            config.tracing_column.clone(),
+            config.topic_column.clone(),
             (partition_by == PartitionBy::Column).then(|| config.partition_by.clone()),
         ];
         let mut topic_overrides = HashMap::with_capacity(config.topic_overrides.len());
@@ -686,14 +666,14 @@ impl OutboxMapping {
             Some(Arc::new(Rules::new(
                 config,
                 String::new(),
-                config.message_prefix.clone(),
+                config.message_prefix.clone().unwrap_or_default(),
             )?))
         } else {
             None
         };
         Ok(OutboxMapping {
             tables,
-            message_prefix: config.message_prefix.clone(),
+            message_prefix: config.message_prefix.clone().unwrap_or_default(),
             messages,
             non_transactional: Arc::new(AtomicU64::new(0)),
         })
@@ -1470,7 +1450,7 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("aggregate_id_column"), "{err}");
 
-        let m = mapping(|c| c.timestamp_column = "occurred_at".into());
+        let m = mapping(|c| c.timestamp_column = Some("occurred_at".into()));
         let err = m.bind(&relation(&COLUMNS)).unwrap().unwrap_err();
         assert!(err.to_string().contains("timestamp_column"), "{err}");
         let m = mapping(|c| {
@@ -1552,20 +1532,12 @@ mod tests {
     }
 
     #[test]
-    fn topic_names_are_checked_like_kafka_does() {
-        assert_eq!(topic_name_problem("outbox.event.order_1-x"), None);
-        for bad in ["", ".", "..", "a b", "ü", &"x".repeat(250)] {
-            assert!(topic_name_problem(bad).is_some(), "{bad}");
-        }
-    }
-
-    #[test]
     fn topic_overrides_and_topic_column_choose_the_topic() {
         let m = mapping(|c| {
             c.topic = "{schema}.{table}.{aggregatetype}.{type}".into();
             c.topic_overrides
                 .insert("customer".into(), "crm.{aggregateid}".into());
-            c.topic_column = "destination".into();
+            c.topic_column = Some("destination".into());
         });
         let mut cols = debezium_columns(text("{}"));
         cols.push(("destination", 25, TupleValue::Null));
@@ -1592,7 +1564,7 @@ mod tests {
             c.aggregate_id_column = "entity".into();
             c.type_column = "name".into();
             c.payload_column = "body".into();
-            c.key_column = "k".into();
+            c.key_column = Some("k".into());
             c.partition_by = "shard".into();
         });
         let cols = vec![
@@ -1676,7 +1648,7 @@ mod tests {
 
     #[test]
     fn timestamp_column_sets_the_record_timestamp() {
-        let m = mapping(|c| c.timestamp_column = "occurred_at".into());
+        let m = mapping(|c| c.timestamp_column = Some("occurred_at".into()));
         let mut cols = debezium_columns(text("{}"));
         cols.push((
             "occurred_at",
@@ -1733,7 +1705,7 @@ mod tests {
     #[test]
     fn headers_column_and_extra_columns_become_headers() {
         let m = mapping(|c| {
-            c.headers_column = "headers".into();
+            c.headers_column = Some("headers".into());
             c.header_columns.insert("tenant".into(), "x-tenant".into());
             c.header_columns.insert("region".into(), "x-region".into());
         });
@@ -1762,7 +1734,7 @@ mod tests {
 
     #[test]
     fn tracing_context_becomes_headers() {
-        let m = mapping(|c| c.tracing_column = "tracingspancontext".into());
+        let m = mapping(|c| c.tracing_column = Some("tracingspancontext".into()));
         let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let mut cols = debezium_columns(text("{}"));
         cols.push(("tracingspancontext", 25, text(traceparent)));
@@ -1860,7 +1832,7 @@ mod tests {
 
     #[test]
     fn transactional_messages_with_the_prefix_become_events() {
-        let m = mapping(|c| c.message_prefix = "outbox".into());
+        let m = mapping(|c| c.message_prefix = Some("outbox".into()));
         assert!(m.messages_enabled());
         let content = r#" { "id" : "m-1", "aggregatetype": "order", "aggregateid": 42,
             "type": "Shipped", "payload": {"b": [1, "}"], "a": "x"}, "extra": null } "#;
@@ -1901,8 +1873,8 @@ mod tests {
     #[test]
     fn bad_message_content_is_a_mapping_error() {
         let m = mapping(|c| {
-            c.message_prefix = "outbox".into();
-            c.timestamp_column = "at".into();
+            c.message_prefix = Some("outbox".into());
+            c.timestamp_column = Some("at".into());
         });
         for (content, expect) in [
             ("not json", "not JSON"),

@@ -1073,7 +1073,7 @@ mod tests {
         outbox.table = String::new();
         assert_eq!(names(choose_tables(&outbox, None).unwrap()), ["app.events"]);
         outbox.tables.clear();
-        outbox.message_prefix = "outbox".into();
+        outbox.message_prefix = Some("outbox".into());
         assert!(matches!(
             choose_tables(&outbox, None),
             Err(ReplayError::NoTable)

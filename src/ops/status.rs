@@ -116,10 +116,7 @@ pub async fn run(config: &Config) -> Result<StatusReport, OpsError> {
         slot,
         publication,
         outbox,
-        message_prefix: config
-            .outbox
-            .messages_enabled()
-            .then(|| config.outbox.message_prefix.clone()),
+        message_prefix: config.outbox.message_prefix.clone(),
     })
 }
 

@@ -8,7 +8,7 @@ use openssl::hash::MessageDigest;
 use openssl::nid::Nid;
 use openssl::ssl::{SslConnector, SslMethod, SslRef, SslVerifyMode};
 
-use crate::config::{PostgresConfig, SslMode};
+use crate::config::{split_tls_params, PostgresConfig, SslMode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -39,10 +39,7 @@ impl TlsSettings {
             (SslMode::Prefer, Some(from_url)) => from_url,
             (configured, _) => configured,
         };
-        let root = Some(pg.ssl_root_cert.clone())
-            .filter(|r| !r.is_empty())
-            .or(url_root)
-            .map(PathBuf::from);
+        let root = pg.ssl_root_cert.clone().or(url_root.map(PathBuf::from));
         (
             TlsSettings {
                 mode,
@@ -99,47 +96,6 @@ impl TlsSettings {
     }
 }
 
-/// Removes `sslmode` and `sslrootcert` from a URL or `key=value` connection string.
-pub(crate) fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
-    let (mut mode, mut root) = (None, None);
-    let mut take = |key: &str, value: &str| match key {
-        "sslmode" => {
-            mode = Some(value.to_string());
-            true
-        }
-        "sslrootcert" => {
-            root = Some(value.to_string());
-            true
-        }
-        _ => false,
-    };
-    let rest = if let Some((base, query)) = url.split_once('?') {
-        let kept: Vec<&str> = query
-            .split('&')
-            .filter(|kv| {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                !take(k, v)
-            })
-            .collect();
-        if kept.is_empty() {
-            base.to_string()
-        } else {
-            format!("{base}?{}", kept.join("&"))
-        }
-    } else if url.contains("://") {
-        url.to_string()
-    } else {
-        url.split_whitespace()
-            .filter(|kv| {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                !take(k.trim(), v.trim())
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    (rest, mode, root)
-}
-
 /// The `tls-server-end-point` channel binding data: the server certificate's hash, with the
 /// certificate's own signature hash (SHA-256 for MD5 and SHA-1), as RFC 5929 says.
 pub fn server_end_point(ssl: &SslRef) -> Option<Vec<u8>> {
@@ -160,7 +116,7 @@ mod tests {
         PostgresConfig {
             url: url.into(),
             ssl_mode: mode,
-            ssl_root_cert: root.into(),
+            ssl_root_cert: (!root.is_empty()).then(|| root.into()),
             ..PostgresConfig::default()
         }
     }

@@ -189,10 +189,9 @@ async fn start_http(
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
 ) -> Result<(), RelayError> {
-    let addr = &config.http.listen;
-    if addr.is_empty() {
+    let Some(addr) = &config.http.listen else {
         return Ok(());
-    }
+    };
     let listener = crate::serve::http::bind(addr)
         .await
         .map_err(|source| RelayError::Http {

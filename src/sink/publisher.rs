@@ -585,17 +585,23 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
 fn set_security(c: &mut ClientConfig, config: &KafkaConfig) {
     let protocol = config.security_protocol;
     c.set("security.protocol", protocol.as_str());
-    if protocol.uses_tls() && !config.ssl_ca_file.is_empty() {
-        c.set("ssl.ca.location", &config.ssl_ca_file);
+    if let Some(ca) = config.ssl_ca_file.as_ref().filter(|_| protocol.uses_tls()) {
+        c.set("ssl.ca.location", ca.display().to_string());
     }
     if protocol.uses_sasl() {
         let password = config.sasl_password().unwrap_or_else(|e| {
             warn!(error = %e, "cannot read kafka.sasl_password_file; authenticating without a password");
             crate::config::Secret::new("")
         });
-        c.set("sasl.mechanism", &config.sasl_mechanism)
-            .set("sasl.username", &config.sasl_username)
-            .set("sasl.password", password.expose());
+        c.set(
+            "sasl.mechanism",
+            config.sasl_mechanism.clone().unwrap_or_default(),
+        )
+        .set(
+            "sasl.username",
+            config.sasl_username.clone().unwrap_or_default(),
+        )
+        .set("sasl.password", password.expose());
     }
 }
 

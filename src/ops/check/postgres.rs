@@ -160,7 +160,7 @@ fn date_style(server: &Server, config: &Config) -> Item {
         .outbox
         .table_configs()
         .iter()
-        .any(|t| !t.timestamp_column.is_empty());
+        .any(|t| t.timestamp_column.is_some());
     if timestamps {
         problem(
             "DateStyle",
@@ -265,7 +265,7 @@ async fn outbox_tables(
             "outbox table",
             format!(
                 "no outbox table: events come from pg_logical_emit_message with prefix `{}`",
-                config.outbox.message_prefix
+                config.outbox.message_prefix.as_deref().unwrap_or_default()
             ),
         ));
     }
@@ -382,20 +382,20 @@ mod oid {
 /// Every column a table's mapping reads: `(setting, column)`, optional ones when set.
 fn configured_columns(o: &OutboxConfig) -> Vec<(String, &str)> {
     let mut columns: Vec<(String, &str)> = [
-        ("id_column", &o.id_column),
-        ("aggregate_type_column", &o.aggregate_type_column),
-        ("aggregate_id_column", &o.aggregate_id_column),
-        ("type_column", &o.type_column),
-        ("payload_column", &o.payload_column),
-        ("key_column", &o.key_column),
-        ("timestamp_column", &o.timestamp_column),
-        ("headers_column", &o.headers_column),
-        ("tracing_column", &o.tracing_column),
-        ("topic_column", &o.topic_column),
+        ("id_column", Some(&o.id_column)),
+        ("aggregate_type_column", Some(&o.aggregate_type_column)),
+        ("aggregate_id_column", Some(&o.aggregate_id_column)),
+        ("type_column", Some(&o.type_column)),
+        ("payload_column", Some(&o.payload_column)),
+        ("key_column", o.key_column.as_ref()),
+        ("timestamp_column", o.timestamp_column.as_ref()),
+        ("headers_column", o.headers_column.as_ref()),
+        ("tracing_column", o.tracing_column.as_ref()),
+        ("topic_column", o.topic_column.as_ref()),
     ]
     .into_iter()
+    .filter_map(|(setting, column)| Some((setting.to_string(), column?.as_str())))
     .filter(|(_, column)| !column.is_empty())
-    .map(|(setting, column)| (setting.to_string(), column.as_str()))
     .collect();
     if ![PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY].contains(&o.partition_by.as_str()) {
         columns.push(("partition_by".into(), o.partition_by.as_str()));
@@ -1144,10 +1144,10 @@ mod tests {
     #[test]
     fn optional_columns_must_exist_be_published_and_fit() {
         let outbox = OutboxConfig {
-            timestamp_column: "at".into(),
-            headers_column: "hdrs".into(),
-            key_column: "k".into(),
-            tracing_column: "span".into(),
+            timestamp_column: Some("at".into()),
+            headers_column: Some("hdrs".into()),
+            key_column: Some("k".into()),
+            tracing_column: Some("span".into()),
             partition_by: "shard".into(),
             header_columns: [("total".to_string(), "x-total".to_string())].into(),
             ..OutboxConfig::default()

@@ -1,0 +1,528 @@
+//! `[kafka]`: the producer, its security settings and the librdkafka pass-through properties,
+//! with the rules that keep those from breaking at-least-once delivery.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::layering::unset;
+use super::secret::{Secret, REDACTED};
+use super::validate::check_range;
+use super::ConfigError;
+
+/// librdkafka holds ~700 bytes per queued record; 20,000 is ~150 ms of a full-speed drain,
+/// far more than a produce round trip, and keeps memory flat (bench/README.md).
+pub const DEFAULT_MAX_IN_FLIGHT_MESSAGES: usize = 20_000;
+/// Lower bound of `kafka.max_in_flight_bytes` (1 MiB).
+pub const MIN_MAX_IN_FLIGHT_BYTES: usize = 1024 * 1024;
+/// librdkafka's upper bound of `linger.ms`.
+pub const MAX_LINGER_MS: u64 = 900_000;
+/// librdkafka's upper bound of `batch.num.messages`.
+pub const MAX_BATCH_NUM_MESSAGES: usize = 1_000_000;
+/// Bounds of `kafka.message_timeout_ms`; the upper one is librdkafka's.
+pub const MIN_MESSAGE_TIMEOUT_MS: u64 = 1_000;
+pub const MAX_MESSAGE_TIMEOUT_MS: u64 = i32::MAX as u64;
+
+/// librdkafka properties the relay sets from a dedicated field, with that field.
+pub(super) const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "kafka.brokers"),
+    ("metadata.broker.list", "kafka.brokers"),
+    ("client.id", "kafka.client_id"),
+    ("linger.ms", "kafka.linger_ms"),
+    ("queue.buffering.max.ms", "kafka.linger_ms"),
+    ("batch.num.messages", "kafka.batch_num_messages"),
+    ("compression.type", "kafka.compression"),
+    ("compression.codec", "kafka.compression"),
+    ("message.timeout.ms", "kafka.message_timeout_ms"),
+    ("delivery.timeout.ms", "kafka.message_timeout_ms"),
+    // The publisher sizes librdkafka's queue from the in-flight caps.
+    (
+        "queue.buffering.max.messages",
+        "kafka.max_in_flight_messages",
+    ),
+    ("queue.buffering.max.kbytes", "kafka.max_in_flight_bytes"),
+    ("security.protocol", "kafka.security_protocol"),
+    ("sasl.mechanism", "kafka.sasl_mechanism"),
+    ("sasl.mechanisms", "kafka.sasl_mechanism"),
+    ("sasl.username", "kafka.sasl_username"),
+    (
+        "sasl.password",
+        "kafka.sasl_password or kafka.sasl_password_file",
+    ),
+    ("ssl.ca.location", "kafka.ssl_ca_file"),
+];
+
+/// Substrings of `kafka.properties` keys whose values are secrets.
+const SECRET_PROPERTY_MARKERS: &[&str] = &[
+    "password",
+    "secret",
+    "sasl.jaas",
+    "ssl.key",
+    "sasl.oauthbearer.config",
+];
+
+/// `[kafka]`. `Debug` hides the values of secret `properties`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, comma-separated `host:port` (librdkafka `bootstrap.servers`).
+    pub brokers: String,
+    /// Client id reported to the brokers (librdkafka `client.id`).
+    pub client_id: String,
+    /// Most records handed to the producer and not yet acknowledged; > 0. At the cap the relay
+    /// stops reading WAL until acks arrive.
+    pub max_in_flight_messages: usize,
+    /// Most key + payload bytes handed to the producer and not yet acknowledged, in bytes;
+    /// >= 1 MiB (1048576). At the cap the relay stops reading WAL until acks arrive.
+    pub max_in_flight_bytes: usize,
+    /// How long the producer waits to fill a batch, in milliseconds (librdkafka `linger.ms`);
+    /// 0 to 900000.
+    pub linger_ms: u64,
+    /// Most records per batch (librdkafka `batch.num.messages`); 1 to 1000000.
+    pub batch_num_messages: usize,
+    /// Batch compression (librdkafka `compression.type`): `none`, `gzip`, `snappy`, `lz4`, `zstd`.
+    pub compression: Compression,
+    /// How long a record may wait for the broker before its delivery fails, in milliseconds
+    /// (librdkafka `message.timeout.ms`); 1000 to 2147483647. A failed delivery is retried by
+    /// the relay; the slot never moves past it.
+    pub message_timeout_ms: u64,
+    /// Extra librdkafka producer settings, passed through (string to string). In the file,
+    /// dotted keys may be quoted (`"socket.timeout.ms" = "60000"`) or bare
+    /// (`socket.timeout.ms = 60000`); numbers and booleans become strings. Keys the relay sets
+    /// itself are refused, and so are settings that break at-least-once delivery or per-key order
+    /// (see [`KafkaConfig::unsafe_properties`]) unless `allow_unsafe_kafka_settings` is true.
+    #[serde(deserialize_with = "flat_properties")]
+    pub properties: BTreeMap<String, String>,
+    /// Accept `properties` that weaken at-least-once delivery or ordering (logged as warnings).
+    pub allow_unsafe_kafka_settings: bool,
+    /// How to talk to the brokers: `plaintext`, `ssl` (TLS), `sasl_plaintext` (SASL, no TLS) or
+    /// `sasl_ssl` (SASL over TLS).
+    pub security_protocol: KafkaSecurityProtocol,
+    /// SASL mechanism for the `sasl_*` protocols: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    #[serde(with = "unset")]
+    pub sasl_mechanism: Option<String>,
+    /// SASL user name.
+    #[serde(with = "unset")]
+    pub sasl_username: Option<String>,
+    /// SASL password (a secret: redacted in logs and `outbox-relay config`). Prefer
+    /// `sasl_password_file`.
+    #[serde(with = "unset")]
+    pub sasl_password: Option<Secret>,
+    /// File holding the SASL password (trimmed); wins over `sasl_password`.
+    #[serde(with = "unset")]
+    pub sasl_password_file: Option<PathBuf>,
+    /// CA certificate file (PEM) to verify the brokers' certificates for `ssl` / `sasl_ssl`.
+    /// Unset (`""` in the file): the system's trusted roots.
+    #[serde(with = "unset")]
+    pub ssl_ca_file: Option<PathBuf>,
+}
+
+/// Kafka `security.protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaSecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl KafkaSecurityProtocol {
+    pub const NAMES: &'static [&'static str] = &["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"];
+
+    /// The librdkafka `security.protocol` value.
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    pub fn uses_sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+
+    pub fn uses_tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+}
+
+/// SASL mechanisms librdkafka supports here (built with OpenSSL).
+pub const SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+
+/// Kafka batch compression codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+impl Compression {
+    /// Every codec, in the spelling of the config file.
+    pub const NAMES: &'static [&'static str] = &["none", "gzip", "snappy", "lz4", "zstd"];
+
+    /// The librdkafka `compression.type` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Snappy => "snappy",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:9092".to_string(),
+            client_id: "outbox-relay".to_string(),
+            max_in_flight_messages: DEFAULT_MAX_IN_FLIGHT_MESSAGES,
+            max_in_flight_bytes: 8 * 1024 * 1024, // bytes
+            linger_ms: 5,
+            batch_num_messages: 10_000,
+            compression: Compression::Lz4,
+            message_timeout_ms: 300_000,
+            properties: BTreeMap::new(),
+            allow_unsafe_kafka_settings: false,
+            security_protocol: KafkaSecurityProtocol::Plaintext,
+            sasl_mechanism: None,
+            sasl_username: None,
+            sasl_password: None,
+            sasl_password_file: None,
+            ssl_ca_file: None,
+        }
+    }
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("client_id", &self.client_id)
+            .field("max_in_flight_messages", &self.max_in_flight_messages)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("linger_ms", &self.linger_ms)
+            .field("batch_num_messages", &self.batch_num_messages)
+            .field("compression", &self.compression)
+            .field("message_timeout_ms", &self.message_timeout_ms)
+            .field("properties", &self.redacted_properties())
+            .field(
+                "allow_unsafe_kafka_settings",
+                &self.allow_unsafe_kafka_settings,
+            )
+            .field("security_protocol", &self.security_protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &self.sasl_password)
+            .field("sasl_password_file", &self.sasl_password_file)
+            .field("ssl_ca_file", &self.ssl_ca_file)
+            .finish()
+    }
+}
+
+impl KafkaConfig {
+    /// Entries of `properties` that would break at-least-once delivery or per-key ordering:
+    /// `(key, value, reason)`. [`Config::validate`] refuses them unless
+    /// `allow_unsafe_kafka_settings` is true.
+    pub fn unsafe_properties(&self) -> Vec<(String, String, &'static str)> {
+        self.properties
+            .iter()
+            .filter_map(|(key, value)| {
+                unsafe_reason(key, value).map(|reason| (key.clone(), value.clone(), reason))
+            })
+            .collect()
+    }
+
+    /// The SASL password: the trimmed content of `sasl_password_file` if set (read now), else
+    /// `sasl_password`.
+    pub fn sasl_password(&self) -> Result<Secret, ConfigError> {
+        let Some(path) = &self.sasl_password_file else {
+            return Ok(self
+                .sasl_password
+                .clone()
+                .unwrap_or_else(|| Secret::new("")));
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Secret::new(text.trim()))
+    }
+
+    fn validate_security(&self) -> Result<(), ConfigError> {
+        let sasl = self.security_protocol.uses_sasl();
+        let mechanism = self.sasl_mechanism.as_deref().unwrap_or_default();
+        if sasl && !SASL_MECHANISMS.contains(&mechanism) {
+            return Err(ConfigError::invalid(
+                "kafka.sasl_mechanism",
+                format!(
+                    "`{}` is not one of {} (required with security_protocol = \"{}\")",
+                    mechanism,
+                    SASL_MECHANISMS.join(", "),
+                    self.security_protocol.as_str()
+                ),
+            ));
+        }
+        if sasl && self.sasl_username.is_none() {
+            return Err(ConfigError::invalid(
+                "kafka.sasl_username",
+                "must be set with a sasl_* security_protocol",
+            ));
+        }
+        let sasl_fields = [
+            ("kafka.sasl_mechanism", self.sasl_mechanism.is_some()),
+            ("kafka.sasl_username", self.sasl_username.is_some()),
+            ("kafka.sasl_password", self.sasl_password.is_some()),
+            (
+                "kafka.sasl_password_file",
+                self.sasl_password_file.is_some(),
+            ),
+        ];
+        if let Some((field, _)) = sasl_fields.iter().find(|(_, set)| !sasl && *set) {
+            return Err(ConfigError::invalid(
+                *field,
+                "is only used with security_protocol = \"sasl_plaintext\" or \"sasl_ssl\"",
+            ));
+        }
+        if self.sasl_password_file.is_some() {
+            // Fail at start-up, not at the first connection to a broker.
+            self.sasl_password()?;
+        }
+        if self.ssl_ca_file.is_some() && !self.security_protocol.uses_tls() {
+            return Err(ConfigError::invalid(
+                "kafka.ssl_ca_file",
+                "is only used with security_protocol = \"ssl\" or \"sasl_ssl\"",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `properties` with the values of secret keys (containing `password`, `secret`,
+    /// `sasl.jaas`, `ssl.key`, `sasl.oauthbearer.config`) replaced by `***`.
+    pub fn redacted_properties(&self) -> BTreeMap<String, String> {
+        self.properties
+            .iter()
+            .map(|(key, value)| {
+                let shown = if is_secret_property(key) {
+                    REDACTED.to_string()
+                } else {
+                    value.clone()
+                };
+                (key.clone(), shown)
+            })
+            .collect()
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.brokers.trim().is_empty() {
+            return Err(ConfigError::invalid("kafka.brokers", "must not be empty"));
+        }
+        if self.brokers.split(',').any(|b| b.trim().is_empty()) {
+            return Err(ConfigError::invalid(
+                "kafka.brokers",
+                format!("`{}` has an empty entry", self.brokers),
+            ));
+        }
+        if self.client_id.trim().is_empty() {
+            return Err(ConfigError::invalid("kafka.client_id", "must not be empty"));
+        }
+        check_range(
+            "kafka.max_in_flight_messages",
+            self.max_in_flight_messages as u64,
+            1,
+            u64::MAX,
+            "messages",
+        )?;
+        check_range(
+            "kafka.max_in_flight_bytes",
+            self.max_in_flight_bytes as u64,
+            MIN_MAX_IN_FLIGHT_BYTES as u64,
+            u64::MAX,
+            "bytes",
+        )?;
+        check_range("kafka.linger_ms", self.linger_ms, 0, MAX_LINGER_MS, "ms")?;
+        check_range(
+            "kafka.batch_num_messages",
+            self.batch_num_messages as u64,
+            1,
+            MAX_BATCH_NUM_MESSAGES as u64,
+            "messages",
+        )?;
+        check_range(
+            "kafka.message_timeout_ms",
+            self.message_timeout_ms,
+            MIN_MESSAGE_TIMEOUT_MS,
+            MAX_MESSAGE_TIMEOUT_MS,
+            "ms",
+        )?;
+        for key in self.properties.keys() {
+            let field = format!("kafka.properties.{key}");
+            if key.trim().is_empty() {
+                return Err(ConfigError::invalid(field, "the key must not be empty"));
+            }
+            let normalized = key.trim().to_ascii_lowercase();
+            if let Some((_, owner)) = OWNED_KAFKA_PROPERTIES
+                .iter()
+                .find(|(name, _)| *name == normalized)
+            {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("is set by the relay; use `{owner}` instead"),
+                ));
+            }
+        }
+        self.validate_security()?;
+        if !self.allow_unsafe_kafka_settings {
+            if let Some((key, value, reason)) = self.unsafe_properties().into_iter().next() {
+                return Err(ConfigError::invalid(
+                    format!("kafka.properties.{key}"),
+                    format!(
+                        "`{value}` is unsafe: {reason}; remove it, or set \
+                         kafka.allow_unsafe_kafka_settings = true to accept the risk"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `key = value` breaks at-least-once delivery or ordering, if it does.
+fn unsafe_reason(key: &str, value: &str) -> Option<&'static str> {
+    let key = key.trim().to_ascii_lowercase();
+    let value = value.trim().to_ascii_lowercase();
+    let is_false = matches!(value.as_str(), "false" | "0" | "f" | "off" | "no");
+    let is_true = matches!(value.as_str(), "true" | "1" | "t" | "on" | "yes");
+    match key.as_str() {
+        "acks" | "request.required.acks" if value != "all" && value != "-1" => {
+            Some("the broker would acknowledge records before all in-sync replicas have them, so an acknowledged record can be lost (use `all`)")
+        }
+        "enable.idempotence" if is_false => {
+            Some("without idempotence, retries can reorder or duplicate records within a partition")
+        }
+        "max.in.flight.requests.per.connection" | "max.in.flight" => match value.parse::<u64>() {
+            Ok(n) if n <= 5 => None,
+            _ => Some("more than 5 in-flight requests per connection breaks ordering of the idempotent producer"),
+        },
+        "message.send.max.retries" | "retries" if value == "0" => {
+            Some("without retries a transient broker error fails the delivery instead of retrying it")
+        }
+        "delivery.report.only.error" if is_true => {
+            Some("the relay needs a delivery report for every record to confirm the slot")
+        }
+        _ => None,
+    }
+}
+
+fn is_secret_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    SECRET_PROPERTY_MARKERS
+        .iter()
+        .any(|marker| key.contains(marker))
+}
+
+/// `kafka.properties` as `"dotted.key" = "string"` entries: a bare dotted key in TOML
+/// (`socket.timeout.ms = 1`) is a nested table and is flattened; numbers and booleans become
+/// strings.
+fn flat_properties<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    let mut out = BTreeMap::new();
+    deserializer.deserialize_map(PropertiesVisitor {
+        prefix: String::new(),
+        out: &mut out,
+    })?;
+    Ok(out)
+}
+
+/// Collects one level of `kafka.properties` into `out`, keys prefixed by `prefix`.
+struct PropertiesVisitor<'a> {
+    prefix: String,
+    out: &'a mut BTreeMap<String, String>,
+}
+
+impl<'de> Visitor<'de> for PropertiesVisitor<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a table of strings, numbers or booleans")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            let full = if self.prefix.is_empty() {
+                key
+            } else {
+                format!("{}.{key}", self.prefix)
+            };
+            map.next_value_seed(PropertyValue {
+                key: full,
+                out: &mut *self.out,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// One value of `kafka.properties`: a scalar (stored as a string) or a nested table.
+struct PropertyValue<'a> {
+    key: String,
+    out: &'a mut BTreeMap<String, String>,
+}
+
+impl<'de> de::DeserializeSeed<'de> for PropertyValue<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PropertyValue<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string, number or boolean")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.out.insert(self.key, v.to_string());
+        Ok(())
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.visit_str(&v.to_string())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.visit_str(&v.to_string())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.visit_str(&v.to_string())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.visit_str(&v.to_string())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        PropertiesVisitor {
+            prefix: self.key,
+            out: self.out,
+        }
+        .visit_map(map)
+    }
+}
