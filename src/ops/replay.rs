@@ -27,10 +27,10 @@ use tokio_postgres::types::{Format, IsNull, ToSql, Type};
 use tokio_postgres::{Client, IsolationLevel, Portal, Row, Transaction};
 
 use super::rows::{created_at_column, match_walsender_output, OutboxTable};
-use super::{connect, format, pg_message, query_err, OpsError, Report};
+use super::{connect, format, OpsError, Report};
 use crate::config::{Config, KafkaConfig, OutboxConfig};
 use crate::mapping::{BoundTable, MappingError, OutboxEvent, OutboxMapping};
-use crate::postgres::control::quote_ident;
+use crate::postgres::control::{describe, query_err, quote_ident, sqlstate};
 use crate::sink::publisher::{Delivery, Publisher};
 
 /// Header added to every replayed record, so consumers can tell a replay from the live stream.
@@ -539,10 +539,10 @@ async fn parse_time(
         Err(e) if is_data_error(&e) => Err(ReplayError::BadTime {
             flag,
             value: value.clone(),
-            reason: pg_message(&e),
+            reason: describe(&e),
         }
         .into()),
-        Err(e) => Err(query_err(format!("reading {flag}"))(e)),
+        Err(e) => Err(query_err(format!("reading {flag}"))(e).into()),
     }
 }
 
@@ -568,17 +568,17 @@ async fn check_value(
             value: value.to_string(),
             table: query.table.clone(),
             column: column.to_string(),
-            reason: pg_message(&e),
+            reason: describe(&e),
             several,
         }
         .into()),
-        Err(e) => Err(query_err(format!("checking {flag}"))(e)),
+        Err(e) => Err(query_err(format!("checking {flag}"))(e).into()),
     }
 }
 
 /// SQLSTATE class 22: the value does not fit the type.
 fn is_data_error(e: &tokio_postgres::Error) -> bool {
-    super::sqlstate(e).is_some_and(|s| s.starts_with("22"))
+    sqlstate(e).is_some_and(|s| s.starts_with("22"))
 }
 
 /// One table's selected rows, read a page at a time.
@@ -628,11 +628,11 @@ impl Walk {
             let statement = tx
                 .prepare(&source.query.select_sql())
                 .await
-                .map_err(|e| format!("preparing the row query: {}", pg_message(&e)))?;
+                .map_err(|e| format!("preparing the row query: {}", describe(&e)))?;
             let portal = tx
                 .bind(&statement, &source.query.params())
                 .await
-                .map_err(|e| format!("selecting the rows: {}", pg_message(&e)))?;
+                .map_err(|e| format!("selecting the rows: {}", describe(&e)))?;
             cursors.push(Cursor {
                 source,
                 portal,
@@ -645,7 +645,7 @@ impl Walk {
                 let rows = tx
                     .query_portal(&cursor.portal, PAGE_ROWS)
                     .await
-                    .map_err(|e| format!("reading the rows: {}", pg_message(&e)))?;
+                    .map_err(|e| format!("reading the rows: {}", describe(&e)))?;
                 cursor.done = rows.is_empty();
                 cursor.page.extend(rows);
             }

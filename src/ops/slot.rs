@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio_postgres::types::PgLsn;
 
-use super::{connect, format, query_err, sqlstate, OpsError, Report};
+use super::{connect, format, OpsError, Report};
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::postgres::control::{check_slot_usable, Control, SlotInfo};
+use crate::postgres::control::{check_slot_usable, query_err, sqlstate, Control, SlotInfo};
 
 /// How long `--force` waits for the slot to become inactive after ending its holder.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -201,7 +201,7 @@ pub async fn drop(config: &Config, yes: bool, force: bool) -> Result<SlotReport,
         Ok(_) => Ok(slot_report(&info, SlotAction::Dropped, terminated)),
         Err(e) if sqlstate(&e) == Some(UNDEFINED_OBJECT) => Ok(absent(slot)),
         Err(e) if sqlstate(&e) == Some(OBJECT_IN_USE) => Err(retaken(&control, slot).await),
-        Err(e) => Err(query_err(format!("dropping slot `{slot}`"))(e)),
+        Err(e) => Err(query_err(format!("dropping slot `{slot}`"))(e).into()),
     }
 }
 
@@ -269,7 +269,7 @@ async fn advance_to(control: &Control, slot: &str, target: Lsn) -> Result<Lsn, O
     let row = match result {
         Ok(row) => row,
         Err(e) if sqlstate(&e) == Some(OBJECT_IN_USE) => return Err(retaken(control, slot).await),
-        Err(e) => return Err(query_err(format!("advancing slot `{slot}`"))(e)),
+        Err(e) => return Err(query_err(format!("advancing slot `{slot}`"))(e).into()),
     };
     let text: Option<String> = row.get(0);
     Ok(text.and_then(|t| t.parse().ok()).unwrap_or(target))

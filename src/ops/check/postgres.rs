@@ -7,8 +7,8 @@ use crate::config::{Config, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_B
 use crate::mapping::OutboxMapping;
 use crate::ops::format::{self, quote_literal};
 use crate::ops::rows::{created_at_column, OutboxTable, TableColumn};
-use crate::ops::{pg_message, query_err, OpsError};
-use crate::postgres::control::{quote_ident, Control, SlotInfo};
+use crate::ops::OpsError;
+use crate::postgres::control::{describe, query_err, quote_ident, Control, SlotInfo};
 
 /// What the server is and who we are on it, read once.
 struct Server {
@@ -307,7 +307,7 @@ async fn outbox_table(
         Err(e) => {
             let item = problem(
                 "outbox table",
-                format!("cannot look up {}: {}", table.display, pg_message(&e)),
+                format!("cannot look up {}: {}", table.display, describe(&e)),
                 "check the role's access to the catalog",
             );
             return (vec![item], None);
@@ -669,7 +669,7 @@ async fn publication(control: &Control, config: &Config) -> Vec<Item> {
         Err(e) => {
             return vec![problem(
                 "publication",
-                format!("cannot read pg_publication: {}", pg_message(&e)),
+                format!("cannot read pg_publication: {}", describe(&e)),
                 "check the role's access to the catalog",
             )]
         }
