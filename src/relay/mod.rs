@@ -327,8 +327,8 @@ async fn connect<'a>(
     let pg = &config.postgres;
     let control = match prepare_slot(config, pg.create_slot && !slot_seen).await {
         Err(RelayError::Control(ControlError::SlotMissing { slot })) if slot_seen => {
-            let what = "was dropped while the relay ran".to_string();
-            return Err(slot_watch::slot_gone(&slot, what, metrics).into());
+            let dropped = slot_watch::GoneCause::Dropped;
+            return Err(slot_watch::slot_gone(&slot, dropped, metrics).into());
         }
         other => other?,
     };
