@@ -158,6 +158,7 @@ pub async fn run_with_metrics(
     metrics: Arc<Metrics>,
 ) -> Result<(), RelayError> {
     let mapping = OutboxMapping::new(&config.outbox)?;
+    metrics.set_info(&config.postgres.slot, &config.postgres.publication);
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();
     start_http(&config, &metrics, &helpers).await?;
