@@ -61,7 +61,7 @@ pub fn sqlstate_is_transient(code: &str) -> bool {
 /// "db error"): the server's message, SQLSTATE and hint, or the client error with its causes
 /// ("connection refused"), which its Display leaves out.
 pub fn describe(error: &tokio_postgres::Error) -> String {
-    let mut text = match error.as_db_error() {
+    let text = match error.as_db_error() {
         Some(db) => {
             let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
             if let Some(hint) = db.hint() {
@@ -81,10 +81,7 @@ pub fn describe(error: &tokio_postgres::Error) -> String {
             text
         }
     };
-    if text.contains('\n') {
-        text = text.replace('\n', " ");
-    }
-    text
+    text.replace('\n', " ")
 }
 
 /// The SQLSTATE of a server error, if it is one.
