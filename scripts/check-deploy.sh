@@ -3,7 +3,7 @@
 #
 #   - deploy/prometheus: `promtool check rules`, `promtool test rules` (a firing and a
 #     non-firing case per alert), `promtool check config` of the example configuration;
-#   - every metric named in the rules and the dashboard is one src/metrics.rs serves;
+#   - every metric named in the rules and the dashboard is one src/serve/metrics.rs serves;
 #   - every alert has a summary, a description and a runbook_url whose anchor is a heading of
 #     docs/operations.md;
 #   - deploy/grafana/outbox-relay.json is valid JSON and every panel query parses as PromQL;
@@ -121,20 +121,20 @@ EOF
 }
 check "every alert has a firing and a non-firing test" alerts_tested
 
-# Metric names used by the rules and the dashboard are served by src/metrics.rs.
+# Metric names used by the rules and the dashboard are served by src/serve/metrics.rs.
 metric_names_real() {
-    "$PYTHON" - src/metrics.rs "$RULES" "$DASHBOARD" <<'EOF'
+    "$PYTHON" - src/serve/metrics.rs "$RULES" "$DASHBOARD" <<'EOF'
 import re, sys
 src = open(sys.argv[1]).read()
 served = set(re.findall(r'"(outbox_relay_[a-z_]+)', src))
 served |= {n for n in re.findall(r'(outbox_relay_[a-z_]+)\{', src)}
-# Histograms (rendered by Histogram::render) also serve _bucket, _sum and _count.
-for h in re.findall(r'\.render\(\s*&mut out,\s*"(outbox_relay_[a-z_]+)"', src):
+# Histograms (a Value::Histogram family) also serve _bucket, _sum and _count.
+for h in re.findall(r'"(outbox_relay_[a-z_]+)",\s*"[^"]*",\s*Value::Histogram', src):
     served |= {h + "_bucket", h + "_sum", h + "_count"}
 bad = []
 for path in sys.argv[2:]:
     used = set(re.findall(r'\b(outbox_relay_[a-z_]+)', open(path).read()))
-    bad += [f"{path}: {m} is not served by src/metrics.rs" for m in sorted(used - served)]
+    bad += [f"{path}: {m} is not served by src/serve/metrics.rs" for m in sorted(used - served)]
 print("\n".join(bad) or f"served: {', '.join(sorted(served))}")
 sys.exit(1 if bad else 0)
 EOF

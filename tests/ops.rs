@@ -565,6 +565,74 @@ async fn slot_create_and_drop_are_idempotent() {
     db.cleanup().await;
 }
 
+/// A slot created before its publication cannot decode the changes written in between
+/// (`publication "…" does not exist`): `slot create` makes the publication first, or refuses.
+#[tokio::test]
+async fn slot_create_makes_the_publication_first_or_refuses_without_it() {
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    admin
+        .batch_execute(&format!("DROP PUBLICATION {}", db.publication))
+        .await
+        .unwrap();
+    let env = db.relay_env();
+    let slot_exists = || async {
+        db.client()
+            .await
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&db.slot],
+            )
+            .await
+            .unwrap()
+            .is_some()
+    };
+
+    let no_create = with(&env, "OUTBOX_RELAY__POSTGRES__CREATE_PUBLICATION", "false");
+    let refused = ops(&no_create, &["slot", "create"]).await;
+    assert_eq!(refused.code, 1, "{refused}");
+    let line = refused.one_line_error();
+    assert!(
+        line.contains(&format!("publication `{}` does not exist", db.publication))
+            && line.contains("postgres.create_publication"),
+        "{refused}"
+    );
+    assert!(!slot_exists().await, "refused, yet the slot was created");
+
+    let created = ops(&env, &["slot", "create", "--json"]).await;
+    assert_eq!(created.code, 0, "{created}");
+    let report = created.json();
+    assert_eq!(report["action"], "created", "{report:#}");
+    assert_eq!(report["publication_created"], true, "{report:#}");
+    assert_eq!(
+        report["publication_tables_added"][0], "public.outbox",
+        "{report:#}"
+    );
+    assert!(slot_exists().await);
+
+    // Rows written between `slot create` and the relay's start decode and arrive.
+    let mut client = db.client().await;
+    let written = events("order", 20);
+    insert_events(&mut client, &written, true).await;
+    let mut relay = RelayProcess::start(&env, &format!("{}-slotcreate", db.name));
+    expect_all(
+        "written after slot create",
+        &[db.topic("order")],
+        &written,
+        Duration::from_secs(60),
+        Duration::ZERO,
+        &relay,
+    )
+    .await;
+    relay.terminate(Duration::from_secs(30));
+
+    let again = ops(&env, &["slot", "create", "--json"]).await;
+    assert_eq!(again.code, 0, "{again}");
+    assert_eq!(again.json()["action"], "exists", "{again}");
+    assert!(again.json().get("publication_created").is_none(), "{again}");
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn bad_input_gets_one_clear_line_and_the_right_exit_code() {
     let db = TestDb::new().await;

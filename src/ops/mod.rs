@@ -27,22 +27,12 @@ pub const EXIT_FAILURE: u8 = 1;
 /// Exit code of a usage error (bad flag value or combination): clap's own code too.
 pub const EXIT_USAGE: u8 = 2;
 
+/// Why an operator command failed. PostgreSQL errors (connecting, a query) are the control
+/// connection's own [`ControlError`], printed on one line.
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
-    #[error("cannot connect to PostgreSQL ({target}): {}; check that the server is running and that postgres.url and the password are right", pg_message(source))]
-    Connect {
-        target: String,
-        #[source]
-        source: tokio_postgres::Error,
-    },
-    #[error("{what}: {}", pg_message(source))]
-    Query {
-        what: String,
-        #[source]
-        source: tokio_postgres::Error,
-    },
     #[error(transparent)]
-    Control(ControlError),
+    Control(#[from] ControlError),
     #[error(transparent)]
     Mapping(#[from] MappingError),
     #[error(transparent)]
@@ -51,16 +41,6 @@ pub enum OpsError {
     Slot(#[from] slot::SlotError),
     #[error(transparent)]
     Replay(#[from] replay::ReplayError),
-}
-
-impl From<ControlError> for OpsError {
-    /// Query errors are re-wrapped so that they print on one line, like ours.
-    fn from(error: ControlError) -> Self {
-        match error {
-            ControlError::Query { what, source } => OpsError::Query { what, source },
-            other => OpsError::Control(other),
-        }
-    }
 }
 
 impl OpsError {
@@ -97,48 +77,7 @@ pub fn emit<R: Report>(report: &R, json: bool) -> bool {
     report.succeeded()
 }
 
-/// Maps a query error to [`OpsError::Query`], naming what was being done.
-pub(crate) fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> OpsError {
-    let what = what.into();
-    move |source| OpsError::Query { what, source }
-}
-
-/// A PostgreSQL error on one line: the server's message and hint, or the client error.
-pub fn pg_message(error: &tokio_postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => {
-            let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
-            if let Some(hint) = db.hint() {
-                text.push_str("; hint: ");
-                text.push_str(hint);
-            }
-            text.replace('\n', " ")
-        }
-        None => {
-            // The client error's Display leaves out its cause ("connection refused"): add it.
-            let mut text = error.to_string();
-            let mut source = std::error::Error::source(error);
-            while let Some(cause) = source {
-                text.push_str(": ");
-                text.push_str(&cause.to_string());
-                source = cause.source();
-            }
-            text.replace('\n', " ")
-        }
-    }
-}
-
-/// The SQLSTATE of a server error, if it is one.
-pub(crate) fn sqlstate(error: &tokio_postgres::Error) -> Option<&str> {
-    error.as_db_error().map(|db| db.code().code())
-}
-
 /// Opens the control connection the commands work through.
 pub async fn connect(config: &Config) -> Result<Control, OpsError> {
-    Control::connect(&config.postgres)
-        .await
-        .map_err(|e| match e {
-            ControlError::Connect { target, source } => OpsError::Connect { target, source },
-            other => OpsError::Control(other),
-        })
+    Ok(Control::connect(&config.postgres).await?)
 }

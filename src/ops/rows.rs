@@ -12,9 +12,9 @@
 use bytes::Bytes;
 use tokio_postgres::{Client, Row};
 
-use super::{query_err, OpsError};
 use crate::config::OutboxConfig;
-use crate::postgres::control::quote_ident;
+use crate::ops::OpsError;
+use crate::postgres::control::{query_err, quote_ident};
 use crate::source::pgoutput::{Column, Relation, Tuple, TupleValue};
 
 /// Makes this session print values as the relay's walsender does.
@@ -31,7 +31,8 @@ pub async fn match_walsender_output(client: &Client) -> Result<(), OpsError> {
     client
         .batch_execute("SET DateStyle = 'ISO'")
         .await
-        .map_err(query_err("setting DateStyle = 'ISO'"))
+        .map_err(query_err("setting DateStyle = 'ISO'"))?;
+    Ok(())
 }
 
 /// One column of an outbox table, as the catalog describes it.

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio_postgres::types::PgLsn;
 
-use super::{connect, format, query_err, sqlstate, OpsError, Report};
+use super::{connect, format, OpsError, Report};
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::postgres::control::{check_slot_usable, Control, SlotInfo};
+use crate::postgres::control::{check_slot_usable, query_err, sqlstate, Control, SlotInfo};
 
 /// How long `--force` waits for the slot to become inactive after ending its holder.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,6 +50,8 @@ pub enum SlotError {
     },
     #[error("{target} is ahead of the server's WAL position {written}: there is nothing there to skip to yet; `--to now` skips everything written so far")]
     Ahead { target: Lsn, written: Lsn },
+    #[error("publication `{publication}` does not exist and postgres.create_publication is off: a slot created now could not decode any change until it exists (`publication \"{publication}\" does not exist`). Create the publication first (`outbox-relay check` prints the statement) or set postgres.create_publication = true, then run `outbox-relay slot create` again")]
+    PublicationMissing { publication: String },
     #[error("refusing to drop slot `{slot}` without --yes: the slot's position is lost, and events committed while no slot exists are never relayed")]
     NeedsYes { slot: String },
 }
@@ -100,6 +102,12 @@ pub struct SlotReport {
     pub confirmed_flush_lsn: Option<Lsn>,
     /// The backend `--force` ended to free the slot.
     pub terminated_pid: Option<i32>,
+    /// `slot create` created the publication (postgres.create_publication).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub publication_created: bool,
+    /// Outbox tables `slot create` added to the publication (all of them when it created it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub publication_tables_added: Vec<String>,
 }
 
 impl Report for SlotReport {}
@@ -110,6 +118,12 @@ impl fmt::Display for SlotReport {
         let confirmed = self.confirmed_flush_lsn.unwrap_or_default();
         if let Some(pid) = self.terminated_pid {
             writeln!(f, "ended backend {pid}, which held slot `{slot}`")?;
+        }
+        let tables = self.publication_tables_added.join(", ");
+        if self.publication_created {
+            writeln!(f, "created the publication (inserts only) for {tables}")?;
+        } else if !tables.is_empty() {
+            writeln!(f, "added {tables} to the publication")?;
         }
         match self.action {
             SlotAction::Created => writeln!(
@@ -168,9 +182,31 @@ impl fmt::Display for AdvanceReport {
 }
 
 /// `slot create`: creates the logical slot (pgoutput) unless it exists. Idempotent.
+///
+/// The publication comes first, as `outbox-relay run` does it: a slot decodes each change with
+/// the publication as of that change's WAL position, so every change written between a slot's
+/// creation and its publication's fails with `publication "…" does not exist`. With
+/// `postgres.create_publication` the publication is created (or completed with the outbox
+/// tables it lacks); without it, a missing publication refuses the creation of the slot.
 pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
     let control = connect(config).await?;
-    let slot = &config.postgres.slot;
+    let pg = &config.postgres;
+    let slot = &pg.slot;
+    let mut publication = (false, Vec::new());
+    if pg.create_publication {
+        let existed = publication_exists(&control, &pg.publication).await?;
+        let added = control
+            .ensure_publication_tables(&pg.publication, &config.outbox.publication_tables())
+            .await?;
+        publication = (!existed, added);
+    } else if control.slot(slot).await?.is_none()
+        && !publication_exists(&control, &pg.publication).await?
+    {
+        return Err(SlotError::PublicationMissing {
+            publication: pg.publication.clone(),
+        }
+        .into());
+    }
     let created = control.create_slot(slot).await?;
     let info = existing(&control, slot).await?;
     check_slot_usable(&info)?;
@@ -179,7 +215,26 @@ pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
     } else {
         SlotAction::Exists
     };
-    Ok(slot_report(&info, action, None))
+    let mut report = slot_report(&info, action, None);
+    report.publication_created = publication.0;
+    report.publication_tables_added = publication
+        .1
+        .iter()
+        .map(|(schema, table)| format!("{schema}.{table}"))
+        .collect();
+    Ok(report)
+}
+
+async fn publication_exists(control: &Control, publication: &str) -> Result<bool, OpsError> {
+    let row = control
+        .client()
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(query_err("checking the publication"))?;
+    Ok(row.is_some())
 }
 
 /// `slot drop --yes [--force]`. Idempotent: a missing slot is not an error.
@@ -201,7 +256,7 @@ pub async fn drop(config: &Config, yes: bool, force: bool) -> Result<SlotReport,
         Ok(_) => Ok(slot_report(&info, SlotAction::Dropped, terminated)),
         Err(e) if sqlstate(&e) == Some(UNDEFINED_OBJECT) => Ok(absent(slot)),
         Err(e) if sqlstate(&e) == Some(OBJECT_IN_USE) => Err(retaken(&control, slot).await),
-        Err(e) => Err(query_err(format!("dropping slot `{slot}`"))(e)),
+        Err(e) => Err(query_err(format!("dropping slot `{slot}`"))(e).into()),
     }
 }
 
@@ -269,7 +324,7 @@ async fn advance_to(control: &Control, slot: &str, target: Lsn) -> Result<Lsn, O
     let row = match result {
         Ok(row) => row,
         Err(e) if sqlstate(&e) == Some(OBJECT_IN_USE) => return Err(retaken(control, slot).await),
-        Err(e) => return Err(query_err(format!("advancing slot `{slot}`"))(e)),
+        Err(e) => return Err(query_err(format!("advancing slot `{slot}`"))(e).into()),
     };
     let text: Option<String> = row.get(0);
     Ok(text.and_then(|t| t.parse().ok()).unwrap_or(target))
@@ -414,6 +469,8 @@ fn slot_report(info: &SlotInfo, action: SlotAction, terminated: Option<i32>) -> 
         plugin: info.plugin.clone(),
         confirmed_flush_lsn: info.confirmed_flush_lsn,
         terminated_pid: terminated,
+        publication_created: false,
+        publication_tables_added: Vec::new(),
     }
 }
 
@@ -425,6 +482,8 @@ fn absent(slot: &str) -> SlotReport {
         plugin: None,
         confirmed_flush_lsn: None,
         terminated_pid: None,
+        publication_created: false,
+        publication_tables_added: Vec::new(),
     }
 }
 

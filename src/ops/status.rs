@@ -7,10 +7,10 @@ use std::fmt;
 use serde::Serialize;
 
 use super::rows::created_at_column;
-use super::{connect, format, query_err, sqlstate, OpsError, Report};
+use super::{connect, format, OpsError, Report};
 use crate::config::{Config, OutboxConfig};
 use crate::lsn::Lsn;
-use crate::postgres::control::{quote_ident, Control, SlotInfo};
+use crate::postgres::control::{describe, query_err, quote_ident, sqlstate, Control, SlotInfo};
 
 #[derive(Debug, Serialize)]
 pub struct StatusReport {
@@ -301,7 +301,7 @@ async fn outbox_table(
         }
         Err(e) => {
             status.exists = sqlstate(&e) != Some("42P01");
-            status.error = Some(super::pg_message(&e));
+            status.error = Some(describe(&e));
         }
     }
     status

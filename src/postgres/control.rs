@@ -13,7 +13,7 @@ use crate::postgres::tls::TlsSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    #[error("cannot connect to PostgreSQL ({target}): {}", describe(.source))]
+    #[error("cannot connect to PostgreSQL ({target}): {}; check that the server is running and that postgres.url and the password are right", describe(.source))]
     Connect {
         target: String,
         #[source]
@@ -57,23 +57,36 @@ pub fn sqlstate_is_transient(code: &str) -> bool {
     matches!(code.get(..2), Some("08" | "57" | "53")) || code == "40001" || code == "40P01"
 }
 
-/// A tokio-postgres error in one line with what the server said (its own Display is often
-/// just "db error").
+/// A tokio-postgres error on one line with what the server said (its own Display is often just
+/// "db error"): the server's message, SQLSTATE and hint, or the client error with its causes
+/// ("connection refused"), which its Display leaves out.
 pub fn describe(error: &tokio_postgres::Error) -> String {
-    if let Some(db) = error.as_db_error() {
-        let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
-        if let Some(hint) = db.hint() {
-            text.push_str(&format!("; hint: {hint}"));
+    let text = match error.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+            if let Some(hint) = db.hint() {
+                text.push_str("; hint: ");
+                text.push_str(hint);
+            }
+            text
         }
-        return text;
-    }
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(e) = source {
-        text.push_str(&format!(": {e}"));
-        source = e.source();
-    }
-    text
+        None => {
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                text.push_str(": ");
+                text.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            text
+        }
+    };
+    text.replace('\n', " ")
+}
+
+/// The SQLSTATE of a server error, if it is one.
+pub fn sqlstate(error: &tokio_postgres::Error) -> Option<&str> {
+    error.as_db_error().map(|db| db.code().code())
 }
 
 /// A slot as `pg_replication_slots` describes it.
@@ -124,7 +137,8 @@ pub fn password(pg: &PostgresConfig) -> Result<Option<String>, ControlError> {
         .or_else(|| std::env::var("PGPASSWORD").ok()))
 }
 
-fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> ControlError {
+/// Maps a query error to [`ControlError::Query`], naming what was being done.
+pub fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> ControlError {
     let what = what.into();
     move |source| ControlError::Query { what, source }
 }
@@ -182,43 +196,6 @@ impl Control {
 
     pub fn client(&self) -> &Client {
         &self.client
-    }
-
-    /// Creates the publication for the outbox table when it does not exist.
-    pub async fn ensure_publication(
-        &self,
-        publication: &str,
-        schema: &str,
-        table: &str,
-    ) -> Result<bool, ControlError> {
-        let exists = self
-            .client
-            .query_opt(
-                "SELECT 1 FROM pg_publication WHERE pubname = $1",
-                &[&publication],
-            )
-            .await
-            .map_err(query_err("checking the publication"))?
-            .is_some();
-        if exists {
-            return Ok(false);
-        }
-        let sql = format!(
-            "CREATE PUBLICATION {} FOR TABLE {}.{} WITH ({})",
-            quote_ident(publication),
-            quote_ident(schema),
-            quote_ident(table),
-            self.publication_options().await?
-        );
-        self.client
-            .batch_execute(&sql)
-            .await
-            .map_err(query_err(format!("creating publication `{publication}`")))?;
-        info!(
-            publication,
-            schema, table, "created publication (inserts only)"
-        );
-        Ok(true)
     }
 
     pub async fn slot(&self, slot: &str) -> Result<Option<SlotInfo>, ControlError> {
@@ -287,18 +264,6 @@ impl Control {
             .map_err(query_err("reading wal_sender_timeout"))?;
         let ms: i64 = row.get(0);
         Ok(Duration::from_millis(ms.max(0) as u64))
-    }
-
-    /// The server's current WAL write position.
-    pub async fn current_wal_lsn(&self) -> Result<Lsn, ControlError> {
-        let row = self
-            .client
-            .query_one("SELECT pg_current_wal_lsn()::text", &[])
-            .await
-            .map_err(query_err("reading the current WAL position"))?;
-        let text: String = row.get(0);
-        text.parse()
-            .map_err(|e| ControlError::Setup(format!("server returned a bad LSN: {e}")))
     }
 
     /// The client, mutable: for transactions and portals (`outbox-relay replay` pages through

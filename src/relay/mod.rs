@@ -158,6 +158,7 @@ pub async fn run_with_metrics(
     metrics: Arc<Metrics>,
 ) -> Result<(), RelayError> {
     let mapping = OutboxMapping::new(&config.outbox)?;
+    metrics.set_info(&config.postgres.slot, &config.postgres.publication);
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();
     start_http(&config, &metrics, &helpers).await?;
@@ -326,8 +327,8 @@ async fn connect<'a>(
     let pg = &config.postgres;
     let control = match prepare_slot(config, pg.create_slot && !slot_seen).await {
         Err(RelayError::Control(ControlError::SlotMissing { slot })) if slot_seen => {
-            let what = "was dropped while the relay ran".to_string();
-            return Err(slot_watch::slot_gone(&slot, what, metrics).into());
+            let dropped = slot_watch::GoneCause::Dropped;
+            return Err(slot_watch::slot_gone(&slot, dropped, metrics).into());
         }
         other => other?,
     };

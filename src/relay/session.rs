@@ -320,12 +320,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         was_dead_letter: bool,
         failure: DeliveryFailure,
     ) -> Result<(), RelayError> {
-        let kind = failure
-            .error
-            .rdkafka_error_code()
-            .map(|c| format!("{c:?}"))
-            .unwrap_or_else(|| "Other".into());
-        self.metrics.count_delivery_error(&kind);
+        self.metrics.count_delivery_error(&failure.error);
         let rejection = failure.rejection();
         if let Some(fatal) = self.sink.fatal_error() {
             return Err(PublishError::Fatal(fatal).into());
@@ -527,8 +522,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 Ok(())
             }
             Err(PublishError::Rejected(r)) if publisher::is_permanent(&r.error) => {
-                self.metrics
-                    .count_delivery_error(&format!("{:?}", r.error.rdkafka_error_code()));
+                self.metrics.count_delivery_error(&r.error);
                 let reason = Reason::for_kafka_error(&r.error);
                 let dlq = &self.settings.dead_letter_topic;
                 let record = dead_letter::from_record(dlq, &event.record, reason, &r.to_string());

@@ -16,13 +16,38 @@ use crate::serve::metrics::Metrics;
 
 /// Why the slot can no longer be trusted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("slot `{slot}` {what}: events after {confirmed} may be missing. Recover with `outbox-relay slot create` (if it is gone), then `outbox-relay replay --since <time of the last event consumers saw>`")]
+#[error("slot `{slot}` {}: events after {confirmed} may be missing. Recover with {}, then `outbox-relay replay --since <time of the last event consumers saw>`", .cause.what(), .cause.recovery())]
 pub struct SlotGone {
     pub slot: String,
-    /// "was dropped while the relay ran", "is lost (wal_status = lost) ...".
-    pub what: String,
+    pub cause: GoneCause,
     /// The last position the relay knew confirmed.
     pub confirmed: Lsn,
+}
+
+/// How the slot went: a lost slot still exists (and must be dropped before it can be created
+/// again), a dropped one does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GoneCause {
+    /// `wal_status = lost`: PostgreSQL removed WAL the slot still needed.
+    Lost,
+    /// The slot disappeared while the relay ran.
+    Dropped,
+}
+
+impl GoneCause {
+    fn what(self) -> &'static str {
+        match self {
+            GoneCause::Lost => "is lost (wal_status = lost): PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)",
+            GoneCause::Dropped => "was dropped while the relay ran",
+        }
+    }
+
+    fn recovery(self) -> &'static str {
+        match self {
+            GoneCause::Lost => "`outbox-relay slot drop --yes` (the lost slot still exists), `outbox-relay slot create`",
+            GoneCause::Dropped => "`outbox-relay slot create`",
+        }
+    }
 }
 
 /// Longest wait for one sample or standby look-up (connect included). A control connection
@@ -75,16 +100,16 @@ pub async fn sample_forever(
                     let status = sample.wal_status.unwrap_or_default();
                     metrics.set_wal_status(&status);
                     if status == "lost" {
-                        let what = "is lost (wal_status = lost): PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)".into();
-                        let _ = gone.send(slot_gone(&slot, what, &metrics)).await;
+                        let lost = slot_gone(&slot, GoneCause::Lost, &metrics);
+                        let _ = gone.send(lost).await;
                         return;
                     }
                 }
                 Ok(None) => {
                     metrics.set_wal_status("missing");
                     if seen {
-                        let what = "was dropped while the relay ran".into();
-                        let _ = gone.send(slot_gone(&slot, what, &metrics)).await;
+                        let dropped = slot_gone(&slot, GoneCause::Dropped, &metrics);
+                        let _ = gone.send(dropped).await;
                         return;
                     }
                 }
@@ -101,10 +126,10 @@ pub async fn sample_forever(
     }
 }
 
-pub fn slot_gone(slot: &str, what: String, metrics: &Metrics) -> SlotGone {
+pub fn slot_gone(slot: &str, cause: GoneCause, metrics: &Metrics) -> SlotGone {
     SlotGone {
         slot: slot.to_string(),
-        what,
+        cause,
         confirmed: Lsn(metrics.confirmed_lsn.load(Relaxed)),
     }
 }
@@ -163,7 +188,7 @@ impl Standby {
         };
         if !pg.terminate_stale_holder {
             warn!(slot = %pg.slot, holder_pid = holder.pid, silent_secs = age,
-                "standby: the slot's holder has not answered PostgreSQL for a while and looks stale; set postgres.terminate_stale_holder = true to end it, or end it with `outbox-relay slot drop --force` / pg_terminate_backend");
+                "standby: the slot's holder has not answered PostgreSQL for a while and looks stale; set postgres.terminate_stale_holder = true to end it, or end it with `SELECT pg_terminate_backend({pid})` (the slot and its position stay)", pid = holder.pid);
             return;
         }
         match control.terminate_backend(holder.pid).await {
@@ -178,5 +203,31 @@ impl Standby {
 impl Default for Standby {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_slot_is_dropped_before_it_is_created_again() {
+        let metrics = Metrics::default();
+        let lost = slot_gone("s", GoneCause::Lost, &metrics).to_string();
+        assert!(lost.contains("is lost (wal_status = lost)"), "{lost}");
+        assert!(
+            lost.contains("`outbox-relay slot drop --yes` (the lost slot still exists), `outbox-relay slot create`, then `outbox-relay replay"),
+            "{lost}"
+        );
+        let dropped = slot_gone("s", GoneCause::Dropped, &metrics).to_string();
+        assert!(
+            dropped.contains("was dropped while the relay ran"),
+            "{dropped}"
+        );
+        assert!(
+            dropped.contains("Recover with `outbox-relay slot create`, then"),
+            "{dropped}"
+        );
+        assert!(!dropped.contains("slot drop"), "{dropped}");
     }
 }

@@ -68,8 +68,8 @@ async fn answer(
             respond(
                 &mut stream,
                 200,
-                "text/plain; version=0.0.4",
-                &metrics.render(),
+                crate::serve::metrics::CONTENT_TYPE,
+                &metrics.render(staleness),
             )
             .await
         }

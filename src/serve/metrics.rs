@@ -2,16 +2,28 @@
 //! HTTP listener (which renders them). Lock-free counters; one small mutex for labelled maps.
 //!
 //! Every series is named here, shaped `outbox_relay_<noun>_<unit>[_total]`, with
-//! low-cardinality labels only (error kinds, states, wal_status values).
+//! low-cardinality labels only (error kinds, states, wal_status values). The exposition (the
+//! Prometheus text format 0.0.4) is written by `prometheus-client` from a snapshot taken at
+//! each scrape.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram as PromHistogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use rdkafka::error::KafkaError;
+
 use crate::lsn::Lsn;
 
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 /// Where the relay stands; `/readyz` is ready only while `Streaming`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -64,53 +76,28 @@ const LATENCY_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// A fixed-bucket histogram (cumulative on render, as Prometheus wants).
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
+/// The commit-to-acknowledgement latency histogram, with [`LATENCY_BUCKETS`].
+#[derive(Debug)]
+pub struct Histogram(PromHistogram);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram(PromHistogram::new(LATENCY_BUCKETS))
+    }
 }
 
 impl Histogram {
     pub fn observe(&self, value: Duration) {
-        let secs = value.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|&b| secs <= b) {
-            self.buckets[i].fetch_add(1, Relaxed);
-        }
-        self.count.fetch_add(1, Relaxed);
-        self.sum_micros.fetch_add(value.as_micros() as u64, Relaxed);
+        self.0.observe(value.as_secs_f64());
     }
+}
 
-    /// The approximate quantile `q` (0..1) from the buckets: the upper bound of the bucket
-    /// where it falls (`None` when empty or beyond the last bucket).
-    pub fn quantile(&self, q: f64) -> Option<f64> {
-        let count = self.count.load(Relaxed);
-        if count == 0 {
-            return None;
-        }
-        let target = (q * count as f64).ceil() as u64;
-        let mut seen = 0;
-        for (bucket, bound) in self.buckets.iter().zip(LATENCY_BUCKETS) {
-            seen += bucket.load(Relaxed);
-            if seen >= target {
-                return Some(bound);
-            }
-        }
-        None
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bucket, bound) in self.buckets.iter().zip(LATENCY_BUCKETS) {
-            cumulative += bucket.load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let count = self.count.load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.sum_micros.load(Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+/// The label of `outbox_relay_delivery_errors_total` for a Kafka error: librdkafka's error code
+/// name (`MessageSizeTooLarge`, `MessageTimedOut`…), or `Other` for an error without one.
+pub fn delivery_error_kind(error: &KafkaError) -> String {
+    match error.rdkafka_error_code() {
+        Some(code) => format!("{code:?}"),
+        None => "Other".to_string(),
     }
 }
 
@@ -143,6 +130,8 @@ pub struct Metrics {
     pub commit_to_ack: Histogram,
     delivery_errors: Mutex<BTreeMap<String, u64>>,
     wal_status: Mutex<String>,
+    /// The `slot` and `publication` labels of `outbox_relay_info`.
+    info: Mutex<(String, String)>,
 }
 
 impl Default for Metrics {
@@ -166,6 +155,7 @@ impl Default for Metrics {
             commit_to_ack: Histogram::default(),
             delivery_errors: Mutex::new(BTreeMap::new()),
             wal_status: Mutex::new(String::new()),
+            info: Mutex::new((String::new(), String::new())),
         }
     }
 }
@@ -212,9 +202,18 @@ impl Metrics {
         Duration::from_millis(now.saturating_sub(self.progress_at_ms.load(Relaxed)))
     }
 
-    pub fn count_delivery_error(&self, kind: &str) {
+    /// Counts a record Kafka did not take, labelled by [`delivery_error_kind`].
+    pub fn count_delivery_error(&self, error: &KafkaError) {
+        let kind = delivery_error_kind(error);
         if let Ok(mut map) = self.delivery_errors.lock() {
-            *map.entry(kind.to_string()).or_default() += 1;
+            *map.entry(kind).or_default() += 1;
+        }
+    }
+
+    /// The slot and publication `outbox_relay_info` names.
+    pub fn set_info(&self, slot: &str, publication: &str) {
+        if let Ok(mut info) = self.info.lock() {
+            *info = (slot.to_string(), publication.to_string());
         }
     }
 
@@ -256,122 +255,214 @@ impl Metrics {
         Ok(())
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    /// The Prometheus text exposition (format 0.0.4, [`CONTENT_TYPE`]); `staleness` as for
+    /// [`Metrics::readiness`], which `outbox_relay_ready` reports.
+    pub fn render(&self, staleness: Duration) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self.scrape(staleness)));
         let mut out = String::with_capacity(4096);
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
-        };
-        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
-        counter(
-            &mut out,
-            "outbox_relay_events_published_total",
-            "Outbox events acknowledged by Kafka.",
-            self.events_published.load(Relaxed),
-        );
-        counter(
-            &mut out,
-            "outbox_relay_events_dead_lettered_total",
-            "Events sent to the dead-letter topic.",
-            self.events_dead_lettered.load(Relaxed),
-        );
-        counter(
-            &mut out,
-            "outbox_relay_messages_rejected_total",
-            "Logical decoding messages ignored (non-transactional).",
-            self.messages_rejected.load(Relaxed),
-        );
-        counter(
-            &mut out,
-            "outbox_relay_reconnects_total",
-            "Sessions restarted after a transient error.",
-            self.reconnects.load(Relaxed),
-        );
-        self.render_labelled(&mut out);
-        gauge(
-            &mut out,
-            "outbox_relay_records_in_flight",
-            "Records handed to Kafka and not yet acknowledged.",
-            self.records_in_flight.load(Relaxed) as f64,
-        );
-        gauge(
-            &mut out,
-            "outbox_relay_ledger_transactions",
-            "Transactions held by the checkpoint ledger (open, or waiting for acknowledgements).",
-            self.ledger_transactions.load(Relaxed) as f64,
-        );
-        gauge(
-            &mut out,
-            "outbox_relay_received_lsn",
-            "Newest WAL position received (as a number).",
-            self.received_lsn.load(Relaxed) as f64,
-        );
-        gauge(
-            &mut out,
-            "outbox_relay_confirmed_lsn",
-            "WAL position confirmed to PostgreSQL (as a number).",
-            self.confirmed_lsn.load(Relaxed) as f64,
-        );
-        gauge(
-            &mut out,
-            "outbox_relay_slot_lag_bytes",
-            "Server WAL position minus the slot's confirmed_flush_lsn (-1: unknown).",
-            self.slot_lag_bytes.load(Relaxed) as f64,
-        );
-        gauge(
-            &mut out,
-            "outbox_relay_slot_retained_wal_bytes",
-            "WAL the slot holds back, from its restart_lsn (-1: unknown).",
-            self.slot_retained_wal_bytes.load(Relaxed) as f64,
-        );
-        gauge(
-            &mut out,
-            "outbox_relay_last_received_age_seconds",
-            "Seconds since bytes last arrived on the replication stream.",
-            self.since_received().as_secs_f64(),
-        );
-        gauge(
-            &mut out,
-            "outbox_relay_last_progress_age_seconds",
-            "Seconds since the confirmed position last moved while events waited.",
-            self.since_progress().as_secs_f64(),
-        );
-        self.commit_to_ack.render(
-            &mut out,
-            "outbox_relay_commit_to_ack_seconds",
-            "Latency from transaction commit to Kafka acknowledgement.",
-        );
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
         out
     }
 
-    fn render_labelled(&self, out: &mut String) {
-        let _ = writeln!(out, "# HELP outbox_relay_delivery_errors_total Records Kafka did not take, by error kind.\n# TYPE outbox_relay_delivery_errors_total counter");
-        if let Ok(map) = self.delivery_errors.lock() {
-            for (kind, n) in map.iter() {
-                let _ = writeln!(
-                    out,
-                    "outbox_relay_delivery_errors_total{{kind=\"{kind}\"}} {n}"
-                );
-            }
-        }
-        let _ = writeln!(out, "# HELP outbox_relay_state The relay's state (1 for the current one).\n# TYPE outbox_relay_state gauge");
+    /// Every series' value now, in exposition order.
+    fn scrape(&self, staleness: Duration) -> Scrape {
+        let delivery_errors = self
+            .delivery_errors
+            .lock()
+            .map(|map| map.iter().map(|(k, n)| (k.clone(), *n)).collect())
+            .unwrap_or_default();
         let current = self.state();
-        for s in RelayState::ALL {
-            let v = u8::from(s == current);
-            let _ = writeln!(out, "outbox_relay_state{{state=\"{}\"}} {v}", s.name());
-        }
-        let _ = writeln!(out, "# HELP outbox_relay_slot_wal_status The slot's wal_status (1 for the current one).\n# TYPE outbox_relay_slot_wal_status gauge");
-        if let Ok(status) = self.wal_status.lock() {
-            for s in ["reserved", "extended", "unreserved", "lost", "missing"] {
-                let v = u8::from(*status == s);
-                let _ = writeln!(out, "outbox_relay_slot_wal_status{{status=\"{s}\"}} {v}");
+        let states = RelayState::ALL
+            .into_iter()
+            .map(|s| (s.name().to_string(), i64::from(s == current)))
+            .collect();
+        let wal_status = self
+            .wal_status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let wal_statuses = WAL_STATUSES
+            .into_iter()
+            .map(|s| (s.to_string(), i64::from(wal_status == s)))
+            .collect();
+        let (slot, publication) = self.info.lock().map(|i| i.clone()).unwrap_or_default();
+        let gauge = |v: i64| Value::Gauge(v);
+        let families = vec![
+            family(
+                "outbox_relay_events_published_total",
+                "Outbox events acknowledged by Kafka.",
+                Value::Counter(self.events_published.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_events_dead_lettered_total",
+                "Events sent to the dead-letter topic.",
+                Value::Counter(self.events_dead_lettered.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_messages_rejected_total",
+                "Logical decoding messages ignored (non-transactional).",
+                Value::Counter(self.messages_rejected.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_reconnects_total",
+                "Sessions restarted after a transient error.",
+                Value::Counter(self.reconnects.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_delivery_errors_total",
+                "Records Kafka did not take, by error kind.",
+                Value::Counters("kind", delivery_errors),
+            ),
+            family(
+                "outbox_relay_state",
+                "The relay's state (1 for the current one).",
+                Value::Gauges("state", states),
+            ),
+            family(
+                "outbox_relay_slot_wal_status",
+                "The slot's wal_status (1 for the current one).",
+                Value::Gauges("status", wal_statuses),
+            ),
+            family(
+                "outbox_relay_records_in_flight",
+                "Records handed to Kafka and not yet acknowledged.",
+                gauge(self.records_in_flight.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_ledger_transactions",
+                "Transactions held by the checkpoint ledger (open, or waiting for acknowledgements).",
+                gauge(self.ledger_transactions.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_received_lsn",
+                "Newest WAL position received (as a number).",
+                gauge(self.received_lsn.load(Relaxed) as i64),
+            ),
+            family(
+                "outbox_relay_confirmed_lsn",
+                "WAL position confirmed to PostgreSQL (as a number).",
+                gauge(self.confirmed_lsn.load(Relaxed) as i64),
+            ),
+            family(
+                "outbox_relay_slot_lag_bytes",
+                "Server WAL position minus the slot's confirmed_flush_lsn (-1: unknown).",
+                gauge(self.slot_lag_bytes.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_slot_retained_wal_bytes",
+                "WAL the slot holds back, from its restart_lsn (-1: unknown).",
+                gauge(self.slot_retained_wal_bytes.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_last_received_age_seconds",
+                "Seconds since bytes last arrived on the replication stream.",
+                Value::Seconds(self.since_received().as_secs_f64()),
+            ),
+            family(
+                "outbox_relay_last_progress_age_seconds",
+                "Seconds since the confirmed position last moved while events waited.",
+                Value::Seconds(self.since_progress().as_secs_f64()),
+            ),
+            family(
+                "outbox_relay_commit_to_ack_seconds",
+                "Latency from transaction commit to Kafka acknowledgement.",
+                Value::Histogram(self.commit_to_ack.0.clone()),
+            ),
+            family(
+                "outbox_relay_ready",
+                "1 when /readyz answers 200: streaming, frames arriving, progress not stalled.",
+                gauge(i64::from(self.readiness(staleness).is_ok())),
+            ),
+            family(
+                "outbox_relay_info",
+                "The relay's slot, publication and version (always 1).",
+                Value::Info(vec![
+                    ("slot", slot),
+                    ("publication", publication),
+                    ("version", env!("CARGO_PKG_VERSION").to_string()),
+                ]),
+            ),
+        ];
+        Scrape(families)
+    }
+}
+
+/// The values `outbox_relay_slot_wal_status` has a series for.
+const WAL_STATUSES: [&str; 5] = ["reserved", "extended", "unreserved", "lost", "missing"];
+
+/// One metric family of a scrape: its name, help and value(s).
+#[derive(Debug)]
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    value: Value,
+}
+
+fn family(name: &'static str, help: &'static str, value: Value) -> Family {
+    Family { name, help, value }
+}
+
+#[derive(Debug)]
+enum Value {
+    Counter(u64),
+    Gauge(i64),
+    Seconds(f64),
+    /// A counter per value of one label.
+    Counters(&'static str, Vec<(String, u64)>),
+    /// A gauge per value of one label.
+    Gauges(&'static str, Vec<(String, i64)>),
+    /// A gauge that is always 1, its labels the information.
+    Info(Vec<(&'static str, String)>),
+    Histogram(PromHistogram),
+}
+
+/// The values of one scrape, encoded by prometheus-client.
+#[derive(Debug)]
+struct Scrape(Vec<Family>);
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for Family { name, help, value } in &self.0 {
+            // The text encoder appends `_total` to a counter's name.
+            let base = match value {
+                Value::Counter(_) | Value::Counters(..) => {
+                    name.strip_suffix("_total").unwrap_or(name)
+                }
+                _ => name,
+            };
+            let metric_type = match value {
+                Value::Counter(_) | Value::Counters(..) => MetricType::Counter,
+                Value::Histogram(_) => MetricType::Histogram,
+                _ => MetricType::Gauge,
+            };
+            let mut metric = encoder.encode_descriptor(base, help, None, metric_type)?;
+            match value {
+                Value::Counter(v) => ConstCounter::new(*v).encode(metric)?,
+                Value::Gauge(v) => ConstGauge::new(*v).encode(metric)?,
+                Value::Seconds(v) => ConstGauge::new(*v).encode(metric)?,
+                Value::Counters(label, values) => {
+                    for (value, n) in values {
+                        let labels = [(*label, value.as_str())];
+                        ConstCounter::new(*n).encode(metric.encode_family(&labels)?)?;
+                    }
+                }
+                Value::Gauges(label, values) => {
+                    for (value, v) in values {
+                        let labels = [(*label, value.as_str())];
+                        ConstGauge::new(*v).encode(metric.encode_family(&labels)?)?;
+                    }
+                }
+                Value::Info(labels) => {
+                    let labels: Vec<(&str, &str)> =
+                        labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                    ConstGauge::new(1i64).encode(metric.encode_family(&labels)?)?;
+                }
+                Value::Histogram(h) => h.encode(metric)?,
             }
         }
+        Ok(())
     }
 }
 
@@ -380,18 +471,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn histogram_is_cumulative_and_quantiles_follow_buckets() {
-        let h = Histogram::default();
+    fn histogram_is_cumulative() {
+        let m = Metrics::default();
         for ms in [1, 2, 3, 8, 15, 40] {
-            h.observe(Duration::from_millis(ms));
+            m.commit_to_ack.observe(Duration::from_millis(ms));
         }
-        let mut out = String::new();
-        h.render(&mut out, "x", "help");
-        assert!(out.contains("x_bucket{le=\"0.005\"} 3"), "{out}");
-        assert!(out.contains("x_bucket{le=\"+Inf\"} 6"), "{out}");
-        assert!(out.contains("x_count 6"));
-        assert_eq!(h.quantile(0.5), Some(0.005));
-        assert_eq!(h.quantile(0.99), Some(0.05));
+        let out = m.render(Duration::from_secs(5));
+        let name = "outbox_relay_commit_to_ack_seconds";
+        assert!(out.contains(&format!("# TYPE {name} histogram")), "{out}");
+        assert!(
+            out.contains(&format!("{name}_bucket{{le=\"0.005\"}} 3")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("{name}_bucket{{le=\"+Inf\"}} 6")),
+            "{out}"
+        );
+        assert!(out.contains(&format!("{name}_count 6")), "{out}");
+        assert!(out.contains(&format!("{name}_sum 0.069")), "{out}");
+    }
+
+    #[test]
+    fn a_delivery_error_has_one_label_form() {
+        use rdkafka::types::RDKafkaErrorCode;
+        let too_large = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        assert_eq!(delivery_error_kind(&too_large), "MessageSizeTooLarge");
+        assert_eq!(delivery_error_kind(&KafkaError::Canceled), "Other");
+        let m = Metrics::default();
+        m.count_delivery_error(&too_large);
+        m.count_delivery_error(&too_large);
+        let out = m.render(Duration::from_secs(5));
+        assert!(
+            out.contains("outbox_relay_delivery_errors_total{kind=\"MessageSizeTooLarge\"} 2"),
+            "{out}"
+        );
+        assert!(!out.contains("Some("), "{out}");
+    }
+
+    #[test]
+    fn ready_follows_readyz_and_info_names_the_slot() {
+        let m = Metrics::default();
+        m.set_info("outbox_relay", "outbox_relay_pub");
+        let out = m.render(Duration::from_secs(5));
+        assert!(
+            out.contains("# TYPE outbox_relay_ready gauge\noutbox_relay_ready 0\n"),
+            "{out}"
+        );
+        let info = format!(
+            "outbox_relay_info{{slot=\"outbox_relay\",publication=\"outbox_relay_pub\",version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(out.contains(&info), "{out}");
+        m.set_state(RelayState::Streaming);
+        let out = m.render(Duration::from_secs(5));
+        assert!(out.contains("\noutbox_relay_ready 1\n"), "{out}");
     }
 
     #[test]
@@ -421,9 +554,11 @@ mod tests {
     #[test]
     fn render_names_every_series() {
         let m = Metrics::default();
-        m.count_delivery_error("MessageTimedOut");
+        m.count_delivery_error(&KafkaError::MessageProduction(
+            rdkafka::types::RDKafkaErrorCode::MessageTimedOut,
+        ));
         m.set_wal_status("reserved");
-        let text = m.render();
+        let text = m.render(Duration::from_secs(5));
         for series in [
             "outbox_relay_events_published_total 0",
             "outbox_relay_events_dead_lettered_total 0",
@@ -435,8 +570,12 @@ mod tests {
             "outbox_relay_state{state=\"starting\"} 1",
             "outbox_relay_commit_to_ack_seconds_count 0",
             "outbox_relay_last_received_age_seconds",
+            "# TYPE outbox_relay_events_published_total counter\n",
+            "# HELP outbox_relay_events_published_total Outbox events acknowledged by Kafka.\n",
+            "# TYPE outbox_relay_state gauge\n",
         ] {
             assert!(text.contains(series), "missing {series}\n{text}");
         }
+        assert!(!text.contains(".."), "help with two periods\n{text}");
     }
 }

@@ -2,7 +2,9 @@
 //! and the dead-letter records that stand in for events that cannot be published.
 //!
 //! In: [`crate::mapping::Record`]s tagged with their transaction's sequence number. Out:
-//! [`publisher::Delivery`] reports on a channel.
+//! [`publisher::Delivery`] reports on a channel. [`window::InFlight`] counts what is sent and
+//! not yet reported, against the in-flight caps.
 
 pub mod dead_letter;
 pub mod publisher;
+pub mod window;

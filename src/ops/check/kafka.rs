@@ -163,7 +163,7 @@ pub(super) async fn kafka(config: &KafkaConfig, topics: &TopicPlan, items: &mut 
             items.push(problem(
                 "kafka brokers",
                 format!("cannot reach Kafka at {} within {} s: {e}", config.brokers, KAFKA_TIMEOUT.as_secs()),
-                "start the brokers or correct kafka.brokers; TLS and SASL settings go in kafka.properties",
+                "start the brokers or correct kafka.brokers; for TLS or SASL set kafka.security_protocol, kafka.sasl_mechanism, kafka.sasl_username, kafka.sasl_password (or sasl_password_file) and kafka.ssl_ca_file",
             ));
             items.push(producer(config));
             return;

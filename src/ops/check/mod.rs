@@ -4,10 +4,11 @@
 //!
 //! A failing item never stops the check: every item is reported, so that one run lists
 //! everything to fix. Only reading is done; nothing is created or changed. The PostgreSQL items
-//! live in [`postgres`], the Kafka ones in [`kafka`].
+//! live in [`postgres`] and [`publication`], the Kafka ones in [`kafka`].
 
 mod kafka;
 mod postgres;
+mod publication;
 
 use std::fmt;
 
