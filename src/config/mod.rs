@@ -125,6 +125,13 @@ pub const MIN_MESSAGE_TIMEOUT_MS: u64 = 1_000;
 /// librdkafka's upper bound of `message.timeout.ms`.
 pub const MAX_MESSAGE_TIMEOUT_MS: u64 = i32::MAX as u64;
 pub const DEFAULT_ALLOW_UNSAFE_KAFKA_SETTINGS: bool = false;
+pub const DEFAULT_DELIVERY: Delivery = Delivery::AtLeastOnce;
+pub const DEFAULT_PROGRESS_TOPIC: &str = "outbox-relay.progress";
+/// A Kafka transaction is committed once this old: the floor of read_committed latency.
+pub const DEFAULT_TRANSACTION_MAX_MS: u64 = 100;
+pub const DEFAULT_TRANSACTION_MAX_RECORDS: usize = 10_000;
+/// Below librdkafka's `transaction.timeout.ms` default (60 s) with room to commit.
+pub const MAX_TRANSACTION_MAX_MS: u64 = 30_000;
 
 pub const DEFAULT_SSL_MODE: SslMode = SslMode::Prefer;
 pub const DEFAULT_STANDBY_RETRY_MS: u64 = 2_000;
@@ -173,6 +180,8 @@ const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
         "kafka.sasl_password or kafka.sasl_password_file",
     ),
     ("ssl.ca.location", "kafka.ssl_ca_file"),
+    // Derived from the slot in `delivery = "exactly_once"` (fencing depends on it).
+    ("transactional.id", "kafka.delivery"),
 ];
 
 /// Substrings of `kafka.properties` keys whose values are secrets.
@@ -544,6 +553,30 @@ pub struct KafkaConfig {
     /// CA certificate file (PEM) to verify the brokers' certificates for `ssl` / `sasl_ssl`.
     /// Empty: the system's trusted roots.
     pub ssl_ca_file: String,
+    /// `at_least_once` (default: every event at least once, a crash may repeat some) or
+    /// `exactly_once` (Kafka transactions plus a progress record: consumers with
+    /// `isolation.level=read_committed` see every event exactly once).
+    pub delivery: Delivery,
+    /// `exactly_once`: the compacted topic holding, per slot, the end LSN of the last
+    /// PostgreSQL transaction committed to Kafka. Created (`cleanup.policy=compact`) when missing.
+    pub progress_topic: String,
+    /// `exactly_once`: a Kafka transaction is committed (at the next PostgreSQL transaction
+    /// boundary) once it is this old, in milliseconds; 1 to 30000.
+    pub transaction_max_ms: u64,
+    /// `exactly_once`: ... or once it holds this many records; > 0.
+    pub transaction_max_records: usize,
+}
+
+/// `kafka.delivery`: what a consumer may count on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+impl Delivery {
+    pub const NAMES: &'static [&'static str] = &["at_least_once", "exactly_once"];
 }
 
 /// Kafka `security.protocol`.
@@ -763,6 +796,7 @@ const ENUM_KEYS: &[(&str, &str, &[&str])] = &[
     ("relay", "log_format", LogFormat::NAMES),
     ("postgres", "ssl_mode", SslMode::NAMES),
     ("kafka", "security_protocol", KafkaSecurityProtocol::NAMES),
+    ("kafka", "delivery", Delivery::NAMES),
     ("dead_letter", "policy", DeadLetterPolicy::NAMES),
     ("outbox", "null_payload", NullPayload::NAMES),
 ];
@@ -855,6 +889,10 @@ impl Default for KafkaConfig {
             sasl_password: String::new(),
             sasl_password_file: String::new(),
             ssl_ca_file: String::new(),
+            delivery: DEFAULT_DELIVERY,
+            progress_topic: DEFAULT_PROGRESS_TOPIC.to_string(),
+            transaction_max_ms: DEFAULT_TRANSACTION_MAX_MS,
+            transaction_max_records: DEFAULT_TRANSACTION_MAX_RECORDS,
         }
     }
 }
@@ -922,6 +960,10 @@ impl fmt::Debug for KafkaConfig {
             .field("sasl_password", &Secret::new(self.sasl_password.clone()))
             .field("sasl_password_file", &self.sasl_password_file)
             .field("ssl_ca_file", &self.ssl_ca_file)
+            .field("delivery", &self.delivery)
+            .field("progress_topic", &self.progress_topic)
+            .field("transaction_max_ms", &self.transaction_max_ms)
+            .field("transaction_max_records", &self.transaction_max_records)
             .finish()
     }
 }
@@ -1575,6 +1617,33 @@ impl KafkaConfig {
         Ok(Secret::new(text.trim()))
     }
 
+    /// The `exactly_once` fields (checked whatever the mode, so a switch cannot surprise).
+    fn validate_delivery(&self) -> Result<(), ConfigError> {
+        if let Some(problem) = crate::mapping::topic_name_problem(&self.progress_topic) {
+            return Err(ConfigError::invalid(
+                "kafka.progress_topic",
+                format!(
+                    "`{}` is not a valid Kafka topic name: {problem}",
+                    self.progress_topic
+                ),
+            ));
+        }
+        check_range(
+            "kafka.transaction_max_ms",
+            self.transaction_max_ms,
+            1,
+            MAX_TRANSACTION_MAX_MS,
+            "ms",
+        )?;
+        check_range(
+            "kafka.transaction_max_records",
+            self.transaction_max_records as u64,
+            1,
+            u64::MAX,
+            "records",
+        )
+    }
+
     fn validate_security(&self) -> Result<(), ConfigError> {
         let sasl = self.security_protocol.uses_sasl();
         if sasl && !SASL_MECHANISMS.contains(&self.sasl_mechanism.as_str()) {
@@ -1694,6 +1763,7 @@ impl KafkaConfig {
             }
         }
         self.validate_security()?;
+        self.validate_delivery()?;
         if !self.allow_unsafe_kafka_settings {
             if let Some((key, value, reason)) = self.unsafe_properties().into_iter().next() {
                 return Err(ConfigError::invalid(

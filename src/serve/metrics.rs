@@ -141,6 +141,17 @@ pub struct Metrics {
     /// ready once no frame arrived for longer.
     receive_timeout_ms: AtomicU64,
     pub commit_to_ack: Histogram,
+    /// `exactly_once`: Kafka transactions committed.
+    pub kafka_transactions_committed: AtomicU64,
+    /// `exactly_once`: Kafka transactions aborted or failed (each ends its session).
+    pub kafka_transactions_aborted: AtomicU64,
+    /// `exactly_once`: records (events and dead letters) in committed Kafka transactions.
+    pub kafka_transaction_records: AtomicU64,
+    /// `exactly_once`: PostgreSQL transactions skipped at a session start because the progress
+    /// record says Kafka already holds them.
+    pub transactions_skipped: AtomicU64,
+    /// `exactly_once`: how long a Kafka transaction's commit took.
+    pub kafka_commit_latency: Histogram,
     delivery_errors: Mutex<BTreeMap<String, u64>>,
     wal_status: Mutex<String>,
 }
@@ -164,6 +175,11 @@ impl Default for Metrics {
             frame_at_ms: AtomicU64::new(0),
             receive_timeout_ms: AtomicU64::new(0),
             commit_to_ack: Histogram::default(),
+            kafka_transactions_committed: AtomicU64::new(0),
+            kafka_transactions_aborted: AtomicU64::new(0),
+            kafka_transaction_records: AtomicU64::new(0),
+            transactions_skipped: AtomicU64::new(0),
+            kafka_commit_latency: Histogram::default(),
             delivery_errors: Mutex::new(BTreeMap::new()),
             wal_status: Mutex::new(String::new()),
         }
@@ -292,6 +308,30 @@ impl Metrics {
             "Sessions restarted after a transient error.",
             self.reconnects.load(Relaxed),
         );
+        counter(
+            &mut out,
+            "outbox_relay_kafka_transactions_committed_total",
+            "Kafka transactions committed (delivery = exactly_once).",
+            self.kafka_transactions_committed.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "outbox_relay_kafka_transactions_aborted_total",
+            "Kafka transactions aborted or failed; each ends its session (delivery = exactly_once).",
+            self.kafka_transactions_aborted.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "outbox_relay_kafka_transaction_records_total",
+            "Records in committed Kafka transactions; divided by the committed count: records per transaction.",
+            self.kafka_transaction_records.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "outbox_relay_transactions_skipped_total",
+            "PostgreSQL transactions skipped because the progress record says Kafka holds them.",
+            self.transactions_skipped.load(Relaxed),
+        );
         self.render_labelled(&mut out);
         gauge(
             &mut out,
@@ -345,6 +385,11 @@ impl Metrics {
             &mut out,
             "outbox_relay_commit_to_ack_seconds",
             "Latency from transaction commit to Kafka acknowledgement.",
+        );
+        self.kafka_commit_latency.render(
+            &mut out,
+            "outbox_relay_kafka_commit_seconds",
+            "How long committing a Kafka transaction took (delivery = exactly_once).",
         );
         out
     }
