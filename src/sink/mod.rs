@@ -5,4 +5,7 @@
 //! [`publisher::Delivery`] reports on a channel.
 
 pub mod dead_letter;
+pub mod progress;
 pub mod publisher;
+
+pub use progress::open;
