@@ -115,7 +115,9 @@ enum KafkaTxn {
         outcome: CommitOutcome,
     },
     /// Committed; waiting for the last delivery reports before confirming.
-    Committed { records: usize },
+    Committed {
+        records: usize,
+    },
 }
 
 /// A relation from the stream, and its outbox binding when it is an outbox table or a
@@ -225,6 +227,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             if let Err(e) = self.settle_kafka() {
                 break Err(e);
             }
+            self.schedule_confirm();
             if self.is_drained() {
                 break self.stop_error.take().map_or(Ok(()), Err);
             }
@@ -352,7 +355,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             return Ok(());
         };
         match self.kafka {
-            KafkaTxn::Open { started, records, .. } => {
+            KafkaTxn::Open {
+                started, records, ..
+            } => {
                 let Some(end) = self.commit_end() else {
                     return Ok(());
                 };
@@ -402,7 +407,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 Ok(())
             }
             Err(e) => {
-                self.metrics.kafka_transactions_aborted.fetch_add(1, Relaxed);
+                self.metrics
+                    .kafka_transactions_aborted
+                    .fetch_add(1, Relaxed);
                 self.kafka = KafkaTxn::Idle;
                 self.acked.clear();
                 warn!(error = %e, records,

@@ -166,8 +166,8 @@ async fn ensure_topic(config: &KafkaConfig) -> Result<i32, PublishError> {
     if let Some(count) = partition_count(&admin, &topic).await? {
         return Ok(count);
     }
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(-1))
-        .set("cleanup.policy", "compact");
+    let new =
+        NewTopic::new(&topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
     let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
     let created = admin
         .create_topics([&new], &options)
@@ -204,12 +204,11 @@ async fn partition_count(
         problem: p,
     };
     let admin = admin.clone();
-    let metadata = tokio::task::spawn_blocking(move || {
-        admin.inner().fetch_metadata(None, ADMIN_TIMEOUT)
-    })
-    .await
-    .map_err(|e| problem(format!("the metadata request stopped: {e}")))?
-    .map_err(|e| problem(format!("cannot read its metadata: {e}")))?;
+    let metadata =
+        tokio::task::spawn_blocking(move || admin.inner().fetch_metadata(None, ADMIN_TIMEOUT))
+            .await
+            .map_err(|e| problem(format!("the metadata request stopped: {e}")))?
+            .map_err(|e| problem(format!("cannot read its metadata: {e}")))?;
     Ok(metadata
         .topics()
         .iter()
