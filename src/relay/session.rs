@@ -329,7 +329,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     fn commit_end(&self) -> Option<Lsn> {
         match self.kafka {
             KafkaTxn::Open { end: Some(end), .. }
-                if self.txn.as_ref().map_or(true, |t| t.sent == 0) =>
+                if self.txn.as_ref().is_none_or(|t| t.sent == 0) =>
             {
                 Some(end)
             }
