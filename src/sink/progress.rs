@@ -245,8 +245,8 @@ fn read_last_blocking(
     client: rdkafka::ClientConfig,
     progress: &ProgressRecord,
 ) -> Result<Option<Lsn>, String> {
-    let consumer: BaseConsumer = consumer_config(client)
-        .create()
+    let consumer: BaseConsumer<QuietEof> = consumer_config(client)
+        .create_with_context(QuietEof)
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
     let (low, high) = consumer
         .fetch_watermarks(&progress.topic, progress.partition, ADMIN_TIMEOUT)
@@ -300,6 +300,20 @@ fn read_last_blocking(
         }
     }
 }
+
+/// The reader's client context: reaching the end of the partition is how it knows it is
+/// done, not an error to log.
+struct QuietEof;
+
+impl rdkafka::ClientContext for QuietEof {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            warn!(error = %error, reason, "kafka client error while reading the progress record");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietEof {}
 
 /// Drops the producer-only settings that `client_config` adds and a consumer rejects.
 fn consumer_config(mut client: rdkafka::ClientConfig) -> rdkafka::ClientConfig {
