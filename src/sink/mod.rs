@@ -2,7 +2,8 @@
 //! and the dead-letter records that stand in for events that cannot be published.
 //!
 //! In: [`crate::mapping::Record`]s tagged with their transaction's sequence number. Out:
-//! [`publisher::Delivery`] reports on a channel.
+//! [`publisher::Delivery`] reports on a channel. In `kafka.delivery = "exactly_once"` the
+//! producer is transactional and `progress` keeps, per slot, where Kafka stands.
 
 pub mod dead_letter;
 pub mod progress;

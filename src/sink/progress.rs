@@ -149,6 +149,9 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long reading the progress record may take (other slots' open transactions hold the
 /// read_committed end back for a moment).
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the read_committed end may stay below the high watermark before it is taken
+/// as the end.
+const EOF_SETTLE: Duration = Duration::from_secs(3);
 
 /// Creates the progress topic (one partition, compacted) when missing; returns its partition
 /// count.
@@ -261,6 +264,7 @@ fn read_last_blocking(
     consumer.assign(&assignment).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let mut last = None;
+    let mut eof_since: Option<Instant> = None;
     loop {
         if started.elapsed() > READ_TIMEOUT {
             return Err(format!(
@@ -269,6 +273,7 @@ fn read_last_blocking(
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
+                eof_since = None;
                 if message.key() == Some(&progress.key[..]) {
                     last = match message.payload() {
                         Some(value) => parse_progress_value(value).or(last),
@@ -292,6 +297,13 @@ fn read_last_blocking(
                     })
                     .unwrap_or(-1);
                 if position >= high - 1 {
+                    return Ok(last);
+                }
+                // Aborted records at the tail (a relay killed while committing) may not move
+                // the position: an end that stays put this long is the end.
+                let since = *eof_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= EOF_SETTLE {
+                    warn!(position, high, "the progress topic's read_committed end stays below its high watermark (aborted records, or another slot's open transaction); taking it as the end");
                     return Ok(last);
                 }
             }
