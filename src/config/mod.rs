@@ -555,7 +555,9 @@ pub struct KafkaConfig {
     pub ssl_ca_file: String,
     /// `at_least_once` (default: every event at least once, a crash may repeat some) or
     /// `exactly_once` (Kafka transactions plus a progress record: consumers with
-    /// `isolation.level=read_committed` see every event exactly once).
+    /// `isolation.level=read_committed` see every event exactly once). In `exactly_once`,
+    /// `message_timeout_ms` is capped at `transaction.timeout.ms` (60000 unless set in
+    /// `properties`).
     pub delivery: Delivery,
     /// `exactly_once`: the compacted topic holding, per slot, the end LSN of the last
     /// PostgreSQL transaction committed to Kafka. Created (`cleanup.policy=compact`) when missing.

@@ -59,6 +59,8 @@ pub trait RecordSink {
     /// background; the outcome arrives on the returned channel. Once it succeeded, the delivery
     /// report of each record of the transaction is on the delivery channel or on its way.
     fn commit(&mut self, end: Lsn) -> CommitOutcome;
+    /// `exactly_once`: aborts the open transaction (best effort, on the session's way out).
+    async fn abort(&mut self);
 }
 
 /// Where the outcome of a Kafka commit arrives.
@@ -138,5 +140,9 @@ impl RecordSink for Publisher {
 
     fn commit(&mut self, end: Lsn) -> CommitOutcome {
         self.commit_transaction(end)
+    }
+
+    async fn abort(&mut self) {
+        self.abort_transaction().await
     }
 }

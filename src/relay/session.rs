@@ -442,6 +442,16 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// The final status update (best effort after an error: the connection may be gone), then
     /// the stream is closed.
     async fn finish(&mut self, result: &Result<(), RelayError>) {
+        if let KafkaTxn::Open { records, .. } = self.kafka {
+            // Ending with records that will never commit (an error, the drain deadline):
+            // read_committed consumers of their partitions wait until the transaction ends.
+            info!(records, "aborting the open kafka transaction");
+            self.sink.abort().await;
+            self.metrics
+                .kafka_transactions_aborted
+                .fetch_add(1, Relaxed);
+            self.kafka = KafkaTxn::Idle;
+        }
         let confirmed = self.send_status(false).await;
         if result.is_ok() {
             if let Err(e) = &confirmed {

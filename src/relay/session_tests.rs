@@ -207,6 +207,7 @@ enum KafkaOp {
         end: Lsn,
         sent: usize,
     },
+    Abort,
 }
 
 /// A commit the test answers.
@@ -262,6 +263,10 @@ impl RecordSink for FakeSink {
         let (tx, rx) = oneshot::channel();
         self.commits.send((end, tx)).unwrap();
         rx
+    }
+
+    async fn abort(&mut self) {
+        self.kafka.lock().unwrap().push(KafkaOp::Abort);
     }
 }
 
@@ -1013,7 +1018,7 @@ async fn kafka_transactions_end_only_at_postgres_commits() {
         .iter()
         .filter_map(|op| match op {
             KafkaOp::Commit { end, sent } => Some((*end, *sent)),
-            KafkaOp::Begin => None,
+            KafkaOp::Begin | KafkaOp::Abort => None,
         })
         .collect();
     assert!(commits.len() > 10, "only {} commits", commits.len());
@@ -1244,6 +1249,28 @@ async fn transactions_below_the_progress_record_are_skipped_and_confirmed() {
             .load(std::sync::atomic::Ordering::Relaxed),
         3
     );
+}
+
+#[tokio::test]
+async fn a_session_ending_with_an_open_kafka_transaction_aborts_it_unconfirmed() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    let (f, end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    frames.extend(f);
+    rig.push(frames);
+    // The connection drops while the Kafka transaction is young (not due yet).
+    rig.frames.send(Err(ReplicationError::Closed)).unwrap();
+    let session = rig.session(
+        exactly_once(Duration::from_secs(60), 1000),
+        &mapping,
+        &metrics,
+    );
+    let err = session.run(&rig.shutdown).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert_eq!(rig.kafka_ops(), [KafkaOp::Begin, KafkaOp::Abort]);
+    assert!(rig.max_flush() < end, "confirmed an aborted transaction");
 }
 
 #[test]

@@ -260,9 +260,14 @@ pub struct ProgressRecord {
     pub key: Vec<u8>,
 }
 
+/// `transaction.timeout.ms` unless `kafka.properties` sets it (librdkafka's default).
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
+
 /// How long committing (or initialising) a Kafka transaction may take before it fails and
 /// the session restarts. Above a short broker outage; below `transaction.timeout.ms`.
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a session's way out waits for an abort.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Publisher {
     /// Creates the producer; deliveries arrive on the returned channel.
@@ -281,14 +286,21 @@ impl Publisher {
         progress: ProgressRecord,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let mut client = client_config(config);
-        // librdkafka refuses message.timeout.ms above transaction.timeout.ms (60 s default).
-        let txn_timeout = config.message_timeout_ms.max(60_000).to_string();
+        // How long the broker keeps a transaction of a vanished relay open (blocking
+        // read_committed consumers of its partitions) unless a new session fences it first.
+        // librdkafka refuses message.timeout.ms above it, so that one is capped.
+        let txn_timeout = config
+            .properties
+            .get("transaction.timeout.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS);
         client
             .set("transactional.id", transactional_id)
-            .set("transaction.timeout.ms", &txn_timeout);
-        for (key, value) in &config.properties {
-            client.set(key, value);
-        }
+            .set("transaction.timeout.ms", txn_timeout.to_string())
+            .set(
+                "message.timeout.ms",
+                config.message_timeout_ms.min(txn_timeout).to_string(),
+            );
         let (publisher, rx) =
             Publisher::with_client_config(config, client, Some(Arc::new(progress)))?;
         let producer = publisher.shared.producer.clone();
@@ -420,6 +432,17 @@ impl Publisher {
             let _ = tx.send(result);
         });
         rx
+    }
+
+    /// Aborts the open transaction (best effort, on a session's way out), so that
+    /// read_committed consumers need not wait for `transaction.timeout.ms`.
+    pub async fn abort_transaction(&self) {
+        let producer = self.shared.producer.clone();
+        let aborted =
+            tokio::task::spawn_blocking(move || producer.abort_transaction(ABORT_TIMEOUT)).await;
+        if let Ok(Err(e)) = aborted {
+            warn!(error = %e, "cannot abort the kafka transaction; the broker ends it after transaction.timeout.ms, or the next session does");
+        }
     }
 
     /// The producer's fatal error, after which every send fails and it must be recreated.
