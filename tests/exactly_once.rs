@@ -262,7 +262,8 @@ async fn a_standby_takes_over_and_a_woken_zombie_commits_nothing() {
     db.cleanup().await;
 }
 
-async fn ops(env: &[(String, String)], args: &[&str]) {
+/// Runs `outbox-relay <args>`, which must succeed; returns its stdout.
+async fn ops(env: &[(String, String)], args: &[&str]) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(args)
         .envs(env.iter().cloned())
@@ -273,9 +274,11 @@ async fn ops(env: &[(String, String)], args: &[&str]) {
         .expect("run outbox-relay");
     assert!(
         out.status.success(),
-        "outbox-relay {args:?}: {}",
+        "outbox-relay {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 async fn write(db: &TestDb, n: usize, writer: usize) -> Vec<Event> {
@@ -299,6 +302,21 @@ async fn slot_drop_create_and_advance_do_not_make_the_relay_skip_new_events() {
     let first = write(&db, 200, 0).await;
     expect_exactly_once("before", &db, &first, &[], &relay.log_text()).await;
     assert!(relay.terminate(Duration::from_secs(30)).success());
+
+    // `check` sees the progress topic the relay made, compacted.
+    let report: serde_json::Value =
+        serde_json::from_str(&ops(&env, &["check", "--json"]).await).unwrap();
+    let item = report["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["check"] == "kafka exactly-once")
+        .unwrap_or_else(|| panic!("no exactly-once item in {report:#}"));
+    assert_eq!(item["status"], "ok", "{item:#}");
+    assert!(
+        item["detail"].as_str().unwrap().contains("is compacted"),
+        "{item:#}"
+    );
 
     // Drop and create: the progress record (same key) stands above nothing new.
     ops(&env, &["slot", "drop", "--yes"]).await;
