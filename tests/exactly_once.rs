@@ -293,7 +293,7 @@ async fn write(db: &TestDb, n: usize, writer: usize) -> Vec<Event> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn slot_drop_create_and_advance_do_not_make_the_relay_skip_new_events() {
+async fn slot_drop_create_advance_and_replay_behave_as_documented() {
     let db = TestDb::new().await;
     db.create_slot().await;
     let env = eos_env(&db);
@@ -332,13 +332,62 @@ async fn slot_drop_create_and_advance_do_not_make_the_relay_skip_new_events() {
     // Advance past events the operator gives up on: later ones are published.
     let given_up = write(&db, 100, 3).await;
     ops(&env, &["slot", "advance", "--to", "now"]).await;
+    let since: String = db
+        .client()
+        .await
+        .query_one("SELECT clock_timestamp()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
     let fourth = write(&db, 200, 4).await;
     let mut relay = RelayProcess::start(&env, "eos-ops");
     wait_for_slot(&db, &mut relay).await;
     let fifth = write(&db, 200, 5).await;
+    let replayed: Vec<Event> = [&fourth[..], &fifth[..]].concat();
     expected.extend(fourth);
     expected.extend(fifth);
     expect_exactly_once("advance", &db, &expected, &given_up, &relay.log_text()).await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+
+    // Replay publishes again on purpose (new records, not deduplicated), outside any
+    // transaction: read_committed consumers see them; the progress record is untouched, so
+    // the relay afterwards neither skips nor repeats.
+    let report: serde_json::Value =
+        serde_json::from_str(&ops(&env, &["replay", "--since", &since, "--json"]).await).unwrap();
+    assert_eq!(report["acknowledged"], 400, "{report:#}");
+    let mut relay = RelayProcess::start(&env, "eos-ops");
+    wait_for_slot(&db, &mut relay).await;
+    let sixth = write(&db, 100, 6).await;
+    expected.extend(sixth.iter().cloned());
+    let topics = vec![db.topic("order"), db.topic("customer")];
+    let received = read_ids_committed(
+        &topics,
+        &ids(&sixth),
+        Duration::from_secs(120),
+        Duration::from_secs(5),
+    )
+    .await;
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for r in &received {
+        *seen.entry(r.key_str()).or_default() += 1;
+    }
+    let twice: std::collections::HashSet<&str> = replayed.iter().map(|e| e.id.as_str()).collect();
+    for e in &expected {
+        let want = if twice.contains(e.id.as_str()) { 2 } else { 1 };
+        assert_eq!(
+            seen.get(&e.id).copied().unwrap_or(0),
+            want,
+            "event {} (writer payload {})",
+            e.id,
+            e.payload
+        );
+    }
+    assert_eq!(received.len(), expected.len() + replayed.len());
+    println!(
+        "replay: {} replayed, {} read_committed records in all, as expected",
+        replayed.len(),
+        received.len()
+    );
     assert!(relay.terminate(Duration::from_secs(30)).success());
     db.cleanup().await;
 }
