@@ -53,6 +53,8 @@ pub(super) const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
         "kafka.sasl_password or kafka.sasl_password_file",
     ),
     ("ssl.ca.location", "kafka.ssl_ca_file"),
+    // Derived from the slot in `delivery = "exactly_once"` (fencing depends on it).
+    ("transactional.id", "kafka.delivery"),
 ];
 
 /// Substrings of `kafka.properties` keys whose values are secrets.
@@ -118,7 +120,36 @@ pub struct KafkaConfig {
     /// Unset (`""` in the file): the system's trusted roots.
     #[serde(with = "unset")]
     pub ssl_ca_file: Option<PathBuf>,
+    /// `at_least_once` (default: every event at least once, a crash may repeat some) or
+    /// `exactly_once` (Kafka transactions plus a progress record: consumers with
+    /// `isolation.level=read_committed` see every event exactly once). In `exactly_once`,
+    /// `message_timeout_ms` is capped at `transaction.timeout.ms` (60000 unless set in
+    /// `properties`).
+    pub delivery: Delivery,
+    /// `exactly_once`: the compacted topic holding, per slot, the end LSN of the last
+    /// PostgreSQL transaction committed to Kafka. Created (`cleanup.policy=compact`) when missing.
+    pub progress_topic: String,
+    /// `exactly_once`: a Kafka transaction is committed (at the next PostgreSQL transaction
+    /// boundary) once it is this old, in milliseconds; 1 to 30000.
+    pub transaction_max_ms: u64,
+    /// `exactly_once`: ... or once it holds this many records; > 0.
+    pub transaction_max_records: usize,
 }
+
+/// `kafka.delivery`: what a consumer may count on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+impl Delivery {
+    pub const NAMES: &'static [&'static str] = &["at_least_once", "exactly_once"];
+}
+
+/// Below librdkafka's `transaction.timeout.ms` default (60 s) with room to commit.
+pub const MAX_TRANSACTION_MAX_MS: u64 = 30_000;
 
 /// Kafka `security.protocol`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -202,6 +233,12 @@ impl Default for KafkaConfig {
             sasl_password: None,
             sasl_password_file: None,
             ssl_ca_file: None,
+            delivery: Delivery::AtLeastOnce,
+            progress_topic: "outbox-relay.progress".to_string(),
+            // A Kafka transaction is committed once this old: the floor of read_committed
+            // latency.
+            transaction_max_ms: 100,
+            transaction_max_records: 10_000,
         }
     }
 }
@@ -228,6 +265,10 @@ impl fmt::Debug for KafkaConfig {
             .field("sasl_password", &self.sasl_password)
             .field("sasl_password_file", &self.sasl_password_file)
             .field("ssl_ca_file", &self.ssl_ca_file)
+            .field("delivery", &self.delivery)
+            .field("progress_topic", &self.progress_topic)
+            .field("transaction_max_ms", &self.transaction_max_ms)
+            .field("transaction_max_records", &self.transaction_max_records)
             .finish()
     }
 }
@@ -259,6 +300,33 @@ impl KafkaConfig {
             source,
         })?;
         Ok(Secret::new(text.trim()))
+    }
+
+    /// The `exactly_once` fields (checked whatever the mode, so a switch cannot surprise).
+    fn validate_delivery(&self) -> Result<(), ConfigError> {
+        if let Some(problem) = super::rules::topic_name_problem(&self.progress_topic) {
+            return Err(ConfigError::invalid(
+                "kafka.progress_topic",
+                format!(
+                    "`{}` is not a valid Kafka topic name: {problem}",
+                    self.progress_topic
+                ),
+            ));
+        }
+        check_range(
+            "kafka.transaction_max_ms",
+            self.transaction_max_ms,
+            1,
+            MAX_TRANSACTION_MAX_MS,
+            "ms",
+        )?;
+        check_range(
+            "kafka.transaction_max_records",
+            self.transaction_max_records as u64,
+            1,
+            u64::MAX,
+            "records",
+        )
     }
 
     fn validate_security(&self) -> Result<(), ConfigError> {
@@ -384,6 +452,7 @@ impl KafkaConfig {
             }
         }
         self.validate_security()?;
+        self.validate_delivery()?;
         if !self.allow_unsafe_kafka_settings {
             if let Some((key, value, reason)) = self.unsafe_properties().into_iter().next() {
                 return Err(ConfigError::invalid(

@@ -48,7 +48,7 @@ mod validate;
 mod tests;
 
 pub use kafka::{
-    Compression, KafkaConfig, KafkaSecurityProtocol, DEFAULT_MAX_IN_FLIGHT_MESSAGES,
+    Compression, Delivery, KafkaConfig, KafkaSecurityProtocol, DEFAULT_MAX_IN_FLIGHT_MESSAGES,
     MAX_BATCH_NUM_MESSAGES, MAX_LINGER_MS, MAX_MESSAGE_TIMEOUT_MS, MIN_MAX_IN_FLIGHT_BYTES,
     MIN_MESSAGE_TIMEOUT_MS, SASL_MECHANISMS,
 };

@@ -346,7 +346,9 @@ async fn connect<'a>(
             mapping.messages_enabled(),
         )
         .await?;
-    let (publisher, deliveries) = Publisher::new(&config.kafka)?;
+    // Exactly-once: fences older producers of this slot, reads where Kafka stands.
+    let (publisher, deliveries, progress) =
+        crate::sink::open(&config.kafka, control.client(), &pg.slot).await?;
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.
     let slot = control
@@ -373,7 +375,7 @@ async fn connect<'a>(
         deliveries,
         catalog: control,
     };
-    Ok(Session::new(settings, mapping, metrics, ends, start))
+    Ok(Session::new(settings, mapping, metrics, ends, start).skipping_below(progress))
 }
 
 fn now_ms() -> i64 {

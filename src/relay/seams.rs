@@ -4,7 +4,7 @@
 //! control connection; the unit tests wire in-memory fakes: a scripted WAL, a sink that
 //! acknowledges late, out of order, or fails on a chosen record, a map of partitions.
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::lsn::Lsn;
 use crate::mapping::Record;
@@ -52,7 +52,19 @@ pub trait RecordSink {
     ) -> Result<(), PublishError>;
     /// Set once the producer can no longer send anything (it must be recreated).
     fn fatal_error(&self) -> Option<String>;
+    /// `exactly_once`: opens a Kafka transaction; the records sent until `commit` belong to it.
+    fn begin(&mut self) -> Result<(), PublishError>;
+    /// `exactly_once`: commits the open transaction together with a progress record saying
+    /// that every PostgreSQL transaction ending at or before `end` is in Kafka. Runs in the
+    /// background; the outcome arrives on the returned channel. Once it succeeded, the delivery
+    /// report of each record of the transaction is on the delivery channel or on its way.
+    fn commit(&mut self, end: Lsn) -> CommitOutcome;
+    /// `exactly_once`: aborts the open transaction (best effort, on the session's way out).
+    async fn abort(&mut self);
 }
+
+/// Where the outcome of a Kafka commit arrives.
+pub type CommitOutcome = oneshot::Receiver<Result<(), PublishError>>;
 
 /// The database's catalog, asked when the stream names a relation that does not bind by name:
 /// a partition of an outbox, sent under its own name by a publication that does not publish
@@ -120,5 +132,17 @@ impl RecordSink for Publisher {
 
     fn fatal_error(&self) -> Option<String> {
         Publisher::fatal_error(self)
+    }
+
+    fn begin(&mut self) -> Result<(), PublishError> {
+        self.begin_transaction()
+    }
+
+    fn commit(&mut self, end: Lsn) -> CommitOutcome {
+        self.commit_transaction(end)
+    }
+
+    async fn abort(&mut self) {
+        self.abort_transaction().await
     }
 }

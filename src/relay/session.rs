@@ -3,10 +3,21 @@
 //! the source. No I/O of its own: both ends are seams, so every rule here is unit-tested with
 //! fakes (`session_tests`).
 //!
-//! The loop, by priority: shutdown → acknowledgements → a due confirmation → the status timer
-//! → the next frame (only while in-flight work is under its caps). On shutdown the session
-//! stops reading (after finishing a half-read transaction), waits for every acknowledgement
-//! up to `shutdown_timeout`, confirms the last fully acknowledged commit and closes.
+//! The loop, by priority: shutdown → acknowledgements → a Kafka commit's outcome → a due
+//! confirmation → the status timer → a due Kafka commit → the next frame (only while in-flight
+//! work is under its caps and no Kafka commit runs). On shutdown the session stops reading
+//! (after finishing a half-read transaction), waits for every acknowledgement up to
+//! `shutdown_timeout`, confirms the last fully acknowledged commit and closes.
+//!
+//! Exactly-once (`Settings::transactions`): records go into Kafka transactions that hold
+//! whole PostgreSQL transactions only; a Kafka transaction is committed (with the progress
+//! record: the end LSN of its last PostgreSQL transaction) at a PostgreSQL transaction boundary
+//! once it is old or big enough. An acknowledgement then is not yet a confirmation: the
+//! acknowledged records are kept aside and fed to the ledger only once the Kafka commit
+//! succeeded (and every record's report arrived), so the ledger confirms exactly what Kafka
+//! committed. A failed commit ends the session; nothing of it was confirmed. PostgreSQL
+//! transactions committing below the progress value read at the start (`skip_below`) are
+//! already in Kafka: they are skipped, and confirmed like empty ones.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -18,9 +29,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
+use super::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
 use super::{now_ms, RelayError, Unmapped};
-use crate::config::{Config, DeadLetterPolicy};
+use crate::config::{Config, DeadLetterPolicy, Delivery as DeliveryMode};
 use crate::lsn::Lsn;
 use crate::mapping::Record;
 use crate::mapping::{self, BoundTable, MappingError, MessageRoute, OutboxEvent, OutboxMapping};
@@ -45,6 +56,15 @@ pub struct Settings {
     pub confirm_delay: Duration,
     /// The publication streamed, for the fixes an error suggests.
     pub publication: String,
+    /// `Some` in `kafka.delivery = "exactly_once"`: when Kafka transactions are committed.
+    pub transactions: Option<Transactions>,
+}
+
+/// When a Kafka transaction is committed (at a PostgreSQL transaction boundary).
+#[derive(Debug, Clone, Copy)]
+pub struct Transactions {
+    pub max_age: Duration,
+    pub max_records: usize,
 }
 
 impl Settings {
@@ -58,6 +78,12 @@ impl Settings {
             status_interval,
             confirm_delay: Duration::from_millis(config.relay.confirm_delay_ms),
             publication: config.postgres.publication.clone(),
+            transactions: (config.kafka.delivery == DeliveryMode::ExactlyOnce).then(|| {
+                Transactions {
+                    max_age: Duration::from_millis(config.kafka.transaction_max_ms),
+                    max_records: config.kafka.transaction_max_records,
+                }
+            }),
         }
     }
 }
@@ -67,6 +93,31 @@ struct OpenTxn {
     final_lsn: Lsn,
     commit_time_ms: i64,
     events: u64,
+    /// Records of it handed to the sink.
+    sent: u64,
+    /// Already in Kafka (below the progress record): nothing of it is published.
+    skip: bool,
+}
+
+/// The Kafka transaction (exactly-once only).
+enum KafkaTxn {
+    Idle,
+    Open {
+        started: Instant,
+        records: usize,
+        /// End LSN of the last whole PostgreSQL transaction in it (`None`: none yet).
+        end: Option<Lsn>,
+    },
+    /// The commit runs; nothing new is sent meanwhile.
+    Committing {
+        started: std::time::Instant,
+        records: usize,
+        outcome: CommitOutcome,
+    },
+    /// Committed; waiting for the last delivery reports before confirming.
+    Committed {
+        records: usize,
+    },
 }
 
 /// A relation from the stream, and its outbox binding when it is an outbox table or a
@@ -117,6 +168,12 @@ pub struct Session<'a, S, K, C> {
     confirm_due: Option<Instant>,
     phase: Phase,
     stop_error: Option<RelayError>,
+    kafka: KafkaTxn,
+    /// Successful deliveries of the Kafka transaction, `(seq, dead_letter)`: confirmations
+    /// once it commits.
+    acked: Vec<(TxnSeq, bool)>,
+    /// PostgreSQL transactions committing below this are already in Kafka.
+    skip_below: Option<Lsn>,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -146,7 +203,17 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             confirm_due: None,
             phase: Phase::Streaming,
             stop_error: None,
+            kafka: KafkaTxn::Idle,
+            acked: Vec::new(),
+            skip_below: None,
         }
+    }
+
+    /// Exactly-once: PostgreSQL transactions committing below `progress` (the end LSN of the
+    /// last one committed to Kafka) are not published again.
+    pub fn skipping_below(mut self, progress: Option<Lsn>) -> Self {
+        self.skip_below = progress;
+        self
     }
 
     /// Runs until drained after `shutdown` (Ok) or an error. Whatever the ending, the last
@@ -157,9 +224,14 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let mut feedback = tokio::time::interval(self.settings.status_interval);
         feedback.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let result = loop {
+            if let Err(e) = self.settle_kafka() {
+                break Err(e);
+            }
+            self.schedule_confirm();
             if self.is_drained() {
                 break self.stop_error.take().map_or(Ok(()), Err);
             }
+            let commit_at = self.kafka_commit_at();
             let step = tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if self.phase == Phase::Streaming => {
@@ -172,12 +244,16 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     break self.stop_error.take().map_or(Ok(()), Err);
                 }
                 Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await,
+                outcome = commit_outcome(&mut self.kafka) => self.handle_commit_outcome(outcome),
                 _ = sleep_until(self.confirm_due), if self.confirm_due.is_some() => {
                     self.send_status(false).await
                 }
                 // Asking for a reply makes the server answer with a keepalive carrying its WAL
                 // end, which an idle relay confirms: unrelated traffic never piles up WAL.
                 _ = feedback.tick() => self.send_status(true).await,
+                // A Kafka transaction gets old while no PostgreSQL transaction is open: the
+                // top of the loop commits it.
+                _ = sleep_until(commit_at), if commit_at.is_some() => Ok(()),
                 frame = self.source.next_frame(), if self.wants_frames() => match frame {
                     Ok(frame) => {
                         self.metrics.mark_received(std::time::Instant::now());
@@ -231,11 +307,115 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     }
 
     /// Draining with nothing open and nothing in flight, or stopping with nothing in flight.
+    /// Exactly-once: and no Kafka transaction left to commit or confirm (when stopping, one
+    /// that holds part of the open PostgreSQL transaction is dropped: it can never commit).
     fn is_drained(&self) -> bool {
+        let kafka_done = match self.kafka {
+            KafkaTxn::Idle => true,
+            KafkaTxn::Open { .. } => self.commit_end().is_none(),
+            KafkaTxn::Committing { .. } | KafkaTxn::Committed { .. } => false,
+        };
         match self.phase {
             Phase::Streaming => false,
-            Phase::Draining { .. } => self.txn.is_none() && self.in_flight_messages == 0,
-            Phase::Stopping { .. } => self.in_flight_messages == 0,
+            Phase::Draining { .. } => {
+                self.txn.is_none() && self.in_flight_messages == 0 && kafka_done
+            }
+            Phase::Stopping { .. } => self.in_flight_messages == 0 && kafka_done,
+        }
+    }
+
+    /// The end LSN the open Kafka transaction may commit with now: it holds whole
+    /// PostgreSQL transactions only (the open one, if any, sent nothing yet).
+    fn commit_end(&self) -> Option<Lsn> {
+        match self.kafka {
+            KafkaTxn::Open { end: Some(end), .. }
+                if self.txn.as_ref().is_none_or(|t| t.sent == 0) =>
+            {
+                Some(end)
+            }
+            _ => None,
+        }
+    }
+
+    /// When the open Kafka transaction is to be committed by the timer: it is old enough
+    /// and may commit. `None` while a PostgreSQL transaction is being read (its commit
+    /// comes first).
+    fn kafka_commit_at(&self) -> Option<Instant> {
+        let (KafkaTxn::Open { started, .. }, Some(t)) = (&self.kafka, self.settings.transactions)
+        else {
+            return None;
+        };
+        (self.txn.is_none() && self.commit_end().is_some()).then(|| *started + t.max_age)
+    }
+
+    /// Exactly-once bookkeeping at the top of the loop: starts a due commit, and feeds a
+    /// committed transaction's acknowledgements to the ledger once all have arrived.
+    fn settle_kafka(&mut self) -> Result<(), RelayError> {
+        let Some(limits) = self.settings.transactions else {
+            return Ok(());
+        };
+        match self.kafka {
+            KafkaTxn::Open {
+                started, records, ..
+            } => {
+                let Some(end) = self.commit_end() else {
+                    return Ok(());
+                };
+                let due = self.phase != Phase::Streaming
+                    || records >= limits.max_records
+                    || (self.txn.is_none() && started.elapsed() >= limits.max_age);
+                if due {
+                    debug!(records, end = %end, "committing the kafka transaction");
+                    self.kafka = KafkaTxn::Committing {
+                        started: std::time::Instant::now(),
+                        records,
+                        outcome: self.sink.commit(end),
+                    };
+                }
+            }
+            KafkaTxn::Committed { records } if self.acked.len() >= records => {
+                self.kafka = KafkaTxn::Idle;
+                self.metrics
+                    .kafka_transaction_records
+                    .fetch_add(records as u64, Relaxed);
+                for (seq, dead_letter) in std::mem::take(&mut self.acked) {
+                    self.confirm_delivered(seq, dead_letter)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn handle_commit_outcome(
+        &mut self,
+        outcome: Result<(), PublishError>,
+    ) -> Result<(), RelayError> {
+        let KafkaTxn::Committing {
+            started, records, ..
+        } = self.kafka
+        else {
+            return Ok(());
+        };
+        match outcome {
+            Ok(()) => {
+                self.metrics
+                    .kafka_transactions_committed
+                    .fetch_add(1, Relaxed);
+                self.metrics.kafka_commit_latency.observe(started.elapsed());
+                self.kafka = KafkaTxn::Committed { records };
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics
+                    .kafka_transactions_aborted
+                    .fetch_add(1, Relaxed);
+                self.kafka = KafkaTxn::Idle;
+                self.acked.clear();
+                warn!(error = %e, records,
+                    "the kafka transaction did not commit; nothing of it is confirmed, the session restarts from the slot and the progress record");
+                Err(e.into())
+            }
         }
     }
 
@@ -243,7 +423,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// transaction (so that its records need not be sent again after the restart).
     fn wants_frames(&self) -> bool {
         let room = self.in_flight_messages < self.settings.max_in_flight_messages
-            && self.in_flight_bytes < self.settings.max_in_flight_bytes;
+            && self.in_flight_bytes < self.settings.max_in_flight_bytes
+            && matches!(self.kafka, KafkaTxn::Idle | KafkaTxn::Open { .. });
         match self.phase {
             Phase::Streaming => room,
             Phase::Draining { .. } => room && self.txn.is_some(),
@@ -261,6 +442,16 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// The final status update (best effort after an error: the connection may be gone), then
     /// the stream is closed.
     async fn finish(&mut self, result: &Result<(), RelayError>) {
+        if let KafkaTxn::Open { records, .. } = self.kafka {
+            // Ending with records that will never commit (an error, the drain deadline):
+            // read_committed consumers of their partitions wait until the transaction ends.
+            info!(records, "aborting the open kafka transaction");
+            self.sink.abort().await;
+            self.metrics
+                .kafka_transactions_aborted
+                .fetch_add(1, Relaxed);
+            self.kafka = KafkaTxn::Idle;
+        }
         let confirmed = self.send_status(false).await;
         if result.is_ok() {
             if let Err(e) = &confirmed {
@@ -290,25 +481,39 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.in_flight_messages = self.in_flight_messages.saturating_sub(1);
         self.in_flight_bytes = self.in_flight_bytes.saturating_sub(delivery.bytes);
         match delivery.result {
-            Ok(()) => {
-                let commit_time_ms = self.ledger.ack(delivery.seq)?;
-                let counter = if delivery.dead_letter {
-                    &self.metrics.events_dead_lettered
-                } else {
-                    &self.metrics.events_published
-                };
-                counter.fetch_add(1, Relaxed);
-                let latency_ms = (now_ms() - commit_time_ms).max(0) as u64;
-                self.metrics
-                    .commit_to_ack
-                    .observe(Duration::from_millis(latency_ms));
+            // Exactly-once: confirmed when (if) its Kafka transaction commits.
+            Ok(()) if self.settings.transactions.is_some() => {
+                self.acked.push((delivery.seq, delivery.dead_letter));
                 Ok(())
+            }
+            Ok(()) => self.confirm_delivered(delivery.seq, delivery.dead_letter),
+            // Exactly-once: a failed record dooms its Kafka transaction (it cannot commit),
+            // so no dead letter can stand in for it there: the session ends.
+            Err(failure) if self.settings.transactions.is_some() => {
+                self.metrics.count_delivery_error(&failure.error);
+                Err(RelayError::Delivery(Box::new(failure.rejection())))
             }
             Err(failure) => {
                 self.handle_failed_delivery(delivery.seq, delivery.dead_letter, failure)
                     .await
             }
         }
+    }
+
+    /// A record Kafka has (in exactly-once: committed): the ledger counts it.
+    fn confirm_delivered(&mut self, seq: TxnSeq, dead_letter: bool) -> Result<(), RelayError> {
+        let commit_time_ms = self.ledger.ack(seq)?;
+        let counter = if dead_letter {
+            &self.metrics.events_dead_lettered
+        } else {
+            &self.metrics.events_published
+        };
+        counter.fetch_add(1, Relaxed);
+        let latency_ms = (now_ms() - commit_time_ms).max(0) as u64;
+        self.metrics
+            .commit_to_ack
+            .observe(Duration::from_millis(latency_ms));
+        Ok(())
     }
 
     /// A record Kafka did not take. Permanent problems of the record itself are dead-lettered
@@ -365,6 +570,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     final_lsn: begin.final_lsn,
                     commit_time_ms,
                     events: 0,
+                    sent: 0,
+                    skip: self.skip_below.is_some_and(|p| begin.final_lsn < p),
                 });
             }
             LogicalMessage::Commit(commit) => self.handle_commit(commit)?,
@@ -388,7 +595,14 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     ) -> Result<(), RelayError> {
         match self.mapping.route_message(&message) {
             MessageRoute::Event => {
-                let commit_time_ms = self.open_txn()?.commit_time_ms;
+                let OpenTxn {
+                    commit_time_ms,
+                    skip,
+                    ..
+                } = *self.open_txn()?;
+                if skip {
+                    return Ok(());
+                }
                 let event = self.mapping.message_event(&message, commit_time_ms);
                 let (relation, tuple) = mapping::message_as_row(&message);
                 self.publish_event(event, &relation, &tuple).await?;
@@ -461,14 +675,27 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             )));
         }
         self.ledger.commit(commit.end_lsn)?;
-        debug!(end_lsn = %commit.end_lsn, events = txn.events, "transaction handed to kafka");
+        if txn.skip {
+            self.metrics.transactions_skipped.fetch_add(1, Relaxed);
+        }
+        if let KafkaTxn::Open { end, .. } = &mut self.kafka {
+            *end = Some(commit.end_lsn);
+        }
+        debug!(end_lsn = %commit.end_lsn, events = txn.events, skipped = txn.skip, "transaction handed to kafka");
         Ok(())
     }
 
     /// An insert is published, or dead-lettered, or stops the session: never skipped, since
     /// the slot would then be confirmed past it.
     async fn handle_insert(&mut self, insert: pgoutput::Insert) -> Result<(), RelayError> {
-        let commit_time_ms = self.open_txn()?.commit_time_ms;
+        let OpenTxn {
+            commit_time_ms,
+            skip,
+            ..
+        } = *self.open_txn()?;
+        if skip {
+            return Ok(());
+        }
         let Some(entry) = self.relations.get(&insert.relation_id) else {
             return Err(RelayError::Protocol(format!(
                 "INSERT for relation {} before its RELATION message",
@@ -512,6 +739,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             Ok(event) => event,
             Err(e) => return self.dead_letter_unmapped(seq, &e, relation, tuple).await,
         };
+        self.begin_kafka_txn()?;
         let sent = self
             .sink
             .send(&event.record, seq, &event.id, RecordKind::Event)
@@ -564,6 +792,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             return Err(RelayError::Poison(format!("event {event_id}: {why}")));
         }
         warn!(event_id, topic = %record.topic, reason = why, "event sent to the dead-letter topic");
+        self.begin_kafka_txn()?;
         self.sink
             .send(&record, seq, event_id, RecordKind::DeadLetter)
             .await?;
@@ -574,6 +803,26 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     fn count_in_flight(&mut self, record: &Record) {
         self.in_flight_messages += 1;
         self.in_flight_bytes += record.size();
+        if let Some(txn) = &mut self.txn {
+            txn.sent += 1;
+        }
+        if let KafkaTxn::Open { records, .. } = &mut self.kafka {
+            *records += 1;
+        }
+    }
+
+    /// Exactly-once: opens a Kafka transaction for the next record unless one is open.
+    fn begin_kafka_txn(&mut self) -> Result<(), RelayError> {
+        if self.settings.transactions.is_none() || !matches!(self.kafka, KafkaTxn::Idle) {
+            return Ok(());
+        }
+        self.sink.begin()?;
+        self.kafka = KafkaTxn::Open {
+            started: Instant::now(),
+            records: 0,
+            end: None,
+        };
+        Ok(())
     }
 
     async fn send_status(&mut self, reply: bool) -> Result<(), RelayError> {
@@ -597,6 +846,20 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             .ledger_transactions
             .store(self.ledger.transactions_held() as i64, Relaxed);
         Ok(())
+    }
+}
+
+/// The outcome of the running Kafka commit; never, when none runs.
+async fn commit_outcome(kafka: &mut KafkaTxn) -> Result<(), PublishError> {
+    match kafka {
+        KafkaTxn::Committing { outcome, .. } => match outcome.await {
+            Ok(result) => result,
+            Err(_) => Err(PublishError::Transaction {
+                what: "commit (the committing task ended)",
+                error: rdkafka::error::KafkaError::Canceled,
+            }),
+        },
+        _ => std::future::pending().await,
     }
 }
 

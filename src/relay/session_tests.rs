@@ -11,11 +11,11 @@ use rand::{Rng, SeedableRng};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::Timestamp;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
-use super::session::{Session, Settings};
+use super::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
+use super::session::{Session, Settings, Transactions};
 use super::RelayError;
 use crate::relay::ledger::TxnSeq;
 use std::collections::HashMap;
@@ -198,11 +198,29 @@ struct Sent {
     bytes: usize,
 }
 
-/// Takes records; acknowledges at once (`auto_ack`) or when the test says.
+/// What the sink did with Kafka transactions, in order (exactly-once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KafkaOp {
+    Begin,
+    /// A commit asked for, with the progress end LSN and how many records were sent by then.
+    Commit {
+        end: Lsn,
+        sent: usize,
+    },
+    Abort,
+}
+
+/// A commit the test answers.
+type CommitRequest = (Lsn, oneshot::Sender<Result<(), PublishError>>);
+
+/// Takes records; acknowledges at once (`auto_ack`) or when the test says. Commits are handed
+/// to the test (`Rig::commits`), which answers them.
 struct FakeSink {
     sent: Arc<Mutex<Vec<Sent>>>,
     deliveries: mpsc::UnboundedSender<Delivery>,
     auto_ack: bool,
+    kafka: Arc<Mutex<Vec<KafkaOp>>>,
+    commits: mpsc::UnboundedSender<CommitRequest>,
 }
 
 impl RecordSink for FakeSink {
@@ -229,6 +247,26 @@ impl RecordSink for FakeSink {
 
     fn fatal_error(&self) -> Option<String> {
         None
+    }
+
+    fn begin(&mut self) -> Result<(), PublishError> {
+        self.kafka.lock().unwrap().push(KafkaOp::Begin);
+        Ok(())
+    }
+
+    fn commit(&mut self, end: Lsn) -> CommitOutcome {
+        let sent = self.sent.lock().unwrap().len();
+        self.kafka
+            .lock()
+            .unwrap()
+            .push(KafkaOp::Commit { end, sent });
+        let (tx, rx) = oneshot::channel();
+        self.commits.send((end, tx)).unwrap();
+        rx
+    }
+
+    async fn abort(&mut self) {
+        self.kafka.lock().unwrap().push(KafkaOp::Abort);
     }
 }
 
@@ -292,6 +330,9 @@ struct Rig {
     acks: mpsc::UnboundedSender<Delivery>,
     log: Arc<Mutex<SourceLog>>,
     sent: Arc<Mutex<Vec<Sent>>>,
+    kafka: Arc<Mutex<Vec<KafkaOp>>>,
+    /// Taken by an exactly-once test's driver.
+    commits: Option<mpsc::UnboundedReceiver<CommitRequest>>,
     shutdown: CancellationToken,
     ends: Option<Ends<FakeSource, FakeSink, FakeCatalog>>,
 }
@@ -302,6 +343,8 @@ impl Rig {
         let (acks, acks_rx) = mpsc::unbounded_channel();
         let log = Arc::new(Mutex::new(SourceLog::default()));
         let sent = Arc::new(Mutex::new(Vec::new()));
+        let kafka = Arc::new(Mutex::new(Vec::new()));
+        let (commits_tx, commits) = mpsc::unbounded_channel();
         let source = FakeSource {
             frames: frames_rx,
             log: log.clone(),
@@ -310,12 +353,16 @@ impl Rig {
             sent: sent.clone(),
             deliveries: acks.clone(),
             auto_ack,
+            kafka: kafka.clone(),
+            commits: commits_tx,
         };
         Rig {
             frames,
             acks,
             log,
             sent,
+            kafka,
+            commits: Some(commits),
             shutdown: CancellationToken::new(),
             ends: Some(Ends {
                 source,
@@ -340,6 +387,10 @@ impl Rig {
     ) -> Session<'a, FakeSource, FakeSink, FakeCatalog> {
         let ends = self.ends.take().expect("one session per rig");
         Session::new(settings, mapping, metrics, ends, Lsn(0x100))
+    }
+
+    fn kafka_ops(&self) -> Vec<KafkaOp> {
+        self.kafka.lock().unwrap().clone()
     }
 
     fn sent(&self) -> Vec<Sent> {
@@ -382,6 +433,18 @@ fn settings() -> Settings {
         status_interval: Duration::from_secs(60),
         confirm_delay: Duration::ZERO,
         publication: "outbox_relay_pub".into(),
+        transactions: None,
+    }
+}
+
+/// Exactly-once settings: commit when `max_age` old or `max_records` big.
+fn exactly_once(max_age: Duration, max_records: usize) -> Settings {
+    Settings {
+        transactions: Some(Transactions {
+            max_age,
+            max_records,
+        }),
+        ..settings()
     }
 }
 
@@ -895,6 +958,319 @@ async fn empty_transactions_do_not_grow_the_ledger_while_kafka_is_down() {
         rig.max_flush() < first_end,
         "confirmed past the unacknowledged record"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Exactly-once.
+
+fn fenced() -> PublishError {
+    PublishError::Transaction {
+        what: "commit",
+        error: KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced),
+    }
+}
+
+#[tokio::test]
+async fn kafka_transactions_end_only_at_postgres_commits() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let (frames, txns) = transactions(&mut wal, 80, &mut rng);
+    let total: usize = txns.iter().map(|t| t.1).sum();
+    // Three records per Kafka transaction at most, but PostgreSQL transactions hold up to 4:
+    // the boundary must still fall between them.
+    let session = rig.session(exactly_once(Duration::from_secs(60), 3), &mapping, &metrics);
+    // Frames arrive in small bursts, so that commits come from the record cap mid-stream.
+    let driver = async {
+        for chunk in frames.chunks(7) {
+            rig.push(chunk.to_vec());
+            while let Ok((_, answer)) = commits.try_recv() {
+                answer.send(Ok(())).unwrap();
+            }
+            tokio::time::sleep(Duration::from_micros(300)).await;
+        }
+        let last = txns.last().unwrap().0;
+        while rig.last_flush() != last {
+            if let Ok((_, answer)) = commits.try_recv() {
+                answer.send(Ok(())).unwrap();
+            }
+            if rig.sent().len() == total && !rig.shutdown.is_cancelled() {
+                // The last transaction is younger than max_age: shutdown commits it.
+                rig.shutdown.cancel();
+            }
+            tokio::time::sleep(Duration::from_micros(300)).await;
+        }
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    // Records sent before each commit: exactly those of whole PostgreSQL transactions.
+    let boundaries: Vec<(Lsn, usize)> = txns
+        .iter()
+        .scan(0, |n, &(end, rows)| {
+            *n += rows;
+            Some((end, *n))
+        })
+        .collect();
+    let ops = rig.kafka_ops();
+    let commits: Vec<_> = ops
+        .iter()
+        .filter_map(|op| match op {
+            KafkaOp::Commit { end, sent } => Some((*end, *sent)),
+            KafkaOp::Begin | KafkaOp::Abort => None,
+        })
+        .collect();
+    assert!(commits.len() > 10, "only {} commits", commits.len());
+    for (end, sent) in &commits {
+        assert!(
+            boundaries.contains(&(*end, *sent)),
+            "a commit at {end} after {sent} records is not at a PostgreSQL boundary"
+        );
+    }
+    assert_eq!(commits.last().unwrap().1, total);
+    assert_eq!(
+        ops.iter().filter(|op| **op == KafkaOp::Begin).count(),
+        commits.len(),
+        "one begin per commit"
+    );
+    assert_eq!(
+        metrics
+            .kafka_transactions_committed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        commits.len() as u64
+    );
+}
+
+#[tokio::test]
+async fn nothing_is_confirmed_before_the_kafka_commit() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    let mut ends = Vec::new();
+    for n in 0..3 {
+        let (f, end) = wal.txn(
+            OUTBOX,
+            &[Some(&event_id(2 * n)), Some(&event_id(2 * n + 1))],
+        );
+        frames.extend(f);
+        ends.push(end);
+    }
+    rig.push(frames);
+    let session = rig.session(
+        exactly_once(Duration::from_millis(30), 1000),
+        &mapping,
+        &metrics,
+    );
+    let driver = async {
+        rig.until("every record sent", |r| r.sent().len() == 6)
+            .await;
+        for record in rig.sent() {
+            rig.acks.send(ok(&record)).unwrap();
+        }
+        // Acknowledged, but not committed: nothing may be confirmed.
+        let (end, answer) = commits.recv().await.unwrap();
+        assert_eq!(
+            end, ends[2],
+            "the commit carries the last transaction's end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            rig.max_flush() < ends[0],
+            "confirmed {} before the kafka commit",
+            rig.max_flush()
+        );
+        answer.send(Ok(())).unwrap();
+        rig.until("confirmed after the commit", |r| r.last_flush() == ends[2])
+            .await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+}
+
+#[tokio::test]
+async fn reports_arriving_after_the_commit_are_confirmed_then() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    let (f, end) = wal.txn(OUTBOX, &[Some(&event_id(0)), Some(&event_id(1))]);
+    frames.extend(f);
+    rig.push(frames);
+    let session = rig.session(
+        exactly_once(Duration::from_millis(5), 1000),
+        &mapping,
+        &metrics,
+    );
+    let driver = async {
+        let (_, answer) = commits.recv().await.unwrap();
+        answer.send(Ok(())).unwrap();
+        let sent = rig.sent();
+        rig.acks.send(ok(&sent[0])).unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(rig.max_flush() < end, "confirmed with a report missing");
+        rig.acks.send(ok(&sent[1])).unwrap();
+        rig.until("confirmed with every report", |r| r.last_flush() == end)
+            .await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+}
+
+#[tokio::test]
+async fn a_commit_waits_for_the_open_postgres_transaction() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let (begin, final_lsn) = wal.begin(3);
+    rig.push([Wal::relation(OUTBOX, "outbox"), begin]);
+    rig.push((0..3).map(|n| insert(OUTBOX, Some(&event_id(n)))));
+    // One record is enough for a commit, and 1 ms old: but the transaction is open.
+    let session = rig.session(
+        exactly_once(Duration::from_millis(1), 1),
+        &mapping,
+        &metrics,
+    );
+    let driver = async {
+        rig.until("the open transaction's records sent", |r| {
+            r.sent().len() == 3
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            commits.try_recv().is_err(),
+            "committed in the middle of a PostgreSQL transaction"
+        );
+        let (commit, end) = wal.commit(final_lsn);
+        rig.push([commit]);
+        let (at, answer) = commits.recv().await.unwrap();
+        assert_eq!(at, end);
+        answer.send(Ok(())).unwrap();
+        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        rig.kafka_ops(),
+        [
+            KafkaOp::Begin,
+            KafkaOp::Commit {
+                end: Lsn(0x1000 + 0x310 + 0x30),
+                sent: 3
+            }
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_failed_kafka_commit_ends_the_session_without_confirming() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    let (f, end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    frames.extend(f);
+    rig.push(frames);
+    let session = rig.session(
+        exactly_once(Duration::from_millis(1), 1000),
+        &mapping,
+        &metrics,
+    );
+    let driver = async {
+        let (_, answer) = commits.recv().await.unwrap();
+        answer.send(Err(fenced())).unwrap();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let error = result.expect_err("a failed commit must end the session");
+    assert!(error.is_transient(), "{error}");
+    assert!(rig.max_flush() < end, "confirmed an aborted transaction");
+    assert!(rig.log.lock().unwrap().closed);
+    assert_eq!(
+        metrics
+            .kafka_transactions_aborted
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn transactions_below_the_progress_record_are_skipped_and_confirmed() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    let mut ends = Vec::new();
+    for n in 0..5 {
+        let (f, end) = wal.txn(OUTBOX, &[Some(&event_id(n))]);
+        frames.extend(f);
+        ends.push(end);
+    }
+    rig.push(frames);
+    // Kafka holds the first three (the progress record says the third's end).
+    let session = rig
+        .session(
+            exactly_once(Duration::from_millis(1), 1000),
+            &mapping,
+            &metrics,
+        )
+        .skipping_below(Some(ends[2]));
+    let driver = async {
+        loop {
+            tokio::select! {
+                Some((_, answer)) = commits.recv() => answer.send(Ok(())).unwrap(),
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+            if rig.last_flush() == ends[4] {
+                break;
+            }
+        }
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    let ids: Vec<String> = rig.sent().into_iter().map(|s| s.event_id).collect();
+    assert_eq!(
+        ids,
+        [event_id(3), event_id(4)],
+        "published again what Kafka holds"
+    );
+    assert_eq!(
+        metrics
+            .transactions_skipped
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+}
+
+#[tokio::test]
+async fn a_session_ending_with_an_open_kafka_transaction_aborts_it_unconfirmed() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    let (f, end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    frames.extend(f);
+    rig.push(frames);
+    // The connection drops while the Kafka transaction is young (not due yet).
+    rig.frames.send(Err(ReplicationError::Closed)).unwrap();
+    let session = rig.session(
+        exactly_once(Duration::from_secs(60), 1000),
+        &mapping,
+        &metrics,
+    );
+    let err = session.run(&rig.shutdown).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert_eq!(rig.kafka_ops(), [KafkaOp::Begin, KafkaOp::Abort]);
+    assert!(rig.max_flush() < end, "confirmed an aborted transaction");
 }
 
 #[test]

@@ -128,6 +128,17 @@ pub struct Metrics {
     /// ready once no frame arrived for longer.
     receive_timeout_ms: AtomicU64,
     pub commit_to_ack: Histogram,
+    /// `exactly_once`: Kafka transactions committed.
+    pub kafka_transactions_committed: AtomicU64,
+    /// `exactly_once`: Kafka transactions aborted or failed (each ends its session).
+    pub kafka_transactions_aborted: AtomicU64,
+    /// `exactly_once`: records (events and dead letters) in committed Kafka transactions.
+    pub kafka_transaction_records: AtomicU64,
+    /// `exactly_once`: PostgreSQL transactions skipped at a session start because the progress
+    /// record says Kafka already holds them.
+    pub transactions_skipped: AtomicU64,
+    /// `exactly_once`: how long a Kafka transaction's commit took.
+    pub kafka_commit_latency: Histogram,
     delivery_errors: Mutex<BTreeMap<String, u64>>,
     wal_status: Mutex<String>,
     /// The `slot` and `publication` labels of `outbox_relay_info`.
@@ -153,6 +164,11 @@ impl Default for Metrics {
             frame_at_ms: AtomicU64::new(0),
             receive_timeout_ms: AtomicU64::new(0),
             commit_to_ack: Histogram::default(),
+            kafka_transactions_committed: AtomicU64::new(0),
+            kafka_transactions_aborted: AtomicU64::new(0),
+            kafka_transaction_records: AtomicU64::new(0),
+            transactions_skipped: AtomicU64::new(0),
+            kafka_commit_latency: Histogram::default(),
             delivery_errors: Mutex::new(BTreeMap::new()),
             wal_status: Mutex::new(String::new()),
             info: Mutex::new((String::new(), String::new())),
@@ -369,6 +385,31 @@ impl Metrics {
                 "outbox_relay_commit_to_ack_seconds",
                 "Latency from transaction commit to Kafka acknowledgement.",
                 Value::Histogram(self.commit_to_ack.0.clone()),
+            ),
+            family(
+                "outbox_relay_kafka_transactions_committed_total",
+                "Kafka transactions committed (delivery = exactly_once).",
+                Value::Counter(self.kafka_transactions_committed.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_kafka_transactions_aborted_total",
+                "Kafka transactions aborted or failed; each ends its session (delivery = exactly_once).",
+                Value::Counter(self.kafka_transactions_aborted.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_kafka_transaction_records_total",
+                "Records in committed Kafka transactions; divided by the committed count: records per transaction.",
+                Value::Counter(self.kafka_transaction_records.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_transactions_skipped_total",
+                "PostgreSQL transactions skipped because the progress record says Kafka holds them.",
+                Value::Counter(self.transactions_skipped.load(Relaxed)),
+            ),
+            family(
+                "outbox_relay_kafka_commit_seconds",
+                "How long committing a Kafka transaction took (delivery = exactly_once).",
+                Value::Histogram(self.kafka_commit_latency.0.clone()),
             ),
             family(
                 "outbox_relay_ready",

@@ -3,8 +3,12 @@
 //!
 //! In: [`crate::mapping::Record`]s tagged with their transaction's sequence number. Out:
 //! [`publisher::Delivery`] reports on a channel. [`window::InFlight`] counts what is sent and
-//! not yet reported, against the in-flight caps.
+//! not yet reported, against the in-flight caps. In `kafka.delivery = "exactly_once"` the
+//! producer is transactional and `progress` keeps, per slot, where Kafka stands.
 
 pub mod dead_letter;
+pub mod progress;
 pub mod publisher;
 pub mod window;
+
+pub use progress::open;

@@ -18,16 +18,20 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Statistics, Timestamp};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::config::KafkaConfig;
+use crate::lsn::Lsn;
 use crate::mapping::{partition, Record};
 use crate::relay::ledger::TxnSeq;
 
 /// Marks a dead-letter record in the delivery opaque (transaction numbers never get there).
 const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);
+/// The opaque of a progress record (`exactly_once`): its delivery is not reported, since it
+/// is no event; a failure shows in the transaction's commit instead.
+const PROGRESS_OPAQUE: usize = usize::MAX;
 
 /// What Kafka said about one record.
 #[derive(Debug)]
@@ -73,14 +77,40 @@ pub enum PublishError {
     Rejected(Box<Rejection>),
     #[error("the Kafka producer hit a fatal error: {0}; it will be recreated")]
     Fatal(String),
+    /// A Kafka transaction (`exactly_once`) could not be initialised, begun or committed.
+    /// Nothing of it is visible to read_committed consumers; the session restarts from the
+    /// slot and the progress record.
+    #[error("kafka transaction: cannot {what}: {error}")]
+    Transaction {
+        what: &'static str,
+        #[source]
+        error: KafkaError,
+    },
+    /// The progress record (`exactly_once`) could not be read, or its topic made.
+    #[error("kafka.progress_topic `{topic}`: {problem}")]
+    Progress { topic: String, problem: String },
 }
 
 impl PublishError {
     /// Transient errors heal by restarting from the slot; the others are about the record.
     pub fn is_transient(&self) -> bool {
         match self {
-            PublishError::Create(_) | PublishError::Fatal(_) => true,
+            PublishError::Create(_) | PublishError::Fatal(_) | PublishError::Progress { .. } => {
+                true
+            }
             PublishError::Rejected(r) => !is_permanent(&r.error),
+            // Fenced is transient too: the relay that fenced us holds the slot, so the next
+            // session waits as a standby.
+            PublishError::Transaction { error, .. } => !matches!(
+                error.rdkafka_error_code(),
+                Some(
+                    RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                        | RDKafkaErrorCode::ClusterAuthorizationFailed
+                        | RDKafkaErrorCode::InvalidTransactionTimeout
+                        | RDKafkaErrorCode::UnsupportedVersion
+                        | RDKafkaErrorCode::UnsupportedForMessageFormat
+                )
+            ),
         }
     }
 }
@@ -141,6 +171,9 @@ impl ProducerContext for DeliveryReporter {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+        if seq == PROGRESS_OPAQUE {
+            return;
+        }
         let (bytes, result) = match result {
             Ok(m) => (m.payload_len() + m.key_len(), Ok(())),
             Err((error, m)) => (
@@ -167,6 +200,8 @@ const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 pub struct Publisher {
     shared: Arc<Shared>,
+    /// Set in `exactly_once`: where the progress record of each transaction goes.
+    progress: Option<Arc<ProgressRecord>>,
     /// Serves delivery callbacks. rdkafka's `ThreadedProducer` polls every 100 ms and then
     /// spins on 0 ms polls for the last millisecond (its timeout rounds down): ~1 % of a core
     /// forever on an idle relay. Our own thread polls with a long timeout instead.
@@ -217,10 +252,74 @@ const QUEUE_FULL_WAIT: Duration = Duration::from_secs(1);
 /// Pause between metadata requests for a topic whose first count is not known yet.
 const METADATA_RETRY: Duration = Duration::from_millis(200);
 
+/// The progress record written into every Kafka transaction (`exactly_once`).
+#[derive(Debug, Clone)]
+pub struct ProgressRecord {
+    pub topic: String,
+    pub partition: i32,
+    pub key: Vec<u8>,
+}
+
+/// `transaction.timeout.ms` unless `kafka.properties` sets it (librdkafka's default).
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
+
+/// How long committing (or initialising) a Kafka transaction may take before it fails and
+/// the session restarts. Above a short broker outage; below `transaction.timeout.ms`.
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a session's way out waits for an abort.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Publisher {
     /// Creates the producer; deliveries arrive on the returned channel.
     pub fn new(
         config: &KafkaConfig,
+    ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
+        Publisher::with_client_config(config, client_config(config), None)
+    }
+
+    /// A transactional producer (`exactly_once`) with `transactional_id`, initialised: older
+    /// producers with the same id are fenced and their open transaction aborted. Every
+    /// transaction it commits carries `progress`.
+    pub async fn transactional(
+        config: &KafkaConfig,
+        transactional_id: &str,
+        progress: ProgressRecord,
+    ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
+        let mut client = client_config(config);
+        // How long the broker keeps a transaction of a vanished relay open (blocking
+        // read_committed consumers of its partitions) unless a new session fences it first.
+        // librdkafka refuses message.timeout.ms above it, so that one is capped.
+        let txn_timeout = config
+            .properties
+            .get("transaction.timeout.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS);
+        client
+            .set("transactional.id", transactional_id)
+            .set("transaction.timeout.ms", txn_timeout.to_string())
+            .set(
+                "message.timeout.ms",
+                config.message_timeout_ms.min(txn_timeout).to_string(),
+            );
+        let (publisher, rx) =
+            Publisher::with_client_config(config, client, Some(Arc::new(progress)))?;
+        let producer = publisher.shared.producer.clone();
+        tokio::task::spawn_blocking(move || producer.init_transactions(TRANSACTION_TIMEOUT))
+            .await
+            // Only a panic or a runtime shutting down get here.
+            .map_err(|_| KafkaError::Canceled)
+            .and_then(|r| r)
+            .map_err(|error| PublishError::Transaction {
+                what: "initialise (init_transactions)",
+                error,
+            })?;
+        Ok((publisher, rx))
+    }
+
+    fn with_client_config(
+        config: &KafkaConfig,
+        client: ClientConfig,
+        progress: Option<Arc<ProgressRecord>>,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let reporter = DeliveryReporter {
@@ -228,7 +327,7 @@ impl Publisher {
             errors_logged: Mutex::new(ErrorLog::default()),
         };
         let producer: Arc<BaseProducer<DeliveryReporter>> = Arc::new(
-            client_config(config)
+            client
                 .create_with_context(reporter)
                 .map_err(PublishError::Create)?,
         );
@@ -247,6 +346,7 @@ impl Publisher {
         Ok((
             Publisher {
                 shared,
+                progress,
                 poller: Some(poller),
             },
             rx,
@@ -300,6 +400,51 @@ impl Publisher {
             })
     }
 
+    /// Opens a Kafka transaction (`exactly_once`): a local state change in librdkafka.
+    pub fn begin_transaction(&self) -> Result<(), PublishError> {
+        self.shared
+            .producer
+            .begin_transaction()
+            .map_err(|error| PublishError::Transaction {
+                what: "begin",
+                error,
+            })
+    }
+
+    /// Commits the open transaction with its progress record (`end`: the end LSN of the last
+    /// PostgreSQL transaction in it), in the background; the outcome arrives on the channel.
+    /// Records still waiting for their topic's partition count are produced first, so that
+    /// each goes into this transaction. When it succeeds, every record of the transaction is
+    /// in Kafka, and (commit flushes) its delivery report is on its way.
+    pub fn commit_transaction(&self, end: Lsn) -> oneshot::Receiver<Result<(), PublishError>> {
+        let (tx, rx) = oneshot::channel();
+        let shared = self.shared.clone();
+        let progress = self.progress.clone();
+        tokio::spawn(async move {
+            let result = match progress {
+                Some(progress) => shared.commit(&progress, end).await,
+                None => Err(PublishError::Transaction {
+                    what: "commit",
+                    // A wiring error: the session asks only in `exactly_once`.
+                    error: KafkaError::Canceled,
+                }),
+            };
+            let _ = tx.send(result);
+        });
+        rx
+    }
+
+    /// Aborts the open transaction (best effort, on a session's way out), so that
+    /// read_committed consumers need not wait for `transaction.timeout.ms`.
+    pub async fn abort_transaction(&self) {
+        let producer = self.shared.producer.clone();
+        let aborted =
+            tokio::task::spawn_blocking(move || producer.abort_transaction(ABORT_TIMEOUT)).await;
+        if let Ok(Err(e)) = aborted {
+            warn!(error = %e, "cannot abort the kafka transaction; the broker ends it after transaction.timeout.ms, or the next session does");
+        }
+    }
+
     /// The producer's fatal error, after which every send fails and it must be recreated.
     pub fn fatal_error(&self) -> Option<String> {
         self.shared
@@ -311,6 +456,38 @@ impl Publisher {
 }
 
 impl Shared {
+    async fn commit(&self, progress: &ProgressRecord, end: Lsn) -> Result<(), PublishError> {
+        let failed = |what, error| PublishError::Transaction { what, error };
+        let give_up = Instant::now() + self.message_timeout;
+        while !self.topics().waiting.is_empty() {
+            if Instant::now() >= give_up || self.stop.is_cancelled() {
+                let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
+                return Err(failed("commit (records wait for a partition count)", error));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let value = progress_value(end);
+        let record = Record {
+            topic: progress.topic.clone(),
+            key: progress.key.clone().into(),
+            payload: Some(value.into_bytes().into()),
+            headers: Vec::new(),
+            timestamp_ms: None,
+            partition: Some(progress.partition),
+            partition_key: None,
+        };
+        self.produce(&record, PROGRESS_OPAQUE, Some(progress.partition))
+            .await
+            .map_err(|e| failed("send the progress record", e))?;
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || producer.commit_transaction(TRANSACTION_TIMEOUT))
+            .await
+            // Only a panic or a runtime shutting down get here.
+            .map_err(|_| KafkaError::Canceled)
+            .and_then(|r| r)
+            .map_err(|e| failed("commit", e))
+    }
+
     fn topics(&self) -> std::sync::MutexGuard<'_, Topics> {
         self.topics.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -579,6 +756,18 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
         c.set(key, value);
     }
     c
+}
+
+/// The progress record's value: the end LSN of the last PostgreSQL transaction committed to
+/// Kafka with it, as JSON (`{"end_lsn":"0/16B3748"}`) so that operators can read it.
+pub fn progress_value(end: Lsn) -> String {
+    serde_json::json!({ "end_lsn": end.to_string() }).to_string()
+}
+
+/// [`progress_value`] read back; `None` when it is not one (or a tombstone).
+pub fn parse_progress_value(value: &[u8]) -> Option<Lsn> {
+    let v: serde_json::Value = serde_json::from_slice(value).ok()?;
+    v.get("end_lsn")?.as_str()?.parse().ok()
 }
 
 /// TLS and SASL settings from their dedicated fields.

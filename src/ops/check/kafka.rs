@@ -12,7 +12,7 @@ use rdkafka::metadata::Metadata;
 use rdkafka::ClientContext;
 
 use super::{ok, problem, warning, Item};
-use crate::config::{Config, KafkaConfig};
+use crate::config::{Config, Delivery, KafkaConfig};
 use crate::mapping::OutboxMapping;
 use crate::ops::format;
 use crate::ops::rows::{created_at_column, match_walsender_output, OutboxTable};
@@ -190,6 +190,78 @@ pub(super) async fn kafka(config: &KafkaConfig, topics: &TopicPlan, items: &mut 
     let auto_create = auto_create_topics(&admin, broker).await;
     items.push(topics_item(config, topics, &metadata, auto_create));
     items.push(producer(config));
+    if config.delivery == Delivery::ExactlyOnce {
+        items.push(exactly_once_item(&admin, config, &metadata, broker).await);
+    }
+}
+
+/// `exactly_once`: the brokers can run transactions (enough brokers for the transaction
+/// state log), and the progress topic is compacted (or missing: the relay creates it).
+async fn exactly_once_item(
+    admin: &AdminClient<Quiet>,
+    config: &KafkaConfig,
+    metadata: &Metadata,
+    broker: i32,
+) -> Item {
+    const CHECK: &str = "kafka exactly-once";
+    let options = AdminOptions::new().request_timeout(Some(KAFKA_TIMEOUT));
+    let topic = &config.progress_topic;
+    let resources = [
+        ResourceSpecifier::Broker(broker),
+        ResourceSpecifier::Topic(topic),
+    ];
+    let described =
+        tokio::time::timeout(KAFKA_TIMEOUT, admin.describe_configs(&resources, &options))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+    let value = |i: usize, key: &str| -> Option<String> {
+        let resource = described.get(i)?.as_ref().ok()?;
+        resource.get(key)?.value.clone()
+    };
+    let brokers = metadata.brokers().len();
+    let replication =
+        value(0, "transaction.state.log.replication.factor").and_then(|v| v.parse::<usize>().ok());
+    let min_isr = value(0, "transaction.state.log.min.isr").and_then(|v| v.parse::<usize>().ok());
+    if let Some(needed) = replication.filter(|&r| r > brokers) {
+        return problem(
+            CHECK,
+            format!("transaction.state.log.replication.factor = {needed} but the cluster has {brokers} broker(s): transactions cannot start"),
+            "lower transaction.state.log.replication.factor (and transaction.state.log.min.isr) on the brokers, or add brokers",
+        );
+    }
+    let state_log = format!(
+        "transaction.state.log.replication.factor = {}, min.isr = {}",
+        replication.map_or("unknown".into(), |r| r.to_string()),
+        min_isr.map_or("unknown".into(), |r| r.to_string())
+    );
+    let exists = metadata
+        .topics()
+        .iter()
+        .any(|t| t.name() == topic && t.error().is_none());
+    if !exists {
+        return ok(
+            CHECK,
+            format!("{state_log}; progress topic `{topic}` missing: the relay creates it (cleanup.policy=compact)"),
+        );
+    }
+    match value(1, "cleanup.policy") {
+        Some(policy) if policy.contains("compact") => ok(
+            CHECK,
+            format!("{state_log}; progress topic `{topic}` is compacted"),
+        ),
+        Some(policy) => problem(
+            CHECK,
+            format!("progress topic `{topic}` has cleanup.policy = {policy}: its progress records would expire, and events be published again"),
+            format!("kafka-configs.sh --bootstrap-server {} --alter --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact", config.brokers),
+        ),
+        None => warning(
+            CHECK,
+            format!("{state_log}; cannot read the cleanup.policy of progress topic `{topic}`"),
+            "make sure it is cleanup.policy=compact",
+        ),
+    }
 }
 
 async fn fetch_metadata(admin: &Arc<AdminClient<Quiet>>) -> Result<Metadata, String> {

@@ -1,0 +1,346 @@
+//! Exactly-once progress: which PostgreSQL transactions Kafka already holds.
+//!
+//! In `kafka.delivery = "exactly_once"` every Kafka transaction carries, besides its records,
+//! one progress record on the compacted `kafka.progress_topic`: key = the slot's identity
+//! (the database's system identifier, the database, the slot), value = the end LSN of the last
+//! PostgreSQL transaction in it. Both commit or abort together, so the last committed value
+//! says exactly which PostgreSQL transactions are in Kafka. The slot's own confirmation lags
+//! (it is sent after the Kafka commit), so after a crash PostgreSQL re-sends transactions
+//! already committed to Kafka: a session skips every transaction that commits below the value.
+//!
+//! Why the cases an operator can cause stay safe:
+//! - `slot advance --to X` moves the slot forward: transactions below X are not re-sent, and
+//!   everything after X commits above the progress value (LSNs only grow), so nothing new is
+//!   skipped.
+//! - `slot drop` + `slot create`: the new slot starts at the current WAL position, above every
+//!   committed progress value of this cluster, so nothing new is skipped.
+//! - Another cluster (or `initdb` again) has another system identifier, hence another key.
+//! - A cluster restored from a backup keeps its system identifier but may write LSNs below the
+//!   progress value again: a session whose server's WAL position is below the value ignores it
+//!   (and says so). A restore followed by writes past the old value before the relay starts
+//!   cannot be told apart: delete the key (a tombstone) or use a new slot name then.
+//! - `replay` publishes again on purpose with its own (idempotent, non-transactional) producer;
+//!   read_committed consumers see those records, and the progress record is untouched.
+//!
+//! The transactional id is built from the same identity, so every relay on the slot (a
+//! standby, a zombie after a network split) shares it: the one that starts a session fences
+//! the others, whose open transaction is aborted and whose commits fail from then on.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::config::{Delivery as DeliveryMode, KafkaConfig};
+use crate::lsn::Lsn;
+use crate::mapping::partition;
+use crate::sink::publisher::{
+    client_config, parse_progress_value, Delivery, ProgressRecord, PublishError, Publisher,
+};
+
+/// Who writes the progress: one key (and one transactional id) per slot of a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotIdentity {
+    pub system_identifier: String,
+    pub database: String,
+    pub slot: String,
+}
+
+impl SlotIdentity {
+    /// Reads the system identifier and database over an ordinary connection.
+    pub async fn read(
+        client: &tokio_postgres::Client,
+        slot: &str,
+    ) -> Result<SlotIdentity, PublishError> {
+        let row = client
+            .query_one(
+                "SELECT system_identifier::text, current_database()::text FROM pg_control_system()",
+                &[],
+            )
+            .await
+            .map_err(|e| PublishError::Progress {
+                topic: String::new(),
+                problem: format!("cannot read the database's system identifier: {e}"),
+            })?;
+        Ok(SlotIdentity {
+            system_identifier: row.get(0),
+            database: row.get(1),
+            slot: slot.to_string(),
+        })
+    }
+
+    /// The progress record's key.
+    pub fn key(&self) -> Vec<u8> {
+        serde_json::json!({
+            "system_identifier": self.system_identifier,
+            "database": self.database,
+            "slot": self.slot,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    /// The producer's `transactional.id`: stable across restarts, shared by every relay on the
+    /// slot.
+    pub fn transactional_id(&self) -> String {
+        format!(
+            "outbox-relay/{}/{}/{}",
+            self.system_identifier, self.database, self.slot
+        )
+    }
+}
+
+/// The producer of a session, its delivery reports, and (in `exactly_once`) the end LSN below
+/// which PostgreSQL transactions are already in Kafka.
+pub type OpenedSink = (Publisher, mpsc::UnboundedReceiver<Delivery>, Option<Lsn>);
+
+/// Opens the session's producer. In `exactly_once`: the slot's identity is read, the progress
+/// topic made when missing, the transactional producer initialised (fencing older ones), and
+/// then the last committed progress value read. Call only while holding the slot: starting
+/// fences whoever held it before.
+pub async fn open(
+    config: &KafkaConfig,
+    client: &tokio_postgres::Client,
+    slot: &str,
+) -> Result<OpenedSink, PublishError> {
+    if config.delivery == DeliveryMode::AtLeastOnce {
+        let (publisher, deliveries) = Publisher::new(config)?;
+        return Ok((publisher, deliveries, None));
+    }
+    let identity = SlotIdentity::read(client, slot).await?;
+    let topic = &config.progress_topic;
+    let partitions = ensure_topic(config).await?;
+    let key = identity.key();
+    let progress = ProgressRecord {
+        topic: topic.clone(),
+        partition: partition::partition_for_key(&key, partitions),
+        key,
+    };
+    let partition = progress.partition;
+    let (publisher, deliveries) =
+        Publisher::transactional(config, &identity.transactional_id(), progress.clone()).await?;
+    let last = read_last(config, &progress).await?;
+    let wal = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .ok()
+        .and_then(|row| row.get::<_, String>(0).parse::<Lsn>().ok());
+    let skip_below = match (last, wal) {
+        (Some(end), Some(wal)) if wal < end => {
+            warn!(progress = %end, wal = %wal, topic = %topic,
+                "the progress record is ahead of the database's WAL (restored from a backup?); ignoring it");
+            None
+        }
+        (last, _) => last,
+    };
+    info!(transactional_id = %identity.transactional_id(), topic = %topic, partition,
+        progress = ?skip_below.map(|l| l.to_string()),
+        "exactly-once: producer initialised; transactions below the progress record are skipped");
+    Ok((publisher, deliveries, skip_below))
+}
+
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long reading the progress record may take (other slots' open transactions hold the
+/// read_committed end back for a moment).
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the read_committed end may stay below the high watermark before it is taken
+/// as the end.
+const EOF_SETTLE: Duration = Duration::from_secs(3);
+
+/// Creates the progress topic (one partition, compacted) when missing; returns its partition
+/// count.
+async fn ensure_topic(config: &KafkaConfig) -> Result<i32, PublishError> {
+    let topic = config.progress_topic.clone();
+    let problem = |p: String| PublishError::Progress {
+        topic: topic.clone(),
+        problem: p,
+    };
+    let admin: Arc<AdminClient<DefaultClientContext>> = Arc::new(
+        client_config(config)
+            .create()
+            .map_err(|e| problem(format!("cannot create an admin client: {e}")))?,
+    );
+    if let Some(count) = partition_count(&admin, &topic).await? {
+        return Ok(count);
+    }
+    let new =
+        NewTopic::new(&topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+    let created = admin
+        .create_topics([&new], &options)
+        .await
+        .map_err(|e| problem(format!("cannot create it: {e}")))?;
+    for result in created {
+        match result {
+            Ok(_) => info!(topic = %topic, "created the progress topic (cleanup.policy=compact)"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => return Err(problem(format!("cannot create it: {code:?}"))),
+        }
+    }
+    let started = Instant::now();
+    loop {
+        if let Some(count) = partition_count(&admin, &topic).await? {
+            return Ok(count);
+        }
+        if started.elapsed() > ADMIN_TIMEOUT {
+            return Err(problem("created, but it has no partitions yet".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The topic's partition count, `None` when it does not exist (yet). The metadata request
+/// blocks, so it runs on the blocking pool; it asks for all topics, since asking for one by
+/// name may auto-create it, uncompacted.
+async fn partition_count(
+    admin: &Arc<AdminClient<DefaultClientContext>>,
+    topic: &str,
+) -> Result<Option<i32>, PublishError> {
+    let problem = |p: String| PublishError::Progress {
+        topic: topic.to_string(),
+        problem: p,
+    };
+    let admin = admin.clone();
+    let metadata =
+        tokio::task::spawn_blocking(move || admin.inner().fetch_metadata(None, ADMIN_TIMEOUT))
+            .await
+            .map_err(|e| problem(format!("the metadata request stopped: {e}")))?
+            .map_err(|e| problem(format!("cannot read its metadata: {e}")))?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+        .map(|t| t.partitions().len() as i32))
+}
+
+/// The last committed progress value for our key: a read_committed consumer reads the key's
+/// partition from the beginning to its end (compaction keeps it short).
+async fn read_last(
+    config: &KafkaConfig,
+    progress: &ProgressRecord,
+) -> Result<Option<Lsn>, PublishError> {
+    let mut client = client_config(config);
+    // Producer settings librdkafka's consumer would warn about are harmless; these matter.
+    client
+        .set("group.id", "outbox-relay-progress")
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest");
+    let progress = progress.clone();
+    let topic = progress.topic.clone();
+    tokio::task::spawn_blocking(move || read_last_blocking(client, &progress))
+        .await
+        .map_err(|e| PublishError::Progress {
+            topic: topic.clone(),
+            problem: format!("the reader stopped: {e}"),
+        })?
+        .map_err(|problem| PublishError::Progress { topic, problem })
+}
+
+fn read_last_blocking(
+    client: rdkafka::ClientConfig,
+    progress: &ProgressRecord,
+) -> Result<Option<Lsn>, String> {
+    let consumer: BaseConsumer<QuietEof> = consumer_config(client)
+        .create_with_context(QuietEof)
+        .map_err(|e| format!("cannot create a consumer: {e}"))?;
+    let (low, high) = consumer
+        .fetch_watermarks(&progress.topic, progress.partition, ADMIN_TIMEOUT)
+        .map_err(|e| format!("cannot read its offsets: {e}"))?;
+    if high <= low {
+        return Ok(None);
+    }
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(&progress.topic, progress.partition, Offset::Beginning)
+        .map_err(|e| e.to_string())?;
+    consumer.assign(&assignment).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut last = None;
+    let mut eof_since: Option<Instant> = None;
+    loop {
+        if started.elapsed() > READ_TIMEOUT {
+            return Err(format!(
+                "not read to its end (offset {high}) within {READ_TIMEOUT:?}"
+            ));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(message)) => {
+                eof_since = None;
+                if message.key() == Some(&progress.key[..]) {
+                    last = match message.payload() {
+                        Some(value) => parse_progress_value(value).or(last),
+                        // A tombstone: an operator reset the progress.
+                        None => None,
+                    };
+                }
+                if message.offset() + 1 >= high {
+                    return Ok(last);
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => {
+                // The read_committed end: past our own commits unless another slot's open
+                // transaction sits before them; then wait for it.
+                let position = consumer
+                    .position()
+                    .ok()
+                    .and_then(|p| {
+                        p.find_partition(&progress.topic, progress.partition)
+                            .and_then(|e| e.offset().to_raw())
+                    })
+                    .unwrap_or(-1);
+                if position >= high - 1 {
+                    return Ok(last);
+                }
+                // Aborted records at the tail (a relay killed while committing) may not move
+                // the position: an end that stays put this long is the end.
+                let since = *eof_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= EOF_SETTLE {
+                    warn!(position, high, "the progress topic's read_committed end stays below its high watermark (aborted records, or another slot's open transaction); taking it as the end");
+                    return Ok(last);
+                }
+            }
+            Some(Err(e)) => return Err(format!("cannot read it: {e}")),
+            None => {}
+        }
+    }
+}
+
+/// The reader's client context: reaching the end of the partition is how it knows it is
+/// done, not an error to log.
+struct QuietEof;
+
+impl rdkafka::ClientContext for QuietEof {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            warn!(error = %error, reason, "kafka client error while reading the progress record");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietEof {}
+
+/// Drops the producer-only settings that `client_config` adds and a consumer rejects.
+fn consumer_config(mut client: rdkafka::ClientConfig) -> rdkafka::ClientConfig {
+    for key in [
+        "enable.idempotence",
+        "acks",
+        "linger.ms",
+        "batch.num.messages",
+        "compression.type",
+        "message.timeout.ms",
+        "partitioner",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.kbytes",
+    ] {
+        client.remove(key);
+    }
+    client
+}

@@ -1,0 +1,393 @@
+//! `kafka.delivery = "exactly_once"` against the real PostgreSQL and Kafka: a read_committed
+//! consumer sees every committed event exactly once through SIGKILLs, a standby taking over
+//! (with the old relay frozen and woken as a zombie), and the operator's slot commands.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use rand::Rng;
+
+/// The relay's environment in exactly-once mode, with a progress topic of the test's own.
+fn eos_env(db: &TestDb) -> Vec<(String, String)> {
+    let mut env = db.relay_env();
+    env.push((
+        "OUTBOX_RELAY__KAFKA__DELIVERY".into(),
+        "exactly_once".into(),
+    ));
+    env.push((
+        "OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC".into(),
+        db.topic("progress"),
+    ));
+    env
+}
+
+fn ids(events: &[Event]) -> Vec<String> {
+    events.iter().map(|e| e.id.clone()).collect()
+}
+
+/// `writers` writers commit `total` events in transactions of 1 to 50 rows, rolling back
+/// every seventh transaction (those rows are returned apart). Committed events come back in
+/// each writer's commit order.
+async fn write_with_rollbacks(
+    db: &TestDb,
+    writers: usize,
+    total: usize,
+    pause: Duration,
+) -> (Vec<Event>, Vec<Event>) {
+    let per_writer = total / writers;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let mut client = db.client().await;
+        tasks.push(tokio::spawn(async move {
+            let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
+            let mut txn_no = 0;
+            while committed.len() < per_writer {
+                let n = rand::thread_rng()
+                    .gen_range(1..=50)
+                    .min(per_writer - committed.len());
+                let aggregate_type = if txn_no % 2 == 0 { "order" } else { "customer" };
+                let seq = committed.len() + rolled_back.len();
+                let batch: Vec<Event> = (0..n)
+                    .map(|i| Event::new(aggregate_type, &format!("w{w}-{txn_no}"), w, seq + i))
+                    .collect();
+                let commit = txn_no % 7 != 3;
+                insert_events(&mut client, &batch, commit).await;
+                if commit {
+                    committed.extend(batch);
+                } else {
+                    rolled_back.extend(batch);
+                }
+                txn_no += 1;
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            (committed, rolled_back)
+        }));
+    }
+    let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (c, r) = t.await.unwrap();
+        committed.extend(c);
+        rolled_back.extend(r);
+    }
+    (committed, rolled_back)
+}
+
+/// Reads with read_committed and fails on any missing, duplicate or out-of-order event.
+async fn expect_exactly_once(
+    label: &str,
+    db: &TestDb,
+    committed: &[Event],
+    rolled_back: &[Event],
+    relay_log: &str,
+) {
+    let topics = vec![db.topic("order"), db.topic("customer")];
+    let received = read_ids_committed(
+        &topics,
+        &ids(committed),
+        Duration::from_secs(180),
+        Duration::from_secs(5),
+    )
+    .await;
+    let t = tally(committed, &received);
+    println!(
+        "{label}: {} committed events, {} received (read_committed), {} missing, {} duplicates",
+        committed.len(),
+        received.len(),
+        t.missing.len(),
+        t.duplicates
+    );
+    assert!(
+        t.missing.is_empty(),
+        "{label}: {} of {} events missing, e.g. {:?}\n{relay_log}",
+        t.missing.len(),
+        committed.len(),
+        &t.missing[..t.missing.len().min(3)]
+    );
+    assert_eq!(
+        t.duplicates, 0,
+        "{label}: duplicates for a read_committed consumer"
+    );
+    let rolled: std::collections::HashSet<&str> =
+        rolled_back.iter().map(|e| e.id.as_str()).collect();
+    assert!(
+        !received
+            .iter()
+            .any(|r| rolled.contains(r.key_str().as_str())),
+        "{label}: a rolled-back event reached Kafka"
+    );
+    assert_eq!(t.unexpected, 0, "{label}: unexpected records");
+    // Commit order per partition (one per topic): each writer's events in its order.
+    let mut last: HashMap<(String, u64), u64> = HashMap::new();
+    for r in &received {
+        let payload: serde_json::Value =
+            serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+        let writer = payload["writer"].as_u64().unwrap();
+        let seq = payload["seq"].as_u64().unwrap();
+        if let Some(before) = last.insert((r.topic.clone(), writer), seq) {
+            assert!(
+                before < seq,
+                "{label}: writer {writer} out of order in {}: {seq} after {before}",
+                r.topic
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_ten_times_read_committed_sees_each_event_exactly_once() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let mut env = eos_env(&db);
+    // The slot confirms 1.5 s after the Kafka commit: each kill leaves committed transactions
+    // that PostgreSQL sends again, which the relay must skip.
+    env.push((
+        "OUTBOX_RELAY__RELAY__CONFIRM_DELAY_MS".into(),
+        "1500".into(),
+    ));
+    let mut relay = RelayProcess::start(&env, "eos-sigkill");
+    wait_for_slot(&db, &mut relay).await;
+
+    let writer_db = db.clone();
+    let writing = tokio::spawn(async move {
+        write_with_rollbacks(&writer_db, 8, 20_000, Duration::from_millis(20)).await
+    });
+    for kill in 1..=10 {
+        let wait = rand::thread_rng().gen_range(300..1800);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        relay.kill9();
+        eprintln!("kill {kill}: SIGKILL after {wait} ms");
+        tokio::time::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..300))).await;
+        relay = RelayProcess::start(&env, "eos-sigkill");
+    }
+    let (committed, rolled_back) = writing.await.unwrap();
+    assert_eq!(committed.len(), 20_000);
+    assert!(!rolled_back.is_empty());
+
+    expect_exactly_once(
+        "sigkill x10",
+        &db,
+        &committed,
+        &rolled_back,
+        &relay.log_text(),
+    )
+    .await;
+    let log = relay.log_text();
+    let skipped = log.matches("skipped=true").count();
+    println!("sigkill x10: {skipped} transactions skipped as already in Kafka");
+    assert!(
+        skipped > 0,
+        "no restart had anything to skip: the test proved nothing"
+    );
+    assert!(relay.terminate(Duration::from_secs(30)).success(), "{log}");
+    db.cleanup().await;
+}
+
+/// Freezes or wakes a process.
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_takes_over_and_a_woken_zombie_commits_nothing() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let mut env = eos_env(&db);
+    for (k, v) in [
+        ("OUTBOX_RELAY__POSTGRES__STANDBY_RETRY_MS", "300"),
+        ("OUTBOX_RELAY__POSTGRES__STALE_HOLDER_AFTER_MS", "3000"),
+        ("OUTBOX_RELAY__POSTGRES__TERMINATE_STALE_HOLDER", "true"),
+    ] {
+        env.push((k.into(), v.into()));
+    }
+    let mut first = RelayProcess::start(&env, "eos-active");
+    wait_for_slot(&db, &mut first).await;
+    let mut standby = RelayProcess::start(&env, "eos-standby");
+
+    let writer_db = db.clone();
+    let writing = tokio::spawn(async move {
+        write_with_rollbacks(&writer_db, 8, 12_000, Duration::from_millis(20)).await
+    });
+    // Freeze the active relay mid-stream: it holds the slot and an open Kafka transaction.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    signal(first.pid(), "-STOP");
+    eprintln!("active relay frozen");
+    // The standby terminates the stale holder, takes the slot and fences the frozen producer.
+    let client = db.client().await;
+    wait_for(
+        "the standby to hold the slot",
+        Duration::from_secs(60),
+        || async {
+            let holder: Option<i32> = client
+                .query_one(
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&db.slot],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            holder.is_some()
+                && standby
+                    .log_text()
+                    .contains("exactly-once: producer initialised")
+        },
+    )
+    .await;
+    // The zombie wakes: whatever it had open, and whatever it still tries, must not commit.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    signal(first.pid(), "-CONT");
+    eprintln!("zombie woken");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Then the standby is killed too, and the zombie (now a standby) takes over again.
+    standby.kill9();
+    eprintln!("standby killed");
+    let (committed, rolled_back) = writing.await.unwrap();
+    assert_eq!(committed.len(), 12_000);
+
+    let logs = format!(
+        "--- first\n{}\n--- standby\n{}",
+        first.log_text(),
+        standby.log_text()
+    );
+    expect_exactly_once("standby takeover", &db, &committed, &rolled_back, &logs).await;
+    assert!(first.terminate(Duration::from_secs(30)).success(), "{logs}");
+    db.cleanup().await;
+}
+
+/// Runs `outbox-relay <args>`, which must succeed; returns its stdout.
+async fn ops(env: &[(String, String)], args: &[&str]) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(args)
+        .envs(env.iter().cloned())
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .env_remove("OUTBOX_RELAY_LOG")
+        .output()
+        .await
+        .expect("run outbox-relay");
+    assert!(
+        out.status.success(),
+        "outbox-relay {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn write(db: &TestDb, n: usize, writer: usize) -> Vec<Event> {
+    let mut client = db.client().await;
+    let events: Vec<Event> = (0..n)
+        .map(|i| Event::new("order", &format!("ops-{writer}-{i}"), writer, i))
+        .collect();
+    for chunk in events.chunks(10) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slot_drop_create_advance_and_replay_behave_as_documented() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let env = eos_env(&db);
+    let mut relay = RelayProcess::start(&env, "eos-ops");
+    wait_for_slot(&db, &mut relay).await;
+    let first = write(&db, 200, 0).await;
+    expect_exactly_once("before", &db, &first, &[], &relay.log_text()).await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+
+    // `check` sees the progress topic the relay made, compacted.
+    let report: serde_json::Value =
+        serde_json::from_str(&ops(&env, &["check", "--json"]).await).unwrap();
+    let item = report["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["check"] == "kafka exactly-once")
+        .unwrap_or_else(|| panic!("no exactly-once item in {report:#}"));
+    assert_eq!(item["status"], "ok", "{item:#}");
+    assert!(
+        item["detail"].as_str().unwrap().contains("is compacted"),
+        "{item:#}"
+    );
+
+    // Drop and create: the progress record (same key) stands above nothing new.
+    ops(&env, &["slot", "drop", "--yes"]).await;
+    ops(&env, &["slot", "create"]).await;
+    let second = write(&db, 200, 1).await;
+    let mut relay = RelayProcess::start(&env, "eos-ops");
+    wait_for_slot(&db, &mut relay).await;
+    let third = write(&db, 200, 2).await;
+    let mut expected: Vec<Event> = [&first[..], &second[..], &third[..]].concat();
+    expect_exactly_once("drop + create", &db, &expected, &[], &relay.log_text()).await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+
+    // Advance past events the operator gives up on: later ones are published.
+    let given_up = write(&db, 100, 3).await;
+    ops(&env, &["slot", "advance", "--to", "now"]).await;
+    let since: String = db
+        .client()
+        .await
+        .query_one("SELECT clock_timestamp()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let fourth = write(&db, 200, 4).await;
+    let mut relay = RelayProcess::start(&env, "eos-ops");
+    wait_for_slot(&db, &mut relay).await;
+    let fifth = write(&db, 200, 5).await;
+    let replayed: Vec<Event> = [&fourth[..], &fifth[..]].concat();
+    expected.extend(fourth);
+    expected.extend(fifth);
+    expect_exactly_once("advance", &db, &expected, &given_up, &relay.log_text()).await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+
+    // Replay publishes again on purpose (new records, not deduplicated), outside any
+    // transaction: read_committed consumers see them; the progress record is untouched, so
+    // the relay afterwards neither skips nor repeats.
+    let report: serde_json::Value =
+        serde_json::from_str(&ops(&env, &["replay", "--since", &since, "--json"]).await).unwrap();
+    assert_eq!(report["acknowledged"], 400, "{report:#}");
+    let mut relay = RelayProcess::start(&env, "eos-ops");
+    wait_for_slot(&db, &mut relay).await;
+    let sixth = write(&db, 100, 6).await;
+    expected.extend(sixth.iter().cloned());
+    let topics = vec![db.topic("order"), db.topic("customer")];
+    let received = read_ids_committed(
+        &topics,
+        &ids(&sixth),
+        Duration::from_secs(120),
+        Duration::from_secs(5),
+    )
+    .await;
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for r in &received {
+        *seen.entry(r.key_str()).or_default() += 1;
+    }
+    let twice: std::collections::HashSet<&str> = replayed.iter().map(|e| e.id.as_str()).collect();
+    for e in &expected {
+        let want = if twice.contains(e.id.as_str()) { 2 } else { 1 };
+        assert_eq!(
+            seen.get(&e.id).copied().unwrap_or(0),
+            want,
+            "event {} (writer payload {})",
+            e.id,
+            e.payload
+        );
+    }
+    assert_eq!(received.len(), expected.len() + replayed.len());
+    println!(
+        "replay: {} replayed, {} read_committed records in all, as expected",
+        replayed.len(),
+        received.len()
+    );
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
