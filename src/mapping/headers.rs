@@ -1,0 +1,185 @@
+//! The record's headers: `id`, `type`, `aggregatetype`, `aggregateid`, then the
+//! `header_columns`, the members of the `headers_column` JSON object, and the tracing context.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::rules::{Role, Rules, Source, Value};
+use super::MappingError;
+
+/// Header names, allocated once and shared by every record.
+#[derive(Debug, Clone)]
+pub(super) struct HeaderNames {
+    id: Arc<str>,
+    event_type: Arc<str>,
+    aggregate_type: Arc<str>,
+    aggregate_id: Arc<str>,
+}
+
+impl HeaderNames {
+    pub(super) fn new() -> Self {
+        HeaderNames {
+            id: Arc::from("id"),
+            event_type: Arc::from("type"),
+            aggregate_type: Arc::from("aggregatetype"),
+            aggregate_id: Arc::from("aggregateid"),
+        }
+    }
+}
+
+impl Rules {
+    /// All headers of one event; `fixed` holds the id, type, aggregate type and aggregate id.
+    pub(super) fn headers(
+        &self,
+        source: &dyn Source,
+        event_id: &str,
+        [id, event_type, aggregate_type, aggregate_id]: [&Value; 4],
+    ) -> Result<Vec<(Arc<str>, Bytes)>, MappingError> {
+        let mut headers = vec![
+            (self.headers.id.clone(), id.bytes.clone()),
+            (self.headers.event_type.clone(), event_type.bytes.clone()),
+            (
+                self.headers.aggregate_type.clone(),
+                aggregate_type.bytes.clone(),
+            ),
+            (
+                self.headers.aggregate_id.clone(),
+                aggregate_id.bytes.clone(),
+            ),
+        ];
+        for (i, (_, header)) in self.extra_headers.iter().enumerate() {
+            if let Some(v) = source.extra(self, i, event_id)? {
+                headers.push((header.clone(), v.bytes));
+            }
+        }
+        if let Some(v) = source.get(self, Role::Headers, event_id)? {
+            self.json_headers(&v, event_id, &mut headers)?;
+        }
+        if let Some(v) = source.get(self, Role::Tracing, event_id)? {
+            self.tracing_headers(&v, event_id, &mut headers)?;
+        }
+        Ok(headers)
+    }
+
+    /// One header per member of a JSON object.
+    fn json_headers(
+        &self,
+        value: &Value,
+        event_id: &str,
+        headers: &mut Vec<(Arc<str>, Bytes)>,
+    ) -> Result<(), MappingError> {
+        let object: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&value.bytes).map_err(|e| {
+                self.invalid(
+                    Role::Headers,
+                    event_id,
+                    format!("not a JSON object of headers ({e})"),
+                )
+            })?;
+        for (name, v) in object {
+            let bytes = match v {
+                serde_json::Value::Null => continue,
+                serde_json::Value::String(s) => Bytes::from(s),
+                other => Bytes::from(other.to_string()),
+            };
+            headers.push((Arc::from(name.as_str()), bytes));
+        }
+        Ok(())
+    }
+
+    /// A W3C span context as one header, or a `key=value` list as one header per key.
+    fn tracing_headers(
+        &self,
+        value: &Value,
+        event_id: &str,
+        headers: &mut Vec<(Arc<str>, Bytes)>,
+    ) -> Result<(), MappingError> {
+        let text = self.utf8(&value.bytes, Role::Tracing, event_id)?;
+        if !text.contains('=') {
+            let trimmed = text.trim();
+            if !trimmed.is_empty() {
+                headers.push((
+                    self.tracing_header.clone(),
+                    Bytes::copy_from_slice(trimmed.as_bytes()),
+                ));
+            }
+            return Ok(());
+        }
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+                continue;
+            }
+            let (name, v) = line.split_once('=').ok_or_else(|| {
+                self.invalid(
+                    Role::Tracing,
+                    event_id,
+                    format!("line `{line}` of the span context is not key=value"),
+                )
+            })?;
+            headers.push((
+                Arc::from(name.trim()),
+                Bytes::copy_from_slice(v.trim().as_bytes()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::mapping::test_support::*;
+
+    #[test]
+    fn headers_column_and_extra_columns_become_headers() {
+        let m = mapping(|c| {
+            c.headers_column = Some("headers".into());
+            c.header_columns.insert("tenant".into(), "x-tenant".into());
+            c.header_columns.insert("region".into(), "x-region".into());
+        });
+        let mut cols = debezium_columns(text("{}"));
+        cols.push(("tenant", 25, text("acme")));
+        cols.push(("region", 25, TupleValue::Null));
+        cols.push((
+            "headers",
+            oid::JSONB,
+            text(r#"{"n": 1, "s": "v", "nothing": null, "o": {"a": [1]}}"#),
+        ));
+        let event = map_row(&m, &cols).unwrap();
+        assert_eq!(
+            headers(&event.record)[4..],
+            [
+                ("x-tenant", &b"acme"[..]),
+                ("n", b"1"),
+                ("o", br#"{"a":[1]}"#),
+                ("s", b"v"),
+            ]
+        );
+        cols[7].2 = text("[1, 2]");
+        let err = map_row(&m, &cols).unwrap_err();
+        assert!(err.to_string().contains("headers"), "{err}");
+    }
+
+    #[test]
+    fn tracing_context_becomes_headers() {
+        let m = mapping(|c| c.tracing_column = Some("tracingspancontext".into()));
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut cols = debezium_columns(text("{}"));
+        cols.push(("tracingspancontext", 25, text(traceparent)));
+        let event = map_row(&m, &cols).unwrap();
+        assert_eq!(
+            headers(&event.record)[4..],
+            [("traceparent", traceparent.as_bytes())]
+        );
+        let properties = format!("#Mon Jan 01\ntraceparent={traceparent}\ntracestate=k=v\n");
+        cols[5].2 = text(&properties);
+        let event = map_row(&m, &cols).unwrap();
+        assert_eq!(
+            headers(&event.record)[4..],
+            [
+                ("traceparent", traceparent.as_bytes()),
+                ("tracestate", &b"k=v"[..])
+            ]
+        );
+    }
+}
