@@ -39,6 +39,7 @@ use crate::relay::ledger::{Ledger, TxnSeq};
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::dead_letter::{self, Reason};
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
+use crate::sink::window::InFlight;
 use crate::source::pgoutput::{self, LogicalMessage, Relation, Tuple};
 use crate::source::walsender::{pg_time_to_unix_us, ReplicationFrame};
 
@@ -158,8 +159,8 @@ pub struct Session<'a, S, K, C> {
     ledger: Ledger,
     relations: HashMap<u32, RelationEntry>,
     txn: Option<OpenTxn>,
-    in_flight_messages: usize,
-    in_flight_bytes: usize,
+    /// Records sent and not yet reported, against the in-flight caps.
+    in_flight: InFlight,
     /// Newest WAL position received (the status update's `write`).
     received: Lsn,
     /// The confirmed position at the last status update.
@@ -185,6 +186,10 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         ends: Ends<S, K, C>,
         start: Lsn,
     ) -> Self {
+        let in_flight = InFlight::new(
+            settings.max_in_flight_messages,
+            settings.max_in_flight_bytes,
+        );
         Session {
             settings,
             mapping,
@@ -196,8 +201,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             ledger: Ledger::new(start),
             relations: HashMap::new(),
             txn: None,
-            in_flight_messages: 0,
-            in_flight_bytes: 0,
+            in_flight,
             received: start,
             last_reported: start,
             confirm_due: None,
@@ -239,7 +243,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     Ok(())
                 }
                 _ = sleep_until(self.drain_deadline()), if self.drain_deadline().is_some() => {
-                    warn!(in_flight = self.in_flight_messages,
+                    warn!(in_flight = self.in_flight.messages(),
                         "drain deadline reached; unacknowledged events will be sent again on restart");
                     break self.stop_error.take().map_or(Ok(()), Err);
                 }
@@ -281,7 +285,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     fn start_draining(&mut self) {
         self.metrics.set_state(RelayState::Draining);
         info!(
-            in_flight = self.in_flight_messages,
+            in_flight = self.in_flight.messages(),
             open_transaction = self.txn.is_some(),
             "shutting down: finishing the open transaction and draining in-flight deliveries"
         );
@@ -291,7 +295,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     }
 
     fn start_stopping(&mut self, error: RelayError) {
-        warn!(error = %error, in_flight = self.in_flight_messages,
+        warn!(error = %error, in_flight = self.in_flight.messages(),
             "stopping: waiting for the records sent before this error to be acknowledged");
         self.phase = Phase::Stopping {
             deadline: Instant::now() + self.settings.shutdown_timeout,
@@ -317,10 +321,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         };
         match self.phase {
             Phase::Streaming => false,
-            Phase::Draining { .. } => {
-                self.txn.is_none() && self.in_flight_messages == 0 && kafka_done
-            }
-            Phase::Stopping { .. } => self.in_flight_messages == 0 && kafka_done,
+            Phase::Draining { .. } => self.txn.is_none() && self.in_flight.is_empty() && kafka_done,
+            Phase::Stopping { .. } => self.in_flight.is_empty() && kafka_done,
         }
     }
 
@@ -422,8 +424,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// More frames are read while under the caps; when draining, only to finish the open
     /// transaction (so that its records need not be sent again after the restart).
     fn wants_frames(&self) -> bool {
-        let room = self.in_flight_messages < self.settings.max_in_flight_messages
-            && self.in_flight_bytes < self.settings.max_in_flight_bytes
+        let room = self.in_flight.has_room()
             && matches!(self.kafka, KafkaTxn::Idle | KafkaTxn::Open { .. });
         match self.phase {
             Phase::Streaming => room,
@@ -473,13 +474,12 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         }
         self.metrics
             .records_in_flight
-            .store(self.in_flight_messages as i64, Relaxed);
+            .store(self.in_flight.messages() as i64, Relaxed);
         Ok(())
     }
 
     async fn handle_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
-        self.in_flight_messages = self.in_flight_messages.saturating_sub(1);
-        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(delivery.bytes);
+        self.in_flight.settled(delivery.bytes);
         match delivery.result {
             // Exactly-once: confirmed when (if) its Kafka transaction commits.
             Ok(()) if self.settings.transactions.is_some() => {
@@ -801,8 +801,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     }
 
     fn count_in_flight(&mut self, record: &Record) {
-        self.in_flight_messages += 1;
-        self.in_flight_bytes += record.size();
+        self.in_flight.sent(record.size());
         if let Some(txn) = &mut self.txn {
             txn.sent += 1;
         }
@@ -831,7 +830,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.source
             .send_status(self.received.max(flush), flush, reply)
             .await?;
-        if flush > self.last_reported || self.in_flight_messages == 0 {
+        if flush > self.last_reported || self.in_flight.is_empty() {
             self.metrics.mark_progress();
         }
         self.last_reported = flush;
@@ -841,7 +840,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             .store(self.mapping.non_transactional_messages(), Relaxed);
         self.metrics
             .records_in_flight
-            .store(self.in_flight_messages as i64, Relaxed);
+            .store(self.in_flight.messages() as i64, Relaxed);
         self.metrics
             .ledger_transactions
             .store(self.ledger.transactions_held() as i64, Relaxed);
