@@ -120,13 +120,15 @@ pub async fn run(config: &Config) -> Result<StatusReport, OpsError> {
     })
 }
 
-/// The current WAL position: written on a primary, replayed on a standby.
+/// The current WAL position: inserted on a primary (PostgreSQL 17+ may keep a whole
+/// transaction in WAL buffers after an asynchronous commit, so the written position lags),
+/// replayed on a standby.
 async fn server_lsn(control: &Control) -> Result<Lsn, OpsError> {
     let row = control
         .client()
         .query_one(
             "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
-                          ELSE pg_current_wal_lsn() END)::text",
+                          ELSE pg_current_wal_insert_lsn() END)::text",
             &[],
         )
         .await

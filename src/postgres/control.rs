@@ -439,8 +439,8 @@ impl Control {
         let row = self
             .client
             .query_opt(
-                "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint,
-                        (pg_current_wal_lsn() - restart_lsn)::bigint,
+                "SELECT (pg_current_wal_insert_lsn() - confirmed_flush_lsn)::bigint,
+                        (pg_current_wal_insert_lsn() - restart_lsn)::bigint,
                         wal_status, confirmed_flush_lsn::text
                  FROM pg_replication_slots WHERE slot_name = $1",
                 &[&slot],

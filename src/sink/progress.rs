@@ -127,7 +127,7 @@ pub async fn open(
         Publisher::transactional(config, &identity.transactional_id(), progress.clone()).await?;
     let last = read_last(config, &progress).await?;
     let wal = client
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
         .await
         .ok()
         .and_then(|row| row.get::<_, String>(0).parse::<Lsn>().ok());
