@@ -126,3 +126,38 @@ async fn message_timeout_is_a_transient_failure_to_retry_from_the_slot() {
         failure.error
     );
 }
+
+/// A record that waits for its topic's partition count (brokers unreachable) must not be
+/// overtaken in its partition by later records of the topic that need no count.
+#[tokio::test]
+async fn records_without_a_partition_key_wait_behind_those_that_need_the_count() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("orders", 1, 1).unwrap();
+    cluster.broker_down(1).unwrap();
+    let (publisher, mut deliveries) =
+        Publisher::new(&config(cluster.bootstrap_servers(), 60_000)).unwrap();
+    let keyed = Record {
+        partition_key: Some(Bytes::from_static(b"aggregate-1")),
+        ..record(0)
+    };
+    let explicit = Record {
+        partition: Some(0),
+        ..record(1)
+    };
+    publisher.send(&keyed, 0, "e0").await.unwrap();
+    publisher.send(&explicit, 1, "e1").await.unwrap();
+    publisher.send(&record(2), 2, "e2").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.broker_up(1).unwrap();
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let d = next(&mut deliveries, Duration::from_secs(30)).await;
+        assert!(d.result.is_ok(), "{:?}", d.result.err());
+        order.push(d.seq);
+    }
+    assert_eq!(
+        order,
+        [0, 1, 2],
+        "records were reordered in their partition"
+    );
+}

@@ -495,22 +495,19 @@ impl Shared {
     /// The record's partition (`Some(None)`: the partitioner hashes the key), or `None` when
     /// the record was queued to wait for its topic's partition count.
     fn route(self: &Arc<Self>, record: &Record, opaque: usize) -> Option<Option<i32>> {
-        let Some(key) = record
-            .partition_key
-            .as_ref()
-            .filter(|_| record.partition.is_none())
-        else {
-            return Some(record.partition);
-        };
         let mut topics = self.topics();
         if let Some(queue) = topics.waiting.get_mut(&record.topic) {
-            // Behind the records already waiting: per-partition order is send order.
+            // Behind the records already waiting, whether or not this one needs the count: a
+            // record that went straight to librdkafka could overtake them in its partition.
             queue.push_back(Waiting {
                 record: record.clone(),
                 opaque,
             });
             return None;
         }
+        let Some(key) = needs_count(record) else {
+            return Some(record.partition);
+        };
         match topics.counts.get(&record.topic).copied() {
             Some((count, read_at)) => {
                 if read_at.elapsed() >= PARTITION_COUNT_TTL
@@ -619,14 +616,14 @@ impl Shared {
                     }
                 }
             };
-            let result = match &outcome {
-                Ok(count) => {
-                    let key = next.record.partition_key.as_deref().unwrap_or_default();
-                    let partition = partition::partition_for_key(key, *count);
-                    self.produce(&next.record, next.opaque, Some(partition))
-                        .await
-                }
-                Err(error) => Err(error.clone()),
+            let partition = match (needs_count(&next.record), &outcome) {
+                (None, _) => Ok(next.record.partition),
+                (Some(key), Ok(count)) => Ok(Some(partition::partition_for_key(key, *count))),
+                (Some(_), Err(error)) => Err(error.clone()),
+            };
+            let result = match partition {
+                Ok(partition) => self.produce(&next.record, next.opaque, partition).await,
+                Err(error) => Err(error),
             };
             if let Err(error) = result {
                 self.fail(next, error);
@@ -695,6 +692,15 @@ impl Shared {
             result: Err(DeliveryFailure { error, message }),
         });
     }
+}
+
+/// The bytes a record's partition is hashed from, when that needs the topic's partition
+/// count (no explicit partition, a partition key); `None` when librdkafka can take it as is.
+fn needs_count(record: &Record) -> Option<&[u8]> {
+    record
+        .partition_key
+        .as_deref()
+        .filter(|_| record.partition.is_none())
 }
 
 fn owned_headers(record: &Record) -> OwnedHeaders {
