@@ -17,8 +17,7 @@ use std::collections::VecDeque;
 
 use crate::lsn::Lsn;
 
-/// Identifies a transaction in this ledger; travels with each record as the delivery opaque.
-pub type TxnSeq = u64;
+pub use crate::sink::TxnSeq;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerError {

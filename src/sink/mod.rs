@@ -12,3 +12,7 @@ pub mod publisher;
 pub mod window;
 
 pub use progress::open;
+
+/// Identifies a PostgreSQL transaction in the relay's ledger; travels with each record as the
+/// delivery opaque, so that a delivery report says which transaction it settles.
+pub type TxnSeq = u64;

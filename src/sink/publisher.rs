@@ -25,7 +25,7 @@ use tracing::warn;
 use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
 use crate::mapping::{partition, Record};
-use crate::relay::ledger::TxnSeq;
+use crate::sink::TxnSeq;
 
 /// Marks a dead-letter record in the delivery opaque (transaction numbers never get there).
 const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);
