@@ -40,9 +40,7 @@ use tracing::{info, warn};
 use crate::config::{Delivery as DeliveryMode, KafkaConfig};
 use crate::lsn::Lsn;
 use crate::mapping::partition;
-use crate::sink::publisher::{
-    client_config, parse_progress_value, Delivery, ProgressRecord, PublishError, Publisher,
-};
+use crate::sink::publisher::{client_config, Delivery, ProgressRecord, PublishError, Publisher};
 
 /// Who writes the progress: one key (and one transactional id) per slot of a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -343,4 +341,16 @@ fn consumer_config(mut client: rdkafka::ClientConfig) -> rdkafka::ClientConfig {
         client.remove(key);
     }
     client
+}
+
+/// The progress record's value: the end LSN of the last PostgreSQL transaction committed to
+/// Kafka with it, as JSON (`{"end_lsn":"0/16B3748"}`) so that operators can read it.
+pub fn progress_value(end: Lsn) -> String {
+    serde_json::json!({ "end_lsn": end.to_string() }).to_string()
+}
+
+/// [`progress_value`] read back; `None` when it is not one (or a tombstone).
+pub fn parse_progress_value(value: &[u8]) -> Option<Lsn> {
+    let v: serde_json::Value = serde_json::from_slice(value).ok()?;
+    v.get("end_lsn")?.as_str()?.parse().ok()
 }
