@@ -1,0 +1,279 @@
+//! The WAL side of a session: each decoded message of the stream — BEGIN, RELATION, INSERT,
+//! MESSAGE, COMMIT — becomes ledger entries and records for the sink (or a dead letter, or the
+//! error that stops the session). The loop and the confirmation side are in `mod.rs`.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use tracing::{debug, info, warn};
+
+use super::{KafkaTxn, OpenTxn, RelationEntry, Session};
+use crate::config::DeadLetterPolicy;
+use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
+use crate::relay::ledger::TxnSeq;
+use crate::relay::seams::{Catalog, FrameSource, RecordKind, RecordSink};
+use crate::relay::{RelayError, Unmapped};
+use crate::sink::dead_letter::{self, Reason};
+use crate::sink::publisher::{self, PublishError};
+use crate::source::pgoutput::{self, LogicalMessage, Relation, Tuple};
+use crate::source::walsender::pg_time_to_unix_us;
+
+impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
+    pub(super) async fn handle_message(
+        &mut self,
+        message: LogicalMessage,
+    ) -> Result<(), RelayError> {
+        match message {
+            LogicalMessage::Begin(begin) => {
+                let commit_time_ms = pg_time_to_unix_us(begin.commit_time_us) / 1000;
+                self.ledger.begin(commit_time_ms)?;
+                self.txn = Some(OpenTxn {
+                    final_lsn: begin.final_lsn,
+                    commit_time_ms,
+                    events: 0,
+                    sent: 0,
+                    skip: self.skip_below.is_some_and(|p| begin.final_lsn < p),
+                });
+            }
+            LogicalMessage::Commit(commit) => self.handle_commit(commit)?,
+            LogicalMessage::Relation(relation) => self.handle_relation(relation).await?,
+            LogicalMessage::Insert(insert) => self.handle_insert(insert).await?,
+            LogicalMessage::Truncate(_) => {
+                warn!("the outbox table was truncated; nothing is published for a truncate")
+            }
+            LogicalMessage::Update(_)
+            | LogicalMessage::Delete(_)
+            | LogicalMessage::Origin(_)
+            | LogicalMessage::Type(_) => {}
+            LogicalMessage::Message(message) => self.handle_logical_message(message).await?,
+        }
+        Ok(())
+    }
+
+    pub(super) async fn handle_logical_message(
+        &mut self,
+        message: pgoutput::Message,
+    ) -> Result<(), RelayError> {
+        match self.mapping.route_message(&message) {
+            MessageRoute::Event => {
+                let OpenTxn {
+                    commit_time_ms,
+                    skip,
+                    ..
+                } = *self.open_txn()?;
+                if skip {
+                    return Ok(());
+                }
+                let event = self.mapping.message_event(&message, commit_time_ms);
+                let (relation, tuple) = mapping::message_as_row(&message);
+                self.publish_event(event, &relation, &tuple).await?;
+            }
+            MessageRoute::NonTransactional { rejected_total } => warn!(
+                prefix = %message.prefix, lsn = %message.lsn, rejected_total,
+                "skipped a non-transactional logical message with the outbox prefix: only pg_logical_emit_message(true, ...) is published"
+            ),
+            MessageRoute::Ignored => {}
+        }
+        Ok(())
+    }
+
+    /// Binds a relation to its outbox configuration: by name, else (a partition, when the
+    /// publication does not publish via the root) as its partition root. A relation that binds
+    /// neither way is kept unbound: an insert from it stops the session (`handle_insert`).
+    pub(super) async fn handle_relation(&mut self, relation: Relation) -> Result<(), RelayError> {
+        let mut entry = RelationEntry {
+            bound: self.mapping.bind(&relation).transpose()?,
+            relation: Arc::new(relation),
+            bound_as: None,
+            root: None,
+        };
+        if entry.bound.is_none() {
+            self.bind_as_root(&mut entry).await?;
+        }
+        self.relations.insert(entry.relation.id, entry);
+        Ok(())
+    }
+
+    pub(super) async fn bind_as_root(
+        &mut self,
+        entry: &mut RelationEntry,
+    ) -> Result<(), RelayError> {
+        let relation = entry.relation.clone();
+        let root = self.catalog.partition_root(relation.id).await?;
+        // A partition detached since it was bound in this session resolves to itself now,
+        // but its changes still in the stream were written while it was a partition.
+        let previous = self
+            .relations
+            .get(&relation.id)
+            .and_then(|e| e.bound_as.clone());
+        let candidate = root
+            .clone()
+            .filter(|(s, t)| (s, t) != (&relation.namespace, &relation.name))
+            .or(previous);
+        if let Some((schema, table)) = candidate {
+            if let Some(bound) = self.mapping.bind_as(&relation, &schema, &table) {
+                info!(schema = %relation.namespace, table = %relation.name, oid = relation.id,
+                    outbox = %format!("{schema}.{table}"),
+                    "a partition of an outbox arrived under its own name (the publication does not publish via the root); mapped as its root");
+                entry.bound = Some(bound?);
+                entry.bound_as = Some((schema, table));
+                return Ok(());
+            }
+        }
+        warn!(schema = %relation.namespace, table = %relation.name, oid = relation.id,
+            root = ?root.as_ref().map(|(s, t)| format!("{s}.{t}")),
+            "the publication sends a relation that is not a configured outbox table; an insert from it stops the relay");
+        entry.root = root;
+        Ok(())
+    }
+
+    pub(super) fn handle_commit(&mut self, commit: pgoutput::Commit) -> Result<(), RelayError> {
+        let txn = self
+            .txn
+            .take()
+            .ok_or_else(|| RelayError::Protocol("COMMIT without BEGIN".into()))?;
+        if txn.final_lsn != commit.commit_lsn {
+            return Err(RelayError::Protocol(format!(
+                "COMMIT at {} does not match BEGIN's final LSN {}",
+                commit.commit_lsn, txn.final_lsn
+            )));
+        }
+        self.ledger.commit(commit.end_lsn)?;
+        if txn.skip {
+            self.metrics.transactions_skipped.fetch_add(1, Relaxed);
+        }
+        if let KafkaTxn::Open { end, .. } = &mut self.kafka {
+            *end = Some(commit.end_lsn);
+        }
+        debug!(end_lsn = %commit.end_lsn, events = txn.events, skipped = txn.skip, "transaction handed to kafka");
+        Ok(())
+    }
+
+    /// An insert is published, or dead-lettered, or stops the session: never skipped, since
+    /// the slot would then be confirmed past it.
+    pub(super) async fn handle_insert(
+        &mut self,
+        insert: pgoutput::Insert,
+    ) -> Result<(), RelayError> {
+        let OpenTxn {
+            commit_time_ms,
+            skip,
+            ..
+        } = *self.open_txn()?;
+        if skip {
+            return Ok(());
+        }
+        let Some(entry) = self.relations.get(&insert.relation_id) else {
+            return Err(RelayError::Protocol(format!(
+                "INSERT for relation {} before its RELATION message",
+                insert.relation_id
+            )));
+        };
+        let relation = entry.relation.clone();
+        let Some(bound) = &entry.bound else {
+            let name = format!("{}.{}", relation.namespace, relation.name);
+            let root = entry.root.as_ref().map(|(s, t)| format!("{s}.{t}"));
+            return Err(RelayError::Unmapped(Box::new(Unmapped {
+                oid: relation.id,
+                dropped: root.is_none(),
+                root: root.filter(|r| *r != name),
+                relation: name,
+                publication: self.settings.publication.clone(),
+            })));
+        };
+        let event = bound.to_event(&insert.tuple, commit_time_ms);
+        self.publish_event(event, &relation, &insert.tuple).await
+    }
+
+    pub(super) fn open_txn(&mut self) -> Result<&mut OpenTxn, RelayError> {
+        self.txn
+            .as_mut()
+            .ok_or_else(|| RelayError::Protocol("change outside a transaction".into()))
+    }
+
+    /// Hands one mapped event of the open transaction to the sink; an event that cannot be
+    /// published goes to the dead-letter topic (or stops the relay, by policy). `relation`
+    /// and `tuple` are the row it came from, for the dead letter.
+    pub(super) async fn publish_event(
+        &mut self,
+        event: Result<OutboxEvent, MappingError>,
+        relation: &Relation,
+        tuple: &Tuple,
+    ) -> Result<(), RelayError> {
+        self.open_txn()?.events += 1;
+        let seq = self.ledger.record_sent()?;
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => return self.dead_letter_unmapped(seq, &e, relation, tuple).await,
+        };
+        self.begin_kafka_txn()?;
+        let sent = self
+            .sink
+            .send(&event.record, seq, &event.id, RecordKind::Event)
+            .await;
+        match sent {
+            Ok(()) => {
+                self.count_in_flight(&event.record);
+                Ok(())
+            }
+            Err(PublishError::Rejected(r)) if publisher::is_permanent(&r.error) => {
+                self.metrics.count_delivery_error(&r.error);
+                let reason = Reason::for_kafka_error(&r.error);
+                let dlq = &self.settings.dead_letter_topic;
+                let record = dead_letter::from_record(dlq, &event.record, reason, &r.to_string());
+                self.dead_letter(seq, record, &event.id, &r.to_string())
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(super) async fn dead_letter_unmapped(
+        &mut self,
+        seq: TxnSeq,
+        error: &MappingError,
+        relation: &Relation,
+        tuple: &Tuple,
+    ) -> Result<(), RelayError> {
+        let reason = match error {
+            MappingError::InvalidTopic { .. } => Reason::InvalidTopic,
+            _ => Reason::Mapping,
+        };
+        let event_id = error.event_id();
+        let dlq = &self.settings.dead_letter_topic;
+        let why = error.to_string();
+        let record = dead_letter::from_row(dlq, relation, tuple, reason, &why, event_id);
+        self.dead_letter(seq, record, event_id.unwrap_or("?"), &why)
+            .await
+    }
+
+    /// Sends a dead letter in place of the event (policy `dead_letter`), or stops.
+    pub(super) async fn dead_letter(
+        &mut self,
+        seq: TxnSeq,
+        record: Record,
+        event_id: &str,
+        why: &str,
+    ) -> Result<(), RelayError> {
+        if self.settings.dead_letter_policy == DeadLetterPolicy::Stop {
+            return Err(RelayError::Poison(format!("event {event_id}: {why}")));
+        }
+        warn!(event_id, topic = %record.topic, reason = why, "event sent to the dead-letter topic");
+        self.begin_kafka_txn()?;
+        self.sink
+            .send(&record, seq, event_id, RecordKind::DeadLetter)
+            .await?;
+        self.count_in_flight(&record);
+        Ok(())
+    }
+
+    pub(super) fn count_in_flight(&mut self, record: &Record) {
+        self.in_flight.sent(record.size());
+        if let Some(txn) = &mut self.txn {
+            txn.sent += 1;
+        }
+        if let KafkaTxn::Open { records, .. } = &mut self.kafka {
+            *records += 1;
+        }
+    }
+}
