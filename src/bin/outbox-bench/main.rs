@@ -1,0 +1,442 @@
+//! `outbox-bench`: the measuring half of `scripts/bench.sh`.
+//!
+//! The script orchestrates (services, databases, slots, preloads, `pg_recvlogical`, the relay
+//! process); this binary does what shell cannot do precisely or cheaply:
+//!
+//! - `create-topics`: creates the benchmark topics up front, so that topic auto-creation and
+//!   metadata refreshes are not part of any measurement;
+//! - `wait-slot`: polls `pg_replication_slots` every 100 ms until a slot's `confirmed_flush_lsn`
+//!   reaches a target, then samples the relay's peak RSS and CPU time from `/proc`;
+//! - `latency`: writers insert 1-row transactions at a steady rate while a consumer reads the
+//!   relay's topic; latency = consumer receive time − record timestamp (the relay stamps each
+//!   record with its transaction's commit time);
+//! - `report`: turns the JSON lines collected by the script into one table and one JSON file.
+//!
+//! It is a benchmark tool, not part of the relay: it asserts nothing about time.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{json, Value};
+use tokio_postgres::NoTls;
+
+mod latency;
+mod report;
+
+use latency::*;
+
+/// How often `wait-slot` looks at `pg_replication_slots`.
+const SLOT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Inserts a latency writer may have outstanding on its connection (pipelined).
+const MAX_PENDING_INSERTS: usize = 256;
+/// How long the latency consumer keeps reading after the writers stop.
+const LATENCY_SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Parser)]
+#[command(name = "outbox-bench", about = "Measuring helper for scripts/bench.sh")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create topics (replication factor 1); existing ones are left alone.
+    CreateTopics {
+        #[arg(long)]
+        brokers: String,
+        #[arg(long, default_value_t = 3)]
+        partitions: i32,
+        topics: Vec<String>,
+    },
+    /// Send one record with an idempotent producer and wait for its acknowledgement, so that
+    /// a freshly started broker has loaded its transaction coordinator (which hands out
+    /// producer ids) before anything is timed.
+    WarmUp {
+        #[arg(long)]
+        brokers: String,
+    },
+    /// Wait until a slot's confirmed_flush_lsn reaches `lsn`; print one JSON line with the
+    /// elapsed time since `started_ns` and the process's peak RSS and CPU time at that moment.
+    WaitSlot {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        slot: String,
+        #[arg(long)]
+        lsn: String,
+        /// The relay's process id (its /proc entry is sampled; its death is an error).
+        #[arg(long)]
+        pid: u32,
+        /// When the relay was started, ns since the Unix epoch (`date +%s%N`).
+        #[arg(long)]
+        started_ns: u128,
+        /// Clock ticks per second of /proc/<pid>/stat (`getconf CLK_TCK`).
+        #[arg(long, default_value_t = 100)]
+        clk_tck: u64,
+        #[arg(long, default_value_t = 3600)]
+        timeout_s: u64,
+        /// Extra `key=value` fields copied into the output (numbers stay numbers).
+        #[arg(long = "field")]
+        fields: Vec<String>,
+    },
+    /// Insert 1-row outbox transactions at `rate` events/s for `seconds`, read the relay's
+    /// topic, and print one JSON line with commit-to-receive latency percentiles.
+    Latency {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        brokers: String,
+        /// The topic the relay publishes these rows to.
+        #[arg(long)]
+        topic: String,
+        /// The rows' aggregatetype (selects the topic through the relay's template).
+        #[arg(long)]
+        aggregate_type: String,
+        #[arg(long)]
+        rate: u64,
+        #[arg(long, default_value_t = 15)]
+        seconds: u64,
+        /// Writer connections; each pipelines its inserts.
+        #[arg(long, default_value_t = 4)]
+        writers: u64,
+        /// The relay's Prometheus endpoint (http://host:port/metrics), if it has one: its own
+        /// commit-to-acknowledgement histogram is reported next to the consumer's figures.
+        #[arg(long)]
+        metrics_url: Option<String>,
+    },
+    /// Print the results table from the script's JSON lines and write them as one JSON file.
+    Report {
+        /// JSON lines written by scripts/bench.sh and the subcommands above.
+        #[arg(long)]
+        input: PathBuf,
+        /// Where to write the combined JSON.
+        #[arg(long)]
+        output: PathBuf,
+        /// `key=value` pairs recorded under "run" (versions, command, settings).
+        #[arg(long = "meta")]
+        meta: Vec<String>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::CreateTopics {
+                brokers,
+                partitions,
+                topics,
+            } => create_topics(&brokers, partitions, &topics).await,
+            Command::WarmUp { brokers } => warm_up(&brokers).await,
+            Command::WaitSlot {
+                url,
+                slot,
+                lsn,
+                pid,
+                started_ns,
+                clk_tck,
+                timeout_s,
+                fields,
+            } => {
+                let mut out =
+                    wait_slot(&url, &slot, &lsn, pid, started_ns, clk_tck, timeout_s).await?;
+                for (k, v) in parse_pairs(&fields)? {
+                    out[k] = v;
+                }
+                println!("{out}");
+                Ok(())
+            }
+            Command::Latency {
+                url,
+                brokers,
+                topic,
+                aggregate_type,
+                rate,
+                seconds,
+                writers,
+                metrics_url,
+            } => {
+                let load = Load {
+                    rate,
+                    seconds,
+                    writers,
+                };
+                let out = latency(
+                    &url,
+                    &brokers,
+                    &topic,
+                    &aggregate_type,
+                    load,
+                    metrics_url.as_deref(),
+                )
+                .await?;
+                println!("{out}");
+                Ok(())
+            }
+            Command::Report {
+                input,
+                output,
+                meta,
+            } => report::report(&input, &output, &meta),
+        }
+    })
+}
+
+/// `key=value` → (key, JSON number if it parses as one, else JSON string).
+fn parse_pairs(pairs: &[String]) -> anyhow::Result<Vec<(String, Value)>> {
+    pairs
+        .iter()
+        .map(|p| {
+            let (k, v) = p
+                .split_once('=')
+                .with_context(|| format!("`{p}` is not key=value"))?;
+            let value = match v.parse::<f64>() {
+                Ok(n) if !v.is_empty() && n.is_finite() => json!(n),
+                _ => json!(v),
+            };
+            Ok((k.to_string(), value))
+        })
+        .collect()
+}
+
+fn unix_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+// ------------------------------------------------------------------------------ topics
+
+async fn create_topics(brokers: &str, partitions: i32, topics: &[String]) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .context("create the Kafka admin client")?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let results = admin
+        .create_topics(&new, &AdminOptions::new())
+        .await
+        .context("create topics")?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => bail!("cannot create topic {topic}: {code:?}"),
+        }
+    }
+    Ok(())
+}
+
+async fn warm_up(brokers: &str) -> anyhow::Result<()> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "120000")
+        .create()
+        .context("create the warm-up producer")?;
+    let record = FutureRecord::to("outbox-bench-warm-up")
+        .key("warm-up")
+        .payload("warm-up");
+    producer
+        .send(record, Duration::from_secs(120))
+        .await
+        .map_err(|(e, _)| anyhow::anyhow!("warm-up record not acknowledged: {e}"))?;
+    Ok(())
+}
+
+// --------------------------------------------------------------------------- wait-slot
+
+/// Peak RSS, current RSS (kB) and CPU seconds (user + system) of a process.
+struct ProcSample {
+    vmhwm_kb: u64,
+    vmrss_kb: u64,
+    cpu_seconds: f64,
+    threads: u64,
+    /// Context switches of all threads so far (voluntary + involuntary).
+    context_switches: u64,
+}
+
+/// Sum of a `/proc/<pid>/task/*/status` counter over the process's threads.
+fn thread_counter(pid: u32, names: &[&str]) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| names.iter().any(|n| l.starts_with(n)))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+fn sample_proc(pid: u32, clk_tck: u64) -> anyhow::Result<ProcSample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("process {pid} is gone"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("process {pid} is gone"))?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("unexpected /proc/<pid>/stat format")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state); utime is field 14, stime field 15.
+    let ticks = |i: usize| {
+        f.get(i - 3)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Ok(ProcSample {
+        vmhwm_kb: field("VmHWM:"),
+        vmrss_kb: field("VmRSS:"),
+        cpu_seconds: (ticks(14) + ticks(15)) as f64 / clk_tck as f64,
+        threads: field("Threads:"),
+        context_switches: thread_counter(
+            pid,
+            &["voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"],
+        ),
+    })
+}
+
+async fn pg_connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .with_context(|| format!("connect to {url}"))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+async fn wait_slot(
+    url: &str,
+    slot: &str,
+    lsn: &str,
+    pid: u32,
+    started_ns: u128,
+    clk_tck: u64,
+    timeout_s: u64,
+) -> anyhow::Result<Value> {
+    let client = pg_connect(url).await?;
+    let query = client
+        .prepare(
+            "SELECT confirmed_flush_lsn >= $2::text::pg_lsn, confirmed_flush_lsn::text
+             FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(timeout_s);
+    let mut tick = tokio::time::interval(SLOT_POLL_INTERVAL);
+    loop {
+        tick.tick().await;
+        let row = client
+            .query_opt(&query, &[&slot, &lsn])
+            .await?
+            .with_context(|| format!("slot {slot} does not exist"))?;
+        let reached: Option<bool> = row.get(0);
+        if reached == Some(true) {
+            let done_ns = unix_ns();
+            // Sampled right away, before the script stops the process.
+            let p = sample_proc(pid, clk_tck)?;
+            let confirmed: Option<String> = row.get(1);
+            let seconds = (done_ns.saturating_sub(started_ns)) as f64 / 1e9;
+            eprintln!(
+                "[outbox-bench] slot {slot} reached {lsn} after {seconds:.2} s; \
+                 peak RSS {:.1} MB, CPU {:.2} s, {} context switches",
+                p.vmhwm_kb as f64 / 1024.0,
+                p.cpu_seconds,
+                p.context_switches
+            );
+            return Ok(json!({
+                "seconds": seconds,
+                "confirmed_flush_lsn": confirmed,
+                "target_lsn": lsn,
+                "vmhwm_kb": p.vmhwm_kb,
+                "vmrss_kb": p.vmrss_kb,
+                "cpu_seconds": p.cpu_seconds,
+                "threads": p.threads,
+                "context_switches": p.context_switches,
+            }));
+        }
+        sample_proc(pid, clk_tck).context("the relay exited before confirming the target")?;
+        if Instant::now() > deadline {
+            let confirmed: Option<String> = row.get(1);
+            bail!("slot {slot} still at {confirmed:?} after {timeout_s} s; target {lsn}");
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------- latency
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCRAPE: &str = "# HELP outbox_relay_commit_to_ack_seconds x
+# TYPE outbox_relay_commit_to_ack_seconds histogram
+outbox_relay_commit_to_ack_seconds_bucket{le=\"0.005\"} 40
+outbox_relay_commit_to_ack_seconds_bucket{le=\"0.01\"} 98
+outbox_relay_commit_to_ack_seconds_bucket{le=\"0.02\"} 100
+outbox_relay_commit_to_ack_seconds_bucket{le=\"+Inf\"} 100
+outbox_relay_commit_to_ack_seconds_sum 0.6
+outbox_relay_commit_to_ack_seconds_count 100
+outbox_relay_events_published_total 100
+";
+
+    #[test]
+    fn histogram_quantiles_are_bucket_bounds_of_the_difference() {
+        let after = PromHistogram::parse(SCRAPE, COMMIT_TO_ACK).unwrap();
+        assert_eq!(after.count, 100);
+        assert_eq!(after.quantile_bound(0.5), Some(0.01));
+        assert_eq!(after.quantile_bound(0.99), Some(0.02));
+        let before = PromHistogram {
+            buckets: vec![(0.005, 40), (0.01, 40), (0.02, 40), (f64::INFINITY, 40)],
+            sum: 0.1,
+            count: 40,
+        };
+        let delta = after.since(&before);
+        assert_eq!(delta.count, 60);
+        assert_eq!(delta.quantile_bound(0.5), Some(0.01));
+        assert!(PromHistogram::parse("other 1\n", COMMIT_TO_ACK).is_none());
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&v, 100.0), 100.0);
+    }
+}
