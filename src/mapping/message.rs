@@ -2,10 +2,11 @@
 //! object with members named like the outbox columns. Member values are taken as raw slices of
 //! the content, so a JSON payload is forwarded byte-for-byte, as a jsonb column's would be.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::rules::{oid, Kind, Role, Rules, Source, Value};
@@ -13,22 +14,19 @@ use super::MappingError;
 use crate::source::pgoutput::{Column, Message, Relation, Tuple, TupleValue};
 
 /// A message's JSON members, named like the columns.
-pub(super) struct MessageSource {
-    members: Vec<(String, Bytes)>,
+pub(super) struct MessageSource<'c> {
+    members: Vec<(Cow<'c, str>, Bytes)>,
 }
 
-impl MessageSource {
+impl<'c> MessageSource<'c> {
     /// The members of the JSON object `content`, in order (the first of a repeated name wins).
-    pub(super) fn parse(content: &Bytes) -> Result<Self, String> {
-        match serde_json::from_slice::<RawMembers<'_>>(content) {
-            Ok(RawMembers(members)) => Ok(MessageSource {
-                members: members
-                    .into_iter()
-                    .map(|(name, raw)| (name, content.slice_ref(raw.get().as_bytes())))
-                    .collect(),
-            }),
-            Err(e) => Err(describe(content, e)),
-        }
+    pub(super) fn parse(content: &'c Bytes) -> Result<Self, String> {
+        let mut deserializer = serde_json::Deserializer::from_slice(content);
+        RawMembers { content }
+            .deserialize(&mut deserializer)
+            .and_then(|members| deserializer.end().map(|()| members))
+            .map(|members| MessageSource { members })
+            .map_err(|e| describe(content, e))
     }
 
     fn member(
@@ -79,30 +77,60 @@ fn describe(content: &[u8], error: serde_json::Error) -> String {
     format!("bad member name ({error})")
 }
 
-/// A JSON object's members in order, values borrowed as raw text.
-struct RawMembers<'a>(Vec<(String, &'a RawValue)>);
+/// Reads a JSON object's members in order: names borrowed from `content` unless escaped,
+/// values as raw slices of it.
+struct RawMembers<'c> {
+    content: &'c Bytes,
+}
 
-impl<'de> Deserialize<'de> for RawMembers<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MembersVisitor;
-        impl<'de> Visitor<'de> for MembersVisitor {
-            type Value = RawMembers<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
-                    members.push(member);
-                }
-                Ok(RawMembers(members))
-            }
-        }
-        deserializer.deserialize_map(MembersVisitor)
+impl<'c> DeserializeSeed<'c> for RawMembers<'c> {
+    type Value = Vec<(Cow<'c, str>, Bytes)>;
+
+    fn deserialize<D: Deserializer<'c>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
     }
 }
 
-impl Source for MessageSource {
+impl<'c> Visitor<'c> for RawMembers<'c> {
+    type Value = Vec<(Cow<'c, str>, Bytes)>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'c>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut members = Vec::with_capacity(8);
+        while let Some(MemberName(name)) = map.next_key()? {
+            let raw: &'c RawValue = map.next_value()?;
+            members.push((name, self.content.slice_ref(raw.get().as_bytes())));
+        }
+        Ok(members)
+    }
+}
+
+/// A member name, borrowed from the content when it has no escapes.
+struct MemberName<'c>(Cow<'c, str>);
+
+impl<'c> Deserialize<'c> for MemberName<'c> {
+    fn deserialize<D: Deserializer<'c>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NameVisitor;
+        impl<'c> Visitor<'c> for NameVisitor {
+            type Value = MemberName<'c>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_borrowed_str<E>(self, name: &'c str) -> Result<Self::Value, E> {
+                Ok(MemberName(Cow::Borrowed(name)))
+            }
+            fn visit_str<E>(self, name: &str) -> Result<Self::Value, E> {
+                Ok(MemberName(Cow::Owned(name.to_string())))
+            }
+        }
+        deserializer.deserialize_str(NameVisitor)
+    }
+}
+
+impl Source for MessageSource<'_> {
     fn get(
         &self,
         rules: &Rules,
@@ -239,10 +267,7 @@ mod tests {
     fn json_members_are_raw_slices() {
         let text = Bytes::from_static(br#"{"a":"x\"}","b" : [ {"c": "]"} ] ,"d":-1.5e3,"e":true}"#);
         let members = MessageSource::parse(&text).unwrap().members;
-        let shown: Vec<(&str, &[u8])> = members
-            .iter()
-            .map(|(k, raw)| (k.as_str(), &raw[..]))
-            .collect();
+        let shown: Vec<(&str, &[u8])> = members.iter().map(|(k, raw)| (&**k, &raw[..])).collect();
         assert_eq!(
             shown,
             vec![
