@@ -171,7 +171,11 @@ impl fmt::Display for AdvanceReport {
 pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
     let control = connect(config).await?;
     let slot = &config.postgres.slot;
-    let created = control.create_slot(slot).await?;
+    let failover = config
+        .postgres
+        .failover_slot
+        .wanted(control.server().version_num);
+    let created = control.create_slot(slot, failover).await?;
     let info = existing(&control, slot).await?;
     check_slot_usable(&info)?;
     let action = if created {
@@ -444,6 +448,9 @@ mod tests {
             confirmed_flush_lsn: Some(Lsn(confirmed)),
             wal_status: Some("reserved".into()),
             safe_wal_size: None,
+            failover: None,
+            synced: None,
+            temporary: false,
         }
     }
 

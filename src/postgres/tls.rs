@@ -99,10 +99,13 @@ impl TlsSettings {
     }
 }
 
-/// Removes `sslmode` and `sslrootcert` from a URL or `key=value` connection string.
+/// Removes `sslmode` and `sslrootcert` from a URL or `key=value` connection string, and
+/// `target_session_attrs` too, whose libpq values tokio-postgres' parser does not all know
+/// (`conninfo::ConnInfo` reads it from the URL itself).
 pub(crate) fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
     let (mut mode, mut root) = (None, None);
     let mut take = |key: &str, value: &str| match key {
+        "target_session_attrs" => true,
         "sslmode" => {
             mode = Some(value.to_string());
             true
