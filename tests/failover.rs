@@ -291,6 +291,10 @@ async fn promotion_with_a_synchronized_failover_slot_loses_nothing() {
         "the relay creates a failover slot on 17+"
     );
     sync_slot(&pair, &db).await;
+    let before_crash: usize = query_text(&primary_db, "SELECT count(*) FROM outbox")
+        .await
+        .and_then(|n| n.parse().ok())
+        .unwrap();
     services("pg-ha-crash");
     services("pg-ha-promote");
 
@@ -299,6 +303,11 @@ async fn promotion_with_a_synchronized_failover_slot_loses_nothing() {
     assert!(
         acked.len() >= 8 * 400,
         "writers gave up: {} events",
+        acked.len()
+    );
+    assert!(
+        acked.len() >= before_crash + 400,
+        "the writers should have gone on on the promoted standby: {} events, {before_crash} before the crash",
         acked.len()
     );
     let (_, t) = expect_all(
@@ -311,7 +320,7 @@ async fn promotion_with_a_synchronized_failover_slot_loses_nothing() {
     )
     .await;
     println!(
-        "failover: {} acknowledged events, {} of unknown outcome, 0 missing, {} duplicates",
+        "failover: {} acknowledged events ({before_crash} before the crash), {} of unknown outcome, 0 missing, {} duplicates",
         acked.len(),
         written.unknown.len(),
         t.duplicates
@@ -333,9 +342,9 @@ async fn promotion_with_a_synchronized_failover_slot_loses_nothing() {
     assert!(
         relay
             .log_text()
-            .contains(&format!("server={standby_target}"))
-            || relay.log_text().contains(&standby_target),
-        "the relay should stream from the promoted standby {standby_target}"
+            .contains(&format!("server={standby_target}")),
+        "the relay should stream from the promoted standby {standby_target}:\n{}",
+        relay.log_text()
     );
     relay.terminate(Duration::from_secs(30));
     stop.notify_waiters();

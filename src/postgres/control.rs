@@ -317,6 +317,59 @@ impl Control {
         Ok(info)
     }
 
+    /// Whether a relay recorded (with [`Control::mark_streamed`]) that it streamed `slot`
+    /// through `publication`: the mark lives in the publication's comment, which travels with
+    /// the database to a promoted standby, so a relay restarted after a failover knows that a
+    /// missing slot means lost events rather than a first start.
+    pub async fn streamed_before(
+        &self,
+        publication: &str,
+        slot: &str,
+    ) -> Result<bool, ControlError> {
+        let comment = self.publication_comment(publication).await?;
+        Ok(comment
+            .as_deref()
+            .is_some_and(|c| c.lines().any(|l| l == streamed_mark(slot))))
+    }
+
+    /// Records that `slot` is streamed through `publication` (see
+    /// [`Control::streamed_before`]). Leaves a comment someone else wrote alone: returns false
+    /// then, or when the role may not comment on the publication.
+    pub async fn mark_streamed(&self, publication: &str, slot: &str) -> Result<bool, ControlError> {
+        let mark = streamed_mark(slot);
+        let comment = self.publication_comment(publication).await?;
+        let lines: Vec<&str> = comment.as_deref().unwrap_or("").lines().collect();
+        if lines.contains(&mark.as_str()) {
+            return Ok(true);
+        }
+        if lines.iter().any(|l| !l.starts_with(STREAMED_MARK_PREFIX)) {
+            return Ok(false);
+        }
+        let mut text = lines.join("\n");
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&mark);
+        let sql = format!(
+            "COMMENT ON PUBLICATION {} IS '{}'",
+            quote_ident(publication),
+            text.replace('\'', "''")
+        );
+        Ok(self.client.batch_execute(&sql).await.is_ok())
+    }
+
+    async fn publication_comment(&self, publication: &str) -> Result<Option<String>, ControlError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
+                &[&publication],
+            )
+            .await
+            .map_err(query_err("reading the publication's comment"))?;
+        Ok(row.and_then(|r| r.get(0)))
+    }
+
     /// The server's `wal_sender_timeout`, which bounds our status update interval.
     pub async fn wal_sender_timeout(&self) -> Result<Duration, ControlError> {
         let row = self
@@ -600,6 +653,13 @@ async fn open_one(
         ))
     })?;
     Ok((client, state))
+}
+
+const STREAMED_MARK_PREFIX: &str = "outbox-relay streams slot ";
+
+/// The publication comment line that records a streamed slot.
+fn streamed_mark(slot: &str) -> String {
+    format!("{STREAMED_MARK_PREFIX}{slot}")
 }
 
 /// A slot we can stream: logical, pgoutput, not lost.

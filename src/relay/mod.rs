@@ -307,10 +307,15 @@ impl Backoff {
 /// `target_session_attrs`, refuses an unsupported version, and makes sure publication and slot
 /// exist. A slot is created only when `create_slot` is set and it has never been streamed by
 /// this process; on PostgreSQL 17+ (or as `postgres.failover_slot` says) as a failover slot.
+///
+/// "Streamed before" is this process's memory (`slot_seen`) or the mark a relay leaves in the
+/// publication's comment (which a promoted standby has too): then a missing slot means lost
+/// events, and the relay stops (exit 3) instead of creating a new one.
 async fn prepare_slot(
     config: &Config,
     info: &ConnInfo,
-    create_slot: bool,
+    slot_seen: bool,
+    metrics: &Metrics,
 ) -> Result<(Control, SlotInfo), RelayError> {
     let pg = &config.postgres;
     let control = Control::open(info).await?;
@@ -324,8 +329,16 @@ async fn prepare_slot(
             .ensure_publication_tables(&pg.publication, &config.outbox.publication_tables())
             .await?;
     }
+    let missing = control.slot(&pg.slot).await?.is_none();
+    let streamed = slot_seen
+        || (missing
+            && pg.create_slot
+            && control.streamed_before(&pg.publication, &pg.slot).await?);
+    if missing && streamed {
+        return Err(slot_missing_after_streaming(&pg.slot, &control, metrics).into());
+    }
     let slot = control
-        .prepare_slot(&pg.slot, create_slot, failover)
+        .prepare_slot(&pg.slot, pg.create_slot && !streamed, failover)
         .await?;
     Ok((control, slot))
 }
@@ -356,12 +369,7 @@ async fn connect<'a>(
     let pg = &config.postgres;
     // Resolved at every session so that a rotated password file is read again.
     let info = ConnInfo::from_config(pg).map_err(|e| ControlError::Setup(e.to_string()))?;
-    let (control, slot) = match prepare_slot(config, &info, pg.create_slot && !slot_seen).await {
-        Err(RelayError::Control(ControlError::SlotMissing { slot })) if slot_seen => {
-            return Err(slot_missing_after_streaming(&slot, &info, metrics).into());
-        }
-        other => other?,
-    };
+    let (control, slot) = prepare_slot(config, &info, slot_seen, metrics).await?;
     let wal_sender_timeout = control.wal_sender_timeout().await?;
     let status_interval = status_interval(config, wal_sender_timeout);
     let mut params = ConnectParams::new(info.pinned(control.endpoint()));
@@ -379,6 +387,13 @@ async fn connect<'a>(
             mapping.messages_enabled(),
         )
         .await?;
+    if !slot_seen && !control.server().in_recovery {
+        let marked = control.mark_streamed(&pg.publication, &pg.slot).await?;
+        if !marked {
+            warn!(publication = %pg.publication, slot = %pg.slot,
+                "cannot record in the publication's comment that this slot is streamed (it has another comment, or the role does not own the publication): a relay restarted after a failover without a failover slot would create a new slot instead of stopping");
+        }
+    }
     let (publisher, deliveries) = Publisher::new(&config.kafka)?;
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.
@@ -412,10 +427,10 @@ async fn connect<'a>(
 
 /// The slot vanished after this process streamed it: most likely a failover to a server that
 /// has no copy of it (no failover slot, or not synchronized yet). Never recreated silently.
-fn slot_missing_after_streaming(slot: &str, info: &ConnInfo, metrics: &Metrics) -> SlotGone {
+fn slot_missing_after_streaming(slot: &str, control: &Control, metrics: &Metrics) -> SlotGone {
     let what = format!(
-        "is not on the server the relay reached ({}): after a failover, the new primary had no synchronized copy of it (no failover slot, or not synced yet: see postgres.failover_slot and `outbox-relay check`), or it was dropped",
-        info.targets()
+        "was streamed before but is not on {}: either it was dropped, or a failover promoted a standby that had no synchronized copy of it (no failover slot, or not synced yet: see postgres.failover_slot and `outbox-relay check`)",
+        control.endpoint().target()
     );
     slot_watch::slot_gone(slot, what, metrics)
 }
