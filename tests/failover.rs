@@ -110,11 +110,18 @@ struct Written {
 
 /// `writers` writers, each writing transactions of 1 to 5 events through `url` (read-write:
 /// they follow the promotion) until `stop`; a writer whose connection breaks reconnects.
-async fn write_through(url: String, db: String, writers: usize, stop: Arc<AtomicBool>) -> Written {
+async fn write_through(
+    url: String,
+    db: String,
+    writers: usize,
+    stop: Arc<AtomicBool>,
+    pause: Arc<AtomicBool>,
+) -> Written {
     let mut tasks = Vec::new();
     for w in 0..writers {
         let url = url.clone();
         let stop = stop.clone();
+        let pause = pause.clone();
         let db = db.clone();
         tasks.push(tokio::spawn(async move {
             let mut out = Written::default();
@@ -122,6 +129,10 @@ async fn write_through(url: String, db: String, writers: usize, stop: Arc<Atomic
             let mut client = None;
             let mut txn = 0usize;
             while !stop.load(Relaxed) && Instant::now() < give_up {
+                if pause.load(Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
                 if client.is_none() {
                     match tokio_postgres::connect(&url, NoTls).await {
                         Ok((c, conn)) => {
@@ -229,6 +240,20 @@ async fn confirmed(url: &str, slot: &str) -> Option<u64> {
     .and_then(|t| t.parse().ok())
 }
 
+/// Runs `outbox-relay <cmd>` with `env`; stdout and stderr.
+fn command(env: &[(String, String)], cmd: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .arg(cmd)
+        .envs(env.iter().cloned())
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 fn topics(db: &TestDb) -> Vec<String> {
     vec![db.topic("order"), db.topic("customer")]
 }
@@ -246,7 +271,14 @@ async fn promotion_with_a_synchronized_failover_slot_loses_nothing() {
     let mut relay = RelayProcess::start(&relay_env_with(&db, &url, &[]), "failover_synced");
     wait_for_slot(&db, &mut relay).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let writers = tokio::spawn(write_through(url.clone(), db.name.clone(), 8, stop.clone()));
+    let pause = Arc::new(AtomicBool::new(false));
+    let writers = tokio::spawn(write_through(
+        url.clone(),
+        db.name.clone(),
+        8,
+        stop.clone(),
+        pause.clone(),
+    ));
 
     // Mid-stream: the slot is a failover slot, synced to the standby; then the crash.
     let primary_db = with_db(&pair.primary, &db.name);
@@ -276,11 +308,43 @@ async fn promotion_with_a_synchronized_failover_slot_loses_nothing() {
         Some("true"),
         "the relay creates a failover slot on 17+"
     );
+    // A manual slot sync keeps a not yet sync-ready copy only for the call, and with writers
+    // always running the remote slot's restart_lsn never passes the standby's position at the
+    // call: pause them while the copy becomes persistent. They resume before the crash.
+    pause.store(true, Relaxed);
     sync_slot(&pair, &db).await;
-    let before_crash: usize = query_text(&primary_db, "SELECT count(*) FROM outbox")
-        .await
-        .and_then(|n| n.parse().ok())
-        .unwrap();
+    pause.store(false, Relaxed);
+    // `check` sees the failover set-up on both hosts; `status` shows the slot's flags.
+    let env = relay_env_with(&db, &url, &[]);
+    let check = command(&env, "check");
+    for line in [
+        "postgres version",
+        "failover slot",
+        "is a failover slot",
+        "synchronized_standby_slots",
+        "keeps a synchronized, persistent copy of slot",
+    ] {
+        assert!(check.contains(line), "check should say `{line}`:\n{check}");
+    }
+    let status = command(&env, "status");
+    assert!(status.contains("failover      yes"), "{status}");
+    let count = |url: String| async move {
+        query_text(&url, "SELECT count(*) FROM outbox")
+            .await
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0)
+    };
+    let synced_at = count(primary_db.clone()).await;
+    wait_for(
+        "writers to go on after the sync",
+        Duration::from_secs(60),
+        || {
+            let c = count(primary_db.clone());
+            async move { c.await >= synced_at + 400 }
+        },
+    )
+    .await;
+    let before_crash = count(primary_db.clone()).await;
     services("pg-ha-crash");
     services("pg-ha-promote");
     // The writers go on on the promoted standby.
@@ -357,7 +421,14 @@ async fn promotion_without_a_failover_slot_stops_with_exit_3() {
     let mut relay = RelayProcess::start(&env, "failover_no_slot");
     wait_for_slot(&db, &mut relay).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let writers = tokio::spawn(write_through(url.clone(), db.name.clone(), 8, stop.clone()));
+    let pause = Arc::new(AtomicBool::new(false));
+    let writers = tokio::spawn(write_through(
+        url.clone(),
+        db.name.clone(),
+        8,
+        stop.clone(),
+        pause.clone(),
+    ));
 
     let primary_db = with_db(&pair.primary, &db.name);
     let mut last_confirmed = 0;
