@@ -323,6 +323,8 @@ async fn promotion_with_a_synchronized_failover_slot_loses_nothing() {
         "is a failover slot",
         "synchronized_standby_slots",
         "keeps a synchronized, persistent copy of slot",
+        // The test syncs by hand (pg_sync_replication_slots), with the worker off.
+        "sync_replication_slots = 'off' (needs 'on')",
     ] {
         assert!(check.contains(line), "check should say `{line}`:\n{check}");
     }

@@ -181,7 +181,6 @@ async fn standbys(control: &Control, config: &Config) -> Vec<Item> {
                 format!("cannot keep slot `{name}` across a failover: {}", wrong.join(", ")),
                 "on the standby: ALTER SYSTEM SET sync_replication_slots = on; ALTER SYSTEM SET hot_standby_feedback = on; ALTER SYSTEM SET primary_slot_name = '<its physical slot>'; primary_conninfo must include dbname; SELECT pg_reload_conf();",
             ));
-            continue;
         }
         items.push(match standby.slot(name).await {
             Ok(Some(s)) if s.synced == Some(true) && !s.temporary => ok(
