@@ -128,12 +128,6 @@ fn certificate_problem(error: &tokio_postgres::Error) -> Option<String> {
     None
 }
 
-/// The password to connect with: `postgres.password_file`, else the URL's, else `PGPASSWORD`.
-pub fn password(pg: &PostgresConfig) -> Result<Option<String>, ControlError> {
-    let info = ConnInfo::from_config(pg).map_err(|e| ControlError::Setup(e.to_string()))?;
-    Ok(info.password().map(str::to_string))
-}
-
 fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> ControlError {
     let what = what.into();
     move |source| ControlError::Query { what, source }

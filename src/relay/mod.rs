@@ -330,10 +330,8 @@ async fn prepare_slot(
             .await?;
     }
     let missing = control.slot(&pg.slot).await?.is_none();
-    let streamed = slot_seen
-        || (missing
-            && pg.create_slot
-            && control.streamed_before(&pg.publication, &pg.slot).await?);
+    let streamed =
+        slot_seen || (missing && control.streamed_before(&pg.publication, &pg.slot).await?);
     if missing && streamed {
         return Err(slot_missing_after_streaming(&pg.slot, &control, metrics).into());
     }
