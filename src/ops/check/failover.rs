@@ -212,3 +212,35 @@ async fn setting(control: &Control, name: &str) -> Option<String> {
         .flatten()
         .map(|r| r.get(0))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(version_num: i32) -> ServerState {
+        ServerState {
+            in_recovery: false,
+            read_only: false,
+            version_num,
+        }
+    }
+
+    #[test]
+    fn the_version_item_says_what_the_version_enables() {
+        let v14 = version(server(140012)).unwrap();
+        assert!(
+            v14.detail.starts_with("PostgreSQL 14.12: "),
+            "{}",
+            v14.detail
+        );
+        assert!(v14.detail.contains("no skipping of empty transactions"));
+        assert!(!v14.detail.contains("failover slots"));
+        let v17 = version(server(170002)).unwrap();
+        assert!(v17
+            .detail
+            .contains("logical decoding on a standby, failover slots"));
+        let v13 = version(server(130016)).unwrap_err();
+        assert_eq!(v13.status, super::super::Status::Problem);
+        assert!(v13.detail.contains("needs PostgreSQL 14 or newer"));
+    }
+}
