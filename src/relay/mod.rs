@@ -395,12 +395,12 @@ async fn connect<'a>(
     let (publisher, deliveries) = Publisher::new(&config.kafka)?;
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.
+    // Gone already (dropped right after START_REPLICATION): it was streamed, so events may be
+    // missing; never to be recreated.
     let slot = control
         .slot(&pg.slot)
         .await?
-        .ok_or_else(|| ControlError::SlotMissing {
-            slot: pg.slot.clone(),
-        })?;
+        .ok_or_else(|| slot_missing_after_streaming(&pg.slot, &control, metrics))?;
     let start = slot.confirmed_flush_lsn.unwrap_or_default();
     if slot.active_pid != Some(stream.backend_pid()) {
         warn!(slot = %pg.slot, active_pid = ?slot.active_pid, our_pid = stream.backend_pid(),
