@@ -240,7 +240,12 @@ async fn status_shows_the_active_slot_and_the_lag_closing() {
 
     let before = ops(&db.relay_env(), &["status", "--json"]).await;
     assert_eq!(before.code, 0, "{before}");
-    let before = before.json();
+    // The server's position is pg_current_wal_lsn(), what was *written*: with asynchronous
+    // commits the backlog's WAL may still sit in the WAL buffers for a moment (seen on 17).
+    let before = wait_for_status(&db.relay_env(), "the backlog's WAL to be written", |s| {
+        s["slot"]["lag_bytes"].as_u64().is_some_and(|lag| lag > 0)
+    })
+    .await;
     assert_eq!(before["slot"]["exists"], true);
     assert_eq!(before["slot"]["active"], false);
     assert!(
@@ -1072,6 +1077,14 @@ topic = "{p}.dlq"
 /// a problem, each named with its setting.
 #[tokio::test]
 async fn check_names_configured_columns_pgoutput_cannot_deliver() {
+    let major: u32 = std::env::var("OUTBOX_TEST_PG_VERSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15);
+    if major < 15 {
+        println!("SKIPPED check_names_configured_columns_pgoutput_cannot_deliver: publication column lists need PostgreSQL 15+, this run has {major}");
+        return;
+    }
     let db = TestDb::new().await;
     db.create_slot().await;
     let client = db.client().await;

@@ -103,6 +103,56 @@ pub struct PostgresConfig {
     /// and answers every status update), at least two status intervals; 30000 when the server's
     /// `wal_sender_timeout` is 0. Otherwise >= 2 × `status_interval_ms`.
     pub receive_timeout_ms: u64,
+    /// Create the slot as a failover slot (PostgreSQL 17+: synchronized to standbys with
+    /// `sync_replication_slots`, so that it survives a promotion), or turn failover on for an
+    /// existing slot: `auto` (on when the server is 17 or newer), `true` (refuse to run on an
+    /// older server), `false` (leave the slot as it is).
+    pub failover_slot: FailoverSlot,
+}
+
+/// `postgres.failover_slot`: `"auto"`, or `true`/`false` (as strings or booleans).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailoverSlot {
+    Auto,
+    True,
+    False,
+}
+
+impl FailoverSlot {
+    pub const NAMES: &'static [&'static str] = &["auto", "true", "false"];
+
+    /// Whether the slot should be a failover slot on a server of this version.
+    pub fn wanted(self, server_version_num: i32) -> bool {
+        match self {
+            FailoverSlot::Auto => server_version_num >= 170000,
+            FailoverSlot::True => true,
+            FailoverSlot::False => false,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FailoverSlot {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Name(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Flag(true) => Ok(FailoverSlot::True),
+            Raw::Flag(false) => Ok(FailoverSlot::False),
+            Raw::Name(n) => match n.as_str() {
+                "auto" => Ok(FailoverSlot::Auto),
+                "true" => Ok(FailoverSlot::True),
+                "false" => Ok(FailoverSlot::False),
+                _ => Err(serde::de::Error::custom(format!(
+                    "`{n}` must be one of auto|true|false"
+                ))),
+            },
+        }
+    }
 }
 
 /// TCP settings for both PostgreSQL connections, resolved from `[postgres]` and the URL.
@@ -170,6 +220,7 @@ impl Default for PostgresConfig {
             tcp_user_timeout_ms: DEFAULT_TCP_USER_TIMEOUT_MS,
             // 0: derived from the server's `wal_sender_timeout`.
             receive_timeout_ms: 0,
+            failover_slot: FailoverSlot::Auto,
         }
     }
 }
@@ -201,6 +252,7 @@ impl fmt::Debug for PostgresConfig {
             .field("keepalives_retries", &self.keepalives_retries)
             .field("tcp_user_timeout_ms", &self.tcp_user_timeout_ms)
             .field("receive_timeout_ms", &self.receive_timeout_ms)
+            .field("failover_slot", &self.failover_slot)
             .finish()
     }
 }

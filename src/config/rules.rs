@@ -27,10 +27,12 @@ pub fn is_topic_byte(b: u8) -> bool {
 
 /// Removes `sslmode` and `sslrootcert` from a URL or `key=value` connection string: `(the rest,
 /// sslmode, sslrootcert)`. tokio-postgres' parser knows neither `verify-ca` nor `verify-full`,
-/// so these two parameters are read by the relay itself.
+/// so these two parameters are read by the relay itself. `target_session_attrs` goes too: the
+/// parser does not know all of libpq's values, and `postgres::conninfo` reads it itself.
 pub fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
     let (mut mode, mut root) = (None, None);
     let mut take = |key: &str, value: &str| match key {
+        "target_session_attrs" => true,
         "sslmode" => {
             mode = Some(value.to_string());
             true

@@ -207,7 +207,8 @@ pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
         }
         .into());
     }
-    let created = control.create_slot(slot).await?;
+    let failover = pg.failover_slot.wanted(control.server().version_num);
+    let created = control.create_slot(slot, failover).await?;
     let info = existing(&control, slot).await?;
     check_slot_usable(&info)?;
     let action = if created {
@@ -503,6 +504,9 @@ mod tests {
             confirmed_flush_lsn: Some(Lsn(confirmed)),
             wal_status: Some("reserved".into()),
             safe_wal_size: None,
+            failover: None,
+            synced: None,
+            temporary: false,
         }
     }
 

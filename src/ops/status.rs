@@ -46,6 +46,10 @@ pub struct SlotStatus {
     pub lag_bytes: Option<u64>,
     /// WAL the server keeps for this slot (from `restart_lsn`).
     pub retained_wal_bytes: Option<u64>,
+    /// A failover slot (PostgreSQL 17+; `None` before).
+    pub failover: Option<bool>,
+    /// A copy kept by slot synchronization (on a standby, or after its promotion).
+    pub synced: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -174,6 +178,8 @@ fn slot_status(
             restart_lsn: None,
             lag_bytes: None,
             retained_wal_bytes: None,
+            failover: None,
+            synced: None,
         };
     };
     SlotStatus {
@@ -189,6 +195,8 @@ fn slot_status(
         retained_wal_bytes: info.restart_lsn.map(|r| r.bytes_until(server)),
         confirmed_flush_lsn: info.confirmed_flush_lsn,
         restart_lsn: info.restart_lsn,
+        failover: info.failover,
+        synced: info.synced,
     }
 }
 
@@ -364,6 +372,18 @@ fn write_slot(f: &mut fmt::Formatter<'_>, s: &SlotStatus, server: Lsn) -> fmt::R
             ""
         }
     )?;
+    let flag = |b: Option<bool>| {
+        b.map_or(
+            "n/a (before PostgreSQL 17)",
+            |b| if b { "yes" } else { "no" },
+        )
+    };
+    writeln!(
+        f,
+        "  failover      {}, synced {}",
+        flag(s.failover),
+        flag(s.synced)
+    )?;
     let lsn = |l: Option<Lsn>| l.map_or("-".to_string(), |l| l.to_string());
     writeln!(f, "  confirmed     {}", lsn(s.confirmed_flush_lsn))?;
     writeln!(f, "  restart       {}", lsn(s.restart_lsn))?;
@@ -474,6 +494,9 @@ mod tests {
             confirmed_flush_lsn: Some(Lsn(0x2000)),
             wal_status: Some("reserved".into()),
             safe_wal_size: None,
+            failover: None,
+            synced: None,
+            temporary: false,
         }
     }
 

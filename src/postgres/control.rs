@@ -9,7 +9,9 @@ use tracing::{info, warn};
 
 use crate::config::PostgresConfig;
 use crate::lsn::Lsn;
-use crate::postgres::tls::TlsSettings;
+use crate::postgres::conninfo::{
+    ConnInfo, Endpoint, HostsError, NoHost, ServerState, SERVER_STATE_SQL,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -31,6 +33,9 @@ pub enum ControlError {
     SlotLost { slot: String, confirmed: Lsn },
     #[error("slot `{slot}` does not exist and postgres.create_slot is off: create it with `outbox-relay slot create`")]
     SlotMissing { slot: String },
+    /// Several hosts, none usable.
+    #[error(transparent)]
+    Hosts(NoHost),
 }
 
 impl ControlError {
@@ -46,6 +51,7 @@ impl ControlError {
                         .as_db_error()
                         .is_none_or(|db| sqlstate_is_transient(db.code().code()))
             }
+            ControlError::Hosts(all) => all.is_transient(),
             _ => false,
         }
     }
@@ -102,6 +108,11 @@ pub struct SlotInfo {
     pub confirmed_flush_lsn: Option<Lsn>,
     pub wal_status: Option<String>,
     pub safe_wal_size: Option<i64>,
+    /// `failover` (PostgreSQL 17+; `None` before).
+    pub failover: Option<bool>,
+    /// `synced`: a copy kept by slot synchronization on a standby (17+).
+    pub synced: Option<bool>,
+    pub temporary: bool,
 }
 
 /// Quotes an SQL identifier: `"` doubled, wrapped in `"`.
@@ -111,6 +122,9 @@ pub fn quote_ident(name: &str) -> String {
 
 pub struct Control {
     client: Client,
+    /// The host it reached, and what that server said about itself at connect time.
+    endpoint: Endpoint,
+    server: ServerState,
 }
 
 /// A certificate verification failure somewhere in the error chain: a set-up problem that
@@ -127,16 +141,6 @@ fn certificate_problem(error: &tokio_postgres::Error) -> Option<String> {
     None
 }
 
-/// The password to connect with: `postgres.password_file`, else the URL's, else `PGPASSWORD`.
-pub fn password(pg: &PostgresConfig) -> Result<Option<String>, ControlError> {
-    let configured = pg
-        .password()
-        .map_err(|e| ControlError::Setup(e.to_string()))?;
-    Ok(configured
-        .map(|s| s.expose().to_string())
-        .or_else(|| std::env::var("PGPASSWORD").ok()))
-}
-
 /// Maps a query error to [`ControlError::Query`], naming what was being done.
 pub fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> ControlError {
     let what = what.into();
@@ -148,50 +152,44 @@ fn parse_lsn(text: Option<String>) -> Option<Lsn> {
 }
 
 impl Control {
-    /// Connects as `[postgres]` says: URL, password (file, URL or `PGPASSWORD`), TLS mode
-    /// and CA, connect timeout, TCP keepalives and user timeout.
+    /// Connects as `[postgres]` says (see [`ConnInfo`]).
     pub async fn connect(pg: &PostgresConfig) -> Result<Control, ControlError> {
-        let (tls, url) = TlsSettings::resolve(pg);
-        let mut config: tokio_postgres::Config =
-            url.parse().map_err(|source| ControlError::Connect {
-                target: "the configured URL".into(),
-                source,
-            })?;
-        if let Some(p) = password(pg)? {
-            config.password(p);
-        }
-        config.connect_timeout(Duration::from_millis(pg.connect_timeout_ms));
-        // Keepalives and user timeout as on the replication connection (keys or URL).
-        let keepalive = pg.tcp_keepalive();
-        config
-            .keepalives(keepalive.enabled)
-            .keepalives_idle(keepalive.idle)
-            .keepalives_interval(keepalive.interval)
-            .keepalives_retries(keepalive.retries);
-        // Zero is the system default (and replaces a URL value read in the wrong unit).
-        config.tcp_user_timeout(keepalive.user_timeout.unwrap_or(Duration::ZERO));
-        config.application_name("outbox-relay control");
-        config.ssl_mode(tls.tokio_postgres_mode());
-        let target = describe_target(&config);
-        let make_tls = tls
+        let info = ConnInfo::from_config(pg).map_err(|e| ControlError::Setup(e.to_string()))?;
+        Control::open(&info).await
+    }
+
+    /// Connects to the first host of `info` whose server satisfies its
+    /// `target_session_attrs`.
+    pub async fn open(info: &ConnInfo) -> Result<Control, ControlError> {
+        let make_tls = info
+            .tls
             .make_tls()
             .map_err(|e| ControlError::Setup(e.to_string()))?;
-        let (client, connection) =
-            config
-                .connect(make_tls)
-                .await
-                .map_err(|source| match certificate_problem(&source) {
-                    Some(why) => ControlError::Setup(format!(
-                        "TLS to PostgreSQL ({target}) failed: {why}; check postgres.ssl_root_cert (the CA that signed the server's certificate) and that the host name matches it"
-                    )),
-                    None => ControlError::Connect { target, source },
-                })?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                warn!(error = %error, "control connection closed");
-            }
-        });
-        Ok(Control { client })
+        let opened = info
+            .connect_first(
+                |endpoint| open_one(info, endpoint, make_tls.clone()),
+                ControlError::is_transient,
+            )
+            .await;
+        match opened {
+            Ok((client, endpoint, server)) => Ok(Control {
+                client,
+                endpoint,
+                server,
+            }),
+            Err(HostsError::One(e)) => Err(e),
+            Err(HostsError::All(all)) => Err(ControlError::Hosts(all)),
+        }
+    }
+
+    /// The host this connection reached.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The server's role and version as seen at connect time.
+    pub fn server(&self) -> ServerState {
+        self.server
     }
 
     pub fn client(&self) -> &Client {
@@ -203,8 +201,10 @@ impl Control {
             .client
             .query_opt(
                 "SELECT slot_name::text, plugin::text, slot_type, database::text, active, active_pid,
-                        restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size
-                 FROM pg_replication_slots WHERE slot_name = $1",
+                        restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size,
+                        (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool,
+                        temporary
+                 FROM pg_replication_slots s WHERE slot_name = $1",
                 &[&slot],
             )
             .await
@@ -220,29 +220,65 @@ impl Control {
             confirmed_flush_lsn: parse_lsn(r.get(7)),
             wal_status: r.get(8),
             safe_wal_size: r.get(9),
+            failover: r.get(10),
+            synced: r.get(11),
+            temporary: r.get(12),
         }))
     }
 
-    /// Creates the logical slot (pgoutput) when missing; returns whether it was created.
-    pub async fn create_slot(&self, slot: &str) -> Result<bool, ControlError> {
+    /// Creates the logical slot (pgoutput) when missing, as a failover slot (PostgreSQL 17+)
+    /// when `failover`; returns whether it was created.
+    pub async fn create_slot(&self, slot: &str, failover: bool) -> Result<bool, ControlError> {
         if self.slot(slot).await?.is_some() {
             return Ok(false);
         }
-        self.client
-            .execute(
-                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[&slot],
-            )
-            .await
-            .map_err(query_err(format!("creating slot `{slot}`")))?;
-        info!(slot, "created logical replication slot (pgoutput)");
+        if failover {
+            self.require_failover_slots()?;
+            self.client
+                .execute(
+                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)",
+                    &[&slot],
+                )
+                .await
+                .map_err(query_err(format!("creating failover slot `{slot}`")))?;
+        } else {
+            self.client
+                .execute(
+                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                    &[&slot],
+                )
+                .await
+                .map_err(query_err(format!("creating slot `{slot}`")))?;
+        }
+        info!(
+            slot,
+            failover, "created logical replication slot (pgoutput)"
+        );
         Ok(true)
     }
 
-    /// Checks the slot can be streamed by us and returns it; creates it when allowed.
-    pub async fn prepare_slot(&self, slot: &str, create: bool) -> Result<SlotInfo, ControlError> {
+    /// Failover slots need PostgreSQL 17.
+    pub fn require_failover_slots(&self) -> Result<(), ControlError> {
+        if self.server.version_num < 170000 {
+            return Err(ControlError::Setup(format!(
+                "postgres.failover_slot = true needs PostgreSQL 17 or newer, and {} runs {}: set failover_slot = \"auto\" or \"false\"",
+                self.endpoint.target(),
+                crate::postgres::conninfo::version_name(self.server.version_num)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks the slot can be streamed by us and returns it; creates it when allowed (as a
+    /// failover slot when `failover`).
+    pub async fn prepare_slot(
+        &self,
+        slot: &str,
+        create: bool,
+        failover: bool,
+    ) -> Result<SlotInfo, ControlError> {
         if create {
-            self.create_slot(slot).await?;
+            self.create_slot(slot, failover).await?;
         }
         let info = self
             .slot(slot)
@@ -250,6 +286,59 @@ impl Control {
             .ok_or_else(|| ControlError::SlotMissing { slot: slot.into() })?;
         check_slot_usable(&info)?;
         Ok(info)
+    }
+
+    /// Whether a relay recorded (with [`Control::mark_streamed`]) that it streamed `slot`
+    /// through `publication`: the mark lives in the publication's comment, which travels with
+    /// the database to a promoted standby, so a relay restarted after a failover knows that a
+    /// missing slot means lost events rather than a first start.
+    pub async fn streamed_before(
+        &self,
+        publication: &str,
+        slot: &str,
+    ) -> Result<bool, ControlError> {
+        let comment = self.publication_comment(publication).await?;
+        Ok(comment
+            .as_deref()
+            .is_some_and(|c| c.lines().any(|l| l == streamed_mark(slot))))
+    }
+
+    /// Records that `slot` is streamed through `publication` (see
+    /// [`Control::streamed_before`]). Leaves a comment someone else wrote alone: returns false
+    /// then, or when the role may not comment on the publication.
+    pub async fn mark_streamed(&self, publication: &str, slot: &str) -> Result<bool, ControlError> {
+        let mark = streamed_mark(slot);
+        let comment = self.publication_comment(publication).await?;
+        let lines: Vec<&str> = comment.as_deref().unwrap_or("").lines().collect();
+        if lines.contains(&mark.as_str()) {
+            return Ok(true);
+        }
+        if lines.iter().any(|l| !l.starts_with(STREAMED_MARK_PREFIX)) {
+            return Ok(false);
+        }
+        let mut text = lines.join("\n");
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&mark);
+        let sql = format!(
+            "COMMENT ON PUBLICATION {} IS '{}'",
+            quote_ident(publication),
+            text.replace('\'', "''")
+        );
+        Ok(self.client.batch_execute(&sql).await.is_ok())
+    }
+
+    async fn publication_comment(&self, publication: &str) -> Result<Option<String>, ControlError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
+                &[&publication],
+            )
+            .await
+            .map_err(query_err("reading the publication's comment"))?;
+        Ok(row.and_then(|r| r.get(0)))
     }
 
     /// The server's `wal_sender_timeout`, which bounds our status update interval.
@@ -488,14 +577,48 @@ impl Control {
     }
 }
 
-fn describe_target(config: &tokio_postgres::Config) -> String {
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
-        None => "localhost".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
+/// One host: connect, then ask the server its role and version.
+async fn open_one(
+    info: &ConnInfo,
+    endpoint: Endpoint,
+    make_tls: postgres_openssl::MakeTlsConnector,
+) -> Result<(Client, ServerState), ControlError> {
+    let config = info.tokio_config(&endpoint, "outbox-relay control");
+    let target = endpoint.target();
+    let (client, connection) =
+        config
+            .connect(make_tls)
+            .await
+            .map_err(|source| match certificate_problem(&source) {
+                Some(why) => ControlError::Setup(format!(
+                    "TLS to PostgreSQL ({target}) failed: {why}; check postgres.ssl_root_cert (the CA that signed the server's certificate) and that the host name matches it"
+                )),
+                None => ControlError::Connect { target: target.clone(), source },
+            })?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            warn!(error = %error, "control connection closed");
+        }
+    });
+    let row = client
+        .query_one(SERVER_STATE_SQL, &[])
+        .await
+        .map_err(query_err(format!(
+            "asking {target} for its role and version"
+        )))?;
+    let state = ServerState::from_row(row.get(0), row.get(1), row.get(2)).ok_or_else(|| {
+        ControlError::Setup(format!(
+            "{target} returned an unreadable server_version_num"
+        ))
+    })?;
+    Ok((client, state))
+}
+
+const STREAMED_MARK_PREFIX: &str = "outbox-relay streams slot ";
+
+/// The publication comment line that records a streamed slot.
+fn streamed_mark(slot: &str) -> String {
+    format!("{STREAMED_MARK_PREFIX}{slot}")
 }
 
 /// A slot we can stream: logical, pgoutput, not lost.
@@ -537,6 +660,9 @@ mod tests {
             confirmed_flush_lsn: Some(Lsn(7)),
             wal_status: Some(status.into()),
             safe_wal_size: None,
+            failover: None,
+            synced: None,
+            temporary: false,
         }
     }
 

@@ -33,7 +33,8 @@ use tracing::{error, info, warn};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::mapping::{MappingError, OutboxMapping};
-use crate::postgres::control::{Control, ControlError};
+use crate::postgres::conninfo::ConnInfo;
+use crate::postgres::control::{Control, ControlError, SlotInfo};
 use crate::relay::ledger::LedgerError;
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::publisher::{self, PublishError, Publisher, Rejection};
@@ -302,22 +303,61 @@ impl Backoff {
     }
 }
 
-/// Opens the control connection and makes sure publication and slot exist. A slot is created
-/// only when `create_slot` is set and it has never been streamed by this process.
-async fn prepare_slot(config: &Config, create_slot: bool) -> Result<Control, RelayError> {
+/// Opens the control connection to the first server of `info` that satisfies
+/// `target_session_attrs`, refuses an unsupported version, and makes sure publication and slot
+/// exist. A slot is created only when `create_slot` is set and it has never been streamed by
+/// this process; on PostgreSQL 17+ (or as `postgres.failover_slot` says) as a failover slot.
+///
+/// "Streamed before" is this process's memory (`slot_seen`) or the mark a relay leaves in the
+/// publication's comment (which a promoted standby has too): then a missing slot means lost
+/// events, and the relay stops (exit 3) instead of creating a new one.
+async fn prepare_slot(
+    config: &Config,
+    info: &ConnInfo,
+    slot_seen: bool,
+    metrics: &Metrics,
+) -> Result<(Control, SlotInfo), RelayError> {
     let pg = &config.postgres;
-    let control = slot_watch::connect(config).await?;
-    if pg.create_publication {
+    let control = Control::open(info).await?;
+    let server = control.server();
+    if let Some(why) = server.unsupported() {
+        return Err(ControlError::Setup(why).into());
+    }
+    let failover = wants_failover(config, &control)?;
+    if pg.create_publication && !server.in_recovery {
         control
             .ensure_publication_tables(&pg.publication, &config.outbox.publication_tables())
             .await?;
     }
-    control.prepare_slot(&pg.slot, create_slot).await?;
-    Ok(control)
+    let missing = control.slot(&pg.slot).await?.is_none();
+    let streamed =
+        slot_seen || (missing && control.streamed_before(&pg.publication, &pg.slot).await?);
+    if missing && streamed {
+        return Err(slot_missing_after_streaming(&pg.slot, &control, metrics).into());
+    }
+    let slot = control
+        .prepare_slot(&pg.slot, pg.create_slot && !streamed, failover)
+        .await?;
+    Ok((control, slot))
+}
+
+/// Whether the slot should be a failover slot here: never on a standby (decoding on a standby
+/// keeps its own slot); refuses `failover_slot = true` on a server older than 17.
+fn wants_failover(config: &Config, control: &Control) -> Result<bool, ControlError> {
+    let wanted = config
+        .postgres
+        .failover_slot
+        .wanted(control.server().version_num);
+    if wanted {
+        control.require_failover_slots()?;
+    }
+    Ok(wanted && !control.server().in_recovery)
 }
 
 /// A session on the real servers: the slot prepared, the walsender streaming from the slot's
-/// confirmed position, a fresh producer.
+/// confirmed position, a fresh producer. Both connections reach the same server: the control
+/// connection picks the first host that satisfies `target_session_attrs`, the replication
+/// connection is pinned to it (and checks the attributes again).
 async fn connect<'a>(
     config: &Config,
     mapping: &'a OutboxMapping,
@@ -325,20 +365,19 @@ async fn connect<'a>(
     slot_seen: bool,
 ) -> Result<Session<'a, ReplicationStream, Publisher, Control>, RelayError> {
     let pg = &config.postgres;
-    let control = match prepare_slot(config, pg.create_slot && !slot_seen).await {
-        Err(RelayError::Control(ControlError::SlotMissing { slot })) if slot_seen => {
-            let dropped = slot_watch::GoneCause::Dropped;
-            return Err(slot_watch::slot_gone(&slot, dropped, metrics).into());
-        }
-        other => other?,
-    };
+    // Resolved at every session so that a rotated password file is read again.
+    let info = ConnInfo::from_config(pg).map_err(|e| ControlError::Setup(e.to_string()))?;
+    let (control, slot) = prepare_slot(config, &info, slot_seen, metrics).await?;
     let wal_sender_timeout = control.wal_sender_timeout().await?;
     let status_interval = status_interval(config, wal_sender_timeout);
-    let mut params = ConnectParams::from_config(pg)?;
+    let mut params = ConnectParams::new(info.pinned(control.endpoint()));
     params.receive_timeout =
         receive_timeout(pg.receive_timeout_ms, wal_sender_timeout, status_interval);
-    let stream = WalSender::connect(&params)
-        .await?
+    let mut sender = WalSender::connect(&params).await?;
+    if wants_failover(config, &control)? && slot.failover == Some(false) {
+        enable_failover(&mut sender, &pg.slot).await?;
+    }
+    let stream = sender
         .start_replication(
             &pg.slot,
             &pg.publication,
@@ -346,23 +385,31 @@ async fn connect<'a>(
             mapping.messages_enabled(),
         )
         .await?;
+    if !slot_seen && !control.server().in_recovery {
+        let marked = control.mark_streamed(&pg.publication, &pg.slot).await?;
+        if !marked {
+            warn!(publication = %pg.publication, slot = %pg.slot,
+                "cannot record in the publication's comment that this slot is streamed (it has another comment, or the role does not own the publication): a relay restarted after a failover without a failover slot would create a new slot instead of stopping");
+        }
+    }
     // Exactly-once: fences older producers of this slot, reads where Kafka stands.
     let (publisher, deliveries, progress) =
         crate::sink::open(&config.kafka, control.client(), &pg.slot).await?;
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.
+    // Gone already (dropped right after START_REPLICATION): it was streamed, so events may be
+    // missing; never to be recreated.
     let slot = control
         .slot(&pg.slot)
         .await?
-        .ok_or_else(|| ControlError::SlotMissing {
-            slot: pg.slot.clone(),
-        })?;
+        .ok_or_else(|| slot_missing_after_streaming(&pg.slot, &control, metrics))?;
     let start = slot.confirmed_flush_lsn.unwrap_or_default();
     if slot.active_pid != Some(stream.backend_pid()) {
         warn!(slot = %pg.slot, active_pid = ?slot.active_pid, our_pid = stream.backend_pid(),
             "slot is not reported as held by our connection");
     }
     info!(slot = %pg.slot, publication = %pg.publication, start = %start,
+        server = %control.endpoint().target(), failover = ?slot.failover,
         backend_pid = stream.backend_pid(), status_interval_ms = status_interval.as_millis() as u64,
         "streaming from the slot's confirmed position");
     metrics.set_lsns(start, start);
@@ -376,6 +423,37 @@ async fn connect<'a>(
         catalog: control,
     };
     Ok(Session::new(settings, mapping, metrics, ends, start).skipping_below(progress))
+}
+
+/// The slot vanished after this process streamed it: most likely a failover to a server that
+/// has no copy of it (no failover slot, or not synchronized yet). Never recreated silently.
+fn slot_missing_after_streaming(slot: &str, control: &Control, metrics: &Metrics) -> SlotGone {
+    let server = control.endpoint().target();
+    slot_watch::slot_gone(slot, slot_watch::GoneCause::Missing { server }, metrics)
+}
+
+/// Turns failover on for an existing slot (PostgreSQL 17+), over the replication connection.
+async fn enable_failover(sender: &mut WalSender, slot: &str) -> Result<(), RelayError> {
+    let command = alter_failover_command(slot);
+    match sender.simple_query(&command).await {
+        Ok(_) => {
+            info!(slot, "turned failover on for the existing slot");
+            Ok(())
+        }
+        Err(ReplicationError::Server(e)) => Err(ControlError::Setup(format!(
+            "cannot turn failover on for slot `{slot}`: {e}; run `{command}` over a replication connection (psql \"dbname=... replication=database\"), or set postgres.failover_slot = \"false\""
+        ))
+        .into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `ALTER_REPLICATION_SLOT "slot" ( FAILOVER true )`.
+pub fn alter_failover_command(slot: &str) -> String {
+    format!(
+        "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
+        crate::postgres::control::quote_ident(slot)
+    )
 }
 
 fn now_ms() -> i64 {

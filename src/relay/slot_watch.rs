@@ -25,27 +25,32 @@ pub struct SlotGone {
 }
 
 /// How the slot went: a lost slot still exists (and must be dropped before it can be created
-/// again), a dropped one does not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// again), a dropped one does not, and one missing on the server the relay now reaches may be
+/// either (a failover to a standby without a synchronized copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GoneCause {
     /// `wal_status = lost`: PostgreSQL removed WAL the slot still needed.
     Lost,
     /// The slot disappeared while the relay ran.
     Dropped,
+    /// The slot was streamed before (the mark in the publication's comment says so) but is not
+    /// on this server, named here.
+    Missing { server: String },
 }
 
 impl GoneCause {
-    fn what(self) -> &'static str {
+    fn what(&self) -> String {
         match self {
-            GoneCause::Lost => "is lost (wal_status = lost): PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)",
-            GoneCause::Dropped => "was dropped while the relay ran",
+            GoneCause::Lost => "is lost (wal_status = lost): PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)".into(),
+            GoneCause::Dropped => "was dropped while the relay ran".into(),
+            GoneCause::Missing { server } => format!("was streamed before but is not on {server}: either it was dropped, or a failover promoted a standby that had no synchronized copy of it (no failover slot, or not synced yet: see postgres.failover_slot and `outbox-relay check`)"),
         }
     }
 
-    fn recovery(self) -> &'static str {
+    fn recovery(&self) -> &'static str {
         match self {
             GoneCause::Lost => "`outbox-relay slot drop --yes` (the lost slot still exists), `outbox-relay slot create`",
-            GoneCause::Dropped => "`outbox-relay slot create`",
+            GoneCause::Dropped | GoneCause::Missing { .. } => "`outbox-relay slot create`",
         }
     }
 }

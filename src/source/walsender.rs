@@ -31,6 +31,9 @@ use tokio_postgres::config::Host;
 
 use crate::config::{PostgresConfig, SslMode, TcpKeepalive, FALLBACK_RECEIVE_TIMEOUT_MS};
 use crate::lsn::Lsn;
+use crate::postgres::conninfo::{
+    ConnInfo, Endpoint, HostsError, NoHost, ServerState, SERVER_STATE_SQL,
+};
 use crate::postgres::tls::{server_end_point, TlsSettings};
 
 /// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 UTC).
@@ -98,6 +101,9 @@ pub enum ReplicationError {
     Protocol(String),
     #[error("invalid PostgreSQL URL: {0}")]
     Url(String),
+    /// Several hosts, none usable.
+    #[error(transparent)]
+    Hosts(NoHost),
     #[error("TLS with PostgreSQL failed: {0}")]
     Tls(String),
     /// The handshake broke off (server restarting, network): worth another try.
@@ -121,24 +127,17 @@ impl ReplicationError {
             | ReplicationError::SlotActive { .. } => true,
             // Shutdown, crash recovery, too many connections: the server will be back.
             ReplicationError::Server(e) => crate::postgres::control::sqlstate_is_transient(&e.code),
+            ReplicationError::Hosts(all) => all.is_transient(),
             _ => false,
         }
     }
 }
 
-/// Where and as whom to connect, taken from a libpq-style URL.
+/// Where and as whom to connect (the resolved [`ConnInfo`]), and the stream's own settings.
 #[derive(Clone)]
 pub struct ConnectParams {
-    pub tls: TlsSettings,
-    pub host: Host,
-    pub port: u16,
-    pub user: String,
-    pub password: Option<Vec<u8>>,
-    pub dbname: String,
+    pub info: ConnInfo,
     pub application_name: String,
-    pub connect_timeout: Duration,
-    /// TCP keepalives and user timeout for the socket.
-    pub keepalive: TcpKeepalive,
     /// No frame for this long while streaming ends the stream (see [`receive_timeout`]).
     pub receive_timeout: Duration,
 }
@@ -146,78 +145,35 @@ pub struct ConnectParams {
 impl std::fmt::Debug for ConnectParams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnectParams")
-            .field("target", &self.target())
-            .field("user", &self.user)
-            .field("dbname", &self.dbname)
+            .field("info", &self.info)
+            .field("application_name", &self.application_name)
             .finish_non_exhaustive()
     }
 }
 
 impl ConnectParams {
-    /// Host, port, user, password, database and TLS as `[postgres]` says.
+    /// The replication connection to the servers `info` describes.
+    pub fn new(info: ConnInfo) -> Self {
+        ConnectParams {
+            info,
+            application_name: "outbox-relay".into(),
+            receive_timeout: Duration::from_millis(FALLBACK_RECEIVE_TIMEOUT_MS),
+        }
+    }
+
+    /// Hosts, credentials, database and TLS as `[postgres]` says.
     pub fn from_config(pg: &PostgresConfig) -> Result<Self, ReplicationError> {
-        let (tls, url) = TlsSettings::resolve(pg);
-        let password = crate::postgres::control::password(pg)
-            .map_err(|e| ReplicationError::Url(e.to_string()))?;
-        let mut params = Self::from_url(
-            &url,
-            password.as_deref(),
-            Duration::from_millis(pg.connect_timeout_ms),
-        )?;
-        params.tls = tls;
-        params.keepalive = pg.tcp_keepalive();
+        let info = ConnInfo::from_config(pg).map_err(|e| ReplicationError::Url(e.to_string()))?;
+        let mut params = Self::new(info);
         if pg.receive_timeout_ms != 0 {
             params.receive_timeout = Duration::from_millis(pg.receive_timeout_ms);
         }
         Ok(params)
     }
 
-    /// Reads host, port, user, password and database from a URL (TLS off); the password given
-    /// here (from a file or the environment) wins over the URL's.
-    pub fn from_url(
-        url: &str,
-        password: Option<&str>,
-        connect_timeout: Duration,
-    ) -> Result<Self, ReplicationError> {
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| ReplicationError::Url(format!("{e}")))?;
-        let host = config
-            .get_hosts()
-            .first()
-            .cloned()
-            .unwrap_or(Host::Tcp("localhost".into()));
-        let port = config.get_ports().first().copied().unwrap_or(5432);
-        let user = config
-            .get_user()
-            .ok_or_else(|| ReplicationError::Url("the URL names no user".into()))?
-            .to_string();
-        let password = password
-            .map(|p| p.as_bytes().to_vec())
-            .or_else(|| config.get_password().map(<[u8]>::to_vec));
-        let dbname = config.get_dbname().unwrap_or(&user).to_string();
-        Ok(ConnectParams {
-            tls: TlsSettings {
-                mode: SslMode::Disable,
-                root_cert: None,
-            },
-            host,
-            port,
-            user,
-            password,
-            dbname,
-            application_name: "outbox-relay".into(),
-            connect_timeout,
-            keepalive: PostgresConfig::default().tcp_keepalive(),
-            receive_timeout: Duration::from_millis(FALLBACK_RECEIVE_TIMEOUT_MS),
-        })
-    }
-
+    /// Every host, for messages.
     pub fn target(&self) -> String {
-        match &self.host {
-            Host::Tcp(h) => format!("{h}:{}", self.port),
-            Host::Unix(dir) => format!("{}/.s.PGSQL.{}", dir.display(), self.port),
-        }
+        self.info.targets()
     }
 }
 
@@ -316,15 +272,38 @@ pub struct WalSender {
     /// When bytes last arrived from the server.
     last_read: Instant,
     receive_timeout: Duration,
+    endpoint: Endpoint,
+    server: ServerState,
 }
 
 impl WalSender {
+    /// Connects to the first host whose server satisfies `target_session_attrs` (asked on
+    /// the replication connection itself, before any replication command).
     pub async fn connect(params: &ConnectParams) -> Result<WalSender, ReplicationError> {
-        let target = params.target();
+        let opened = params
+            .info
+            .connect_first(
+                |endpoint| Self::connect_one(params, endpoint),
+                ReplicationError::is_transient,
+            )
+            .await;
+        match opened {
+            Ok((conn, _, _)) => Ok(conn),
+            Err(HostsError::One(e)) => Err(e),
+            Err(HostsError::All(all)) => Err(ReplicationError::Hosts(all)),
+        }
+    }
+
+    async fn connect_one(
+        params: &ConnectParams,
+        endpoint: Endpoint,
+    ) -> Result<(WalSender, ServerState), ReplicationError> {
+        let timeout = params.info.connect_timeout;
+        let target = endpoint.target();
         let (io, channel_binding) =
-            tokio::time::timeout(params.connect_timeout, open_transport(params))
+            tokio::time::timeout(timeout, open_transport(params, &endpoint))
                 .await
-                .map_err(|_| ReplicationError::ConnectTimeout(params.connect_timeout, target))??;
+                .map_err(|_| ReplicationError::ConnectTimeout(timeout, target.clone()))??;
         let mut conn = WalSender {
             io,
             channel_binding,
@@ -332,27 +311,91 @@ impl WalSender {
             backend_pid: 0,
             last_read: Instant::now(),
             receive_timeout: params.receive_timeout,
+            endpoint: endpoint.clone(),
+            server: ServerState {
+                in_recovery: false,
+                read_only: false,
+                version_num: 0,
+            },
         };
-        tokio::time::timeout(params.connect_timeout, conn.startup(params))
+        let ready = async {
+            conn.startup(params).await?;
+            conn.simple_query(SERVER_STATE_SQL).await
+        };
+        let rows = tokio::time::timeout(timeout, ready)
             .await
-            .map_err(|_| {
-                ReplicationError::ConnectTimeout(params.connect_timeout, params.target())
-            })??;
-        Ok(conn)
+            .map_err(|_| ReplicationError::ConnectTimeout(timeout, target.clone()))??;
+        let state = rows
+            .first()
+            .and_then(|r| match r.as_slice() {
+                [Some(a), Some(b), Some(c)] => ServerState::from_row(a, b, c),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                ReplicationError::Protocol(format!("{target} did not describe itself"))
+            })?;
+        conn.server = state;
+        Ok((conn, state))
+    }
+
+    /// The host this connection reached.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The server's role and version as seen at connect time.
+    pub fn server(&self) -> ServerState {
+        self.server
+    }
+
+    /// Runs one simple-protocol command (plain SQL, or a replication command such as
+    /// `ALTER_REPLICATION_SLOT`) before streaming; returns its rows as text.
+    pub async fn simple_query(
+        &mut self,
+        sql: &str,
+    ) -> Result<Vec<Vec<Option<String>>>, ReplicationError> {
+        let mut out = BytesMut::new();
+        frontend::query(sql, &mut out)?;
+        self.send(&out).await?;
+        let mut rows = Vec::new();
+        let mut failed = None;
+        loop {
+            match self.read_message().await? {
+                backend::Message::DataRow(body) => {
+                    let buf = body.buffer();
+                    let mut row = Vec::new();
+                    let mut ranges = body.ranges();
+                    while let Some(range) = ranges.next()? {
+                        row.push(range.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()));
+                    }
+                    rows.push(row);
+                }
+                backend::Message::ErrorResponse(body) => failed = Some(server_error(&body)?),
+                backend::Message::ReadyForQuery(_) => {
+                    return match failed {
+                        Some(e) => Err(ReplicationError::Server(Box::new(e))),
+                        None => Ok(rows),
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     async fn startup(&mut self, params: &ConnectParams) -> Result<(), ReplicationError> {
         let mut out = BytesMut::new();
-        frontend::startup_message(
-            [
-                ("user", params.user.as_str()),
-                ("database", params.dbname.as_str()),
-                ("replication", "database"),
-                ("application_name", params.application_name.as_str()),
-                ("client_encoding", "UTF8"),
-            ],
-            &mut out,
-        )?;
+        let info = &params.info;
+        let mut startup = vec![
+            ("user", info.user.as_str()),
+            ("database", info.dbname.as_str()),
+            ("replication", "database"),
+            ("application_name", params.application_name.as_str()),
+            ("client_encoding", "UTF8"),
+        ];
+        if let Some(options) = &info.options {
+            startup.push(("options", options.as_str()));
+        }
+        frontend::startup_message(startup, &mut out)?;
         self.send(&out).await?;
         self.authenticate(params).await?;
         self.wait_ready().await
@@ -368,7 +411,7 @@ impl WalSender {
                 }
                 backend::Message::AuthenticationMd5Password(body) => {
                     let password = require_password(params)?;
-                    let hash = md5_hash(params.user.as_bytes(), password, body.salt());
+                    let hash = md5_hash(params.info.user.as_bytes(), password, body.salt());
                     self.send_password(hash.as_bytes()).await?;
                 }
                 backend::Message::AuthenticationSasl(body) => {
@@ -529,10 +572,10 @@ fn login_error(body: &backend::ErrorResponseBody) -> Result<ReplicationError, Re
 }
 
 fn require_password(params: &ConnectParams) -> Result<&[u8], ReplicationError> {
-    params.password.as_deref().ok_or_else(|| {
+    params.info.password().map(str::as_bytes).ok_or_else(|| {
         ReplicationError::Auth(format!(
             "the server asks a password for user `{}` and none is configured (put it in the URL, postgres.password_file, or PGPASSWORD)",
-            params.user
+            params.info.user
         ))
     })
 }
@@ -540,25 +583,28 @@ fn require_password(params: &ConnectParams) -> Result<&[u8], ReplicationError> {
 /// The connection and, for TLS, its channel binding data.
 type Opened = (Box<dyn Transport>, Option<Vec<u8>>);
 
-async fn open_transport(params: &ConnectParams) -> Result<Opened, ReplicationError> {
-    let target = params.target();
+async fn open_transport(
+    params: &ConnectParams,
+    endpoint: &Endpoint,
+) -> Result<Opened, ReplicationError> {
+    let target = endpoint.target();
     let connect_err = |source| ReplicationError::Connect {
         target: target.clone(),
         source,
     };
-    match &params.host {
+    match &endpoint.host {
         Host::Tcp(host) => {
-            let stream = TcpStream::connect((host.as_str(), params.port))
+            let stream = TcpStream::connect((host.as_str(), endpoint.port))
                 .await
                 .map_err(connect_err)?;
             stream.set_nodelay(true).map_err(connect_err)?;
-            set_keepalive(&stream, &params.keepalive).map_err(connect_err)?;
-            negotiate_tls(stream, host, &params.tls).await
+            set_keepalive(&stream, &params.info.keepalive).map_err(connect_err)?;
+            negotiate_tls(stream, host, &params.info.tls).await
         }
         // Like libpq, no TLS over a local socket.
         #[cfg(unix)]
         Host::Unix(dir) => {
-            let path = dir.join(format!(".s.PGSQL.{}", params.port));
+            let path = dir.join(format!(".s.PGSQL.{}", endpoint.port));
             let stream = tokio::net::UnixStream::connect(path)
                 .await
                 .map_err(connect_err)?;
@@ -922,6 +968,15 @@ mod tests {
             backend_pid: 1,
             last_read: Instant::now(),
             receive_timeout: limit,
+            endpoint: Endpoint {
+                host: Host::Tcp("test".into()),
+                port: 1,
+            },
+            server: ServerState {
+                in_recovery: false,
+                read_only: false,
+                version_num: 170000,
+            },
         };
         (ReplicationStream { conn }, server)
     }
@@ -1011,16 +1066,15 @@ mod tests {
     }
 
     #[test]
-    fn url_gives_connect_params() {
-        let p = ConnectParams::from_url(
-            "postgres://u:secret@127.0.0.1:6543/db",
-            None,
-            Duration::from_secs(1),
-        )
+    fn config_gives_connect_params() {
+        let p = ConnectParams::from_config(&PostgresConfig {
+            url: "postgres://u:secret@127.0.0.1:6543,h2:7/db".into(),
+            ..PostgresConfig::default()
+        })
         .unwrap();
-        assert_eq!(p.target(), "127.0.0.1:6543");
-        assert_eq!((p.user.as_str(), p.dbname.as_str()), ("u", "db"));
-        assert_eq!(p.password.as_deref(), Some(&b"secret"[..]));
+        assert_eq!(p.target(), "127.0.0.1:6543, h2:7");
+        assert_eq!((p.info.user.as_str(), p.info.dbname.as_str()), ("u", "db"));
+        assert_eq!(p.info.password(), Some("secret"));
         assert!(!format!("{p:?}").contains("secret"));
     }
 }

@@ -6,6 +6,7 @@
 //! everything to fix. Only reading is done; nothing is created or changed. The PostgreSQL items
 //! live in [`postgres`] and [`publication`], the Kafka ones in [`kafka`].
 
+mod failover;
 mod kafka;
 mod postgres;
 mod publication;

@@ -84,6 +84,13 @@ pub(super) async fn postgres(
     config: &Config,
     items: &mut Vec<Item>,
 ) -> Vec<OutboxTable> {
+    match super::failover::version(control.server()) {
+        Ok(item) => items.push(item),
+        Err(refused) => {
+            items.push(refused);
+            return Vec::new();
+        }
+    }
     let server = match Server::read(control).await {
         Ok(server) => server,
         Err(e) => {
@@ -123,6 +130,7 @@ pub(super) async fn postgres(
     let tables = outbox_tables(control, config, &server, items).await;
     items.extend(super::publication::publication(control, config).await);
     items.extend(slot_items(config, slot.as_ref(), &server));
+    items.extend(super::failover::failover(control, config, slot.as_ref()).await);
     tables
 }
 

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# scripts/test-versions.sh: the PostgreSQL version matrix, for CI after the
+# full suite (which scripts/test.sh runs on 15).
+#
+#   scripts/test-versions.sh            core on 14, 16, 17, 18; failover on 17;
+#                                       PostgreSQL 13 refused by check and run
+#   scripts/test-versions.sh 14 18      core on those majors only
+#   OUTBOX_VERSIONS_FAILOVER=0 / OUTBOX_VERSIONS_PG13=0   leave those parts out
+#
+# "Core" is tests/relay_e2e.rs (exactly once in commit order, rollbacks,
+# SIGKILLs with zero missing, idle WAL advance) and tests/ops.rs (operator
+# commands). Each major runs scripts/test.sh in its own state dir,
+# ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-versions}/<major>, one after another (one
+# Kafka at a time). Server binaries other than Debian's 15 come from Maven
+# Central and are cached (scripts/pg-binaries.sh).
+#
+# Duration, measured on the shared 2-core development machine: 55 to 90 s per
+# major for the core (build, PostgreSQL and Kafka start included), about 30 s
+# for the failover tests, 15 to 50 s for the PostgreSQL 13 refusal: about 6
+# minutes in all (the Maven downloads of the server binaries come on top, once).
+# Exit code: 0 when every part passed; the summary at the end names the others.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+BASE=${OUTBOX_RUN_DIR:-/tmp/outbox-relay-versions}
+majors=("$@")
+((${#majors[@]})) || majors=(14 16 17 18)
+
+log() { printf '[test-versions] %s\n' "$*" >&2; }
+
+results=()
+failed=0
+run_part() {
+    local label=$1 start=$SECONDS
+    shift
+    log "== $label"
+    if "$@"; then
+        results+=("ok      $label ($((SECONDS - start)) s)")
+    else
+        results+=("FAILED  $label ($((SECONDS - start)) s)")
+        failed=1
+    fi
+}
+
+for major in "${majors[@]}"; do
+    run_part "PostgreSQL $major: relay_e2e, ops" \
+        env OUTBOX_PG_VERSION="$major" OUTBOX_RUN_DIR="$BASE/$major" \
+        bash scripts/test.sh --test relay_e2e --test ops
+done
+
+if [[ ${OUTBOX_VERSIONS_FAILOVER:-1} == 1 ]]; then
+    run_part "PostgreSQL 17: failover" \
+        env OUTBOX_PG_VERSION=17 OUTBOX_RUN_DIR="$BASE/17-failover" \
+        bash scripts/test.sh --test failover -- --test-threads=1
+fi
+
+# PostgreSQL 13: `check` and `run` refuse it with one line. A subshell, so that
+# its exports and its EXIT trap (stop that cluster) stay inside.
+pg13_refused() (
+    local dir="$BASE/13" env_file out rc
+    export OUTBOX_RUN_DIR=$dir OUTBOX_PG_VERSION=13
+    bash scripts/services.sh clean >/dev/null 2>&1 || true
+    # shellcheck disable=SC2317 # called through the EXIT trap
+    stop13() { bash scripts/services.sh stop >/dev/null 2>&1 || true; }
+    trap stop13 EXIT
+    env_file=$(bash scripts/services.sh pg-start >/dev/null && bash scripts/services.sh env) || return 1
+    # shellcheck disable=SC1090 # written at run time by services.sh
+    source "$env_file"
+    cargo build --quiet --bin outbox-relay
+    local bin="$ROOT/target/debug/outbox-relay"
+    export OUTBOX_RELAY__POSTGRES__URL=$OUTBOX_TEST_PG_URL OUTBOX_RELAY__KAFKA__BROKERS=127.0.0.1:1
+    for cmd in check run; do
+        set +e
+        out=$(timeout 60 "$bin" "$cmd" 2>&1)
+        rc=$?
+        set -e
+        if ((rc == 0)) || ! grep -q "is not supported: outbox-relay needs PostgreSQL 14 or newer" <<<"$out"; then
+            log "PostgreSQL 13: \`$cmd\` did not refuse (exit $rc):"
+            printf '%s\n' "$out" >&2
+            return 1
+        fi
+        log "PostgreSQL 13: \`$cmd\` refused (exit $rc): $(grep -m1 'not supported' <<<"$out")"
+    done
+)
+if [[ ${OUTBOX_VERSIONS_PG13:-1} == 1 ]]; then
+    run_part "PostgreSQL 13: check and run refuse" pg13_refused
+fi
+
+log "summary:"
+printf '  %s\n' "${results[@]}" >&2
+exit "$failed"
