@@ -89,6 +89,10 @@ pub(super) fn consume_latencies(
         // when there is nothing, so they cannot delay a record.
         .set("fetch.wait.max.ms", "10")
         .set("fetch.min.bytes", "1")
+        // Commit-to-visible: with `kafka.delivery = "exactly_once"` a record counts once its
+        // Kafka transaction committed; records of a non-transactional producer are visible at
+        // once either way.
+        .set("isolation.level", "read_committed")
         .create()
         .context("create the Kafka consumer")?;
     let metadata = consumer
