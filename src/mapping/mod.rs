@@ -25,6 +25,7 @@
 //! `rules.rs` holds the compiled rules and the build order, `table.rs` the binding of a
 //! table's columns ([`BoundTable`]), `message.rs` the table-less outbox of logical messages.
 
+mod cloudevents;
 mod headers;
 mod message;
 pub mod partition;
@@ -80,6 +81,8 @@ pub enum MappingError {
         column: String,
         reason: String,
     },
+    #[error("CloudEvents mapping: {0}")]
+    InvalidCloudEventsConfig(String),
     #[error("logical message with prefix `{prefix}` at {lsn}: {reason}; its content must be a JSON object with the outbox fields (id, aggregatetype, aggregateid, type, payload by default)")]
     InvalidMessage {
         prefix: String,
@@ -100,6 +103,7 @@ impl MappingError {
             | MappingError::InvalidValue { event_id, .. } => event_id.as_str(),
             MappingError::MissingColumn { .. }
             | MappingError::UnknownPlaceholder(..)
+            | MappingError::InvalidCloudEventsConfig(..)
             | MappingError::InvalidMessage { .. } => return None,
         };
         (id != UNKNOWN_ID).then_some(id)
