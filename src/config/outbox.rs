@@ -118,7 +118,7 @@ pub struct OutboxConfig {
     /// than `plain` or `envelope` is an error.
     pub envelope: bool,
     /// CloudEvents formats: the `source` attribute, a URI-reference. Placeholders `{schema}`
-    /// and `{table}` (for messages: `{table}` is the prefix, `{schema}` is empty). Put the
+    /// and `{table}` (for messages: `{table}` is the prefix, `{schema}` is `pg_logical_emit_message`). Put the
     /// database in it when several databases publish the same tables, e.g.
     /// `//db1.example.com/orders/{schema}.{table}`.
     pub cloudevents_source: String,
@@ -740,4 +740,167 @@ fn check_topic_template(field: &str, template: &str) -> Result<(), ConfigError> 
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_sources(
+            Some(toml),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
+    #[test]
+    fn format_is_read_from_the_file_and_the_environment() {
+        assert_eq!(Config::default().outbox.effective_format(), Format::Plain);
+        for (i, name) in Format::NAMES.iter().enumerate() {
+            let c = load(&format!("[outbox]\nformat = \"{name}\""), &[]).unwrap();
+            assert_eq!(c.outbox.format as usize, i, "{name}");
+            let c = load("", &[("OUTBOX_RELAY__OUTBOX__FORMAT", name)]).unwrap();
+            assert_eq!(c.outbox.format as usize, i, "{name}");
+            // `outbox-relay config` shows the spelling the file takes.
+            assert!(c
+                .to_redacted_toml()
+                .contains(&format!("format = \"{name}\"")));
+        }
+        let err = load("[outbox]\nformat = \"cloudevents\"", &[]).unwrap_err();
+        assert!(err.to_string().contains("format"), "{err}");
+    }
+
+    #[test]
+    fn old_envelope_flag_means_the_envelope_format_and_cannot_contradict_format() {
+        let c = load("[outbox]\nenvelope = true", &[]).unwrap();
+        assert_eq!(c.outbox.effective_format(), Format::Envelope);
+        let c = load("[outbox]\nenvelope = true\nformat = \"envelope\"", &[]).unwrap();
+        assert_eq!(c.outbox.effective_format(), Format::Envelope);
+        let err = load(
+            "[outbox]\nenvelope = true\nformat = \"cloudevents_binary\"",
+            &[],
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("outbox.envelope"), "{text}");
+        assert!(text.contains("format = \"envelope\""), "{text}");
+        assert!(text.contains("cloudevents_binary"), "{text}");
+    }
+
+    #[test]
+    fn each_table_may_choose_its_format() {
+        let c = load(
+            r#"[outbox]
+envelope = true
+cloudevents_extensions = { tenant = "tenant" }
+[[outbox.tables]]
+table = "billing.events"
+format = "cloudevents_structured"
+cloudevents_source = "/billing/{table}"
+cloudevents_subject_column = "customer"
+[[outbox.tables]]
+table = "audit.events"
+"#,
+            &[],
+        )
+        .unwrap();
+        let tables = c.outbox.table_configs();
+        assert_eq!(tables[0].effective_format(), Format::Envelope);
+        assert_eq!(tables[1].effective_format(), Format::CloudeventsStructured);
+        assert!(
+            !tables[1].envelope,
+            "a table's format wins over the old flag"
+        );
+        assert_eq!(tables[1].cloudevents_source, "/billing/{table}");
+        assert_eq!(
+            tables[1].cloudevents_subject_column.as_deref(),
+            Some("customer")
+        );
+        assert_eq!(tables[1].cloudevents_extensions["tenant"], "tenant");
+        assert_eq!(tables[2].effective_format(), Format::Envelope);
+    }
+
+    #[test]
+    fn cloudevents_keys_are_validated_with_their_field() {
+        for (toml, field, problem) in [
+            (
+                "cloudevents_extensions = { tenant = \"Tenant\" }",
+                "outbox.cloudevents_extensions.tenant",
+                "a-z",
+            ),
+            (
+                "cloudevents_extensions = { tenant = \"abcdefghijklmnopqrstu\" }",
+                "outbox.cloudevents_extensions.tenant",
+                "20 characters",
+            ),
+            (
+                "cloudevents_extensions = { tenant = \"time\" }",
+                "outbox.cloudevents_extensions.tenant",
+                "defines",
+            ),
+            (
+                "cloudevents_extensions = { a = \"x\", b = \"x\" }",
+                "outbox.cloudevents_extensions.b",
+                "two columns",
+            ),
+            (
+                "cloudevents_source = \"/x/{database}\"",
+                "outbox.cloudevents_source",
+                "unknown placeholder",
+            ),
+            (
+                "cloudevents_source = \"/x y\"",
+                "outbox.cloudevents_source",
+                "URI-reference",
+            ),
+            (
+                "cloudevents_source = \"\"",
+                "outbox.cloudevents_source",
+                "empty",
+            ),
+            (
+                "cloudevents_content_type = \"text/plain\\n\"",
+                "outbox.cloudevents_content_type",
+                "U+000A",
+            ),
+        ] {
+            let err = load(&format!("[outbox]\n{toml}"), &[]).unwrap_err();
+            match err {
+                ConfigError::Invalid {
+                    field: f,
+                    problem: p,
+                } => {
+                    assert_eq!(f, field, "{toml}");
+                    assert!(p.contains(problem), "{toml}: {p}");
+                }
+                other => panic!("{toml}: {other}"),
+            }
+        }
+        let err = load(
+            "[[outbox.tables]]\ntable = \"b.e\"\ncloudevents_extensions = { t = \"T\" }",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("outbox.tables[0].cloudevents_extensions.t"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn cloudevents_strings_refuse_control_characters_and_noncharacters() {
+        assert_eq!(cloudevents_string_problem("ok ünï €"), None);
+        for bad in [
+            "\u{0}",
+            "a\u{1f}",
+            "\u{7f}",
+            "\u{9f}",
+            "\u{fdd0}",
+            "\u{1fffe}",
+        ] {
+            assert!(cloudevents_string_problem(bad).is_some(), "{bad:?}");
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `specversion` | `1.0` |
 //! | `id` | the event id (non-empty) |
-//! | `source` | `cloudevents_source`, `{schema}` and `{table}` replaced |
+//! | `source` | `cloudevents_source`, `{schema}` and `{table}` replaced (messages: `pg_logical_emit_message` and the prefix) |
 //! | `type` | the event type (non-empty) |
 //! | `time` | the record timestamp, RFC 3339 in UTC with milliseconds |
 //! | `subject` | `cloudevents_subject_column` (default: the aggregate id); null: none |
@@ -28,7 +28,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use jiff::Timestamp;
 
 use super::payload::{write_base64, write_string};
 use super::rules::{Kind, Role, Rules, Source, Value};
@@ -50,6 +49,8 @@ pub(super) const BYTES_CONTENT_TYPE: &str = "application/octet-stream";
 pub(super) const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=UTF-8";
 /// The Kafka binding's header for `datacontenttype` (and the event format in structured mode).
 pub(super) const CONTENT_TYPE_HEADER: &str = "content-type";
+/// `{schema}` of `pg_logical_emit_message` events in `cloudevents_source`.
+pub(super) const MESSAGE_SCHEMA: &str = "pg_logical_emit_message";
 /// Prefix of the binary-mode attribute headers.
 pub(super) const HEADER_PREFIX: &str = "ce_";
 
@@ -108,6 +109,12 @@ impl CloudEvents {
         table: &str,
     ) -> Result<Self, MappingError> {
         let invalid = |reason: String| MappingError::InvalidCloudEventsConfig(reason);
+        // Logical messages have no schema: they are named like their dead letters' rows.
+        let schema = if schema.is_empty() {
+            MESSAGE_SCHEMA
+        } else {
+            schema
+        };
         let source = config
             .cloudevents_source
             .replace("{schema}", schema)
@@ -387,14 +394,388 @@ fn is_json_media_type(content_type: &str) -> bool {
 }
 
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC with milliseconds:
-/// `2026-03-01T10:30:45.678Z`. The mapping refuses negative timestamps (Kafka has none), so
-/// the year has four digits; the last day of year 9999 is beyond jiff's range and refused.
+/// `2026-03-01T10:30:45.678Z`. Negative and post-9999 times are refused (the mapping already
+/// refuses negative timestamps, which Kafka cannot hold). Days to civil date as in Howard
+/// Hinnant's `civil_from_days` (proleptic Gregorian calendar, as PostgreSQL uses).
 pub(super) fn rfc3339(timestamp_ms: i64) -> Result<String, String> {
-    let t = Timestamp::from_millisecond(timestamp_ms)
-        .map_err(|_| format!("{timestamp_ms} ms cannot be written as an RFC 3339 time"))?;
+    let out_of_range = || format!("{timestamp_ms} ms cannot be written as an RFC 3339 time");
+    if timestamp_ms < 0 {
+        return Err(out_of_range());
+    }
+    let (days, ms_of_day) = (timestamp_ms / 86_400_000, timestamp_ms % 86_400_000);
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    if year > 9999 {
+        return Err(out_of_range());
+    }
+    let seconds = ms_of_day / 1000;
     Ok(format!(
-        "{}.{:03}Z",
-        t.strftime("%Y-%m-%dT%H:%M:%S"),
-        timestamp_ms.rem_euclid(1000)
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60,
+        ms_of_day % 1000
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NullPayload;
+    use crate::mapping::test_support::*;
+
+    fn binary(edit: impl FnOnce(&mut OutboxConfig)) -> OutboxMapping {
+        mapping(|c| {
+            c.format = Format::CloudeventsBinary;
+            edit(c);
+        })
+    }
+
+    fn structured(edit: impl FnOnce(&mut OutboxConfig)) -> OutboxMapping {
+        mapping(|c| {
+            c.format = Format::CloudeventsStructured;
+            edit(c);
+        })
+    }
+
+    fn event_json(record: &Record) -> serde_json::Value {
+        serde_json::from_slice(record.payload.as_deref().unwrap()).unwrap()
+    }
+
+    fn with_payload(type_oid: u32, payload: &str) -> Vec<(&'static str, u32, TupleValue)> {
+        let mut cols = debezium_columns(text(payload));
+        cols[4].1 = type_oid;
+        cols
+    }
+
+    #[test]
+    fn binary_mode_sends_every_attribute_as_a_ce_header() {
+        let event = map_row(&binary(|_| {}), &debezium_columns(text(r#"{"total": 3}"#))).unwrap();
+        let r = &event.record;
+        assert_eq!(&r.key[..], ID.as_bytes(), "the key stays the event id");
+        assert_eq!(r.topic, "outbox.event.order");
+        assert_eq!(r.payload.as_deref(), Some(&br#"{"total": 3}"#[..]));
+        assert_eq!(r.timestamp_ms, Some(1234));
+        assert_eq!(
+            headers(r),
+            vec![
+                ("ce_specversion", &b"1.0"[..]),
+                ("ce_id", ID.as_bytes()),
+                ("ce_source", b"/outbox-relay/public.outbox"),
+                ("ce_type", b"OrderCreated"),
+                ("ce_time", b"1970-01-01T00:00:01.234Z"),
+                ("ce_subject", b"42"),
+                ("content-type", b"application/json"),
+            ]
+        );
+    }
+
+    #[test]
+    fn structured_mode_is_one_json_event_with_the_payload_embedded_byte_for_byte() {
+        let payload = r#"{"total": 3, "items": [1.50, "x"]}"#;
+        let event = map_row(&structured(|_| {}), &debezium_columns(text(payload))).unwrap();
+        let r = &event.record;
+        assert_eq!(&r.key[..], ID.as_bytes());
+        assert_eq!(
+            headers(r),
+            vec![(
+                "content-type",
+                &b"application/cloudevents+json; charset=UTF-8"[..]
+            )]
+        );
+        let value = r.payload.as_deref().unwrap();
+        let expected = format!(
+            r#"{{"specversion":"1.0","id":"{ID}","source":"/outbox-relay/public.outbox","type":"OrderCreated","time":"1970-01-01T00:00:01.234Z","subject":"42","datacontenttype":"application/json","data":{payload}}}"#
+        );
+        assert_eq!(std::str::from_utf8(value).unwrap(), expected);
+        let json = event_json(r);
+        assert_eq!(json["specversion"], "1.0");
+        assert_eq!(json["id"], ID);
+        assert_eq!(json["data"]["items"][0], 1.5);
+        assert!(json.get("data_base64").is_none());
+    }
+
+    #[test]
+    fn bytea_payloads_are_data_base64_and_octet_streams() {
+        let cols = with_payload(oid::BYTEA, "\\x00ff10");
+        let event = map_row(&structured(|_| {}), &cols).unwrap();
+        let json = event_json(&event.record);
+        assert_eq!(json["data_base64"], "AP8Q");
+        assert!(json.get("data").is_none());
+        assert_eq!(json["datacontenttype"], "application/octet-stream");
+
+        let event = map_row(&binary(|_| {}), &cols).unwrap();
+        assert_eq!(event.record.payload.as_deref(), Some(&b"\x00\xff\x10"[..]));
+        assert_eq!(
+            headers(&event.record).last(),
+            Some(&("content-type", &b"application/octet-stream"[..]))
+        );
+
+        let m = structured(|c| c.cloudevents_content_type = Some("image/png".into()));
+        let json = event_json(&map_row(&m, &cols).unwrap().record);
+        assert_eq!(json["datacontenttype"], "image/png");
+        assert_eq!(json["data_base64"], "AP8Q");
+    }
+
+    #[test]
+    fn text_payloads_are_strings_unless_their_content_type_is_json() {
+        let cols = with_payload(25, "say \"hi\"");
+        let json = event_json(&map_row(&structured(|_| {}), &cols).unwrap().record);
+        assert_eq!(json["data"], "say \"hi\"");
+        assert_eq!(json["datacontenttype"], "text/plain; charset=utf-8");
+        let event = map_row(&binary(|_| {}), &cols).unwrap();
+        assert_eq!(event.record.payload.as_deref(), Some(&b"say \"hi\""[..]));
+        assert_eq!(
+            headers(&event.record).last(),
+            Some(&("content-type", &b"text/plain; charset=utf-8"[..]))
+        );
+
+        let m = structured(|c| {
+            c.cloudevents_content_type = Some("application/vnd.acme+json; v=2".into())
+        });
+        let event = map_row(&m, &with_payload(25, r#"{"a": [1]}"#)).unwrap();
+        assert!(event
+            .record
+            .payload
+            .as_deref()
+            .unwrap()
+            .ends_with(br#","data":{"a": [1]}}"#));
+        let err = map_row(&m, &cols).unwrap_err();
+        assert!(
+            matches!(err, MappingError::InvalidValue { ref column, .. } if column == "payload"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("not JSON"), "{err}");
+    }
+
+    #[test]
+    fn subject_comes_from_the_configured_column_and_may_be_absent() {
+        let m = binary(|c| c.cloudevents_subject_column = Some("customer".into()));
+        let mut cols = debezium_columns(text("{}"));
+        cols.push(("customer", 25, text("c-7")));
+        let event = map_row(&m, &cols).unwrap();
+        assert_eq!(headers(&event.record)[5], ("ce_subject", &b"c-7"[..]));
+
+        cols[5].2 = TupleValue::Null;
+        let event = map_row(&m, &cols).unwrap();
+        assert!(headers(&event.record)
+            .iter()
+            .all(|(name, _)| *name != "ce_subject"));
+        let m = structured(|c| c.cloudevents_subject_column = Some("customer".into()));
+        assert!(event_json(&map_row(&m, &cols).unwrap().record)
+            .get("subject")
+            .is_none());
+
+        cols[5].2 = text("");
+        let err = map_row(&m, &cols).unwrap_err();
+        assert!(
+            err.to_string().contains("`subject` must not be empty"),
+            "{err}"
+        );
+        assert_eq!(err.event_id(), Some(ID));
+    }
+
+    #[test]
+    fn extensions_are_ce_headers_or_event_members() {
+        let edit = |c: &mut OutboxConfig| {
+            c.cloudevents_extensions
+                .insert("tenant".into(), "tenant".into());
+            c.cloudevents_extensions
+                .insert("region".into(), "region2".into());
+            c.header_columns.insert("tenant".into(), "x-tenant".into());
+        };
+        let mut cols = debezium_columns(text("{}"));
+        cols.push(("tenant", 25, text("acme")));
+        cols.push(("region", 25, TupleValue::Null));
+        let event = map_row(&binary(edit), &cols).unwrap();
+        assert_eq!(
+            headers(&event.record)[5..],
+            [
+                ("ce_subject", &b"42"[..]),
+                ("ce_tenant", b"acme"),
+                ("content-type", b"application/json"),
+                ("x-tenant", b"acme"),
+            ]
+        );
+        let event = map_row(&structured(edit), &cols).unwrap();
+        let json = event_json(&event.record);
+        assert_eq!(json["tenant"], "acme");
+        assert!(json.get("region2").is_none());
+        assert_eq!(headers(&event.record)[1], ("x-tenant", &b"acme"[..]));
+
+        cols[6].2 = text("eu\nwest");
+        let err = map_row(&binary(edit), &cols).unwrap_err();
+        assert!(
+            matches!(err, MappingError::InvalidValue { ref column, .. } if column == "region"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("U+000A"), "{err}");
+        cols[6] = ("region", oid::BYTEA, text("\\x00"));
+        assert!(map_row(&binary(edit), &cols)
+            .unwrap_err()
+            .to_string()
+            .contains("bytea"));
+    }
+
+    #[test]
+    fn rows_that_cannot_be_events_are_mapping_errors_naming_the_event() {
+        for (column, value, expect) in [
+            (3, "", "`type` must not be empty"),
+            (3, "Order\u{7f}Created", "U+007F"),
+            (3, "Order\u{fffe}", "U+FFFE"),
+            (0, "", "`id` must not be empty"),
+        ] {
+            let mut cols = debezium_columns(text("{}"));
+            cols[column].2 = text(value);
+            for m in [binary(|_| {}), structured(|_| {})] {
+                let err = map_row(&m, &cols).unwrap_err();
+                assert!(matches!(err, MappingError::InvalidValue { .. }), "{err}");
+                assert!(err.to_string().contains(expect), "{value:?}: {err}");
+            }
+        }
+        // The same rows are fine as plain records.
+        let mut cols = debezium_columns(text("{}"));
+        cols[3].2 = text("");
+        assert!(map_row(&default_mapping(), &cols).is_ok());
+    }
+
+    #[test]
+    fn invalid_extension_names_and_sources_refuse_the_mapping() {
+        for name in ["Tenant", "ten-ant", "", "abcdefghijklmnopqrstu", "subject"] {
+            let mut config = OutboxConfig {
+                format: Format::CloudeventsBinary,
+                ..Default::default()
+            };
+            config
+                .cloudevents_extensions
+                .insert("tenant".into(), name.into());
+            let err = OutboxMapping::new(&config).unwrap_err();
+            assert!(
+                matches!(err, MappingError::InvalidCloudEventsConfig(_)),
+                "{name}: {err}"
+            );
+            // Plain records ignore the CloudEvents keys.
+            config.format = Format::Plain;
+            assert!(OutboxMapping::new(&config).is_ok());
+        }
+        let config = OutboxConfig {
+            format: Format::CloudeventsStructured,
+            cloudevents_source: "/a\u{1}b".into(),
+            ..Default::default()
+        };
+        assert!(OutboxMapping::new(&config).is_err());
+    }
+
+    #[test]
+    fn a_tombstone_is_a_null_value_with_binary_attributes_in_either_mode() {
+        for m in [
+            binary(|c| c.null_payload = NullPayload::Tombstone),
+            structured(|c| c.null_payload = NullPayload::Tombstone),
+        ] {
+            let event = map_row(&m, &debezium_columns(TupleValue::Null)).unwrap();
+            assert_eq!(event.record.payload, None);
+            let names: Vec<&str> = headers(&event.record).iter().map(|h| h.0).collect();
+            assert_eq!(
+                names,
+                [
+                    "ce_specversion",
+                    "ce_id",
+                    "ce_source",
+                    "ce_type",
+                    "ce_time",
+                    "ce_subject"
+                ]
+            );
+        }
+        assert!(matches!(
+            map_row(&binary(|_| {}), &debezium_columns(TupleValue::Null)),
+            Err(MappingError::NullPayload { .. })
+        ));
+    }
+
+    #[test]
+    fn time_is_the_record_timestamp_in_rfc_3339() {
+        let m = structured(|c| c.timestamp_column = Some("occurred_at".into()));
+        let mut cols = debezium_columns(text("{}"));
+        cols.push((
+            "occurred_at",
+            oid::TIMESTAMPTZ,
+            text("2026-03-01 12:30:45.678901+02"),
+        ));
+        let json = event_json(&map_row(&m, &cols).unwrap().record);
+        assert_eq!(json["time"], "2026-03-01T10:30:45.678Z");
+        for (ms, expected) in [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (1_772_361_045_678, "2026-03-01T10:30:45.678Z"),
+            (951_868_799_999, "2000-02-29T23:59:59.999Z"),
+            (1_709_251_199_001, "2024-02-29T23:59:59.001Z"),
+            (4_107_542_400_000, "2100-03-01T00:00:00.000Z"),
+            (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
+        ] {
+            assert_eq!(rfc3339(ms).as_deref(), Ok(expected));
+            // Read back with the mapping's own ISO parser.
+            let parsed = super::super::timestamp::parse_timestamp_ms(expected);
+            assert_eq!(parsed, Ok(ms), "{expected} reads back");
+        }
+        // Agrees with jiff over its range.
+        for i in 0..2_000i64 {
+            let ms = i * 126_701_107_200_001 % 253_402_214_399_999;
+            let t = jiff::Timestamp::from_millisecond(ms).unwrap();
+            let expected = format!("{}Z", t.strftime("%Y-%m-%dT%H:%M:%S%.3f"));
+            assert_eq!(rfc3339(ms).as_deref(), Ok(expected.as_str()));
+        }
+        assert!(rfc3339(253_402_300_800_000).is_err());
+        assert!(rfc3339(-1).is_err());
+        cols[5] = ("occurred_at", oid::INT8, text("253402300800000"));
+        assert!(matches!(
+            map_row(&m, &cols),
+            Err(MappingError::InvalidValue { .. })
+        ));
+    }
+
+    #[test]
+    fn messages_and_other_tables_name_their_own_source() {
+        let m = structured(|c| {
+            c.message_prefix = Some("outbox".into());
+            c.cloudevents_source = "//db1.example.com/orders/{schema}/{table}".into();
+        });
+        let content =
+            r#"{"id":"m-1","aggregatetype":"o","aggregateid":"9","type":"T","payload":{"a":1}}"#;
+        let event = m
+            .message_event(&message(true, "outbox", content), 5)
+            .unwrap();
+        let json = event_json(&event.record);
+        assert_eq!(
+            json["source"],
+            "//db1.example.com/orders/pg_logical_emit_message/outbox"
+        );
+        assert_eq!(json["data"]["a"], 1);
+        let event = map_row(&m, &debezium_columns(text("{}"))).unwrap();
+        assert_eq!(
+            event_json(&event.record)["source"],
+            "//db1.example.com/orders/public/outbox"
+        );
+    }
+
+    #[test]
+    fn json_media_types_are_recognised() {
+        for (content_type, json) in [
+            ("application/json", true),
+            ("Application/JSON; charset=utf-8", true),
+            ("application/vnd.acme+json", true),
+            ("text/plain", false),
+            ("+json", false),
+            ("application/jsonl", false),
+        ] {
+            assert_eq!(is_json_media_type(content_type), json, "{content_type}");
+        }
+    }
 }
