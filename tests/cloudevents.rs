@@ -108,8 +108,9 @@ fn rows(n: usize, tag: &str) -> Vec<Row> {
                 (
                     "outbox",
                     "order",
-                    // Spacing and key order as jsonb prints them: the text must arrive unchanged.
-                    format!(r#"{{"n": {i}, "tag": "{tag}", "note": "ü\"q", "xs": [1.5, null]}}"#)
+                    // Spacing and key order as jsonb prints them (shorter keys first): the
+                    // text must arrive unchanged.
+                    format!(r#"{{"n": {i}, "xs": [1.5, null], "tag": "{tag}", "note": "ü\"q"}}"#)
                         .into_bytes(),
                 )
             } else {
