@@ -767,6 +767,17 @@ mod tests {
                 .to_redacted_toml()
                 .contains(&format!("format = \"{name}\"")));
         }
+        // `outbox-relay config` shows the new keys with their defaults.
+        let shown = Config::default().to_redacted_toml();
+        for line in [
+            "format = \"plain\"",
+            "cloudevents_source = \"/outbox-relay/{schema}.{table}\"",
+            "cloudevents_subject_column = \"\"",
+            "cloudevents_content_type = \"\"",
+        ] {
+            assert!(shown.contains(line), "{line} missing from\n{shown}");
+        }
+        assert!(shown.contains("cloudevents_extensions"), "{shown}");
         let err = load("[outbox]\nformat = \"cloudevents\"", &[]).unwrap_err();
         assert!(err.to_string().contains("format"), "{err}");
     }
