@@ -54,8 +54,11 @@ pub use kafka::{
 };
 pub use layering::ENV_PREFIX;
 pub use outbox::{
-    NullPayload, OutboxConfig, OutboxTableConfig, SweeperConfig, DEFAULT_SCHEMA,
-    MAX_SWEEPER_BATCH_SIZE, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY, TOPIC_PLACEHOLDERS,
+    cloudevents_extension_problem, cloudevents_string_problem, Format, NullPayload, OutboxConfig,
+    OutboxTableConfig, SweeperConfig, CLOUDEVENTS_RESERVED_ATTRIBUTES,
+    CLOUDEVENTS_SOURCE_PLACEHOLDERS, DEFAULT_CLOUDEVENTS_SOURCE, DEFAULT_SCHEMA,
+    MAX_CLOUDEVENTS_ATTRIBUTE_CHARS, MAX_SWEEPER_BATCH_SIZE, PARTITION_BY_AGGREGATE_ID,
+    PARTITION_BY_KEY, TOPIC_PLACEHOLDERS,
 };
 pub use postgres::{
     FailoverSlot, PostgresConfig, SslMode, TcpKeepalive, DEFAULT_KEEPALIVES_IDLE_MS,

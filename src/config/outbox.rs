@@ -28,6 +28,26 @@ pub const TOPIC_PLACEHOLDERS: &[&str] = &[
     "schema",
 ];
 
+/// Default of `outbox.cloudevents_source`: the CloudEvents `source` of each table's events.
+pub const DEFAULT_CLOUDEVENTS_SOURCE: &str = "/outbox-relay/{schema}.{table}";
+/// Placeholders allowed in `outbox.cloudevents_source`, written `{name}`.
+pub const CLOUDEVENTS_SOURCE_PLACEHOLDERS: &[&str] = &["schema", "table"];
+/// CloudEvents context attributes the spec defines: not usable as extension names.
+pub const CLOUDEVENTS_RESERVED_ATTRIBUTES: &[&str] = &[
+    "specversion",
+    "id",
+    "source",
+    "type",
+    "time",
+    "subject",
+    "datacontenttype",
+    "dataschema",
+    "data",
+    "data_base64",
+];
+/// The length the CloudEvents spec recommends attribute names not to exceed; enforced here.
+pub const MAX_CLOUDEVENTS_ATTRIBUTE_CHARS: usize = 20;
+
 /// `[outbox]`: the outbox table(s), how a row becomes a Kafka record, the message outbox and
 /// the retention sweeper.
 ///
@@ -86,10 +106,36 @@ pub struct OutboxConfig {
     /// Further columns sent as headers (column → header name), like Debezium's
     /// `table.fields.additional.placement` with `header`. Null values are skipped.
     pub header_columns: BTreeMap<String, String>,
-    /// Wrap the payload in one JSON object with the event's metadata:
-    /// `{"id", "aggregatetype", "aggregateid", "type", "timestamp" (ms), "payload"}`. A json or
-    /// jsonb payload is embedded as is, text as a JSON string, bytea as a base64 string.
+    /// The record format: `plain` (the payload as the value, metadata in headers `id`, `type`,
+    /// `aggregatetype`, `aggregateid`), `envelope` (one JSON object `{"id", "aggregatetype",
+    /// "aggregateid", "type", "timestamp" (ms), "payload"}`; a json or jsonb payload embedded as
+    /// is, text as a JSON string, bytea as a base64 string), `cloudevents_binary` (CloudEvents
+    /// 1.0, Kafka binding, binary mode: the payload as the value, attributes in `ce_*` headers
+    /// and `content-type`) or `cloudevents_structured` (one `application/cloudevents+json`
+    /// object with the attributes and `data`, or `data_base64` for bytea).
+    pub format: Format,
+    /// Old spelling of `format = "envelope"`, still accepted; `true` with a `format` other
+    /// than `plain` or `envelope` is an error.
     pub envelope: bool,
+    /// CloudEvents formats: the `source` attribute, a URI-reference. Placeholders `{schema}`
+    /// and `{table}` (for messages: `{table}` is the prefix, `{schema}` is `pg_logical_emit_message`). Put the
+    /// database in it when several databases publish the same tables, e.g.
+    /// `//db1.example.com/orders/{schema}.{table}`.
+    pub cloudevents_source: String,
+    /// CloudEvents formats: column holding the `subject` attribute (null: no subject).
+    /// Unset (`""`): the aggregate id.
+    #[serde(with = "unset")]
+    pub cloudevents_subject_column: Option<String>,
+    /// CloudEvents formats: the content type (`datacontenttype`) of a payload that is not
+    /// json/jsonb (those are `application/json`). Unset (`""`): `text/plain; charset=utf-8`
+    /// for text, `application/octet-stream` for bytea. A JSON media type (`application/json`,
+    /// `…+json`) on a text payload embeds it as JSON in structured mode; it must then be JSON.
+    #[serde(with = "unset")]
+    pub cloudevents_content_type: Option<String>,
+    /// CloudEvents formats: columns sent as extension attributes (column → attribute name;
+    /// binary mode: header `ce_<name>`). Names: `a-z` `0-9`, at most 20 characters, not a
+    /// name the spec defines. Values are strings; null values are left out.
+    pub cloudevents_extensions: BTreeMap<String, String>,
     /// What a null payload becomes: `error` (a mapping error, handled by the dead-letter
     /// policy) or `tombstone` (a record with a null value).
     pub null_payload: NullPayload,
@@ -109,6 +155,39 @@ pub struct OutboxConfig {
     pub tables: Vec<OutboxTableConfig>,
     /// `[outbox.sweeper]`: deletes old, already confirmed rows.
     pub sweeper: SweeperConfig,
+}
+
+/// The record format (`outbox.format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// The payload as the value; metadata in headers.
+    #[default]
+    Plain,
+    /// One JSON object with the metadata and the payload.
+    Envelope,
+    /// CloudEvents 1.0, Kafka protocol binding, binary content mode.
+    CloudeventsBinary,
+    /// CloudEvents 1.0, Kafka protocol binding, structured content mode (JSON event format).
+    CloudeventsStructured,
+}
+
+impl Format {
+    /// Every value, in the spelling of the config file.
+    pub const NAMES: &'static [&'static str] = &[
+        "plain",
+        "envelope",
+        "cloudevents_binary",
+        "cloudevents_structured",
+    ];
+
+    /// True for the two CloudEvents formats.
+    pub fn is_cloudevents(self) -> bool {
+        matches!(
+            self,
+            Format::CloudeventsBinary | Format::CloudeventsStructured
+        )
+    }
 }
 
 /// What a null payload becomes.
@@ -148,7 +227,12 @@ pub struct OutboxTableConfig {
     pub tracing_column: Option<String>,
     pub tracing_header: Option<String>,
     pub header_columns: Option<BTreeMap<String, String>>,
+    pub format: Option<Format>,
     pub envelope: Option<bool>,
+    pub cloudevents_source: Option<String>,
+    pub cloudevents_subject_column: Option<String>,
+    pub cloudevents_content_type: Option<String>,
+    pub cloudevents_extensions: Option<BTreeMap<String, String>>,
     pub null_payload: Option<NullPayload>,
     pub partition_by: Option<String>,
 }
@@ -198,7 +282,12 @@ impl Default for OutboxConfig {
             tracing_column: None,
             tracing_header: "traceparent".to_string(),
             header_columns: BTreeMap::new(),
+            format: Format::Plain,
             envelope: false,
+            cloudevents_source: DEFAULT_CLOUDEVENTS_SOURCE.to_string(),
+            cloudevents_subject_column: None,
+            cloudevents_content_type: None,
+            cloudevents_extensions: BTreeMap::new(),
             null_payload: NullPayload::Error,
             partition_by: PARTITION_BY_AGGREGATE_ID.to_string(),
             message_prefix: None,
@@ -251,6 +340,15 @@ impl OutboxConfig {
             .iter()
             .map(OutboxConfig::schema_and_table)
             .collect()
+    }
+
+    /// The format records are built in: `format`, or `envelope` for the old `envelope = true`.
+    pub fn effective_format(&self) -> Format {
+        if self.envelope && self.format == Format::Plain {
+            Format::Envelope
+        } else {
+            self.format
+        }
     }
 
     /// True when `pg_logical_emit_message` events are read (`message_prefix` is set): the
@@ -332,6 +430,10 @@ impl OutboxConfig {
             ("timestamp_column", &self.timestamp_column),
             ("headers_column", &self.headers_column),
             ("tracing_column", &self.tracing_column),
+            (
+                "cloudevents_subject_column",
+                &self.cloudevents_subject_column,
+            ),
         ] {
             if let Some(column) = column {
                 check_identifier(&field(key), column)?;
@@ -344,6 +446,7 @@ impl OutboxConfig {
             check_identifier(&field("header_columns"), column)?;
             check_header_name(&field(&format!("header_columns.{column}")), header)?;
         }
+        self.validate_format(path)?;
         if self.partition_by.is_empty() {
             return Err(ConfigError::invalid(
                 field("partition_by"),
@@ -354,6 +457,127 @@ impl OutboxConfig {
         }
         check_identifier(&field("partition_by"), &self.partition_by)
     }
+}
+
+impl OutboxConfig {
+    /// `format`, `envelope` and the `cloudevents_*` keys.
+    fn validate_format(&self, path: &str) -> Result<(), ConfigError> {
+        let field = |key: &str| format!("{path}.{key}");
+        if self.envelope && !matches!(self.format, Format::Plain | Format::Envelope) {
+            return Err(ConfigError::invalid(
+                field("envelope"),
+                format!(
+                    "`envelope = true` is the old spelling of `format = \"envelope\"` and contradicts `format = \"{}\"`; remove `envelope`",
+                    Format::NAMES[self.format as usize]
+                ),
+            ));
+        }
+        check_cloudevents_source(&field("cloudevents_source"), &self.cloudevents_source)?;
+        if let Some(content_type) = &self.cloudevents_content_type {
+            if let Some(problem) = cloudevents_string_problem(content_type) {
+                return Err(ConfigError::invalid(
+                    field("cloudevents_content_type"),
+                    problem,
+                ));
+            }
+        }
+        let mut attributes = std::collections::BTreeSet::new();
+        for (column, name) in &self.cloudevents_extensions {
+            check_identifier(&field("cloudevents_extensions"), column)?;
+            let key = field(&format!("cloudevents_extensions.{column}"));
+            if let Some(problem) = cloudevents_extension_problem(name) {
+                return Err(ConfigError::invalid(key, problem));
+            }
+            if !attributes.insert(name) {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("attribute `{name}` is mapped from two columns"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `name` cannot be a CloudEvents extension attribute name, if it cannot: the spec's
+/// `a-z0-9`, its recommended 20 characters, and none of the names the spec defines.
+pub fn cloudevents_extension_problem(name: &str) -> Option<String> {
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return Some(format!(
+            "`{name}` is not a CloudEvents attribute name (lower-case letters a-z and digits 0-9 only)"
+        ));
+    }
+    if name.len() > MAX_CLOUDEVENTS_ATTRIBUTE_CHARS {
+        return Some(format!(
+            "`{name}` is longer than {MAX_CLOUDEVENTS_ATTRIBUTE_CHARS} characters, the most the CloudEvents spec recommends"
+        ));
+    }
+    if CLOUDEVENTS_RESERVED_ATTRIBUTES.contains(&name) {
+        return Some(format!(
+            "`{name}` is an attribute the CloudEvents spec defines, not an extension"
+        ));
+    }
+    None
+}
+
+/// Why `value` is not a CloudEvents String, if it is not: the spec forbids the control
+/// characters U+0000–U+001F and U+007F–U+009F and the Unicode noncharacters.
+pub fn cloudevents_string_problem(value: &str) -> Option<String> {
+    let bad = value.chars().find(|&c| {
+        let n = c as u32;
+        n <= 0x1f
+            || (0x7f..=0x9f).contains(&n)
+            || (0xfdd0..=0xfdef).contains(&n)
+            || n & 0xfffe == 0xfffe
+    })?;
+    Some(format!(
+        "contains U+{:04X}, which a CloudEvents string must not",
+        bad as u32
+    ))
+}
+
+/// Non-empty, placeholders from [`CLOUDEVENTS_SOURCE_PLACEHOLDERS`] only, no spaces or control
+/// characters (the rendered value must be a URI-reference).
+fn check_cloudevents_source(field: &str, template: &str) -> Result<(), ConfigError> {
+    if template.is_empty() {
+        return Err(ConfigError::invalid(field, "must not be empty"));
+    }
+    if let Some(c) = template
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(ConfigError::invalid(
+            field,
+            format!(
+                "`{template}` contains {c:?}; a URI-reference has no spaces or control characters"
+            ),
+        ));
+    }
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            return Err(ConfigError::invalid(
+                field,
+                format!("`{template}` has a `{{` without a closing `}}`"),
+            ));
+        };
+        let name = &after[..close];
+        if !CLOUDEVENTS_SOURCE_PLACEHOLDERS.contains(&name) {
+            return Err(ConfigError::invalid(
+                field,
+                format!(
+                    "unknown placeholder `{{{name}}}` in `{template}`; known: {{schema}} {{table}}"
+                ),
+            ));
+        }
+        rest = &after[close + 1..];
+    }
+    Ok(())
 }
 
 impl OutboxTableConfig {
@@ -385,7 +609,25 @@ impl OutboxTableConfig {
             tracing_column: pick_column(&self.tracing_column, &base.tracing_column),
             tracing_header: pick(&self.tracing_header, &base.tracing_header),
             header_columns: pick(&self.header_columns, &base.header_columns),
-            envelope: pick(&self.envelope, &base.envelope),
+            format: pick(&self.format, &base.format),
+            // An entry that sets `format` does not inherit the old `envelope` flag.
+            envelope: match self.format {
+                Some(_) => self.envelope.unwrap_or(false),
+                None => pick(&self.envelope, &base.envelope),
+            },
+            cloudevents_source: pick(&self.cloudevents_source, &base.cloudevents_source),
+            cloudevents_subject_column: pick_column(
+                &self.cloudevents_subject_column,
+                &base.cloudevents_subject_column,
+            ),
+            cloudevents_content_type: pick_column(
+                &self.cloudevents_content_type,
+                &base.cloudevents_content_type,
+            ),
+            cloudevents_extensions: pick(
+                &self.cloudevents_extensions,
+                &base.cloudevents_extensions,
+            ),
             null_payload: pick(&self.null_payload, &base.null_payload),
             partition_by: pick(&self.partition_by, &base.partition_by),
             message_prefix: base.message_prefix.clone(),
@@ -498,4 +740,178 @@ fn check_topic_template(field: &str, template: &str) -> Result<(), ConfigError> 
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_sources(
+            Some(toml),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
+    #[test]
+    fn format_is_read_from_the_file_and_the_environment() {
+        assert_eq!(Config::default().outbox.effective_format(), Format::Plain);
+        for (i, name) in Format::NAMES.iter().enumerate() {
+            let c = load(&format!("[outbox]\nformat = \"{name}\""), &[]).unwrap();
+            assert_eq!(c.outbox.format as usize, i, "{name}");
+            let c = load("", &[("OUTBOX_RELAY__OUTBOX__FORMAT", name)]).unwrap();
+            assert_eq!(c.outbox.format as usize, i, "{name}");
+            // `outbox-relay config` shows the spelling the file takes.
+            assert!(c
+                .to_redacted_toml()
+                .contains(&format!("format = \"{name}\"")));
+        }
+        // `outbox-relay config` shows the new keys with their defaults.
+        let shown = Config::default().to_redacted_toml();
+        for line in [
+            "format = \"plain\"",
+            "cloudevents_source = \"/outbox-relay/{schema}.{table}\"",
+            "cloudevents_subject_column = \"\"",
+            "cloudevents_content_type = \"\"",
+        ] {
+            assert!(shown.contains(line), "{line} missing from\n{shown}");
+        }
+        assert!(shown.contains("cloudevents_extensions"), "{shown}");
+        let err = load("[outbox]\nformat = \"cloudevents\"", &[]).unwrap_err();
+        assert!(err.to_string().contains("format"), "{err}");
+    }
+
+    #[test]
+    fn old_envelope_flag_means_the_envelope_format_and_cannot_contradict_format() {
+        let c = load("[outbox]\nenvelope = true", &[]).unwrap();
+        assert_eq!(c.outbox.effective_format(), Format::Envelope);
+        let c = load("[outbox]\nenvelope = true\nformat = \"envelope\"", &[]).unwrap();
+        assert_eq!(c.outbox.effective_format(), Format::Envelope);
+        let err = load(
+            "[outbox]\nenvelope = true\nformat = \"cloudevents_binary\"",
+            &[],
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("outbox.envelope"), "{text}");
+        assert!(text.contains("format = \"envelope\""), "{text}");
+        assert!(text.contains("cloudevents_binary"), "{text}");
+    }
+
+    #[test]
+    fn each_table_may_choose_its_format() {
+        let c = load(
+            r#"[outbox]
+envelope = true
+cloudevents_extensions = { tenant = "tenant" }
+[[outbox.tables]]
+table = "billing.events"
+format = "cloudevents_structured"
+cloudevents_source = "/billing/{table}"
+cloudevents_subject_column = "customer"
+[[outbox.tables]]
+table = "audit.events"
+"#,
+            &[],
+        )
+        .unwrap();
+        let tables = c.outbox.table_configs();
+        assert_eq!(tables[0].effective_format(), Format::Envelope);
+        assert_eq!(tables[1].effective_format(), Format::CloudeventsStructured);
+        assert!(
+            !tables[1].envelope,
+            "a table's format wins over the old flag"
+        );
+        assert_eq!(tables[1].cloudevents_source, "/billing/{table}");
+        assert_eq!(
+            tables[1].cloudevents_subject_column.as_deref(),
+            Some("customer")
+        );
+        assert_eq!(tables[1].cloudevents_extensions["tenant"], "tenant");
+        assert_eq!(tables[2].effective_format(), Format::Envelope);
+    }
+
+    #[test]
+    fn cloudevents_keys_are_validated_with_their_field() {
+        for (toml, field, problem) in [
+            (
+                "cloudevents_extensions = { tenant = \"Tenant\" }",
+                "outbox.cloudevents_extensions.tenant",
+                "a-z",
+            ),
+            (
+                "cloudevents_extensions = { tenant = \"abcdefghijklmnopqrstu\" }",
+                "outbox.cloudevents_extensions.tenant",
+                "20 characters",
+            ),
+            (
+                "cloudevents_extensions = { tenant = \"time\" }",
+                "outbox.cloudevents_extensions.tenant",
+                "defines",
+            ),
+            (
+                "cloudevents_extensions = { a = \"x\", b = \"x\" }",
+                "outbox.cloudevents_extensions.b",
+                "two columns",
+            ),
+            (
+                "cloudevents_source = \"/x/{database}\"",
+                "outbox.cloudevents_source",
+                "unknown placeholder",
+            ),
+            (
+                "cloudevents_source = \"/x y\"",
+                "outbox.cloudevents_source",
+                "URI-reference",
+            ),
+            (
+                "cloudevents_source = \"\"",
+                "outbox.cloudevents_source",
+                "empty",
+            ),
+            (
+                "cloudevents_content_type = \"text/plain\\n\"",
+                "outbox.cloudevents_content_type",
+                "U+000A",
+            ),
+        ] {
+            let err = load(&format!("[outbox]\n{toml}"), &[]).unwrap_err();
+            match err {
+                ConfigError::Invalid {
+                    field: f,
+                    problem: p,
+                } => {
+                    assert_eq!(f, field, "{toml}");
+                    assert!(p.contains(problem), "{toml}: {p}");
+                }
+                other => panic!("{toml}: {other}"),
+            }
+        }
+        let err = load(
+            "[[outbox.tables]]\ntable = \"b.e\"\ncloudevents_extensions = { t = \"T\" }",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("outbox.tables[0].cloudevents_extensions.t"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn cloudevents_strings_refuse_control_characters_and_noncharacters() {
+        assert_eq!(cloudevents_string_problem("ok ünï €"), None);
+        for bad in [
+            "\u{0}",
+            "a\u{1f}",
+            "\u{7f}",
+            "\u{9f}",
+            "\u{fdd0}",
+            "\u{1fffe}",
+        ] {
+            assert!(cloudevents_string_problem(bad).is_some(), "{bad:?}");
+        }
+    }
 }

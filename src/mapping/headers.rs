@@ -29,25 +29,29 @@ impl HeaderNames {
 }
 
 impl Rules {
-    /// All headers of one event; `fixed` holds the id, type, aggregate type and aggregate id.
+    /// All headers of one event; `fixed` holds the id, type, aggregate type and aggregate id
+    /// (`None` in the CloudEvents formats, whose attributes take their place).
     pub(super) fn headers(
         &self,
         source: &dyn Source,
         event_id: &str,
-        [id, event_type, aggregate_type, aggregate_id]: [&Value; 4],
+        fixed: Option<[&Value; 4]>,
     ) -> Result<Vec<(Arc<str>, Bytes)>, MappingError> {
-        let mut headers = vec![
-            (self.headers.id.clone(), id.bytes.clone()),
-            (self.headers.event_type.clone(), event_type.bytes.clone()),
-            (
-                self.headers.aggregate_type.clone(),
-                aggregate_type.bytes.clone(),
-            ),
-            (
-                self.headers.aggregate_id.clone(),
-                aggregate_id.bytes.clone(),
-            ),
-        ];
+        let mut headers = Vec::with_capacity(4 + self.extra_headers.len());
+        if let Some([id, event_type, aggregate_type, aggregate_id]) = fixed {
+            headers.extend([
+                (self.headers.id.clone(), id.bytes.clone()),
+                (self.headers.event_type.clone(), event_type.bytes.clone()),
+                (
+                    self.headers.aggregate_type.clone(),
+                    aggregate_type.bytes.clone(),
+                ),
+                (
+                    self.headers.aggregate_id.clone(),
+                    aggregate_id.bytes.clone(),
+                ),
+            ]);
+        }
         for (i, (_, header)) in self.extra_headers.iter().enumerate() {
             if let Some(v) = source.extra(self, i, event_id)? {
                 headers.push((header.clone(), v.bytes));

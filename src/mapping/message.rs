@@ -149,8 +149,8 @@ impl Source for MessageSource<'_> {
         i: usize,
         event_id: &str,
     ) -> Result<Option<Value>, MappingError> {
-        match rules.extra_headers.get(i) {
-            Some((name, _)) => self.member(name, false, event_id),
+        match rules.extra_column(i) {
+            Some(name) => self.member(name, false, event_id),
             None => Ok(None),
         }
     }

@@ -16,15 +16,16 @@
 //! | topic | `topic_column` if non-null, else `topic_overrides[aggregatetype]`, else `topic` | `topic.rs` |
 //! | key | `key_column`, else the event id | `rules.rs` |
 //! | partition | `partition_by`: murmur2 of the aggregate id (default), of the key, or of a column | `rules.rs`, `partition.rs` |
-//! | value | the payload; in envelope mode a JSON object with the metadata; null → tombstone or error | `payload.rs` |
+//! | value | `outbox.format`: the payload (`plain`, `cloudevents_binary`); a JSON object with the metadata (`envelope`); a CloudEvents JSON event (`cloudevents_structured`); null → tombstone or error | `payload.rs`, `cloudevents.rs` |
 //! | timestamp | `timestamp_column` if non-null, else the commit time | `timestamp.rs` |
-//! | headers | `id`, `type`, `aggregatetype`, `aggregateid`, then `header_columns`, the `headers_column` object, the tracing context | `headers.rs` |
+//! | headers | `id`, `type`, `aggregatetype`, `aggregateid` (CloudEvents formats: the `ce_*` attributes and `content-type` instead), then `header_columns`, the `headers_column` object, the tracing context | `headers.rs`, `cloudevents.rs` |
 //!
 //! In: a [`Relation`] and the [`crate::source::pgoutput::Tuple`]s of its inserts, or a
 //! [`Message`]. Out: an [`OutboxEvent`] (a [`Record`] and the event id) or a [`MappingError`].
 //! `rules.rs` holds the compiled rules and the build order, `table.rs` the binding of a
 //! table's columns ([`BoundTable`]), `message.rs` the table-less outbox of logical messages.
 
+mod cloudevents;
 mod headers;
 mod message;
 pub mod partition;
@@ -80,6 +81,8 @@ pub enum MappingError {
         column: String,
         reason: String,
     },
+    #[error("CloudEvents mapping: {0}")]
+    InvalidCloudEventsConfig(String),
     #[error("logical message with prefix `{prefix}` at {lsn}: {reason}; its content must be a JSON object with the outbox fields (id, aggregatetype, aggregateid, type, payload by default)")]
     InvalidMessage {
         prefix: String,
@@ -100,6 +103,7 @@ impl MappingError {
             | MappingError::InvalidValue { event_id, .. } => event_id.as_str(),
             MappingError::MissingColumn { .. }
             | MappingError::UnknownPlaceholder(..)
+            | MappingError::InvalidCloudEventsConfig(..)
             | MappingError::InvalidMessage { .. } => return None,
         };
         (id != UNKNOWN_ID).then_some(id)

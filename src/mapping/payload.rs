@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::rules::{Kind, Role, Rules, Source, Value};
 use super::topic::EventFields;
 use super::MappingError;
-use crate::config::NullPayload;
+use crate::config::{Format, NullPayload};
 
 impl Rules {
     /// The record value; `None` is a tombstone.
@@ -18,12 +18,25 @@ impl Rules {
         fields: &EventFields<'_>,
         timestamp_ms: i64,
     ) -> Result<Option<Bytes>, MappingError> {
-        match source.get(self, Role::Payload, fields.id)? {
-            Some(v) if self.envelope => Ok(Some(envelope(fields, timestamp_ms, &v))),
-            Some(v) => Ok(Some(v.bytes)),
+        Ok(match self.payload_value(source, fields.id)? {
+            Some(v) if self.format == Format::Envelope => Some(envelope(fields, timestamp_ms, &v)),
+            Some(v) => Some(v.bytes),
+            None => None,
+        })
+    }
+
+    /// The payload field; `None` for a null payload when tombstones are configured, else
+    /// a null payload is an error.
+    pub(super) fn payload_value(
+        &self,
+        source: &dyn Source,
+        event_id: &str,
+    ) -> Result<Option<Value>, MappingError> {
+        match source.get(self, Role::Payload, event_id)? {
+            Some(v) => Ok(Some(v)),
             None if self.null_payload == NullPayload::Tombstone => Ok(None),
             None => Err(MappingError::NullPayload {
-                event_id: fields.id.to_string(),
+                event_id: event_id.to_string(),
                 column: self.column(Role::Payload).unwrap_or_default().to_string(),
             }),
         }
@@ -47,17 +60,7 @@ fn envelope(fields: &EventFields<'_>, timestamp_ms: i64, payload: &Value) -> Byt
     out.extend_from_slice(format!(",\"timestamp\":{timestamp_ms},\"payload\":").as_bytes());
     match payload.kind {
         Kind::Json => out.extend_from_slice(&payload.bytes),
-        Kind::Bytea => {
-            out.push(b'"');
-            // Standard alphabet with padding (RFC 4648 §4).
-            let start = out.len();
-            out.resize(start + payload.bytes.len().div_ceil(3) * 4, 0);
-            let written = base64::engine::general_purpose::STANDARD
-                .encode_slice(&payload.bytes, &mut out[start..])
-                .unwrap_or_default();
-            out.truncate(start + written);
-            out.push(b'"');
-        }
+        Kind::Bytea => write_base64(&mut out, &payload.bytes),
         Kind::Text | Kind::Integer => {
             write_string(&mut out, &String::from_utf8_lossy(&payload.bytes))
         }
@@ -66,8 +69,20 @@ fn envelope(fields: &EventFields<'_>, timestamp_ms: i64, payload: &Value) -> Byt
     Bytes::from(out)
 }
 
+/// Appends `bytes` as a padded base64 string (standard alphabet, RFC 4648 §4), in quotes.
+pub(super) fn write_base64(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(b'"');
+    let start = out.len();
+    out.resize(start + bytes.len().div_ceil(3) * 4, 0);
+    let written = base64::engine::general_purpose::STANDARD
+        .encode_slice(bytes, &mut out[start..])
+        .unwrap_or_default();
+    out.truncate(start + written);
+    out.push(b'"');
+}
+
 /// Appends `s` as a JSON string.
-fn write_string(out: &mut Vec<u8>, s: &str) {
+pub(super) fn write_string(out: &mut Vec<u8>, s: &str) {
     // Writing a &str to a Vec cannot fail.
     let _ = serde_json::to_writer(out, s);
 }
@@ -133,7 +148,7 @@ mod tests {
 
     #[test]
     fn envelope_wraps_metadata_and_payload() {
-        let m = mapping(|c| c.envelope = true);
+        let m = mapping(|c| c.format = Format::Envelope);
         let event = map_row(&m, &debezium_columns(text(r#"{"total": 3}"#))).unwrap();
         let expected = format!(
             r#"{{"id":"{ID}","aggregatetype":"order","aggregateid":"42","type":"OrderCreated","timestamp":1234,"payload":{{"total": 3}}}}"#

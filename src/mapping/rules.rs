@@ -7,10 +7,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::cloudevents::CloudEvents;
 use super::headers::HeaderNames;
 use super::topic::{EventFields, TopicTemplate};
 use super::{MappingError, OutboxEvent, Record, UNKNOWN_ID};
-use crate::config::{NullPayload, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY};
+use crate::config::{
+    Format, NullPayload, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY,
+};
 
 /// Type OIDs whose text form the mapping interprets.
 pub(super) mod oid {
@@ -36,10 +39,11 @@ pub(super) enum Role {
     Tracing,
     Topic,
     Partition,
+    Subject,
 }
 
 impl Role {
-    pub(super) const ALL: [Role; 11] = [
+    pub(super) const ALL: [Role; 12] = [
         Role::Id,
         Role::AggregateType,
         Role::AggregateId,
@@ -51,6 +55,7 @@ impl Role {
         Role::Tracing,
         Role::Topic,
         Role::Partition,
+        Role::Subject,
     ];
 
     pub(super) fn index(self) -> usize {
@@ -71,6 +76,7 @@ impl Role {
             Role::Tracing => "tracing_column",
             Role::Topic => "topic_column",
             Role::Partition => "partition_by",
+            Role::Subject => "cloudevents_subject_column",
         }
     }
 }
@@ -111,7 +117,7 @@ pub(super) trait Source {
     /// The value of a role's field; `None` when null or when the role is not configured.
     fn get(&self, rules: &Rules, role: Role, event_id: &str)
         -> Result<Option<Value>, MappingError>;
-    /// The value of the `i`-th `header_columns` entry.
+    /// The value of the `i`-th extra column ([`Rules::extra_column`]).
     fn extra(&self, rules: &Rules, i: usize, event_id: &str)
         -> Result<Option<Value>, MappingError>;
 }
@@ -134,7 +140,10 @@ pub(super) struct Rules {
     columns: [Option<String>; Role::ALL.len()],
     pub topic: TopicTemplate,
     pub topic_overrides: HashMap<String, TopicTemplate>,
-    pub envelope: bool,
+    /// `plain` or `envelope` (the CloudEvents formats are in `cloudevents`).
+    pub format: Format,
+    /// The CloudEvents attributes, in the two CloudEvents formats.
+    pub cloudevents: Option<CloudEvents>,
     pub null_payload: NullPayload,
     partition_by: PartitionBy,
     pub tracing_header: Arc<str>,
@@ -154,6 +163,12 @@ impl Rules {
             PARTITION_BY_KEY => PartitionBy::Key,
             _ => PartitionBy::Column,
         };
+        let format = config.effective_format();
+        let cloudevents = if format.is_cloudevents() {
+            Some(CloudEvents::new(config, format, &schema, &table)?)
+        } else {
+            None
+        };
         let columns = [
             Some(config.id_column.clone()),
             Some(config.aggregate_type_column.clone()),
@@ -166,6 +181,12 @@ impl Rules {
             config.tracing_column.clone(),
             config.topic_column.clone(),
             (partition_by == PartitionBy::Column).then(|| config.partition_by.clone()),
+            format.is_cloudevents().then(|| {
+                config
+                    .cloudevents_subject_column
+                    .clone()
+                    .unwrap_or_else(|| config.aggregate_id_column.clone())
+            }),
         ];
         let mut topic_overrides = HashMap::with_capacity(config.topic_overrides.len());
         for (aggregate_type, template) in &config.topic_overrides {
@@ -177,7 +198,8 @@ impl Rules {
             columns,
             topic: TopicTemplate::parse(&config.topic)?,
             topic_overrides,
-            envelope: config.envelope,
+            format,
+            cloudevents,
             null_payload: config.null_payload,
             partition_by,
             tracing_header: Arc::from(config.tracing_header.as_str()),
@@ -192,6 +214,22 @@ impl Rules {
 
     pub(super) fn column(&self, role: Role) -> Option<&str> {
         self.columns[role.index()].as_deref()
+    }
+
+    /// The `i`-th extra column: the `header_columns`, then the CloudEvents extensions.
+    pub(super) fn extra_column(&self, i: usize) -> Option<&str> {
+        match self.extra_headers.get(i) {
+            Some((column, _)) => Some(column),
+            None => self
+                .cloudevents
+                .as_ref()?
+                .extension_column(i - self.extra_headers.len()),
+        }
+    }
+
+    /// How many extra columns [`Rules::extra_column`] names.
+    pub(super) fn extra_columns(&self) -> usize {
+        self.extra_headers.len() + self.cloudevents.as_ref().map_or(0, CloudEvents::extensions)
     }
 
     /// The record for one event, its fields read from `source`. Errors are checked in a fixed
@@ -232,12 +270,18 @@ impl Rules {
             Some(v) => self.timestamp_ms(&v, &id)?,
             None => commit_time_ms,
         };
-        let headers = self.headers(
-            source,
-            &id,
-            [&id_value, &event_type, &aggregate_type, &aggregate_id],
-        )?;
-        let payload = self.payload(source, &fields, timestamp_ms)?;
+        let (payload, headers) = match &self.cloudevents {
+            Some(ce) => ce.build(self, source, &fields, timestamp_ms)?,
+            None => {
+                let headers = self.headers(
+                    source,
+                    &id,
+                    Some([&id_value, &event_type, &aggregate_type, &aggregate_id]),
+                )?;
+                let payload = self.payload(source, &fields, timestamp_ms)?;
+                (payload, headers)
+            }
+        };
 
         Ok(OutboxEvent {
             record: Record {

@@ -50,10 +50,15 @@ impl BoundTable {
                 slots[role.index()] = Some(find(column, role.setting())?);
             }
         }
-        let extra = rules
-            .extra_headers
-            .iter()
-            .map(|(column, _)| find(column, "header_columns"))
+        let extra = (0..rules.extra_columns())
+            .map(|i| {
+                let setting = if i < rules.extra_headers.len() {
+                    "header_columns"
+                } else {
+                    "cloudevents_extensions"
+                };
+                find(rules.extra_column(i).unwrap_or_default(), setting)
+            })
             .collect::<Result<_, _>>()?;
         Ok(BoundTable {
             rules: rules.clone(),
@@ -133,7 +138,7 @@ impl Source for RowSource<'_> {
         i: usize,
         event_id: &str,
     ) -> Result<Option<Value>, MappingError> {
-        let column = rules.extra_headers.get(i).map_or("", |(c, _)| c.as_str());
+        let column = rules.extra_column(i).unwrap_or_default();
         self.value(self.bound.extra.get(i).copied(), column, event_id)
     }
 }
