@@ -65,7 +65,7 @@ pub use postgres::{
     DEFAULT_KEEPALIVES_INTERVAL_MS, DEFAULT_KEEPALIVES_RETRIES, DEFAULT_TCP_USER_TIMEOUT_MS,
     FALLBACK_RECEIVE_TIMEOUT_MS, MAX_STATUS_INTERVAL_MS,
 };
-pub use rules::{split_tls_params, topic_name_problem, MAX_TOPIC_CHARS};
+pub use rules::{remove_params, split_tls_params, topic_name_problem, MAX_TOPIC_CHARS};
 pub use secret::{Secret, REDACTED};
 pub use sections::{DeadLetterConfig, DeadLetterPolicy, HttpConfig, LogFormat, RelayConfig};
 

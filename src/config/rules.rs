@@ -43,7 +43,14 @@ pub fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
         }
         _ => false,
     };
-    let rest = if let Some((base, query)) = url.split_once('?') {
+    let rest = remove_params(url, |k, v| take(k, v));
+    (rest, mode, root)
+}
+
+/// A URL or `key=value` connection string without the parameters `take` returns true for
+/// (`take` sees each parameter's key and value, and may keep the value).
+pub fn remove_params(url: &str, mut take: impl FnMut(&str, &str) -> bool) -> String {
+    if let Some((base, query)) = url.split_once('?') {
         let kept: Vec<&str> = query
             .split('&')
             .filter(|kv| {
@@ -66,8 +73,7 @@ pub fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
             })
             .collect::<Vec<_>>()
             .join(" ")
-    };
-    (rest, mode, root)
+    }
 }
 
 #[cfg(test)]

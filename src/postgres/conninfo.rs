@@ -413,38 +413,13 @@ fn describe_attempts(attempts: &[Attempt]) -> String {
 /// Removes `key` from a URL's query or a `key=value` string; returns the rest and the value.
 pub fn take_param(url: &str, key: &str) -> (String, Option<String>) {
     let mut found = None;
-    let mut keep = |k: &str, v: &str| {
-        if k == key {
+    let rest = crate::config::remove_params(url, |k, v| {
+        let hit = k == key;
+        if hit {
             found = Some(v.to_string());
-            false
-        } else {
-            true
         }
-    };
-    let rest = if let Some((base, query)) = url.split_once('?') {
-        let kept: Vec<&str> = query
-            .split('&')
-            .filter(|kv| {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                keep(k, v)
-            })
-            .collect();
-        if kept.is_empty() {
-            base.to_string()
-        } else {
-            format!("{base}?{}", kept.join("&"))
-        }
-    } else if url.contains("://") {
-        url.to_string()
-    } else {
-        url.split_whitespace()
-            .filter(|kv| {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                keep(k.trim(), v.trim())
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
+        hit
+    });
     (rest, found)
 }
 
