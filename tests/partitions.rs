@@ -15,9 +15,8 @@ use std::time::Duration;
 
 use common::*;
 use outbox_relay::config::Config;
-use outbox_relay::lsn::Lsn;
 use outbox_relay::postgres::control::Control;
-use outbox_relay::relay::sweeper::{Mark, Sweeper};
+use outbox_relay::relay::sweeper::Sweeper;
 use serde_json::Value;
 use tokio_postgres::Client;
 
@@ -484,55 +483,6 @@ async fn check_status_and_replay_handle_a_partitioned_outbox() {
         .iter()
         .all(|r| r.header("outbox-relay-replay") == Some("true")));
     db.cleanup().await;
-}
-
-/// Moves the slot's confirmed position to exactly `to` (once the WAL is flushed that far).
-async fn advance_slot(db: &TestDb, to: Lsn) {
-    let client = db.client().await;
-    wait_for(
-        "the WAL to be flushed up to the mark",
-        Duration::from_secs(10),
-        || async {
-            // A commit that has an xid flushes the WAL up to itself: on a quiet server the
-            // flush position may otherwise stay just short of an insert position.
-            client.batch_execute("SELECT txid_current()").await.unwrap();
-            let flushed: i64 = client
-                .query_one("SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint", &[])
-                .await
-                .unwrap()
-                .get(0);
-            flushed as u64 >= to.0
-        },
-    )
-    .await;
-    client
-        .execute(
-            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
-            &[&db.slot, &to.to_string()],
-        )
-        .await
-        .unwrap();
-}
-
-/// Takes marks until one is newer than the transactions that inserted `ids` (other tests'
-/// transactions on the cluster can hold a mark's xmin back).
-async fn mark_after(sweeper: &mut Sweeper, client: &Client, ids: &[String]) -> Mark {
-    let newest: i64 = client
-        .query_one(
-            "SELECT max(xmin::text::bigint) FROM outbox WHERE id::text = ANY($1)",
-            &[&ids],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    for _ in 0..40 {
-        let mark = sweeper.take_mark().await.unwrap();
-        if mark.xmin > newest {
-            return mark;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("a transaction older than xid {newest} kept running for 10 s");
 }
 
 async fn outbox_ids(client: &Client) -> HashSet<String> {

@@ -11,10 +11,9 @@ use std::time::Duration;
 
 use common::*;
 use outbox_relay::config::Config;
-use outbox_relay::lsn::Lsn;
 use outbox_relay::mapping::partition::partition_for_key;
 use outbox_relay::postgres::control::Control;
-use outbox_relay::relay::sweeper::{Mark, Sweeper};
+use outbox_relay::relay::sweeper::Sweeper;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
@@ -879,58 +878,6 @@ async fn insert_aged(client: &tokio_postgres::Client, created_at: &str) -> Strin
     id
 }
 
-/// Moves the slot's confirmed position to exactly `to` (once the WAL is flushed that far:
-/// the services run with `synchronous_commit = off`, and an advance stops at the flush
-/// position).
-async fn advance_slot(db: &TestDb, to: Lsn) {
-    let client = db.client().await;
-    wait_for(
-        "the WAL to be flushed up to the mark",
-        Duration::from_secs(10),
-        || async {
-            let flushed: i64 = client
-                .query_one("SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint", &[])
-                .await
-                .unwrap()
-                .get(0);
-            flushed as u64 >= to.0
-        },
-    )
-    .await;
-    client
-        .execute(
-            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
-            &[&db.slot, &to.to_string()],
-        )
-        .await
-        .unwrap();
-}
-
-/// Takes sweeper marks until one is newer than the transactions that inserted `ids`. Other
-/// tests share the cluster, and a transaction of theirs still running holds a mark's xmin back
-/// (correctly: the sweeper then waits for a later mark); this test measures its own rows.
-async fn mark_after(sweeper: &mut Sweeper, db: &TestDb, ids: &[String]) -> Mark {
-    let newest: i64 = db
-        .client()
-        .await
-        .query_one(
-            "SELECT max(xmin::text::bigint) FROM outbox WHERE id::text = ANY($1)",
-            &[&ids],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    // Fewer tries than the sweeper queues marks, so every mark taken here is queued.
-    for _ in 0..40 {
-        let mark = sweeper.take_mark().await.unwrap();
-        if mark.xmin > newest {
-            return mark;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("a transaction older than xid {newest} kept running for 10 s");
-}
-
 /// Done-when 4, second half, exactly: the sweeper deletes a row only when it is older than
 /// the retention and its inserting transaction is confirmed by the slot, including a row
 /// inserted in a savepoint of a transaction that commits after the mark (its `created_at`
@@ -967,7 +914,7 @@ async fn sweeper_deletes_only_confirmed_rows_older_than_the_retention() {
     .await
     .unwrap();
 
-    let mark = mark_after(&mut sweeper, &db, &confirmed_old).await;
+    let mark = mark_after(&mut sweeper, &db.client().await, &confirmed_old).await;
     let report = sweeper.sweep().await.unwrap();
     assert_eq!(report.used, None, "the slot has not confirmed the mark yet");
     assert_eq!(report.deleted, 0);
@@ -990,7 +937,12 @@ async fn sweeper_deletes_only_confirmed_rows_older_than_the_retention() {
     );
 
     // Once the slot confirms a mark taken after those commits, the old ones go too.
-    let mark2 = mark_after(&mut sweeper, &db, &[late.clone(), after_mark.clone()]).await;
+    let mark2 = mark_after(
+        &mut sweeper,
+        &db.client().await,
+        &[late.clone(), after_mark.clone()],
+    )
+    .await;
     let report = sweeper.sweep().await.unwrap();
     assert_eq!(report.used, Some(mark), "mark2 is not confirmed yet");
     assert_eq!(report.deleted, 0);

@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use outbox_relay::lsn::Lsn;
+use outbox_relay::relay::sweeper::{Mark, Sweeper};
 use rand::Rng;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -775,4 +777,55 @@ pub async fn read_ids_committed(
     })
     .await
     .unwrap()
+}
+
+// ---- helpers for the sweeper tests (tests/routing.rs, tests/partitions.rs) ----
+
+/// Moves the slot's confirmed position to exactly `to` (once the WAL is flushed that far).
+pub async fn advance_slot(db: &TestDb, to: Lsn) {
+    let client = db.client().await;
+    wait_for(
+        "the WAL to be flushed up to the mark",
+        Duration::from_secs(10),
+        || async {
+            // A commit that has an xid flushes the WAL up to itself: on a quiet server the
+            // flush position may otherwise stay just short of an insert position.
+            client.batch_execute("SELECT txid_current()").await.unwrap();
+            let flushed: i64 = client
+                .query_one("SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint", &[])
+                .await
+                .unwrap()
+                .get(0);
+            flushed as u64 >= to.0
+        },
+    )
+    .await;
+    client
+        .execute(
+            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
+            &[&db.slot, &to.to_string()],
+        )
+        .await
+        .unwrap();
+}
+
+/// Takes marks until one is newer than the transactions that inserted `ids` (other tests'
+/// transactions on the cluster can hold a mark's xmin back).
+pub async fn mark_after(sweeper: &mut Sweeper, client: &Client, ids: &[String]) -> Mark {
+    let newest: i64 = client
+        .query_one(
+            "SELECT max(xmin::text::bigint) FROM outbox WHERE id::text = ANY($1)",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for _ in 0..40 {
+        let mark = sweeper.take_mark().await.unwrap();
+        if mark.xmin > newest {
+            return mark;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("a transaction older than xid {newest} kept running for 10 s");
 }
