@@ -10,20 +10,6 @@ use std::time::Duration;
 use common::*;
 use rand::Rng;
 
-/// The relay's environment in exactly-once mode, with a progress topic of the test's own.
-fn eos_env(db: &TestDb) -> Vec<(String, String)> {
-    let mut env = db.relay_env();
-    env.push((
-        "OUTBOX_RELAY__KAFKA__DELIVERY".into(),
-        "exactly_once".into(),
-    ));
-    env.push((
-        "OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC".into(),
-        db.topic("progress"),
-    ));
-    env
-}
-
 fn ids(events: &[Event]) -> Vec<String> {
     events.iter().map(|e| e.id.clone()).collect()
 }
@@ -77,72 +63,11 @@ async fn write_with_rollbacks(
     (committed, rolled_back)
 }
 
-/// Reads with read_committed and fails on any missing, duplicate or out-of-order event.
-async fn expect_exactly_once(
-    label: &str,
-    db: &TestDb,
-    committed: &[Event],
-    rolled_back: &[Event],
-    relay_log: &str,
-) {
-    let topics = vec![db.topic("order"), db.topic("customer")];
-    let received = read_ids_committed(
-        &topics,
-        &ids(committed),
-        Duration::from_secs(180),
-        Duration::from_secs(5),
-    )
-    .await;
-    let t = tally(committed, &received);
-    println!(
-        "{label}: {} committed events, {} received (read_committed), {} missing, {} duplicates",
-        committed.len(),
-        received.len(),
-        t.missing.len(),
-        t.duplicates
-    );
-    assert!(
-        t.missing.is_empty(),
-        "{label}: {} of {} events missing, e.g. {:?}\n{relay_log}",
-        t.missing.len(),
-        committed.len(),
-        &t.missing[..t.missing.len().min(3)]
-    );
-    assert_eq!(
-        t.duplicates, 0,
-        "{label}: duplicates for a read_committed consumer"
-    );
-    let rolled: std::collections::HashSet<&str> =
-        rolled_back.iter().map(|e| e.id.as_str()).collect();
-    assert!(
-        !received
-            .iter()
-            .any(|r| rolled.contains(r.key_str().as_str())),
-        "{label}: a rolled-back event reached Kafka"
-    );
-    assert_eq!(t.unexpected, 0, "{label}: unexpected records");
-    // Commit order per partition (one per topic): each writer's events in its order.
-    let mut last: HashMap<(String, u64), u64> = HashMap::new();
-    for r in &received {
-        let payload: serde_json::Value =
-            serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
-        let writer = payload["writer"].as_u64().unwrap();
-        let seq = payload["seq"].as_u64().unwrap();
-        if let Some(before) = last.insert((r.topic.clone(), writer), seq) {
-            assert!(
-                before < seq,
-                "{label}: writer {writer} out of order in {}: {seq} after {before}",
-                r.topic
-            );
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_ten_times_read_committed_sees_each_event_exactly_once() {
     let db = TestDb::new().await;
     db.create_slot().await;
-    let mut env = eos_env(&db);
+    let mut env = exactly_once_env(&db);
     // The slot confirms 1.5 s after the Kafka commit: each kill leaves committed transactions
     // that PostgreSQL sends again, which the relay must skip.
     env.push((
@@ -200,7 +125,7 @@ fn signal(pid: u32, sig: &str) {
 async fn a_standby_takes_over_and_a_woken_zombie_commits_nothing() {
     let db = TestDb::new().await;
     db.create_slot().await;
-    let mut env = eos_env(&db);
+    let mut env = exactly_once_env(&db);
     for (k, v) in [
         ("OUTBOX_RELAY__POSTGRES__STANDBY_RETRY_MS", "300"),
         ("OUTBOX_RELAY__POSTGRES__STALE_HOLDER_AFTER_MS", "3000"),
@@ -296,7 +221,7 @@ async fn write(db: &TestDb, n: usize, writer: usize) -> Vec<Event> {
 async fn slot_drop_create_advance_and_replay_behave_as_documented() {
     let db = TestDb::new().await;
     db.create_slot().await;
-    let env = eos_env(&db);
+    let env = exactly_once_env(&db);
     let mut relay = RelayProcess::start(&env, "eos-ops");
     wait_for_slot(&db, &mut relay).await;
     let first = write(&db, 200, 0).await;

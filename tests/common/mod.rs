@@ -784,3 +784,80 @@ pub async fn mark_after(sweeper: &mut Sweeper, client: &Client, ids: &[String]) 
     }
     panic!("a transaction older than xid {newest} kept running for 10 s");
 }
+
+// ---- helpers for the exactly-once tests (tests/exactly_once.rs, tests/exclusive.rs) ----
+
+/// The relay's environment in exactly-once mode, with a progress topic of the test's own.
+pub fn exactly_once_env(db: &TestDb) -> Vec<(String, String)> {
+    let mut env = db.relay_env();
+    env.push((
+        "OUTBOX_RELAY__KAFKA__DELIVERY".into(),
+        "exactly_once".into(),
+    ));
+    env.push((
+        "OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC".into(),
+        db.topic("progress"),
+    ));
+    env
+}
+
+/// Reads with read_committed and fails on any missing, duplicate or out-of-order event.
+pub async fn expect_exactly_once(
+    label: &str,
+    db: &TestDb,
+    committed: &[Event],
+    rolled_back: &[Event],
+    relay_log: &str,
+) {
+    let topics = vec![db.topic("order"), db.topic("customer")];
+    let received = read_ids_committed(
+        &topics,
+        &committed.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        Duration::from_secs(180),
+        Duration::from_secs(5),
+    )
+    .await;
+    let t = tally(committed, &received);
+    println!(
+        "{label}: {} committed events, {} received (read_committed), {} missing, {} duplicates",
+        committed.len(),
+        received.len(),
+        t.missing.len(),
+        t.duplicates
+    );
+    assert!(
+        t.missing.is_empty(),
+        "{label}: {} of {} events missing, e.g. {:?}\n{relay_log}",
+        t.missing.len(),
+        committed.len(),
+        &t.missing[..t.missing.len().min(3)]
+    );
+    assert_eq!(
+        t.duplicates, 0,
+        "{label}: duplicates for a read_committed consumer"
+    );
+    let rolled: std::collections::HashSet<&str> =
+        rolled_back.iter().map(|e| e.id.as_str()).collect();
+    assert!(
+        !received
+            .iter()
+            .any(|r| rolled.contains(r.key_str().as_str())),
+        "{label}: a rolled-back event reached Kafka"
+    );
+    assert_eq!(t.unexpected, 0, "{label}: unexpected records");
+    // Commit order per partition (one per topic): each writer's events in its order.
+    let mut last: HashMap<(String, u64), u64> = HashMap::new();
+    for r in &received {
+        let payload: serde_json::Value =
+            serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+        let writer = payload["writer"].as_u64().unwrap();
+        let seq = payload["seq"].as_u64().unwrap();
+        if let Some(before) = last.insert((r.topic.clone(), writer), seq) {
+            assert!(
+                before < seq,
+                "{label}: writer {writer} out of order in {}: {seq} after {before}",
+                r.topic
+            );
+        }
+    }
+}
