@@ -36,6 +36,12 @@ use crate::postgres::conninfo::{
 };
 use crate::postgres::tls::{server_end_point, TlsSettings};
 
+mod frames;
+mod transport;
+
+pub use frames::{encode_status_update, parse_frame, pg_time_to_unix_us, ReplicationFrame};
+use transport::open_transport;
+
 /// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 UTC).
 const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 /// How much the read buffer grows by when it runs out of room.
@@ -179,87 +185,6 @@ impl ConnectParams {
 
 trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
-
-/// One frame of the replication stream (the payload of a server CopyData).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplicationFrame {
-    /// `w`: WAL data carrying one pgoutput message.
-    XLogData {
-        wal_start: Lsn,
-        wal_end: Lsn,
-        data: Bytes,
-    },
-    /// `k`: the server's sent position, and whether it wants an answer now.
-    Keepalive { wal_end: Lsn, reply_requested: bool },
-}
-
-/// Parses the payload of a server CopyData frame.
-pub fn parse_frame(mut body: Bytes) -> Result<ReplicationFrame, ReplicationError> {
-    let short = |what: &str| ReplicationError::Protocol(format!("truncated {what} frame"));
-    if body.is_empty() {
-        return Err(short("empty"));
-    }
-    match body.get_u8() {
-        b'w' => {
-            if body.len() < 24 {
-                return Err(short("XLogData"));
-            }
-            let wal_start = Lsn(body.get_u64());
-            let wal_end = Lsn(body.get_u64());
-            let _send_time = body.get_i64();
-            Ok(ReplicationFrame::XLogData {
-                wal_start,
-                wal_end,
-                data: body,
-            })
-        }
-        b'k' => {
-            if body.len() < 17 {
-                return Err(short("keepalive"));
-            }
-            let wal_end = Lsn(body.get_u64());
-            let _send_time = body.get_i64();
-            let reply_requested = body.get_u8() != 0;
-            Ok(ReplicationFrame::Keepalive {
-                wal_end,
-                reply_requested,
-            })
-        }
-        tag => Err(ReplicationError::Protocol(format!(
-            "unknown replication frame tag {:?}",
-            tag as char
-        ))),
-    }
-}
-
-/// Encodes a standby status update ('r') inside a CopyData message.
-pub fn encode_status_update(write: Lsn, flush: Lsn, apply: Lsn, reply: bool) -> BytesMut {
-    let mut body = BytesMut::with_capacity(34);
-    body.put_u8(b'r');
-    body.put_u64(write.0);
-    body.put_u64(flush.0);
-    body.put_u64(apply.0);
-    body.put_i64(pg_now_us());
-    body.put_u8(u8::from(reply));
-    let mut out = BytesMut::with_capacity(40);
-    out.put_u8(b'd');
-    out.put_i32(4 + body.len() as i32);
-    out.extend_from_slice(&body);
-    out
-}
-
-fn pg_now_us() -> i64 {
-    let unix_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0);
-    unix_us - PG_EPOCH_OFFSET_US
-}
-
-/// Converts a PostgreSQL timestamp (µs since 2000-01-01) to µs since the Unix epoch.
-pub fn pg_time_to_unix_us(pg_us: i64) -> i64 {
-    pg_us + PG_EPOCH_OFFSET_US
-}
 
 /// An authenticated replication connection, ready for a replication command.
 pub struct WalSender {
@@ -583,55 +508,6 @@ fn require_password(params: &ConnectParams) -> Result<&[u8], ReplicationError> {
 /// The connection and, for TLS, its channel binding data.
 type Opened = (Box<dyn Transport>, Option<Vec<u8>>);
 
-async fn open_transport(
-    params: &ConnectParams,
-    endpoint: &Endpoint,
-) -> Result<Opened, ReplicationError> {
-    let target = endpoint.target();
-    let connect_err = |source| ReplicationError::Connect {
-        target: target.clone(),
-        source,
-    };
-    match &endpoint.host {
-        Host::Tcp(host) => {
-            let stream = TcpStream::connect((host.as_str(), endpoint.port))
-                .await
-                .map_err(connect_err)?;
-            stream.set_nodelay(true).map_err(connect_err)?;
-            set_keepalive(&stream, &params.info.keepalive).map_err(connect_err)?;
-            negotiate_tls(stream, host, &params.info.tls).await
-        }
-        // Like libpq, no TLS over a local socket.
-        #[cfg(unix)]
-        Host::Unix(dir) => {
-            let path = dir.join(format!(".s.PGSQL.{}", endpoint.port));
-            let stream = tokio::net::UnixStream::connect(path)
-                .await
-                .map_err(connect_err)?;
-            Ok((Box::new(stream), None))
-        }
-        #[cfg(not(unix))]
-        Host::Unix(_) => Err(ReplicationError::Url(
-            "unix sockets are not supported here".into(),
-        )),
-    }
-}
-
-/// TCP keepalives and `TCP_USER_TIMEOUT` on the socket, before TLS (which wraps it).
-fn set_keepalive(stream: &TcpStream, keepalive: &TcpKeepalive) -> io::Result<()> {
-    let socket = socket2::SockRef::from(stream);
-    if keepalive.enabled {
-        let probes = socket2::TcpKeepalive::new()
-            .with_time(keepalive.idle)
-            .with_interval(keepalive.interval)
-            .with_retries(keepalive.retries);
-        socket.set_tcp_keepalive(&probes)?;
-    }
-    #[cfg(target_os = "linux")]
-    socket.set_tcp_user_timeout(keepalive.user_timeout)?;
-    Ok(())
-}
-
 /// The replication receive deadline: `configured_ms` when set; else three quarters of the
 /// server's `wal_sender_timeout` (which sends a keepalive at least every half of it while
 /// idle), or [`FALLBACK_RECEIVE_TIMEOUT_MS`] when that is 0 (disabled). Never under two
@@ -651,63 +527,6 @@ pub fn receive_timeout(
         wal_sender_timeout * 3 / 4
     };
     derived.max(status_interval * 2)
-}
-
-/// SSLRequest, then a TLS handshake when the server agrees (or plain TCP where the mode
-/// allows it).
-async fn negotiate_tls(
-    mut tcp: TcpStream,
-    host: &str,
-    tls: &TlsSettings,
-) -> Result<Opened, ReplicationError> {
-    if tls.mode == SslMode::Disable {
-        return Ok((Box::new(tcp), None));
-    }
-    let mut request = BytesMut::new();
-    frontend::ssl_request(&mut request);
-    tcp.write_all(&request).await?;
-    let mut answer = [0u8; 1];
-    tcp.read_exact(&mut answer).await?;
-    match answer[0] {
-        b'S' => {}
-        b'N' if tls.mode == SslMode::Prefer => return Ok((Box::new(tcp), None)),
-        b'N' => {
-            return Err(ReplicationError::Tls(format!(
-                "the server does not accept TLS, but postgres.ssl_mode is {:?}; enable ssl on the server or lower ssl_mode",
-                tls.mode
-            )))
-        }
-        other => {
-            return Err(ReplicationError::Protocol(format!(
-                "unexpected answer {other:#x} to SSLRequest"
-            )))
-        }
-    }
-    let tls_err = |e: &dyn std::fmt::Display| ReplicationError::Tls(e.to_string());
-    let mut config = tls
-        .connector()
-        .map_err(|e| tls_err(&e))?
-        .configure()
-        .map_err(|e| tls_err(&e))?;
-    config.set_verify_hostname(tls.mode == SslMode::VerifyFull);
-    let ssl = config.into_ssl(host).map_err(|e| tls_err(&e))?;
-    let mut stream = tokio_openssl::SslStream::new(ssl, tcp).map_err(|e| tls_err(&e))?;
-    std::pin::Pin::new(&mut stream)
-        .connect()
-        .await
-        .map_err(|e| {
-            let verify = stream.ssl().verify_result();
-            if verify == openssl::x509::X509VerifyResult::OK {
-                ReplicationError::TlsInterrupted(e.to_string())
-            } else {
-                // A certificate the settings reject: retrying will not help.
-                ReplicationError::Tls(format!(
-                    "handshake failed: {e} (certificate check: {verify}); check postgres.ssl_root_cert and the host name"
-                ))
-            }
-        })?;
-    let binding = server_end_point(stream.ssl());
-    Ok((Box::new(stream), binding))
 }
 
 /// Quotes an identifier for a replication command (`"` doubled).
