@@ -32,18 +32,8 @@ PG_USER_OS=${OUTBOX_PG_OS_USER:-postgres}
 log() { printf '[pg-binaries] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-APT_UPDATED=0
-apt_install() {
-    [[ $EUID -eq 0 ]] || die "missing $*; install it (as root: apt-get install $*)"
-    command -v apt-get >/dev/null 2>&1 || die "missing $* and no apt-get to install it"
-    if ((APT_UPDATED == 0)); then
-        log "apt-get update"
-        apt-get update -qq >&2
-        APT_UPDATED=1
-    fi
-    log "apt-get install $*"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" </dev/null >&2
-}
+# shellcheck source=scripts/apt-install.sh
+source "$SCRIPT_DIR/apt-install.sh"
 
 # True when the user running the clusters can execute FILE.
 runnable_by_pg() {

@@ -232,18 +232,8 @@ write_env() {
 
 # -------------------------------------------------------------- PostgreSQL
 
-APT_UPDATED=0
-apt_install() {
-    [[ $EUID -eq 0 ]] || die "missing $*; install it (as root: apt-get install $*)"
-    command -v apt-get >/dev/null 2>&1 || die "missing $* and no apt-get to install it"
-    if ((APT_UPDATED == 0)); then
-        log "apt-get update"
-        apt-get update -qq >&2
-        APT_UPDATED=1
-    fi
-    log "apt-get install $*"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" </dev/null >&2
-}
+# shellcheck source=scripts/apt-install.sh
+source "$SCRIPT_DIR/apt-install.sh"
 
 # Cluster names: pg (the main one), pg-replica (wal_level=replica), pg-ha and
 # pg-ha-standby (a primary and its physical standby, for failover tests).
