@@ -451,6 +451,9 @@ impl Shared {
         self.produce(&record, PROGRESS_OPAQUE, Some(progress.partition))
             .await
             .map_err(|e| failed("send the progress record", e))?;
+        self.wait_for_reports(give_up)
+            .await
+            .map_err(|e| failed("commit", e))?;
         let producer = self.producer.clone();
         tokio::task::spawn_blocking(move || producer.commit_transaction(TRANSACTION_TIMEOUT))
             .await
@@ -458,6 +461,25 @@ impl Shared {
             .map_err(|_| KafkaError::Canceled)
             .and_then(|r| r)
             .map_err(|e| failed("commit", e))
+    }
+
+    /// Waits until librdkafka holds no record and no undelivered report: every record of the
+    /// transaction is acknowledged and its report handed to the session.
+    ///
+    /// Why not let `commit_transaction` do it: rust-rdkafka's version flushes by polling the
+    /// report queue for up to 100 ms at a time, and the reports go to our poller thread
+    /// instead, so every commit with a record still in flight (the progress record always is)
+    /// took 100 ms more. With nothing outstanding, its flush returns at once.
+    async fn wait_for_reports(&self, give_up: Instant) -> Result<(), KafkaError> {
+        while self.producer.in_flight_count() > 0 {
+            if Instant::now() >= give_up || self.stop.is_cancelled() {
+                return Err(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::MessageTimedOut,
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
     }
 
     pub(super) fn topics(&self) -> std::sync::MutexGuard<'_, Topics> {
