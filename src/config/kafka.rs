@@ -132,6 +132,11 @@ pub struct KafkaConfig {
     /// `exactly_once`: a Kafka transaction is committed (at the next PostgreSQL transaction
     /// boundary) once it is this old, in milliseconds; 1 to 30000.
     pub transaction_max_ms: u64,
+    /// `exactly_once`: ... and sooner, once at least this old, when the replication stream has
+    /// nothing more to read at the moment (so that a steady trickle is not held for
+    /// `transaction_max_ms`, while a backlog still fills big transactions); 0 to
+    /// `transaction_max_ms`.
+    pub transaction_min_ms: u64,
     /// `exactly_once`: ... or once it holds this many records; > 0.
     pub transaction_max_records: usize,
 }
@@ -238,6 +243,7 @@ impl Default for KafkaConfig {
             // A Kafka transaction is committed once this old: the floor of read_committed
             // latency.
             transaction_max_ms: 100,
+            transaction_min_ms: 10,
             transaction_max_records: 10_000,
         }
     }
@@ -268,6 +274,7 @@ impl fmt::Debug for KafkaConfig {
             .field("delivery", &self.delivery)
             .field("progress_topic", &self.progress_topic)
             .field("transaction_max_ms", &self.transaction_max_ms)
+            .field("transaction_min_ms", &self.transaction_min_ms)
             .field("transaction_max_records", &self.transaction_max_records)
             .finish()
     }
@@ -319,6 +326,13 @@ impl KafkaConfig {
             1,
             MAX_TRANSACTION_MAX_MS,
             "ms",
+        )?;
+        check_range(
+            "kafka.transaction_min_ms",
+            self.transaction_min_ms,
+            0,
+            self.transaction_max_ms,
+            "ms, at most kafka.transaction_max_ms",
         )?;
         check_range(
             "kafka.transaction_max_records",

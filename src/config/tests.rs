@@ -1002,3 +1002,14 @@ fn a_table_entry_may_clear_an_inherited_optional_column() {
     assert_eq!(tables[1].key_column, None);
     assert_eq!(tables[2].key_column.as_deref(), Some("k"));
 }
+
+#[test]
+fn the_early_commit_age_is_at_most_the_transaction_age() {
+    let mut config = Config::default();
+    config.kafka.transaction_max_ms = 50;
+    config.kafka.transaction_min_ms = 50;
+    config.validate().unwrap();
+    config.kafka.transaction_min_ms = 51;
+    let message = assert_invalid(&config, "kafka.transaction_min_ms");
+    assert!(message.contains("transaction_max_ms"), "{message}");
+}

@@ -157,6 +157,8 @@ struct SourceLog {
     /// `flush` of every status update, in order.
     flushes: Vec<Lsn>,
     closed: bool,
+    /// Frames the session took.
+    frames_read: usize,
 }
 
 /// Frames from a channel (the test may add more while the session runs); none left: waits.
@@ -168,7 +170,10 @@ struct FakeSource {
 impl FrameSource for FakeSource {
     async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
         match self.frames.recv().await {
-            Some(frame) => frame,
+            Some(frame) => {
+                self.log.lock().unwrap().frames_read += 1;
+                frame
+            }
             None => std::future::pending().await,
         }
     }
@@ -437,11 +442,17 @@ fn settings() -> Settings {
     }
 }
 
-/// Exactly-once settings: commit when `max_age` old or `max_records` big.
+/// Exactly-once settings: commit when `max_age` old or `max_records` big (no early commit).
 fn exactly_once(max_age: Duration, max_records: usize) -> Settings {
+    exactly_once_early(max_age, max_age, max_records)
+}
+
+/// ... and early, once `min_age` old, when no frame is waiting.
+fn exactly_once_early(max_age: Duration, min_age: Duration, max_records: usize) -> Settings {
     Settings {
         transactions: Some(Transactions {
             max_age,
+            min_age,
             max_records,
         }),
         ..settings()
@@ -1165,6 +1176,113 @@ async fn a_commit_waits_for_the_open_postgres_transaction() {
                 end: Lsn(0x1000 + 0x310 + 0x30),
                 sent: 3
             }
+        ]
+    );
+}
+
+#[tokio::test]
+async fn records_read_while_a_commit_runs_go_into_the_next_kafka_transaction() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let (first, end_a) = wal.txn(OUTBOX, &[Some(&event_id(0)), Some(&event_id(1))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(first));
+    let session = rig.session(
+        exactly_once(Duration::from_millis(1), 1000),
+        &mapping,
+        &metrics,
+    );
+    let driver = async {
+        let (at, answer) = commits.recv().await.unwrap();
+        assert_eq!(at, end_a);
+        // The commit runs; the next transaction arrives meanwhile.
+        let (second, end_b) = wal.txn(OUTBOX, &[Some(&event_id(2)), Some(&event_id(3))]);
+        let pushed = rig.log.lock().unwrap().frames_read + second.len();
+        rig.push(second);
+        rig.until("the next transaction read during the commit", |r| {
+            r.log.lock().unwrap().frames_read == pushed
+        })
+        .await;
+        assert_eq!(rig.sent().len(), 2, "a record was sent while a commit ran");
+        answer.send(Ok(())).unwrap();
+        let (at, answer) = commits.recv().await.unwrap();
+        assert_eq!(
+            at, end_b,
+            "the held transaction's end is the next progress value"
+        );
+        answer.send(Ok(())).unwrap();
+        rig.until("both confirmed", |r| r.last_flush() == end_b)
+            .await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        rig.kafka_ops(),
+        [
+            KafkaOp::Begin,
+            KafkaOp::Commit {
+                end: end_a,
+                sent: 2
+            },
+            KafkaOp::Begin,
+            KafkaOp::Commit {
+                end: rig.last_flush(),
+                sent: 4
+            },
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_trickle_is_committed_early_and_a_backlog_in_one_transaction() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+    // A backlog: every frame is waiting before the session starts.
+    let (frames, txns) = transactions(&mut wal, 50, &mut rng);
+    let total: usize = txns.iter().map(|t| t.1).sum();
+    rig.push(frames);
+    // max_age is far away: only the early commit can end a transaction within the test.
+    let session = rig.session(
+        exactly_once_early(Duration::from_secs(60), Duration::ZERO, 100_000),
+        &mapping,
+        &metrics,
+    );
+    let driver = async {
+        let (at, answer) = commits.recv().await.unwrap();
+        assert_eq!(at, txns.last().unwrap().0, "the backlog was split");
+        answer.send(Ok(())).unwrap();
+        // A trickle: one transaction and then nothing.
+        let (single, end) = wal.txn(OUTBOX, &[Some(&event_id(total))]);
+        rig.push(single);
+        let (at, answer) = tokio::time::timeout(Duration::from_secs(2), commits.recv())
+            .await
+            .expect("no early commit of a lone transaction")
+            .unwrap();
+        assert_eq!(at, end);
+        answer.send(Ok(())).unwrap();
+        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        rig.kafka_ops(),
+        [
+            KafkaOp::Begin,
+            KafkaOp::Commit {
+                end: txns.last().unwrap().0,
+                sent: total
+            },
+            KafkaOp::Begin,
+            KafkaOp::Commit {
+                end: rig.last_flush(),
+                sent: total + 1
+            },
         ]
     );
 }

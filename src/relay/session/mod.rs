@@ -5,14 +5,17 @@
 //!
 //! The loop, by priority: shutdown → acknowledgements → a Kafka commit's outcome → a due
 //! confirmation → the status timer → a due Kafka commit → the next frame (only while in-flight
-//! work is under its caps and no Kafka commit runs). On shutdown the session stops reading
+//! work is under its caps) → an early Kafka commit when no frame is waiting. On shutdown the session stops reading
 //! (after finishing a half-read transaction), waits for every acknowledgement up to
 //! `shutdown_timeout`, confirms the last fully acknowledged commit and closes.
 //!
 //! Exactly-once (`Settings::transactions`): records go into Kafka transactions that hold
 //! whole PostgreSQL transactions only; a Kafka transaction is committed (with the progress
 //! record: the end LSN of its last PostgreSQL transaction) at a PostgreSQL transaction boundary
-//! once it is old or big enough. An acknowledgement then is not yet a confirmation: the
+//! once it is old or big enough, or sooner (but at least `min_age` old) when the stream has
+//! nothing more to read at the moment. Records that come while a commit runs (librdkafka takes
+//! none then) are held and sent in the next Kafka transaction, so reading never pauses for a
+//! commit. An acknowledgement then is not yet a confirmation: the
 //! acknowledged records are kept aside and fed to the ledger only once the Kafka commit
 //! succeeded (and every record's report arrived), so the ledger confirms exactly what Kafka
 //! committed. A failed commit ends the session; nothing of it was confirmed. PostgreSQL
@@ -33,9 +36,9 @@ use tracing::{debug, info, warn};
 
 use crate::config::{Config, DeadLetterPolicy, Delivery as DeliveryMode};
 use crate::lsn::Lsn;
-use crate::mapping::{BoundTable, OutboxMapping};
+use crate::mapping::{BoundTable, OutboxMapping, Record};
 use crate::relay::ledger::{Ledger, TxnSeq};
-use crate::relay::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordSink};
+use crate::relay::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
 use crate::relay::{now_ms, RelayError};
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::dead_letter::{self, Reason};
@@ -66,6 +69,8 @@ pub struct Settings {
 #[derive(Debug, Clone, Copy)]
 pub struct Transactions {
     pub max_age: Duration,
+    /// Committed sooner, once this old, when no frame is waiting.
+    pub min_age: Duration,
     pub max_records: usize,
 }
 
@@ -83,6 +88,7 @@ impl Settings {
             transactions: (config.kafka.delivery == DeliveryMode::ExactlyOnce).then(|| {
                 Transactions {
                     max_age: Duration::from_millis(config.kafka.transaction_max_ms),
+                    min_age: Duration::from_millis(config.kafka.transaction_min_ms),
                     max_records: config.kafka.transaction_max_records,
                 }
             }),
@@ -110,7 +116,7 @@ enum KafkaTxn {
         /// End LSN of the last whole PostgreSQL transaction in it (`None`: none yet).
         end: Option<Lsn>,
     },
-    /// The commit runs; nothing new is sent meanwhile.
+    /// The commit runs; records read meanwhile are held for the next transaction.
     Committing {
         started: std::time::Instant,
         records: usize,
@@ -120,6 +126,14 @@ enum KafkaTxn {
     Committed {
         records: usize,
     },
+}
+
+/// A record read while a Kafka commit runs (exactly-once), sent in the next transaction.
+pub(super) struct Held {
+    pub record: Record,
+    pub seq: TxnSeq,
+    pub event_id: String,
+    pub kind: RecordKind,
 }
 
 /// A relation from the stream, and its outbox binding when it is an outbox table or a
@@ -176,6 +190,13 @@ pub struct Session<'a, S, K, C> {
     acked: Vec<(TxnSeq, bool)>,
     /// PostgreSQL transactions committing below this are already in Kafka.
     skip_below: Option<Lsn>,
+    /// Records read while a Kafka commit ran, for the next Kafka transaction.
+    held: Vec<Held>,
+    /// End LSN of the last PostgreSQL transaction whose records are all sent or held: the
+    /// next Kafka transaction's progress value.
+    held_end: Option<Lsn>,
+    /// No frame was waiting and the open Kafka transaction is `min_age` old: commit it.
+    idle_commit: bool,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -211,6 +232,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             kafka: KafkaTxn::Idle,
             acked: Vec::new(),
             skip_below: None,
+            held: Vec::new(),
+            held_end: None,
+            idle_commit: false,
         }
     }
 
@@ -229,43 +253,50 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let mut feedback = tokio::time::interval(self.settings.status_interval);
         feedback.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let result = loop {
-            if let Err(e) = self.settle_kafka() {
-                break Err(e);
-            }
+            let settled = self.settle_kafka().await;
             self.schedule_confirm();
-            if self.is_drained() {
+            if settled.is_ok() && self.is_drained() {
                 break self.stop_error.take().map_or(Ok(()), Err);
             }
-            let commit_at = self.kafka_commit_at();
-            let step = tokio::select! {
-                biased;
-                _ = shutdown.cancelled(), if self.phase == Phase::Streaming => {
-                    self.start_draining();
-                    Ok(())
-                }
-                _ = sleep_until(self.drain_deadline()), if self.drain_deadline().is_some() => {
-                    warn!(in_flight = self.in_flight.messages(),
-                        "drain deadline reached; unacknowledged events will be sent again on restart");
-                    break self.stop_error.take().map_or(Ok(()), Err);
-                }
-                Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await,
-                outcome = commit_outcome(&mut self.kafka) => self.handle_commit_outcome(outcome),
-                _ = sleep_until(self.confirm_due), if self.confirm_due.is_some() => {
-                    self.send_status(false).await
-                }
-                // Asking for a reply makes the server answer with a keepalive carrying its WAL
-                // end, which an idle relay confirms: unrelated traffic never piles up WAL.
-                _ = feedback.tick() => self.send_status(true).await,
-                // A Kafka transaction gets old while no PostgreSQL transaction is open: the
-                // top of the loop commits it.
-                _ = sleep_until(commit_at), if commit_at.is_some() => Ok(()),
-                frame = self.source.next_frame(), if self.wants_frames() => match frame {
-                    Ok(frame) => {
-                        self.metrics.mark_received(std::time::Instant::now());
-                        self.handle_frame(frame).await
+            let (commit_at, idle_commit_at) = self.kafka_commit_times();
+            let step = if settled.is_err() {
+                settled
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled(), if self.phase == Phase::Streaming => {
+                        self.start_draining();
+                        Ok(())
                     }
-                    Err(e) => Err(e.into()),
-                },
+                    _ = sleep_until(self.drain_deadline()), if self.drain_deadline().is_some() => {
+                        warn!(in_flight = self.in_flight.messages(),
+                            "drain deadline reached; unacknowledged events will be sent again on restart");
+                        break self.stop_error.take().map_or(Ok(()), Err);
+                    }
+                    Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await,
+                    outcome = commit_outcome(&mut self.kafka) => self.handle_commit_outcome(outcome),
+                    _ = sleep_until(self.confirm_due), if self.confirm_due.is_some() => {
+                        self.send_status(false).await
+                    }
+                    // Asking for a reply makes the server answer with a keepalive carrying its WAL
+                    // end, which an idle relay confirms: unrelated traffic never piles up WAL.
+                    _ = feedback.tick() => self.send_status(true).await,
+                    // A Kafka transaction gets old while no PostgreSQL transaction is open: the
+                    // top of the loop commits it.
+                    _ = sleep_until(commit_at), if commit_at.is_some() => Ok(()),
+                    frame = self.source.next_frame(), if self.wants_frames() => match frame {
+                        Ok(frame) => {
+                            self.metrics.mark_received(std::time::Instant::now());
+                            self.handle_frame(frame).await
+                        }
+                        Err(e) => Err(e.into()),
+                    },
+                    // Below the frames: polled only when no frame is waiting.
+                    _ = sleep_until(idle_commit_at), if idle_commit_at.is_some() => {
+                        self.idle_commit = true;
+                        Ok(())
+                    }
+                }
             };
             if let Err(e) = step {
                 match self.stop_error {
@@ -340,23 +371,28 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         }
     }
 
-    /// When the open Kafka transaction is to be committed by the timer: it is old enough
-    /// and may commit. `None` while a PostgreSQL transaction is being read (its commit
-    /// comes first).
-    fn kafka_commit_at(&self) -> Option<Instant> {
+    /// When the open Kafka transaction is to be committed by the timer (`max_age` old), and
+    /// when early if no frame is waiting (`min_age` old). `None` while it may not commit,
+    /// and while a PostgreSQL transaction is being read (its commit comes first).
+    fn kafka_commit_times(&self) -> (Option<Instant>, Option<Instant>) {
         let (KafkaTxn::Open { started, .. }, Some(t)) = (&self.kafka, self.settings.transactions)
         else {
-            return None;
+            return (None, None);
         };
-        (self.txn.is_none() && self.commit_end().is_some()).then(|| *started + t.max_age)
+        if self.txn.is_some() || self.commit_end().is_none() {
+            return (None, None);
+        }
+        (Some(*started + t.max_age), Some(*started + t.min_age))
     }
 
-    /// Exactly-once bookkeeping at the top of the loop: starts a due commit, and feeds a
-    /// committed transaction's acknowledgements to the ledger once all have arrived.
-    fn settle_kafka(&mut self) -> Result<(), RelayError> {
+    /// Exactly-once bookkeeping at the top of the loop: starts a due commit, feeds a
+    /// committed transaction's acknowledgements to the ledger once all have arrived, and then
+    /// sends the records held meanwhile in a new transaction.
+    async fn settle_kafka(&mut self) -> Result<(), RelayError> {
         let Some(limits) = self.settings.transactions else {
             return Ok(());
         };
+        let idle = std::mem::take(&mut self.idle_commit);
         match self.kafka {
             KafkaTxn::Open {
                 started, records, ..
@@ -364,9 +400,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 let Some(end) = self.commit_end() else {
                     return Ok(());
                 };
+                let age = started.elapsed();
                 let due = self.phase != Phase::Streaming
                     || records >= limits.max_records
-                    || (self.txn.is_none() && started.elapsed() >= limits.max_age);
+                    || (self.txn.is_none()
+                        && (age >= limits.max_age || (idle && age >= limits.min_age)));
                 if due {
                     debug!(records, end = %end, "committing the kafka transaction");
                     self.kafka = KafkaTxn::Committing {
@@ -384,6 +422,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 for (seq, dead_letter) in std::mem::take(&mut self.acked) {
                     self.confirm_delivered(seq, dead_letter)?;
                 }
+                self.send_held().await?;
             }
             _ => {}
         }
@@ -415,6 +454,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     .fetch_add(1, Relaxed);
                 self.kafka = KafkaTxn::Idle;
                 self.acked.clear();
+                self.held.clear();
                 warn!(error = %e, records,
                     "the kafka transaction did not commit; nothing of it is confirmed, the session restarts from the slot and the progress record");
                 Err(e.into())
@@ -425,8 +465,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// More frames are read while under the caps; when draining, only to finish the open
     /// transaction (so that its records need not be sent again after the restart).
     fn wants_frames(&self) -> bool {
-        let room = self.in_flight.has_room()
-            && matches!(self.kafka, KafkaTxn::Idle | KafkaTxn::Open { .. });
+        let room = self.in_flight.has_room();
         match self.phase {
             Phase::Streaming => room,
             Phase::Draining { .. } => room && self.txn.is_some(),
@@ -573,6 +612,29 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             records: 0,
             end: None,
         };
+        Ok(())
+    }
+
+    /// Exactly-once, after a commit: the records held while it ran go into a new Kafka
+    /// transaction, with the progress value of the last whole PostgreSQL transaction among them.
+    async fn send_held(&mut self) -> Result<(), RelayError> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        self.begin_kafka_txn()?;
+        if let KafkaTxn::Open { end, .. } = &mut self.kafka {
+            *end = self.held_end.take();
+        }
+        let mut held = std::mem::take(&mut self.held).into_iter();
+        while let Some(record) = held.next() {
+            if let Err(e) = self.send_now(record, true).await {
+                // Never sent: no report will settle them.
+                for rest in held {
+                    self.in_flight.settled(rest.record.size());
+                }
+                return Err(e);
+            }
+        }
         Ok(())
     }
 

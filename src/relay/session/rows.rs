@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tracing::{debug, info, warn};
 
-use super::{KafkaTxn, OpenTxn, RelationEntry, Session};
+use super::{Held, KafkaTxn, OpenTxn, RelationEntry, Session};
 use crate::config::DeadLetterPolicy;
 use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
@@ -142,8 +142,13 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         if txn.skip {
             self.metrics.transactions_skipped.fetch_add(1, Relaxed);
         }
-        if let KafkaTxn::Open { end, .. } = &mut self.kafka {
-            *end = Some(commit.end_lsn);
+        match &mut self.kafka {
+            KafkaTxn::Open { end, .. } => *end = Some(commit.end_lsn),
+            // Its records (if any) are held: the next Kafka transaction ends with it.
+            KafkaTxn::Committing { .. } | KafkaTxn::Committed { .. } if !self.held.is_empty() => {
+                self.held_end = Some(commit.end_lsn)
+            }
+            _ => {}
         }
         debug!(end_lsn = %commit.end_lsn, events = txn.events, skipped = txn.skip, "transaction handed to kafka");
         Ok(())
@@ -206,23 +211,60 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             Ok(event) => event,
             Err(e) => return self.dead_letter_unmapped(seq, &e, relation, tuple).await,
         };
+        self.send_or_hold(Held {
+            record: event.record,
+            seq,
+            event_id: event.id,
+            kind: RecordKind::Event,
+        })
+        .await
+    }
+
+    /// Hands a record to the sink, or (exactly-once, while a Kafka commit runs: librdkafka
+    /// takes no record then) holds it for the next Kafka transaction.
+    pub(super) async fn send_or_hold(&mut self, record: Held) -> Result<(), RelayError> {
+        if matches!(
+            self.kafka,
+            KafkaTxn::Committing { .. } | KafkaTxn::Committed { .. }
+        ) {
+            self.count_in_flight(&record.record);
+            self.held.push(record);
+            return Ok(());
+        }
+        self.send_now(record, false).await
+    }
+
+    /// Sends a record (`counted`: a held one, already counted in flight). An event Kafka
+    /// refuses for good is dead-lettered in its place.
+    pub(super) async fn send_now(&mut self, held: Held, counted: bool) -> Result<(), RelayError> {
         self.begin_kafka_txn()?;
-        let sent = self
-            .sink
-            .send(&event.record, seq, &event.id, RecordKind::Event)
-            .await;
+        let Held {
+            record,
+            seq,
+            event_id,
+            kind,
+        } = held;
+        let sent = self.sink.send(&record, seq, &event_id, kind).await;
+        if counted && sent.is_err() {
+            self.in_flight.settled(record.size());
+        }
         match sent {
-            Ok(()) => {
-                self.count_in_flight(&event.record);
+            Ok(()) if counted => {
+                self.count_in_kafka_txn();
                 Ok(())
             }
-            Err(PublishError::Rejected(r)) if publisher::is_permanent(&r.error) => {
+            Ok(()) => {
+                self.count_in_flight(&record);
+                Ok(())
+            }
+            Err(PublishError::Rejected(r))
+                if kind == RecordKind::Event && publisher::is_permanent(&r.error) =>
+            {
                 self.metrics.count_delivery_error(&r.error);
                 let reason = Reason::for_kafka_error(&r.error);
                 let dlq = &self.settings.dead_letter_topic;
-                let record = dead_letter::from_record(dlq, &event.record, reason, &r.to_string());
-                self.dead_letter(seq, record, &event.id, &r.to_string())
-                    .await
+                let record = dead_letter::from_record(dlq, &record, reason, &r.to_string());
+                Box::pin(self.dead_letter(seq, record, &event_id, &r.to_string())).await
             }
             Err(e) => Err(e.into()),
         }
@@ -259,19 +301,26 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             return Err(RelayError::Poison(format!("event {event_id}: {why}")));
         }
         warn!(event_id, topic = %record.topic, reason = why, "event sent to the dead-letter topic");
-        self.begin_kafka_txn()?;
-        self.sink
-            .send(&record, seq, event_id, RecordKind::DeadLetter)
-            .await?;
-        self.count_in_flight(&record);
-        Ok(())
+        self.send_or_hold(Held {
+            record,
+            seq,
+            event_id: event_id.to_string(),
+            kind: RecordKind::DeadLetter,
+        })
+        .await
     }
 
+    /// A record sent or held: it counts against the in-flight caps and for the open
+    /// PostgreSQL transaction (and, when sent, for the Kafka transaction).
     pub(super) fn count_in_flight(&mut self, record: &Record) {
         self.in_flight.sent(record.size());
         if let Some(txn) = &mut self.txn {
             txn.sent += 1;
         }
+        self.count_in_kafka_txn();
+    }
+
+    fn count_in_kafka_txn(&mut self) {
         if let KafkaTxn::Open { records, .. } = &mut self.kafka {
             *records += 1;
         }
