@@ -426,6 +426,7 @@ impl WalSender {
         binary: bool,
     ) -> Result<ReplicationStream, ReplicationError> {
         let command = start_replication_command(slot, publication, start, messages, binary);
+        tracing::debug!(%command, "starting replication");
         let mut out = BytesMut::new();
         frontend::query(&command, &mut out)?;
         self.send(&out).await?;
