@@ -108,6 +108,12 @@ pub struct PostgresConfig {
     /// existing slot: `auto` (on when the server is 17 or newer), `true` (refuse to run on an
     /// older server), `false` (leave the slot as it is).
     pub failover_slot: FailoverSlot,
+    /// pgoutput's binary mode (PostgreSQL 14+): the walsender sends each column in its type's
+    /// binary send format instead of its text output, and the relay converts the mapped columns
+    /// back to the same records. A mapped column whose type has no conversion stops the relay
+    /// when its table is bound (the error names it; `outbox-relay check` reports it too). Off by
+    /// default.
+    pub binary: bool,
 }
 
 /// `postgres.failover_slot`: `"auto"`, or `true`/`false` (as strings or booleans).
@@ -221,6 +227,7 @@ impl Default for PostgresConfig {
             // 0: derived from the server's `wal_sender_timeout`.
             receive_timeout_ms: 0,
             failover_slot: FailoverSlot::Auto,
+            binary: false,
         }
     }
 }
@@ -253,6 +260,7 @@ impl fmt::Debug for PostgresConfig {
             .field("tcp_user_timeout_ms", &self.tcp_user_timeout_ms)
             .field("receive_timeout_ms", &self.receive_timeout_ms)
             .field("failover_slot", &self.failover_slot)
+            .field("binary", &self.binary)
             .finish()
     }
 }

@@ -309,6 +309,18 @@ fn network_rules_name_their_field() {
 }
 
 #[test]
+fn binary_mode_is_off_unless_asked_for() {
+    assert!(!Config::default().postgres.binary);
+    let from_file = from_toml("[postgres]\nbinary = true\n").unwrap();
+    assert!(from_file.postgres.binary);
+    from_file.validate().unwrap();
+    let overridden = from_env(&[("OUTBOX_RELAY__POSTGRES__BINARY", "true")]).unwrap();
+    assert!(overridden.postgres.binary);
+    let err = from_env(&[("OUTBOX_RELAY__POSTGRES__BINARY", "on")]).unwrap_err();
+    assert!(err.to_string().contains("boolean"), "{err}");
+}
+
+#[test]
 fn keepalives_come_from_the_keys_or_the_url() {
     use std::time::Duration;
     let defaults = PostgresConfig::default().tcp_keepalive();

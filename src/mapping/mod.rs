@@ -4,7 +4,8 @@
 //!
 //! Columns are found by name in the latest Relation message, so column order and added
 //! columns do not matter. Values are PostgreSQL's text output, sent byte-for-byte, except
-//! `bytea`, whose `\x…` text form is decoded back to the raw bytes.
+//! `bytea`, whose `\x…` text form is decoded back to the raw bytes. In pgoutput's binary mode
+//! values in their types' binary formats are first turned into those bytes (`binary.rs`).
 //!
 //! A record is built from any *source* of named fields: a row of an outbox table
 //! ([`BoundTable::to_event`]) or the JSON object of a transactional logical message
@@ -25,6 +26,7 @@
 //! `rules.rs` holds the compiled rules and the build order, `table.rs` the binding of a
 //! table's columns ([`BoundTable`]), `message.rs` the table-less outbox of logical messages.
 
+mod binary;
 mod cloudevents;
 mod headers;
 mod message;
@@ -61,8 +63,17 @@ pub enum MappingError {
     },
     #[error("event {event_id}: column `{column}` is null")]
     NullColumn { event_id: String, column: String },
-    #[error("event {event_id}: column `{column}` arrived in binary format; text was expected")]
+    #[error("event {event_id}: column `{column}` arrived in pgoutput's binary format, which the relay cannot convert for its type; set postgres.binary = false")]
     NotText { event_id: String, column: String },
+    /// Binary mode, and a mapped column of a type the relay cannot read in binary.
+    #[error("outbox table {table}: column `{column}` (outbox.{setting}) is of type {type_name}, which the relay cannot read in pgoutput's binary format: {reason}. Fix: set postgres.binary = false (OUTBOX_RELAY__POSTGRES__BINARY=false), or map another column")]
+    NotBinary {
+        table: String,
+        column: String,
+        setting: &'static str,
+        type_name: String,
+        reason: &'static str,
+    },
     #[error("event {event_id}: column `{column}` is not valid UTF-8")]
     InvalidUtf8 { event_id: String, column: String },
     #[error("event {event_id}: topic `{topic}` is not a valid Kafka topic name ({reason})")]
@@ -102,6 +113,7 @@ impl MappingError {
             | MappingError::NullPayload { event_id, .. }
             | MappingError::InvalidValue { event_id, .. } => event_id.as_str(),
             MappingError::MissingColumn { .. }
+            | MappingError::NotBinary { .. }
             | MappingError::UnknownPlaceholder(..)
             | MappingError::InvalidCloudEventsConfig(..)
             | MappingError::InvalidMessage { .. } => return None,
@@ -120,6 +132,9 @@ pub struct OutboxMapping {
     message_prefix: String,
     messages: Option<Arc<Rules>>,
     non_transactional: Arc<AtomicU64>,
+    /// pgoutput's binary mode (`postgres.binary`): tables bind only when the relay can read
+    /// every mapped column in binary.
+    binary: bool,
 }
 
 /// An event ready for Kafka, with its id kept for logs and dead letters.
@@ -162,7 +177,16 @@ impl OutboxMapping {
             message_prefix: config.message_prefix.clone().unwrap_or_default(),
             messages,
             non_transactional: Arc::new(AtomicU64::new(0)),
+            binary: false,
         })
+    }
+
+    /// For a stream in pgoutput's binary mode (`postgres.binary = true`): binding a table then
+    /// fails, naming the column and the fix, when a mapped column's type has a binary format
+    /// the relay cannot convert.
+    pub fn with_binary(mut self, binary: bool) -> Self {
+        self.binary = binary;
+        self
     }
 
     /// `None` when the relation is not an outbox table; otherwise its column positions.
@@ -171,7 +195,7 @@ impl OutboxMapping {
             .tables
             .iter()
             .find(|r| r.schema == relation.namespace && r.table == relation.name)?;
-        Some(BoundTable::bind(rules, relation))
+        Some(BoundTable::bind(rules, relation, self.binary))
     }
 
     /// Like [`OutboxMapping::bind`], but under another name: a partition of a partitioned
@@ -189,7 +213,7 @@ impl OutboxMapping {
             .tables
             .iter()
             .find(|r| r.schema == schema && r.table == table)?;
-        Some(BoundTable::bind(rules, relation))
+        Some(BoundTable::bind(rules, relation, self.binary))
     }
 
     /// True when `pg_logical_emit_message` events are read (pgoutput option `messages`).

@@ -15,13 +15,23 @@ use crate::config::{
     Format, NullPayload, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY,
 };
 
-/// Type OIDs whose text form the mapping interprets.
+/// Type OIDs whose text form the mapping interprets, or whose binary form it converts
+/// ([`super::binary`]).
 pub(super) mod oid {
+    pub const BOOL: u32 = 16;
     pub const BYTEA: u32 = 17;
+    pub const NAME: u32 = 19;
     pub const INT8: u32 = 20;
     pub const INT2: u32 = 21;
     pub const INT4: u32 = 23;
+    pub const TEXT: u32 = 25;
+    pub const OID: u32 = 26;
     pub const JSON: u32 = 114;
+    pub const BPCHAR: u32 = 1042;
+    pub const VARCHAR: u32 = 1043;
+    pub const TIMESTAMP: u32 = 1114;
+    pub const TIMESTAMPTZ: u32 = 1184;
+    pub const UUID: u32 = 2950;
     pub const JSONB: u32 = 3802;
 }
 

@@ -1,12 +1,14 @@
 //! An outbox table bound to the latest Relation message: which column position holds each
 //! configured field, found by name, so column order and added columns do not matter. A row's
 //! values are PostgreSQL's text output, used byte-for-byte, except `bytea`, whose text form
-//! is decoded back to the raw bytes.
+//! is decoded back to the raw bytes. In binary mode (`postgres.binary`) a value may also arrive
+//! in its type's binary format: [`super::binary`] turns it into those same bytes.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::binary::{self, Decoder};
 use super::rules::{Kind, Role, Rules, Source, Value};
 use super::{MappingError, OutboxEvent};
 use crate::source::pgoutput::{Relation, Tuple, TupleValue};
@@ -16,6 +18,9 @@ use crate::source::pgoutput::{Relation, Tuple, TupleValue};
 struct Slot {
     index: usize,
     kind: Kind,
+    /// How a binary value of this column is read; `Err` (why not) in text mode, or for a type
+    /// the relay cannot convert, which binding refuses in binary mode.
+    binary: Result<Decoder, &'static str>,
 }
 
 /// An outbox table as the current Relation message describes it: column positions.
@@ -27,22 +32,44 @@ pub struct BoundTable {
 }
 
 impl BoundTable {
-    /// Finds every configured column of `rules` in `relation`.
-    pub(super) fn bind(rules: &Arc<Rules>, relation: &Relation) -> Result<Self, MappingError> {
+    /// Finds every configured column of `rules` in `relation`. With `binary` (pgoutput's
+    /// binary mode) every one of them must have a type whose binary format the relay converts.
+    pub(super) fn bind(
+        rules: &Arc<Rules>,
+        relation: &Relation,
+        binary: bool,
+    ) -> Result<Self, MappingError> {
+        let table = || format!("{}.{}", relation.namespace, relation.name);
         let find = |column: &str, setting: &'static str| {
-            relation
+            let index = relation
                 .columns
                 .iter()
                 .position(|c| c.name == column)
-                .map(|index| Slot {
-                    index,
-                    kind: Kind::of_type(relation.columns[index].type_oid),
-                })
                 .ok_or_else(|| MappingError::MissingColumn {
-                    table: format!("{}.{}", relation.namespace, relation.name),
+                    table: table(),
                     column: column.to_string(),
                     setting,
-                })
+                })?;
+            let type_oid = relation.columns[index].type_oid;
+            let slot = Slot {
+                index,
+                kind: Kind::of_type(type_oid),
+                binary: match binary {
+                    true => binary::decoder(type_oid, setting == Role::Timestamp.setting()),
+                    false => Err("the stream is in text mode"),
+                },
+            };
+            match slot.binary {
+                Err(reason) if binary => Err(MappingError::NotBinary {
+                    table: table(),
+                    column: column.to_string(),
+                    setting,
+                    type_name: binary::type_name(type_oid)
+                        .map_or_else(|| format!("oid {type_oid}"), str::to_string),
+                    reason,
+                }),
+                _ => Ok(slot),
+            }
         };
         let mut slots = [None; Role::ALL.len()];
         for role in Role::ALL {
@@ -96,28 +123,32 @@ impl RowSource<'_> {
         let Some(slot) = slot else {
             return Ok(None);
         };
-        match self.tuple.get(slot.index) {
-            Some(TupleValue::Text(bytes)) => {
-                let bytes = if slot.kind == Kind::Bytea {
-                    decode_bytea(bytes).map_err(|reason| MappingError::InvalidValue {
+        let invalid = |reason| MappingError::InvalidValue {
+            event_id: event_id.to_string(),
+            column: column.to_string(),
+            reason,
+        };
+        let bytes = match self.tuple.get(slot.index) {
+            Some(TupleValue::Text(bytes)) if slot.kind == Kind::Bytea => {
+                decode_bytea(bytes).map_err(invalid)?
+            }
+            Some(TupleValue::Text(bytes)) => bytes.clone(),
+            Some(TupleValue::Binary(bytes)) => match slot.binary {
+                Ok(decoder) => binary::to_text(decoder, bytes).map_err(invalid)?,
+                // Bound in text mode, yet the server sends binary: not our START_REPLICATION.
+                Err(_) => {
+                    return Err(MappingError::NotText {
                         event_id: event_id.to_string(),
                         column: column.to_string(),
-                        reason,
-                    })?
-                } else {
-                    bytes.clone()
-                };
-                Ok(Some(Value {
-                    bytes,
-                    kind: slot.kind,
-                }))
-            }
-            Some(TupleValue::Null) | Some(TupleValue::UnchangedToast) | None => Ok(None),
-            Some(TupleValue::Binary(_)) => Err(MappingError::NotText {
-                event_id: event_id.to_string(),
-                column: column.to_string(),
-            }),
-        }
+                    })
+                }
+            },
+            Some(TupleValue::Null) | Some(TupleValue::UnchangedToast) | None => return Ok(None),
+        };
+        Ok(Some(Value {
+            bytes,
+            kind: slot.kind,
+        }))
     }
 }
 
@@ -186,6 +217,7 @@ fn decode_bytea(text: &[u8]) -> Result<Bytes, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Format;
     use crate::mapping::test_support::*;
 
     #[test]
@@ -215,6 +247,232 @@ mod tests {
         });
         let err = m.bind(&relation(&COLUMNS)).unwrap().unwrap_err();
         assert!(err.to_string().contains("header_columns"), "{err}");
+    }
+
+    /// One row with a column of every type binary mode converts: (name, type oid, text form
+    /// as pgoutput sends it, binary form as `<type>_send` gives it). The binary forms were
+    /// captured from PostgreSQL 15 (`encode(uuid_send(…), 'hex')` and so on), TimeZone UTC.
+    const ALL_TYPES: [(&str, u32, &str, &str); 16] = [
+        ("id", oid::UUID, ID, "7c9e6679742540de944be07fc1f90ae7"),
+        ("aggregatetype", oid::TEXT, "order", "6f72646572"),
+        ("aggregateid", oid::VARCHAR, "42", "3432"),
+        (
+            "type",
+            oid::NAME,
+            "OrderCreated",
+            "4f7264657243726561746564",
+        ),
+        (
+            "payload",
+            oid::JSONB,
+            r#"{"a": "xé", "b": [1, 2.50]}"#,
+            "017b2261223a202278c3a9222c202262223a205b312c20322e35305d7d",
+        ),
+        (
+            "created_at",
+            oid::TIMESTAMPTZ,
+            "2026-03-01 12:30:45.678901+02",
+            "0002eef2bb52bb35",
+        ),
+        ("doc", oid::JSON, r#"{ "k" :1 }"#, "7b20226b22203a31207d"),
+        ("blob", oid::BYTEA, r"\x00ff0a", "00ff0a"),
+        ("small", oid::INT2, "-7", "fff9"),
+        ("num", oid::INT4, "2147483647", "7fffffff"),
+        ("big", oid::INT8, "-42", "ffffffffffffffd6"),
+        ("flag", oid::BOOL, "t", "01"),
+        ("code", oid::BPCHAR, "ab  ", "61622020"),
+        ("relid", oid::OID, "4294967295", "ffffffff"),
+        (
+            "at",
+            oid::TIMESTAMP,
+            "2026-03-01 12:30:45.678901",
+            "0002eef4687a0335",
+        ),
+        (
+            "bc",
+            oid::TIMESTAMP,
+            "0001-12-31 00:00:00 BC",
+            "ff1fe2eba7c50000",
+        ),
+    ];
+
+    /// Maps the row of [`ALL_TYPES`] in text and in binary form under `edit`'s configuration.
+    fn text_and_binary(
+        edit: impl FnOnce(&mut OutboxConfig),
+    ) -> (
+        Result<OutboxEvent, MappingError>,
+        Result<OutboxEvent, MappingError>,
+    ) {
+        let mut config = OutboxConfig::default();
+        edit(&mut config);
+        let m = OutboxMapping::new(&config).unwrap();
+        let rel = relation_of(&ALL_TYPES.map(|(n, t, _, _)| (n, t)));
+        let text_row = Tuple(ALL_TYPES.iter().map(|c| text(c.2)).collect());
+        let binary_row = Tuple(
+            ALL_TYPES
+                .iter()
+                .map(|c| TupleValue::Binary(Bytes::from(hex::decode(c.3).unwrap())))
+                .collect(),
+        );
+        let in_text = m.bind(&rel).unwrap().unwrap().to_event(&text_row, 1234);
+        let binary = m.with_binary(true);
+        let in_binary = binary
+            .bind(&rel)
+            .unwrap()
+            .unwrap()
+            .to_event(&binary_row, 1234);
+        (in_text, in_binary)
+    }
+
+    #[test]
+    fn binary_and_text_rows_give_the_same_record() {
+        let headers = |c: &mut OutboxConfig, columns: &[&str]| {
+            for column in columns {
+                c.header_columns
+                    .insert(column.to_string(), format!("x-{column}"));
+            }
+        };
+        type Edit = Box<dyn Fn(&mut OutboxConfig)>;
+        let configs: Vec<(&str, Edit)> = vec![
+            ("default", Box::new(|_| {})),
+            (
+                "every text-like column as a header, int8 key, timestamptz timestamp",
+                Box::new(move |c| {
+                    headers(
+                        c,
+                        &[
+                            "doc", "blob", "small", "num", "big", "flag", "code", "relid", "at",
+                            "bc",
+                        ],
+                    );
+                    c.key_column = Some("big".into());
+                    c.timestamp_column = Some("created_at".into());
+                    c.partition_by = "code".into();
+                }),
+            ),
+            (
+                "envelope, int4 partition column, timestamp column",
+                Box::new(|c| {
+                    c.format = Format::Envelope;
+                    c.partition_by = "num".into();
+                    c.timestamp_column = Some("at".into());
+                }),
+            ),
+            (
+                "integer milliseconds as the timestamp, uuid key",
+                Box::new(|c| {
+                    c.timestamp_column = Some("num".into());
+                    c.key_column = Some("id".into());
+                }),
+            ),
+            (
+                "bytea payload in envelope",
+                Box::new(|c| {
+                    c.format = Format::Envelope;
+                    c.payload_column = "blob".into();
+                }),
+            ),
+            (
+                "json payload",
+                Box::new(|c| c.payload_column = "doc".into()),
+            ),
+            (
+                "cloudevents structured, bytea data, extensions",
+                Box::new(|c| {
+                    c.format = Format::CloudeventsStructured;
+                    c.payload_column = "blob".into();
+                    c.timestamp_column = Some("created_at".into());
+                    c.header_columns.insert("small".into(), "smallext".into());
+                }),
+            ),
+            (
+                "cloudevents binary, jsonb data",
+                Box::new(|c| {
+                    c.format = Format::CloudeventsBinary;
+                    c.cloudevents_subject_column = Some("num".into());
+                }),
+            ),
+        ];
+        for (name, edit) in configs {
+            let (in_text, in_binary) = text_and_binary(edit);
+            let in_text = in_text.unwrap_or_else(|e| panic!("{name}: text: {e}"));
+            let in_binary = in_binary.unwrap_or_else(|e| panic!("{name}: binary: {e}"));
+            assert_eq!(in_text, in_binary, "{name}");
+        }
+        // The comparison sees the values: a converted uuid is the key of the default mapping.
+        let (_, in_binary) = text_and_binary(|_| {});
+        assert_eq!(&in_binary.unwrap().record.key[..], ID.as_bytes());
+    }
+
+    #[test]
+    fn a_text_value_in_a_binary_stream_is_read_as_text() {
+        // pgoutput sends types without a send function as text even in binary mode.
+        let m = default_mapping().with_binary(true);
+        let rel = relation_of(&ALL_TYPES.map(|(n, t, _, _)| (n, t)));
+        let row = Tuple(ALL_TYPES.iter().map(|c| text(c.2)).collect());
+        let event = m.bind(&rel).unwrap().unwrap().to_event(&row, 0).unwrap();
+        assert_eq!(event.id, ID);
+    }
+
+    #[test]
+    fn binary_mode_refuses_a_mapped_column_it_cannot_convert() {
+        let numeric = |role: &str| {
+            let mut cols = debezium_columns(text("{}"));
+            cols.push(("amount", 1700, text("1.50")));
+            cols.push((
+                "created_at",
+                oid::TIMESTAMPTZ,
+                text("2026-01-01 00:00:00+00"),
+            ));
+            let m = mapping(|c| {
+                c.header_columns.insert(role.into(), "x".into());
+            });
+            let rel = relation_of(&cols.iter().map(|(n, t, _)| (*n, *t)).collect::<Vec<_>>());
+            (
+                m.bind(&rel).unwrap().map(|_| ()),
+                m.with_binary(true).bind(&rel).unwrap().map(|_| ()),
+            )
+        };
+        let (in_text, in_binary) = numeric("amount");
+        in_text.unwrap();
+        let message = in_binary.unwrap_err().to_string();
+        for part in [
+            "`amount`",
+            "numeric",
+            "header_columns",
+            "postgres.binary = false",
+        ] {
+            assert!(message.contains(part), "{part}: {message}");
+        }
+        // A timestamptz prints in the walsender's TimeZone, which binary values do not carry.
+        let (in_text, in_binary) = numeric("created_at");
+        in_text.unwrap();
+        let message = in_binary.unwrap_err().to_string();
+        assert!(
+            message.contains("timestamptz") && message.contains("TimeZone"),
+            "{message}"
+        );
+        // Columns that are not mapped are never converted, whatever their type.
+        let (_, in_binary) = numeric("type");
+        in_binary.unwrap();
+    }
+
+    #[test]
+    fn a_corrupt_binary_value_names_the_event_and_column() {
+        let m = default_mapping().with_binary(true);
+        let rel = relation_of(&ALL_TYPES.map(|(n, t, _, _)| (n, t)));
+        let mut row: Vec<TupleValue> = ALL_TYPES.iter().map(|c| text(c.2)).collect();
+        row[4] = TupleValue::Binary(Bytes::from_static(b"\x02{}"));
+        let err = m
+            .bind(&rel)
+            .unwrap()
+            .unwrap()
+            .to_event(&Tuple(row), 0)
+            .unwrap_err();
+        assert!(
+            matches!(err, MappingError::InvalidValue { ref column, .. } if column == "payload")
+        );
+        assert!(err.to_string().contains(ID), "{err}");
     }
 
     #[test]

@@ -158,7 +158,7 @@ pub async fn run_with_metrics(
     shutdown: CancellationToken,
     metrics: Arc<Metrics>,
 ) -> Result<(), RelayError> {
-    let mapping = OutboxMapping::new(&config.outbox)?;
+    let mapping = OutboxMapping::new(&config.outbox)?.with_binary(config.postgres.binary);
     metrics.set_info(&config.postgres.slot, &config.postgres.publication);
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();
@@ -383,6 +383,7 @@ async fn connect<'a>(
             &pg.publication,
             Lsn::ZERO,
             mapping.messages_enabled(),
+            pg.binary,
         )
         .await?;
     if !slot_seen && !control.server().in_recovery {

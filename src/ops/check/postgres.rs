@@ -511,7 +511,8 @@ fn outbox_columns(config: &Config, outbox: &OutboxTable, table: &Table) -> Item 
             fixes.join("\n"),
         );
     }
-    let bound = OutboxMapping::new(&config.outbox).map(|m| m.bind(&outbox.relation));
+    let bound = OutboxMapping::new(&config.outbox)
+        .map(|m| m.with_binary(config.postgres.binary).bind(&outbox.relation));
     match bound {
         Ok(Some(Ok(_))) => {}
         Ok(Some(Err(e))) | Err(e) => {

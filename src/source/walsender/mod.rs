@@ -414,15 +414,19 @@ impl WalSender {
 
     /// Sends `START_REPLICATION` for a pgoutput slot and switches to streaming.
     ///
-    /// `start` of `Lsn::ZERO` resumes from the slot's `confirmed_flush_lsn`.
+    /// `start` of `Lsn::ZERO` resumes from the slot's `confirmed_flush_lsn`. `messages` asks
+    /// for logical decoding messages, `binary` for columns in their types' binary formats
+    /// (PostgreSQL 14+, like the relay itself).
     pub async fn start_replication(
         mut self,
         slot: &str,
         publication: &str,
         start: Lsn,
         messages: bool,
+        binary: bool,
     ) -> Result<ReplicationStream, ReplicationError> {
-        let command = start_replication_command(slot, publication, start, messages);
+        let command = start_replication_command(slot, publication, start, messages, binary);
+        tracing::debug!(%command, "starting replication");
         let mut out = BytesMut::new();
         frontend::query(&command, &mut out)?;
         self.send(&out).await?;
@@ -539,15 +543,23 @@ fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
-fn start_replication_command(slot: &str, publication: &str, start: Lsn, messages: bool) -> String {
+fn start_replication_command(
+    slot: &str,
+    publication: &str,
+    start: Lsn,
+    messages: bool,
+    binary: bool,
+) -> String {
     // publication_names is itself a list of identifiers inside a string literal.
     let publications = quote_literal(&quote_ident(publication));
+    // `binary` only when asked for: text mode sends the same command as before the option.
     format!(
-        "START_REPLICATION SLOT {} LOGICAL {} (\"proto_version\" '1', \"publication_names\" {}, \"messages\" '{}')",
+        "START_REPLICATION SLOT {} LOGICAL {} (\"proto_version\" '1', \"publication_names\" {}, \"messages\" '{}'{})",
         quote_ident(slot),
         start,
         publications,
-        if messages { "true" } else { "false" }
+        if messages { "true" } else { "false" },
+        if binary { ", \"binary\" 'true'" } else { "" }
     )
 }
 
@@ -751,11 +763,21 @@ mod tests {
 
     #[test]
     fn start_command_quotes_names() {
-        let cmd = start_replication_command("s", "my\"pub", Lsn(0), true);
+        let cmd = start_replication_command("s", "my\"pub", Lsn(0), true, false);
         assert_eq!(
             cmd,
             "START_REPLICATION SLOT \"s\" LOGICAL 0/0 (\"proto_version\" '1', \"publication_names\" '\"my\"\"pub\"', \"messages\" 'true')"
         );
+    }
+
+    #[test]
+    fn start_command_asks_for_binary_only_when_configured() {
+        let cmd = start_replication_command("s", "p", Lsn(0), false, true);
+        assert!(
+            cmd.ends_with("\"messages\" 'false', \"binary\" 'true')"),
+            "{cmd}"
+        );
+        assert!(!start_replication_command("s", "p", Lsn(0), false, false).contains("binary"));
     }
 
     #[test]
