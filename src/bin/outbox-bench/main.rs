@@ -10,6 +10,9 @@
 //! - `latency`: writers insert 1-row transactions at a steady rate while a consumer reads the
 //!   relay's topic; latency = consumer receive time − record timestamp (the relay stamps each
 //!   record with its transaction's commit time);
+//! - `resend`: writers at a steady rate with known event ids while the script SIGKILLs the
+//!   relay; a consumer counts each id's copies (duplicates and missing ones);
+//! - `metrics`: one scrape of the relay's `/metrics` (exactly-once's Kafka transactions);
 //! - `report`: turns the JSON lines collected by the script into one table and one JSON file.
 //!
 //! It is a benchmark tool, not part of the relay: it asserts nothing about time.
@@ -33,6 +36,7 @@ use tokio_postgres::NoTls;
 
 mod latency;
 mod report;
+mod resend;
 
 use latency::*;
 
@@ -58,6 +62,9 @@ enum Command {
         brokers: String,
         #[arg(long, default_value_t = 3)]
         partitions: i32,
+        /// Topic configuration `key=value` (repeatable), e.g. cleanup.policy=compact.
+        #[arg(long = "config")]
+        configs: Vec<String>,
         topics: Vec<String>,
     },
     /// Send one record with an idempotent producer and wait for its acknowledgement, so that
@@ -116,6 +123,37 @@ enum Command {
         #[arg(long)]
         metrics_url: Option<String>,
     },
+    /// Insert 1-row transactions with known event ids at `rate` events/s for `seconds` while
+    /// the script kills and restarts the relay; read the topic (read_committed) until every
+    /// committed id arrived, and print one JSON line: duplicates and missing ids.
+    Resend {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        brokers: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        aggregate_type: String,
+        #[arg(long)]
+        rate: u64,
+        #[arg(long)]
+        seconds: u64,
+        #[arg(long, default_value_t = 4)]
+        writers: u64,
+        /// How long to wait, after the writers stopped, for the last ids to arrive.
+        #[arg(long, default_value_t = 120)]
+        settle_s: u64,
+    },
+    /// Scrape the relay's `/metrics` once and print one JSON line with its Kafka transaction
+    /// figures (exactly-once) and its commit-to-acknowledgement histogram.
+    Metrics {
+        #[arg(long)]
+        metrics_url: String,
+        /// Extra `key=value` fields copied into the output (numbers stay numbers).
+        #[arg(long = "field")]
+        fields: Vec<String>,
+    },
     /// Print the results table from the script's JSON lines and write them as one JSON file.
     Report {
         /// JSON lines written by scripts/bench.sh and the subcommands above.
@@ -141,8 +179,9 @@ fn main() -> anyhow::Result<()> {
             Command::CreateTopics {
                 brokers,
                 partitions,
+                configs,
                 topics,
-            } => create_topics(&brokers, partitions, &topics).await,
+            } => create_topics(&brokers, partitions, &configs, &topics).await,
             Command::WarmUp { brokers } => warm_up(&brokers).await,
             Command::WaitSlot {
                 url,
@@ -189,6 +228,40 @@ fn main() -> anyhow::Result<()> {
                 println!("{out}");
                 Ok(())
             }
+            Command::Resend {
+                url,
+                brokers,
+                topic,
+                aggregate_type,
+                rate,
+                seconds,
+                writers,
+                settle_s,
+            } => {
+                let load = Load {
+                    rate,
+                    seconds,
+                    writers,
+                };
+                let settle = Duration::from_secs(settle_s);
+                let out =
+                    resend::resend(&url, &brokers, &topic, &aggregate_type, load, settle).await?;
+                println!("{out}");
+                Ok(())
+            }
+            Command::Metrics {
+                metrics_url,
+                fields,
+            } => {
+                let mut out = relay_metrics(&metrics_url)
+                    .await
+                    .with_context(|| format!("no metrics at {metrics_url}"))?;
+                for (k, v) in parse_pairs(&fields)? {
+                    out[k] = v;
+                }
+                println!("{out}");
+                Ok(())
+            }
             Command::Report {
                 input,
                 output,
@@ -224,17 +297,36 @@ fn unix_ns() -> u128 {
 
 // ------------------------------------------------------------------------------ topics
 
-async fn create_topics(brokers: &str, partitions: i32, topics: &[String]) -> anyhow::Result<()> {
+async fn create_topics(
+    brokers: &str,
+    partitions: i32,
+    configs: &[String],
+    topics: &[String],
+) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
         .context("create the Kafka admin client")?;
+    let configs: Vec<(&str, &str)> = configs
+        .iter()
+        .map(|c| {
+            c.split_once('=')
+                .with_context(|| format!("`{c}` is not key=value"))
+        })
+        .collect::<anyhow::Result<_>>()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+        .map(|t| {
+            configs.iter().fold(
+                NewTopic::new(t, partitions, TopicReplication::Fixed(1)),
+                |topic, (k, v)| topic.set(k, v),
+            )
+        })
         .collect();
+    // Many topics at once (the many-topics shape) take the broker a while.
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(120)));
     let results = admin
-        .create_topics(&new, &AdminOptions::new())
+        .create_topics(&new, &options)
         .await
         .context("create topics")?;
     for result in results {
