@@ -303,6 +303,7 @@ start_relay() {
         OUTBOX_RELAY__KAFKA__BROKERS="$BROKERS"
         "${METRICS_ENV[@]}" "$@" "${RELAY_EXTRA_ENV[@]}" "$RELAY_BIN" run)
     RELAY_STARTED_NS=$(date +%s%N)
+    RELAY_LOG="$LOG_DIR/$name.log"
     if [[ -n ${PROFILE_AS:-} ]]; then
         # Started under perf rather than attached to, so that librdkafka's
         # threads, created at start-up, are all followed.
@@ -339,26 +340,38 @@ stop_relay() {
     fi
 }
 
-# Relays with an HTTP listener (the [http] config section) get a free port:
-# a benchmark relay must not collide with another relay on the default 9187,
-# and the latency phase reads the relay's own commit-to-ack histogram there.
-# Sets METRICS_ENV (for start_relay) and METRICS_URL (empty: no listener).
+# Relays with an HTTP listener (the [http] config section) listen on a port
+# the kernel picks (127.0.0.1:0): a benchmark relay must not collide with
+# another relay on the default 9187, nor with the relays of a benchmark run
+# by someone else on the same machine (a port that was free when this run
+# started may be taken by the time a relay starts). The relay logs the
+# address it listens on; metrics_url reads it from there. The latency phase
+# reads the relay's own commit-to-ack histogram, the drains its exactly-once
+# figures. Sets METRICS_ENV (for start_relay).
 setup_metrics() {
-    local port
     METRICS_ENV=()
-    METRICS_URL=
     if "$RELAY_BIN" config 2>/dev/null | grep -q '^\[http\]'; then
-        for ((port = 19187; port < 19387; port++)); do
-            if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-                METRICS_ENV=("OUTBOX_RELAY__HTTP__LISTEN=127.0.0.1:$port")
-                METRICS_URL="http://127.0.0.1:$port/metrics"
-                log "relay metrics on $METRICS_URL"
-                return
-            fi
-        done
-        die "no free port for the relay's HTTP listener in 19187-19386"
+        METRICS_ENV=("OUTBOX_RELAY__HTTP__LISTEN=127.0.0.1:0")
+        return
     fi
     log "this relay has no HTTP listener: latency is measured by the consumer only"
+}
+
+# Sets METRICS_URL to the running relay's /metrics, from the address its log
+# says it listens on (waits up to 5 s for that line); empty when it has none.
+metrics_url() {
+    local addr i
+    METRICS_URL=
+    ((${#METRICS_ENV[@]})) || return 0
+    for ((i = 0; i < 50; i++)); do
+        addr=$(sed -n 's/.*serving \/metrics.* addr=\([0-9.]*:[0-9]*\).*/\1/p' "$RELAY_LOG" | tail -1)
+        if [[ -n $addr ]]; then
+            METRICS_URL="http://$addr/metrics"
+            return 0
+        fi
+        sleep 0.1
+    done
+    log "  the relay did not say where it serves /metrics; log: $RELAY_LOG"
 }
 
 # CPU seconds (user + system) used so far by process $1.
@@ -394,6 +407,7 @@ record_relay_metrics() {
     local f
     local -a field_args=()
     for f in "$@"; do field_args+=(--field "$f"); done
+    metrics_url
     if [[ -n $METRICS_URL ]]; then
         "$BENCH_BIN" metrics --metrics-url "$METRICS_URL" "${field_args[@]}" \
             >>"$RESULTS" 2>/dev/null || log "  (no metrics scrape)"
@@ -560,6 +574,8 @@ latency_phase() {
         drop_database "$db"
         return
     fi
+    metrics_url
+    [[ -z $METRICS_URL ]] || log "  relay metrics on $METRICS_URL"
     for rate in $RATES; do
         log "latency ($mode): $rate events/s for $RATE_SECONDS s (load $(loadavg))"
         record kind=load phase="latency-$tag-$rate" loadavg="$(loadavg)"
