@@ -807,6 +807,12 @@ main() {
     if [[ " $DELIVERY " == *" exactly_once "* ]]; then
         "$BENCH_BIN" create-topics --brokers "$BROKERS" --partitions 1 \
             --config cleanup.policy=compact "$PROGRESS_TOPIC"
+        # What a Kafka transaction costs without the relay: the floor under
+        # exactly-once's commit time and commit-to-visible latency.
+        "$BENCH_BIN" create-topics --brokers "$BROKERS" --partitions "$PARTITIONS" "bench-$RUN_ID-probe"
+        "$BENCH_BIN" txn-probe --brokers "$BROKERS" --topic "bench-$RUN_ID-probe" \
+            --transactions 50 --records 100 >>"$RESULTS" ||
+            record_failure txn-probe exactly_once "a bare transactional producer failed"
     fi
     PAYLOAD_BYTES=$(payload_size)
     local mode shape

@@ -145,6 +145,22 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         settle_s: u64,
     },
+    /// A bare transactional producer (no relay): `transactions` Kafka transactions of `records`
+    /// records each, back to back; prints how long each commit took. The broker's and
+    /// librdkafka's share of exactly-once's commit time, measured apart from the relay.
+    TxnProbe {
+        #[arg(long)]
+        brokers: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long, default_value_t = 50)]
+        transactions: u32,
+        #[arg(long, default_value_t = 100)]
+        records: u32,
+        /// Pause between a commit and the next transaction's first record, in ms.
+        #[arg(long, default_value_t = 0)]
+        pause_ms: u64,
+    },
     /// Scrape the relay's `/metrics` once and print one JSON line with its Kafka transaction
     /// figures (exactly-once) and its commit-to-acknowledgement histogram.
     Metrics {
@@ -246,6 +262,18 @@ fn main() -> anyhow::Result<()> {
                 let settle = Duration::from_secs(settle_s);
                 let out =
                     resend::resend(&url, &brokers, &topic, &aggregate_type, load, settle).await?;
+                println!("{out}");
+                Ok(())
+            }
+            Command::TxnProbe {
+                brokers,
+                topic,
+                transactions,
+                records,
+                pause_ms,
+            } => {
+                let pause = Duration::from_millis(pause_ms);
+                let out = txn_probe(&brokers, &topic, transactions, records, pause)?;
                 println!("{out}");
                 Ok(())
             }
@@ -354,6 +382,74 @@ async fn warm_up(brokers: &str) -> anyhow::Result<()> {
         .await
         .map_err(|(e, _)| anyhow::anyhow!("warm-up record not acknowledged: {e}"))?;
     Ok(())
+}
+
+// --------------------------------------------------------------------------- txn-probe
+
+/// See [`Command::TxnProbe`]. Delivery reports are served on this thread before each commit,
+/// so that rust-rdkafka's flush inside `commit_transaction` finds nothing outstanding.
+fn txn_probe(
+    brokers: &str,
+    topic: &str,
+    transactions: u32,
+    records: u32,
+    pause: Duration,
+) -> anyhow::Result<Value> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let timeout = Duration::from_secs(30);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set(
+            "transactional.id",
+            format!("outbox-bench-probe-{}", unix_ns()),
+        )
+        .set("linger.ms", "5")
+        .create()
+        .context("create the transactional producer")?;
+    producer.init_transactions(timeout)?;
+    let (mut commit_ms, mut total_ms) = (Vec::new(), Vec::new());
+    for t in 0..transactions {
+        let begun = Instant::now();
+        producer.begin_transaction()?;
+        for r in 0..records {
+            let key = format!("{t}-{r}");
+            producer
+                .send(BaseRecord::to(topic).key(&key).payload("probe"))
+                .map_err(|(e, _)| e)?;
+        }
+        while producer.in_flight_count() > 0 {
+            if begun.elapsed() > timeout {
+                bail!("transaction {t}: records not acknowledged after {timeout:?}");
+            }
+            producer.poll(Duration::from_millis(1));
+        }
+        let committing = Instant::now();
+        producer.commit_transaction(timeout)?;
+        commit_ms.push(committing.elapsed().as_secs_f64() * 1000.0);
+        total_ms.push(begun.elapsed().as_secs_f64() * 1000.0);
+        std::thread::sleep(pause);
+    }
+    let summary = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        json!({
+            "p50_ms": percentile(v, 50.0),
+            "p99_ms": percentile(v, 99.0),
+            "max_ms": v.last().copied().unwrap_or(f64::NAN),
+        })
+    };
+    let (commit, total) = (summary(&mut commit_ms), summary(&mut total_ms));
+    eprintln!(
+        "[outbox-bench] txn-probe: {transactions} transactions of {records} records; \
+         commit_transaction {commit}; begin to committed {total}"
+    );
+    Ok(json!({
+        "kind": "txn_probe",
+        "transactions": transactions,
+        "records": records,
+        "pause_ms": pause.as_millis() as u64,
+        "commit": commit,
+        "begin_to_committed": total,
+    }))
 }
 
 // --------------------------------------------------------------------------- wait-slot

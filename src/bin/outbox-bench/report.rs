@@ -194,6 +194,7 @@ pub(super) fn report(input: &PathBuf, output: &PathBuf, meta: &[String]) -> anyh
     let idle = cloned("idle");
     let errors = cloned("error");
     let loads = cloned("load");
+    let txn_probe = of_kind(&lines, "txn_probe").first().map(|v| (*v).clone());
 
     let tables = Tables {
         drain: &drain,
@@ -205,6 +206,7 @@ pub(super) fn report(input: &PathBuf, output: &PathBuf, meta: &[String]) -> anyh
         latency: &latency,
         idle: &idle,
         errors: &errors,
+        txn_probe: txn_probe.as_ref(),
     };
     print_table(&run, &tables);
 
@@ -221,6 +223,7 @@ pub(super) fn report(input: &PathBuf, output: &PathBuf, meta: &[String]) -> anyh
         },
         "resend_per_kill": resend,
         "latency": latency,
+        "kafka_transaction_probe": txn_probe,
         "idle": idle,
         "errors": errors,
         "load": loads,
@@ -261,6 +264,8 @@ pub(super) struct Tables<'a> {
     latency: &'a [Value],
     idle: &'a [Value],
     errors: &'a [Value],
+    /// A bare transactional producer's commit times (no relay), with exactly-once.
+    txn_probe: Option<&'a Value>,
 }
 
 pub(super) fn fmt(v: f64, decimals: usize) -> String {
@@ -519,6 +524,20 @@ pub(super) fn print_table(run: &serde_json::Map<String, Value>, t: &Tables<'_>) 
                 );
             }
         }
+    }
+    if let Some(p) = t.txn_probe {
+        let (c, b) = (&p["commit"], &p["begin_to_committed"]);
+        println!();
+        println!(
+            "Broker alone: a transactional producer, {} transactions of {} records: \
+             commit p50 {} / p99 {} ms; begin to committed p50 {} / p99 {} ms",
+            fmt(num(p, "transactions"), 0),
+            fmt(num(p, "records"), 0),
+            fmt(num(c, "p50_ms"), 1),
+            fmt(num(c, "p99_ms"), 1),
+            fmt(num(b, "p50_ms"), 1),
+            fmt(num(b, "p99_ms"), 1),
+        );
     }
     for i in t.idle {
         println!();
