@@ -384,6 +384,12 @@ async fn warm_up(brokers: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `X/Y` (hex) → the 64-bit position.
+fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some(u64::from_str_radix(hi, 16).ok()? << 32 | u64::from_str_radix(lo, 16).ok()?)
+}
+
 // --------------------------------------------------------------------------- txn-probe
 
 /// See [`Command::TxnProbe`]. Delivery reports are served on this thread before each commit,
@@ -547,6 +553,12 @@ async fn wait_slot(
         .await?;
     let deadline = Instant::now() + Duration::from_secs(timeout_s);
     let mut tick = tokio::time::interval(SLOT_POLL_INTERVAL);
+    let target = parse_lsn(lsn).with_context(|| format!("`{lsn}` is not an LSN"))?;
+    // Where the slot was at the first poll, and when (s since `started_ns`) and at which
+    // fraction of the way it was first seen half-way or further: the rate of the second half
+    // leaves out what a relay pays once at the start (connecting, a first sight of each topic).
+    let mut first: Option<u64> = None;
+    let mut half: Option<(f64, f64)> = None;
     loop {
         tick.tick().await;
         let row = client
@@ -554,6 +566,22 @@ async fn wait_slot(
             .await?
             .with_context(|| format!("slot {slot} does not exist"))?;
         let reached: Option<bool> = row.get(0);
+        if let Some(at) = row
+            .get::<_, Option<String>>(1)
+            .as_deref()
+            .and_then(parse_lsn)
+        {
+            let start = *first.get_or_insert(at);
+            let fraction =
+                at.saturating_sub(start) as f64 / target.saturating_sub(start).max(1) as f64;
+            // Not when it got there in one step with the end: no second half to time.
+            if half.is_none() && fraction >= 0.5 && reached != Some(true) {
+                half = Some((
+                    unix_ns().saturating_sub(started_ns) as f64 / 1e9,
+                    fraction.min(1.0),
+                ));
+            }
+        }
         if reached == Some(true) {
             let done_ns = unix_ns();
             // Sampled right away, before the script stops the process.
@@ -576,6 +604,8 @@ async fn wait_slot(
                 "cpu_seconds": p.cpu_seconds,
                 "threads": p.threads,
                 "context_switches": p.context_switches,
+                "half_way_seconds": half.map(|h| h.0),
+                "half_way_fraction": half.map(|h| h.1),
             }));
         }
         sample_proc(pid, clk_tck).context("the relay exited before confirming the target")?;
@@ -618,6 +648,13 @@ outbox_relay_events_published_total 100
         assert_eq!(delta.count, 60);
         assert_eq!(delta.quantile_bound(0.5), Some(0.01));
         assert!(PromHistogram::parse("other 1\n", COMMIT_TO_ACK).is_none());
+    }
+
+    #[test]
+    fn lsns_parse_as_postgres_prints_them() {
+        assert_eq!(parse_lsn("0/9F04550"), Some(0x9F0_4550));
+        assert_eq!(parse_lsn("1/0"), Some(1 << 32));
+        assert_eq!(parse_lsn("nope"), None);
     }
 
     #[test]

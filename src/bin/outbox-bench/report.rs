@@ -106,6 +106,10 @@ fn drains(lines: &[Value], shape: &str) -> Vec<Value> {
                 "pg_recvlogical_payload_mb_per_s": mb / recv_s,
                 "relay_seconds": relay_s,
                 "relay_events_per_s": events / relay_s,
+                // From the first poll at or past half-way (by WAL position) to the end.
+                "relay_second_half_events_per_s": relay["half_way_seconds"].as_f64().map(|t| {
+                    events * (1.0 - num(relay, "half_way_fraction")) / (relay_s - t)
+                }),
                 "relay_payload_mb_per_s": mb / relay_s,
                 "ratio": recv_s / relay_s,
                 "ratio_target": target,
@@ -400,24 +404,26 @@ pub(super) fn print_table(run: &serde_json::Map<String, Value>, t: &Tables<'_>) 
         println!();
         println!("Many topics (10-row transactions, one topic per aggregate type)");
         println!(
-            "{:>7} {:>9} {:>9} {:>16} {:>12} {:>7} {:>13} {:>15}",
+            "{:>7} {:>9} {:>9} {:>16} {:>12} {:>14} {:>7} {:>13} {:>15}",
             "topics",
             "delivery",
             "events",
             "pg_recvlogical/s",
             "relay/s",
+            "2nd half ev/s",
             "ratio",
             "peak RSS MB",
             "CPU s/M events"
         );
         for d in t.topics {
             println!(
-                "{:>7} {:>9} {:>9} {:>16} {:>12} {:>7} {:>13} {:>15}",
+                "{:>7} {:>9} {:>9} {:>16} {:>12} {:>14} {:>7} {:>13} {:>15}",
                 fmt(num(d, "aggregate_types"), 0),
                 mode(d),
                 fmt(num(d, "events"), 0),
                 fmt(num(d, "pg_recvlogical_events_per_s"), 0),
                 fmt(num(d, "relay_events_per_s"), 0),
+                fmt(num(d, "relay_second_half_events_per_s"), 0),
                 fmt(num(d, "ratio"), 2),
                 fmt(num(d, "relay_peak_rss_mb"), 1),
                 fmt(num(d, "relay_cpu_seconds_per_million_events"), 2),
