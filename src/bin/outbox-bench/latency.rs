@@ -15,13 +15,30 @@ pub(super) fn payload(i: u64) -> String {
     )
 }
 
+/// The event id of row `i` when the writer chooses ids ([`Ids::Numbered`]): a UUID whose last
+/// 48 bits are `i`, so that a consumer can tell which row a record came from.
+pub(super) fn numbered_id(i: u64) -> String {
+    format!("00000000-0000-4000-8000-{:012x}", i & 0xffff_ffff_ffff)
+}
+
+/// Where the writers' event ids come from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ids {
+    /// `gen_random_uuid()` on the server (the latency phase: ids do not matter).
+    Random,
+    /// [`numbered_id`] of the row's number (the re-send count needs to know every id).
+    Numbered,
+}
+
 /// One writer connection sending `rate` single-row transactions per second (pipelined, so a
-/// slow round trip does not lower the rate) for `duration`. Returns the rows committed.
+/// slow round trip does not lower the rate) for `duration`. Rows are numbered from `first_id`.
+/// Returns the rows committed (all of them: an error ends the run).
 pub(super) async fn writer(
     url: String,
     aggregate_type: String,
     rate: f64,
     first_id: u64,
+    ids: Ids,
     start: Instant,
     duration: Duration,
 ) -> anyhow::Result<u64> {
@@ -30,11 +47,15 @@ pub(super) async fn writer(
     // test cluster's default) the walsender only sees a commit once the WAL writer flushes it,
     // up to wal_writer_delay (200 ms) later, and that delay would swamp the relay's.
     client.batch_execute("SET synchronous_commit = on").await?;
+    let id_expr = match ids {
+        Ids::Random => "gen_random_uuid()",
+        Ids::Numbered => "$4::text::uuid",
+    };
     let insert = client
-        .prepare(
+        .prepare(&format!(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
-             VALUES (gen_random_uuid(), $1, $2, 'OrderCreated', $3::text::jsonb)",
-        )
+             VALUES ({id_expr}, $1, $2, 'OrderCreated', $3::text::jsonb)"
+        ))
         .await?;
     let mut pending = FuturesUnordered::new();
     let mut sent = 0u64;
@@ -51,9 +72,21 @@ pub(super) async fn writer(
             let i = first_id + sent;
             let (client, insert, aggregate_type) = (&client, &insert, &aggregate_type);
             pending.push(async move {
-                let id = i.to_string();
+                let aggregate_id = i.to_string();
                 let body = payload(i);
-                client.execute(insert, &[aggregate_type, &id, &body]).await
+                match ids {
+                    Ids::Random => {
+                        client
+                            .execute(insert, &[aggregate_type, &aggregate_id, &body])
+                            .await
+                    }
+                    Ids::Numbered => {
+                        let id = numbered_id(i);
+                        client
+                            .execute(insert, &[aggregate_type, &aggregate_id, &body, &id])
+                            .await
+                    }
+                }
             });
             sent += 1;
         }
@@ -172,7 +205,7 @@ pub(super) async fn latency(
     // Let the consumer join before the first row, so that no record waits for it.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let relay_before = match metrics_url {
-        Some(url) => scrape_histogram(url, COMMIT_TO_ACK).await,
+        Some(url) => scrape_text(url).await,
         None => None,
     };
     let start = Instant::now();
@@ -185,6 +218,7 @@ pub(super) async fn latency(
                 aggregate_type.to_string(),
                 per_writer,
                 w * 1_000_000_000,
+                Ids::Random,
                 start,
                 duration,
             ))
@@ -201,11 +235,16 @@ pub(super) async fn latency(
         .await?
         .map_err(|_| anyhow::anyhow!("consumer thread panicked"))??;
     latencies.sort_by(f64::total_cmp);
-    let relay = match (metrics_url, relay_before) {
-        (Some(url), Some(before)) => scrape_histogram(url, COMMIT_TO_ACK)
-            .await
-            .map(|after| after.since(&before).summary()),
-        _ => None,
+    let relay_after = match metrics_url {
+        Some(url) => scrape_text(url).await,
+        None => None,
+    };
+    let (relay, kafka_transactions) = match (&relay_before, &relay_after) {
+        (Some(before), Some(after)) => (
+            histogram_delta(before, after, COMMIT_TO_ACK),
+            kafka_transactions(Some(before), after),
+        ),
+        _ => (None, None),
     };
     eprintln!(
         "[outbox-bench] {rate}/s: {committed} committed ({:.0}/s), {received} received; \
@@ -227,6 +266,7 @@ pub(super) async fn latency(
         "max_ms": latencies.last().copied().unwrap_or(f64::NAN),
         "method": "consumer receive time - record timestamp (commit time, ms)",
         "relay_commit_to_ack": relay,
+        "relay_kafka_transactions": kafka_transactions,
     }))
 }
 
@@ -316,9 +356,71 @@ impl PromHistogram {
     }
 }
 
-/// GETs `url` (plain http://host:port/path) and parses histogram `name`; `None` when the relay
-/// has no such endpoint or series.
-pub(super) async fn scrape_histogram(url: &str, name: &str) -> Option<PromHistogram> {
+/// The summary of histogram `name` between two scrapes; `None` when the relay has no such
+/// series.
+pub(super) fn histogram_delta(before: &str, after: &str, name: &str) -> Option<Value> {
+    let before = PromHistogram::parse(before, name)?;
+    let after = PromHistogram::parse(after, name)?;
+    Some(after.since(&before).summary())
+}
+
+/// Exactly-once's Kafka transaction histogram: how long a commit took.
+pub(super) const KAFKA_COMMIT: &str = "outbox_relay_kafka_commit_seconds";
+pub(super) const KAFKA_TXN_COMMITTED: &str = "outbox_relay_kafka_transactions_committed_total";
+pub(super) const KAFKA_TXN_ABORTED: &str = "outbox_relay_kafka_transactions_aborted_total";
+pub(super) const KAFKA_TXN_RECORDS: &str = "outbox_relay_kafka_transaction_records_total";
+
+/// The value of an unlabelled counter or gauge `name` in a Prometheus text scrape.
+pub(super) fn counter(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Exactly-once's Kafka transactions between two scrapes (from the relay's start when
+/// `before` is `None`): committed, aborted, records per transaction and commit latency.
+/// `None` when the relay has no such counters or committed none (at-least-once).
+pub(super) fn kafka_transactions(before: Option<&str>, after: &str) -> Option<Value> {
+    let delta = |name: &str| {
+        let a = counter(after, name)?;
+        Some(a - before.and_then(|b| counter(b, name)).unwrap_or(0.0))
+    };
+    let committed = delta(KAFKA_TXN_COMMITTED)?;
+    let aborted = delta(KAFKA_TXN_ABORTED).unwrap_or(0.0);
+    if committed == 0.0 && aborted == 0.0 {
+        return None;
+    }
+    let records = delta(KAFKA_TXN_RECORDS);
+    let commit = PromHistogram::parse(after, KAFKA_COMMIT).map(|a| match before {
+        Some(b) => match PromHistogram::parse(b, KAFKA_COMMIT) {
+            Some(b) => a.since(&b),
+            None => a,
+        },
+        None => a,
+    });
+    Some(json!({
+        "committed": committed,
+        "aborted": aborted,
+        "records": records,
+        "records_per_transaction": records.map(|r| r / committed),
+        "commit_seconds": commit.map(|h| h.summary()),
+    }))
+}
+
+/// One scrape of the relay as a JSON object: its exactly-once figures since it started and
+/// its commit-to-acknowledgement histogram. `None` when it serves no metrics.
+pub(super) async fn relay_metrics(url: &str) -> Option<Value> {
+    let text = scrape_text(url).await?;
+    Some(json!({
+        "kind": "relay_metrics",
+        "kafka_transactions": kafka_transactions(None, &text),
+        "commit_to_ack": PromHistogram::parse(&text, COMMIT_TO_ACK).map(|h| h.summary()),
+        "events_published": counter(&text, "outbox_relay_events_published_total"),
+    }))
+}
+
+/// GETs `url` (plain http://host:port/path): the body of a 200 answer, `None` otherwise.
+pub(super) async fn scrape_text(url: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://")?;
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -332,7 +434,7 @@ pub(super) async fn scrape_histogram(url: &str, name: &str) -> Option<PromHistog
         head.starts_with("HTTP/1.1 200")
             .then_some(())
             .or_else(|| head.starts_with("HTTP/1.0 200").then_some(()))?;
-        PromHistogram::parse(body, name)
+        Some(body.to_string())
     };
     tokio::time::timeout(Duration::from_secs(5), fetch)
         .await

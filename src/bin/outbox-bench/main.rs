@@ -10,6 +10,9 @@
 //! - `latency`: writers insert 1-row transactions at a steady rate while a consumer reads the
 //!   relay's topic; latency = consumer receive time − record timestamp (the relay stamps each
 //!   record with its transaction's commit time);
+//! - `resend`: writers at a steady rate with known event ids while the script SIGKILLs the
+//!   relay; a consumer counts each id's copies (duplicates and missing ones);
+//! - `metrics`: one scrape of the relay's `/metrics` (exactly-once's Kafka transactions);
 //! - `report`: turns the JSON lines collected by the script into one table and one JSON file.
 //!
 //! It is a benchmark tool, not part of the relay: it asserts nothing about time.
@@ -33,6 +36,7 @@ use tokio_postgres::NoTls;
 
 mod latency;
 mod report;
+mod resend;
 
 use latency::*;
 
@@ -58,6 +62,9 @@ enum Command {
         brokers: String,
         #[arg(long, default_value_t = 3)]
         partitions: i32,
+        /// Topic configuration `key=value` (repeatable), e.g. cleanup.policy=compact.
+        #[arg(long = "config")]
+        configs: Vec<String>,
         topics: Vec<String>,
     },
     /// Send one record with an idempotent producer and wait for its acknowledgement, so that
@@ -116,6 +123,53 @@ enum Command {
         #[arg(long)]
         metrics_url: Option<String>,
     },
+    /// Insert 1-row transactions with known event ids at `rate` events/s for `seconds` while
+    /// the script kills and restarts the relay; read the topic (read_committed) until every
+    /// committed id arrived, and print one JSON line: duplicates and missing ids.
+    Resend {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        brokers: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        aggregate_type: String,
+        #[arg(long)]
+        rate: u64,
+        #[arg(long)]
+        seconds: u64,
+        #[arg(long, default_value_t = 4)]
+        writers: u64,
+        /// How long to wait, after the writers stopped, for the last ids to arrive.
+        #[arg(long, default_value_t = 120)]
+        settle_s: u64,
+    },
+    /// A bare transactional producer (no relay): `transactions` Kafka transactions of `records`
+    /// records each, back to back; prints how long each commit took. The broker's and
+    /// librdkafka's share of exactly-once's commit time, measured apart from the relay.
+    TxnProbe {
+        #[arg(long)]
+        brokers: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long, default_value_t = 50)]
+        transactions: u32,
+        #[arg(long, default_value_t = 100)]
+        records: u32,
+        /// Pause between a commit and the next transaction's first record, in ms.
+        #[arg(long, default_value_t = 0)]
+        pause_ms: u64,
+    },
+    /// Scrape the relay's `/metrics` once and print one JSON line with its Kafka transaction
+    /// figures (exactly-once) and its commit-to-acknowledgement histogram.
+    Metrics {
+        #[arg(long)]
+        metrics_url: String,
+        /// Extra `key=value` fields copied into the output (numbers stay numbers).
+        #[arg(long = "field")]
+        fields: Vec<String>,
+    },
     /// Print the results table from the script's JSON lines and write them as one JSON file.
     Report {
         /// JSON lines written by scripts/bench.sh and the subcommands above.
@@ -141,8 +195,9 @@ fn main() -> anyhow::Result<()> {
             Command::CreateTopics {
                 brokers,
                 partitions,
+                configs,
                 topics,
-            } => create_topics(&brokers, partitions, &topics).await,
+            } => create_topics(&brokers, partitions, &configs, &topics).await,
             Command::WarmUp { brokers } => warm_up(&brokers).await,
             Command::WaitSlot {
                 url,
@@ -189,6 +244,52 @@ fn main() -> anyhow::Result<()> {
                 println!("{out}");
                 Ok(())
             }
+            Command::Resend {
+                url,
+                brokers,
+                topic,
+                aggregate_type,
+                rate,
+                seconds,
+                writers,
+                settle_s,
+            } => {
+                let load = Load {
+                    rate,
+                    seconds,
+                    writers,
+                };
+                let settle = Duration::from_secs(settle_s);
+                let out =
+                    resend::resend(&url, &brokers, &topic, &aggregate_type, load, settle).await?;
+                println!("{out}");
+                Ok(())
+            }
+            Command::TxnProbe {
+                brokers,
+                topic,
+                transactions,
+                records,
+                pause_ms,
+            } => {
+                let pause = Duration::from_millis(pause_ms);
+                let out = txn_probe(&brokers, &topic, transactions, records, pause)?;
+                println!("{out}");
+                Ok(())
+            }
+            Command::Metrics {
+                metrics_url,
+                fields,
+            } => {
+                let mut out = relay_metrics(&metrics_url)
+                    .await
+                    .with_context(|| format!("no metrics at {metrics_url}"))?;
+                for (k, v) in parse_pairs(&fields)? {
+                    out[k] = v;
+                }
+                println!("{out}");
+                Ok(())
+            }
             Command::Report {
                 input,
                 output,
@@ -224,17 +325,36 @@ fn unix_ns() -> u128 {
 
 // ------------------------------------------------------------------------------ topics
 
-async fn create_topics(brokers: &str, partitions: i32, topics: &[String]) -> anyhow::Result<()> {
+async fn create_topics(
+    brokers: &str,
+    partitions: i32,
+    configs: &[String],
+    topics: &[String],
+) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
         .context("create the Kafka admin client")?;
+    let configs: Vec<(&str, &str)> = configs
+        .iter()
+        .map(|c| {
+            c.split_once('=')
+                .with_context(|| format!("`{c}` is not key=value"))
+        })
+        .collect::<anyhow::Result<_>>()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+        .map(|t| {
+            configs.iter().fold(
+                NewTopic::new(t, partitions, TopicReplication::Fixed(1)),
+                |topic, (k, v)| topic.set(k, v),
+            )
+        })
         .collect();
+    // Many topics at once (the many-topics shape) take the broker a while.
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(120)));
     let results = admin
-        .create_topics(&new, &AdminOptions::new())
+        .create_topics(&new, &options)
         .await
         .context("create topics")?;
     for result in results {
@@ -262,6 +382,80 @@ async fn warm_up(brokers: &str) -> anyhow::Result<()> {
         .await
         .map_err(|(e, _)| anyhow::anyhow!("warm-up record not acknowledged: {e}"))?;
     Ok(())
+}
+
+/// `X/Y` (hex) → the 64-bit position.
+fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some(u64::from_str_radix(hi, 16).ok()? << 32 | u64::from_str_radix(lo, 16).ok()?)
+}
+
+// --------------------------------------------------------------------------- txn-probe
+
+/// See [`Command::TxnProbe`]. Delivery reports are served on this thread before each commit,
+/// so that rust-rdkafka's flush inside `commit_transaction` finds nothing outstanding.
+fn txn_probe(
+    brokers: &str,
+    topic: &str,
+    transactions: u32,
+    records: u32,
+    pause: Duration,
+) -> anyhow::Result<Value> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let timeout = Duration::from_secs(30);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set(
+            "transactional.id",
+            format!("outbox-bench-probe-{}", unix_ns()),
+        )
+        .set("linger.ms", "5")
+        .create()
+        .context("create the transactional producer")?;
+    producer.init_transactions(timeout)?;
+    let (mut commit_ms, mut total_ms) = (Vec::new(), Vec::new());
+    for t in 0..transactions {
+        let begun = Instant::now();
+        producer.begin_transaction()?;
+        for r in 0..records {
+            let key = format!("{t}-{r}");
+            producer
+                .send(BaseRecord::to(topic).key(&key).payload("probe"))
+                .map_err(|(e, _)| e)?;
+        }
+        while producer.in_flight_count() > 0 {
+            if begun.elapsed() > timeout {
+                bail!("transaction {t}: records not acknowledged after {timeout:?}");
+            }
+            producer.poll(Duration::from_millis(1));
+        }
+        let committing = Instant::now();
+        producer.commit_transaction(timeout)?;
+        commit_ms.push(committing.elapsed().as_secs_f64() * 1000.0);
+        total_ms.push(begun.elapsed().as_secs_f64() * 1000.0);
+        std::thread::sleep(pause);
+    }
+    let summary = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        json!({
+            "p50_ms": percentile(v, 50.0),
+            "p99_ms": percentile(v, 99.0),
+            "max_ms": v.last().copied().unwrap_or(f64::NAN),
+        })
+    };
+    let (commit, total) = (summary(&mut commit_ms), summary(&mut total_ms));
+    eprintln!(
+        "[outbox-bench] txn-probe: {transactions} transactions of {records} records; \
+         commit_transaction {commit}; begin to committed {total}"
+    );
+    Ok(json!({
+        "kind": "txn_probe",
+        "transactions": transactions,
+        "records": records,
+        "pause_ms": pause.as_millis() as u64,
+        "commit": commit,
+        "begin_to_committed": total,
+    }))
 }
 
 // --------------------------------------------------------------------------- wait-slot
@@ -359,6 +553,12 @@ async fn wait_slot(
         .await?;
     let deadline = Instant::now() + Duration::from_secs(timeout_s);
     let mut tick = tokio::time::interval(SLOT_POLL_INTERVAL);
+    let target = parse_lsn(lsn).with_context(|| format!("`{lsn}` is not an LSN"))?;
+    // Where the slot was at the first poll, and when (s since `started_ns`) and at which
+    // fraction of the way it was first seen half-way or further: the rate of the second half
+    // leaves out what a relay pays once at the start (connecting, a first sight of each topic).
+    let mut first: Option<u64> = None;
+    let mut half: Option<(f64, f64)> = None;
     loop {
         tick.tick().await;
         let row = client
@@ -366,6 +566,22 @@ async fn wait_slot(
             .await?
             .with_context(|| format!("slot {slot} does not exist"))?;
         let reached: Option<bool> = row.get(0);
+        if let Some(at) = row
+            .get::<_, Option<String>>(1)
+            .as_deref()
+            .and_then(parse_lsn)
+        {
+            let start = *first.get_or_insert(at);
+            let fraction =
+                at.saturating_sub(start) as f64 / target.saturating_sub(start).max(1) as f64;
+            // Not when it got there in one step with the end: no second half to time.
+            if half.is_none() && fraction >= 0.5 && reached != Some(true) {
+                half = Some((
+                    unix_ns().saturating_sub(started_ns) as f64 / 1e9,
+                    fraction.min(1.0),
+                ));
+            }
+        }
         if reached == Some(true) {
             let done_ns = unix_ns();
             // Sampled right away, before the script stops the process.
@@ -388,6 +604,8 @@ async fn wait_slot(
                 "cpu_seconds": p.cpu_seconds,
                 "threads": p.threads,
                 "context_switches": p.context_switches,
+                "half_way_seconds": half.map(|h| h.0),
+                "half_way_fraction": half.map(|h| h.1),
             }));
         }
         sample_proc(pid, clk_tck).context("the relay exited before confirming the target")?;
@@ -430,6 +648,13 @@ outbox_relay_events_published_total 100
         assert_eq!(delta.count, 60);
         assert_eq!(delta.quantile_bound(0.5), Some(0.01));
         assert!(PromHistogram::parse("other 1\n", COMMIT_TO_ACK).is_none());
+    }
+
+    #[test]
+    fn lsns_parse_as_postgres_prints_them() {
+        assert_eq!(parse_lsn("0/9F04550"), Some(0x9F0_4550));
+        assert_eq!(parse_lsn("1/0"), Some(1 << 32));
+        assert_eq!(parse_lsn("nope"), None);
     }
 
     #[test]
