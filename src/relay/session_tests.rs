@@ -417,6 +417,15 @@ impl Rig {
         log.flushes.iter().copied().max().unwrap_or(Lsn::ZERO)
     }
 
+    /// Answers a commit request, which must end at `end`, with success; waits until `end`
+    /// is confirmed.
+    async fn confirm_commit(&self, request: CommitRequest, end: Lsn) {
+        let (at, answer) = request;
+        assert_eq!(at, end, "the commit's progress value");
+        answer.send(Ok(())).unwrap();
+        self.until("confirmed", |r| r.last_flush() == end).await;
+    }
+
     /// Waits (a few milliseconds of real time at most) until `check` holds.
     async fn until(&self, what: &str, check: impl Fn(&Rig) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
@@ -1160,10 +1169,7 @@ async fn a_commit_waits_for_the_open_postgres_transaction() {
         );
         let (commit, end) = wal.commit(final_lsn);
         rig.push([commit]);
-        let (at, answer) = commits.recv().await.unwrap();
-        assert_eq!(at, end);
-        answer.send(Ok(())).unwrap();
-        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.confirm_commit(commits.recv().await.unwrap(), end).await;
         rig.shutdown.cancel();
     };
     let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
@@ -1206,13 +1212,8 @@ async fn records_read_while_a_commit_runs_go_into_the_next_kafka_transaction() {
         .await;
         assert_eq!(rig.sent().len(), 2, "a record was sent while a commit ran");
         answer.send(Ok(())).unwrap();
-        let (at, answer) = commits.recv().await.unwrap();
-        assert_eq!(
-            at, end_b,
-            "the held transaction's end is the next progress value"
-        );
-        answer.send(Ok(())).unwrap();
-        rig.until("both confirmed", |r| r.last_flush() == end_b)
+        // The held transaction's end is the next progress value.
+        rig.confirm_commit(commits.recv().await.unwrap(), end_b)
             .await;
         rig.shutdown.cancel();
     };
@@ -1259,13 +1260,11 @@ async fn a_trickle_is_committed_early_and_a_backlog_in_one_transaction() {
         // A trickle: one transaction and then nothing.
         let (single, end) = wal.txn(OUTBOX, &[Some(&event_id(total))]);
         rig.push(single);
-        let (at, answer) = tokio::time::timeout(Duration::from_secs(2), commits.recv())
+        let request = tokio::time::timeout(Duration::from_secs(2), commits.recv())
             .await
             .expect("no early commit of a lone transaction")
             .unwrap();
-        assert_eq!(at, end);
-        answer.send(Ok(())).unwrap();
-        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.confirm_commit(request, end).await;
         rig.shutdown.cancel();
     };
     let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);

@@ -107,24 +107,24 @@ pub(super) async fn writer(
 
 /// Reads `topic` from the beginning until `expected` (set once the writers are done) records
 /// arrived; returns each record's latency in ms (receive time − record timestamp).
-pub(super) fn consume_latencies(
+/// A read_committed consumer of every partition of `topic` from the beginning.
+///
+/// Commit-to-visible: with `kafka.delivery = "exactly_once"` a record counts once its Kafka
+/// transaction committed; records of a non-transactional producer are visible at once either
+/// way. The broker answers a fetch as soon as one byte is there; the fetch settings only bound
+/// the wait when there is nothing, so they cannot delay a record.
+pub(super) fn assigned_consumer(
     brokers: &str,
     topic: &str,
-    expected: Arc<AtomicU64>,
-    writers_done: Arc<AtomicBool>,
-) -> anyhow::Result<(Vec<f64>, u64)> {
+    group_prefix: &str,
+) -> anyhow::Result<BaseConsumer> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("group.id", format!("outbox-bench-{}", unix_ns()))
+        .set("group.id", format!("{group_prefix}-{}", unix_ns()))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
-        // The broker answers a fetch as soon as one byte is there; these only bound the wait
-        // when there is nothing, so they cannot delay a record.
         .set("fetch.wait.max.ms", "10")
         .set("fetch.min.bytes", "1")
-        // Commit-to-visible: with `kafka.delivery = "exactly_once"` a record counts once its
-        // Kafka transaction committed; records of a non-transactional producer are visible at
-        // once either way.
         .set("isolation.level", "read_committed")
         .create()
         .context("create the Kafka consumer")?;
@@ -141,6 +141,16 @@ pub(super) fn consume_latencies(
         bail!("topic {topic} has no partitions; create it first");
     }
     consumer.assign(&assignment)?;
+    Ok(consumer)
+}
+
+pub(super) fn consume_latencies(
+    brokers: &str,
+    topic: &str,
+    expected: Arc<AtomicU64>,
+    writers_done: Arc<AtomicBool>,
+) -> anyhow::Result<(Vec<f64>, u64)> {
+    let consumer = assigned_consumer(brokers, topic, "outbox-bench")?;
     let mut latencies = Vec::new();
     let mut settle_deadline: Option<Instant> = None;
     loop {

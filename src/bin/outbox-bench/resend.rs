@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use super::latency::assigned_consumer;
 use super::*;
 
 /// After every committed id arrived, keep reading this long for late copies.
@@ -42,27 +43,7 @@ fn count_copies(
     writers_done: Arc<AtomicBool>,
     settle: Duration,
 ) -> anyhow::Result<Counts> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("outbox-bench-resend-{}", unix_ns()))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .context("create the Kafka consumer")?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .context("topic metadata")?;
-    let mut assignment = TopicPartitionList::new();
-    for t in metadata.topics() {
-        for p in t.partitions() {
-            assignment.add_partition_offset(topic, p.id(), Offset::Beginning)?;
-        }
-    }
-    if assignment.count() == 0 {
-        bail!("topic {topic} has no partitions; create it first");
-    }
-    consumer.assign(&assignment)?;
+    let consumer = assigned_consumer(brokers, topic, "outbox-bench-resend")?;
     let mut counts = Counts {
         copies: HashMap::new(),
         foreign: 0,
