@@ -5,9 +5,10 @@
 //!
 //! The loop, by priority: shutdown → acknowledgements → a Kafka commit's outcome → a due
 //! confirmation → the status timer → a due Kafka commit → the next frame (only while in-flight
-//! work is under its caps) → an early Kafka commit when no frame is waiting. On shutdown the session stops reading
-//! (after finishing a half-read transaction), waits for every acknowledgement up to
-//! `shutdown_timeout`, confirms the last fully acknowledged commit and closes.
+//! work is under its caps) → an early Kafka commit when no frame is waiting. On shutdown the
+//! session stops reading (after finishing a half-read transaction), waits for every
+//! acknowledgement up to `shutdown_timeout`, confirms the last fully acknowledged commit and
+//! closes.
 //!
 //! Exactly-once (`Settings::transactions`): records go into Kafka transactions that hold
 //! whole PostgreSQL transactions only; a Kafka transaction is committed (with the progress
@@ -15,12 +16,12 @@
 //! once it is old or big enough, or sooner (but at least `min_age` old) when the stream has
 //! nothing more to read at the moment. Records that come while a commit runs (librdkafka takes
 //! none then) are held and sent in the next Kafka transaction, so reading never pauses for a
-//! commit. An acknowledgement then is not yet a confirmation: the
-//! acknowledged records are kept aside and fed to the ledger only once the Kafka commit
-//! succeeded (and every record's report arrived), so the ledger confirms exactly what Kafka
-//! committed. A failed commit ends the session; nothing of it was confirmed. PostgreSQL
-//! transactions committing below the progress value read at the start (`skip_below`) are
-//! already in Kafka: they are skipped, and confirmed like empty ones.
+//! commit. An acknowledgement then is not yet a confirmation: the acknowledged records are kept
+//! aside and fed to the ledger only once the Kafka commit succeeded (and every record's report
+//! arrived), so the ledger confirms exactly what Kafka committed. A failed commit ends the
+//! session; nothing of it was confirmed. PostgreSQL transactions committing below the progress
+//! value read at the start (`skip_below`) are already in Kafka: they are skipped, and confirmed
+//! like empty ones.
 
 mod rows;
 
