@@ -431,13 +431,9 @@ impl Shared {
     async fn commit(&self, progress: &ProgressRecord, end: Lsn) -> Result<(), PublishError> {
         let failed = |what, error| PublishError::Transaction { what, error };
         let give_up = Instant::now() + self.message_timeout;
-        while self.topics().any_waiting() {
-            if Instant::now() >= give_up || self.stop.is_cancelled() {
-                let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
-                return Err(failed("commit (records wait for a partition count)", error));
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        self.wait_while(give_up, || self.topics().any_waiting())
+            .await
+            .map_err(|e| failed("commit (records wait for a partition count)", e))?;
         let value = progress_value(end);
         let record = Record {
             topic: progress.topic.clone(),
@@ -451,7 +447,12 @@ impl Shared {
         self.produce(&record, PROGRESS_OPAQUE, Some(progress.partition))
             .await
             .map_err(|e| failed("send the progress record", e))?;
-        self.wait_for_reports(give_up)
+        // Every record acknowledged and its report handed to the session before committing:
+        // rust-rdkafka's `commit_transaction` flushes by polling the report queue for up to
+        // 100 ms at a time, and the reports go to our poller thread instead, so every commit
+        // with a record still in flight (the progress record always is) took 100 ms more.
+        // With nothing outstanding, its flush returns at once.
+        self.wait_while(give_up, || self.producer.in_flight_count() > 0)
             .await
             .map_err(|e| failed("commit", e))?;
         let producer = self.producer.clone();
@@ -463,15 +464,14 @@ impl Shared {
             .map_err(|e| failed("commit", e))
     }
 
-    /// Waits until librdkafka holds no record and no undelivered report: every record of the
-    /// transaction is acknowledged and its report handed to the session.
-    ///
-    /// Why not let `commit_transaction` do it: rust-rdkafka's version flushes by polling the
-    /// report queue for up to 100 ms at a time, and the reports go to our poller thread
-    /// instead, so every commit with a record still in flight (the progress record always is)
-    /// took 100 ms more. With nothing outstanding, its flush returns at once.
-    async fn wait_for_reports(&self, give_up: Instant) -> Result<(), KafkaError> {
-        while self.producer.in_flight_count() > 0 {
+    /// Waits (1 ms steps, on the runtime's timer) while `busy` holds; fails as a timed-out
+    /// message at `give_up` or when the publisher goes.
+    async fn wait_while(
+        &self,
+        give_up: Instant,
+        busy: impl Fn() -> bool,
+    ) -> Result<(), KafkaError> {
+        while busy() {
             if Instant::now() >= give_up || self.stop.is_cancelled() {
                 return Err(KafkaError::MessageProduction(
                     RDKafkaErrorCode::MessageTimedOut,
