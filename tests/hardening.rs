@@ -81,6 +81,10 @@ async fn metrics_and_health_follow_the_stream() {
             let body = http_get(port, "/metrics").unwrap().1;
             metric(&body, "outbox_relay_events_published_total") == Some(300.0)
                 && metric(&body, "outbox_relay_commit_to_ack_seconds_count") == Some(300.0)
+                // One observation per transaction read (10 here, more if PostgreSQL sends
+                // empty ones).
+                && metric(&body, "outbox_relay_commit_to_read_seconds_count")
+                    .is_some_and(|n| n >= 10.0)
                 && metric(&body, "outbox_relay_confirmed_lsn").unwrap() > confirmed_before
                 && metric(&body, "outbox_relay_records_in_flight") == Some(0.0)
                 && metric(&body, "outbox_relay_slot_lag_bytes")

@@ -458,9 +458,13 @@ pub fn alter_failover_command(slot: &str) -> String {
 }
 
 fn now_ms() -> i64 {
+    now_us() / 1000
+}
+
+fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
+        .map(|d| d.as_micros() as i64)
         .unwrap_or(0)
 }
 

@@ -128,6 +128,9 @@ pub struct Metrics {
     /// ready once no frame arrived for longer.
     receive_timeout_ms: AtomicU64,
     pub commit_to_ack: Histogram,
+    /// From a transaction's commit to the relay reading its BEGIN: PostgreSQL's share of
+    /// `commit_to_ack` (WAL flush, walsender wake-up and decoding, the network).
+    pub commit_to_read: Histogram,
     /// `exactly_once`: Kafka transactions committed.
     pub kafka_transactions_committed: AtomicU64,
     /// `exactly_once`: Kafka transactions aborted or failed (each ends its session).
@@ -164,6 +167,7 @@ impl Default for Metrics {
             frame_at_ms: AtomicU64::new(0),
             receive_timeout_ms: AtomicU64::new(0),
             commit_to_ack: Histogram::default(),
+            commit_to_read: Histogram::default(),
             kafka_transactions_committed: AtomicU64::new(0),
             kafka_transactions_aborted: AtomicU64::new(0),
             kafka_transaction_records: AtomicU64::new(0),
@@ -385,6 +389,11 @@ impl Metrics {
                 "outbox_relay_commit_to_ack_seconds",
                 "Latency from transaction commit to Kafka acknowledgement.",
                 Value::Histogram(self.commit_to_ack.0.clone()),
+            ),
+            family(
+                "outbox_relay_commit_to_read_seconds",
+                "Latency from transaction commit to the relay reading it from the replication stream (PostgreSQL's share of commit_to_ack).",
+                Value::Histogram(self.commit_to_read.0.clone()),
             ),
             family(
                 "outbox_relay_kafka_transactions_committed_total",

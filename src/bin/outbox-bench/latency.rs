@@ -249,12 +249,13 @@ pub(super) async fn latency(
         Some(url) => scrape_text(url).await,
         None => None,
     };
-    let (relay, kafka_transactions) = match (&relay_before, &relay_after) {
+    let (relay, relay_read, kafka_transactions) = match (&relay_before, &relay_after) {
         (Some(before), Some(after)) => (
             histogram_delta(before, after, COMMIT_TO_ACK),
+            histogram_delta(before, after, COMMIT_TO_READ),
             kafka_transactions(Some(before), after),
         ),
-        _ => (None, None),
+        _ => (None, None, None),
     };
     eprintln!(
         "[outbox-bench] {rate}/s: {committed} committed ({:.0}/s), {received} received; \
@@ -276,12 +277,15 @@ pub(super) async fn latency(
         "max_ms": latencies.last().copied().unwrap_or(f64::NAN),
         "method": "consumer receive time - record timestamp (commit time, ms)",
         "relay_commit_to_ack": relay,
+        "relay_commit_to_read": relay_read,
         "relay_kafka_transactions": kafka_transactions,
     }))
 }
 
 /// The relay's commit-to-acknowledgement histogram (Prometheus text format).
 pub(super) const COMMIT_TO_ACK: &str = "outbox_relay_commit_to_ack_seconds";
+/// PostgreSQL's share of it: commit to the relay reading the transaction.
+pub(super) const COMMIT_TO_READ: &str = "outbox_relay_commit_to_read_seconds";
 
 /// A Prometheus histogram: cumulative counts per upper bound (seconds), sum and count.
 #[derive(Debug, Clone, PartialEq)]

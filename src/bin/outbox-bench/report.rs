@@ -494,20 +494,16 @@ pub(super) fn print_table(run: &serde_json::Map<String, Value>, t: &Tables<'_>) 
             "Latency, 1-row transactions at a steady rate (commit time -> consumer receive, ms)"
         );
         println!(
-            "{:>12} {:>9} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   relay's own histogram",
+            "{:>12} {:>9} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   relay's own histograms (to read: PostgreSQL's share)",
             "target ev/s", "delivery", "achieved/s", "committed", "received", "p50", "p99", "max"
         );
         for l in t.latency {
-            let r = &l["relay_commit_to_ack"];
-            let relay = if r.is_object() {
-                format!(
-                    "p50 <= {} ms, p99 <= {} ms, mean {} ms",
-                    fmt(num(r, "p50_at_most_ms"), 1),
-                    fmt(num(r, "p99_at_most_ms"), 1),
-                    fmt(num(r, "mean_ms"), 1)
-                )
-            } else {
-                "(no /metrics histogram)".into()
+            let relay = match histogram_text(&l["relay_commit_to_ack"]) {
+                Some(ack) => match histogram_text(&l["relay_commit_to_read"]) {
+                    Some(read) => format!("to ack {ack}; to read {read}"),
+                    None => ack,
+                },
+                None => "(no /metrics histogram)".into(),
             };
             println!(
                 "{:>12} {:>9} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   {relay}",
@@ -564,4 +560,16 @@ pub(super) fn print_table(run: &serde_json::Map<String, Value>, t: &Tables<'_>) 
             str_of(e, "message")
         );
     }
+}
+
+/// A histogram summary of the relay's as text: "p50 <= a ms, p99 <= b ms, mean c ms".
+fn histogram_text(r: &Value) -> Option<String> {
+    r.is_object().then(|| {
+        format!(
+            "p50 <= {} ms, p99 <= {} ms, mean {} ms",
+            fmt(num(r, "p50_at_most_ms"), 1),
+            fmt(num(r, "p99_at_most_ms"), 1),
+            fmt(num(r, "mean_ms"), 1)
+        )
+    })
 }

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
@@ -12,7 +13,7 @@ use crate::config::DeadLetterPolicy;
 use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordKind, RecordSink};
-use crate::relay::{RelayError, Unmapped};
+use crate::relay::{now_us, RelayError, Unmapped};
 use crate::sink::dead_letter::{self, Reason};
 use crate::sink::publisher::{self, PublishError};
 use crate::source::pgoutput::{self, LogicalMessage, Relation, Tuple};
@@ -25,7 +26,12 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     ) -> Result<(), RelayError> {
         match message {
             LogicalMessage::Begin(begin) => {
-                let commit_time_ms = pg_time_to_unix_us(begin.commit_time_us) / 1000;
+                let commit_time_us = pg_time_to_unix_us(begin.commit_time_us);
+                let read_after_us = (now_us() - commit_time_us).max(0) as u64;
+                self.metrics
+                    .commit_to_read
+                    .observe(Duration::from_micros(read_after_us));
+                let commit_time_ms = commit_time_us / 1000;
                 self.ledger.begin(commit_time_ms)?;
                 self.txn = Some(OpenTxn {
                     final_lsn: begin.final_lsn,
