@@ -10,6 +10,7 @@ pub mod dead_letter;
 mod partition_counts;
 pub mod progress;
 pub mod publisher;
+mod topic_handles;
 pub mod window;
 
 pub use progress::open;
