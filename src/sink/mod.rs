@@ -11,6 +11,8 @@ mod partition_counts;
 pub mod progress;
 pub mod publisher;
 mod topic_handles;
+#[cfg(test)]
+mod topic_handles_tests;
 pub mod window;
 
 pub use progress::open;

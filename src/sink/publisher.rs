@@ -423,6 +423,12 @@ impl Publisher {
         }
     }
 
+    /// How many topic handles the producer holds (one per topic written to).
+    #[cfg(test)]
+    pub(super) fn topic_handle_count(&self) -> usize {
+        self.shared.handles.len()
+    }
+
     /// The producer's fatal error, after which every send fails and it must be recreated.
     pub fn fatal_error(&self) -> Option<String> {
         self.shared

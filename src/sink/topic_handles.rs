@@ -143,7 +143,9 @@ impl TopicHandle {
         // NULL: a name librdkafka refuses (over 512 bytes). Producing by name fails so too.
         NonNull::new(raw)
             .map(TopicHandle)
-            .ok_or(KafkaError::MessageProduction(RDKafkaErrorCode::InvalidArgument))
+            .ok_or(KafkaError::MessageProduction(
+                RDKafkaErrorCode::InvalidArgument,
+            ))
     }
 }
 
