@@ -28,9 +28,10 @@ const PARTITION_UA: i32 = -1;
 
 /// The handles of the topics a producer has written to, and the producer itself.
 ///
-/// librdkafka's `rd_kafka_destroy` must not run while topic handles are alive (it can hang),
-/// so this holds a reference to the producer of its own and lets go of it only after
-/// destroying every handle: fields drop in declaration order, `handles` first.
+/// librdkafka's `rd_kafka_destroy` must not run while topic handles are alive: its manual
+/// says destroy can then hang, and in 2.12.1 a handle destroyed afterwards would touch the
+/// freed client. So this holds a reference to the producer of its own and lets go of it only
+/// after destroying every handle: fields drop in declaration order, `handles` first.
 pub(super) struct TopicHandles<C: ProducerContext> {
     handles: Mutex<HashMap<String, TopicHandle>>,
     producer: Arc<BaseProducer<C>>,
