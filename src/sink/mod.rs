@@ -10,6 +10,9 @@ pub mod dead_letter;
 mod partition_counts;
 pub mod progress;
 pub mod publisher;
+mod topic_handles;
+#[cfg(test)]
+mod topic_handles_tests;
 pub mod window;
 
 pub use progress::open;

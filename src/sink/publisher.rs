@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,7 @@ use tracing::warn;
 
 use super::partition_counts::Topics;
 use super::progress::progress_value;
+use super::topic_handles::TopicHandles;
 use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
 use crate::mapping::Record;
@@ -212,6 +213,10 @@ pub struct Publisher {
 /// What the publisher shares with its background topic readers.
 pub(super) struct Shared {
     pub(super) producer: Arc<BaseProducer<DeliveryReporter>>,
+    /// What records are produced through, so that librdkafka need not look their topic up
+    /// by name. It holds a producer reference of its own and destroys its topic handles
+    /// before dropping it, as librdkafka's destroy requires.
+    pub(super) handles: TopicHandles<DeliveryReporter>,
     pub(super) topics: Mutex<Topics>,
     /// Where failures of records that never reached librdkafka are reported.
     pub(super) deliveries: mpsc::UnboundedSender<Delivery>,
@@ -309,6 +314,7 @@ impl Publisher {
             )))
         })?;
         let shared = Arc::new(Shared {
+            handles: TopicHandles::new(producer.clone()),
             producer,
             topics: Mutex::new(Topics::default()),
             deliveries: tx,
@@ -417,6 +423,12 @@ impl Publisher {
         }
     }
 
+    /// How many topic handles the producer holds (one per topic written to).
+    #[cfg(test)]
+    pub(super) fn topic_handle_count(&self) -> usize {
+        self.shared.handles.len()
+    }
+
     /// The producer's fatal error, after which every send fails and it must be recreated.
     pub fn fatal_error(&self) -> Option<String> {
         self.shared
@@ -495,17 +507,16 @@ impl Shared {
     ) -> Result<(), KafkaError> {
         let give_up = Instant::now() + QUEUE_FULL_WAIT;
         loop {
-            let base = base_record(record, opaque, partition);
-            match self.producer.send(base) {
+            match self.handles.send(record, partition, opaque) {
                 Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
                     if Instant::now() < give_up =>
                 {
                     // Our in-flight cap sits below librdkafka's queue limit, so this is rare:
                     // give the polling thread a moment to drain callbacks.
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Err((error, _)) => return Err(error),
+                Err(error) => return Err(error),
             }
         }
     }
@@ -521,27 +532,6 @@ pub(super) fn owned_headers(record: &Record) -> OwnedHeaders {
             })
         },
     )
-}
-
-fn base_record<'a>(
-    record: &'a Record,
-    opaque: usize,
-    partition: Option<i32>,
-) -> BaseRecord<'a, [u8], [u8], usize> {
-    let mut base = BaseRecord::with_opaque_to(&record.topic, opaque).key(&record.key[..]);
-    if let Some(payload) = &record.payload {
-        base = base.payload(&payload[..]);
-    }
-    if !record.headers.is_empty() {
-        base = base.headers(owned_headers(record));
-    }
-    if let Some(ts) = record.timestamp_ms {
-        base = base.timestamp(ts);
-    }
-    if let Some(p) = partition {
-        base = base.partition(p);
-    }
-    base
 }
 
 /// librdkafka settings: ours first, then the user's pass-through properties (validated by
@@ -649,7 +639,9 @@ impl Drop for Publisher {
         let teardown = move || {
             let _ = poller.thread.join();
             // Let `self.shared` go first (it is dropped right after this function), so that
-            // librdkafka's destroy runs here and not on the runtime thread.
+            // librdkafka's destroy runs here and not on the runtime thread. `Shared` holds two
+            // references (its own and its topic handles'); the handles are destroyed before
+            // their reference goes, so none is alive at the destroy.
             let waited = Instant::now();
             while Arc::strong_count(&producer) > 1 && waited.elapsed() < TEARDOWN_WAIT {
                 std::thread::sleep(Duration::from_millis(1));
