@@ -80,9 +80,18 @@ pub struct KafkaConfig {
     /// Most key + payload bytes handed to the producer and not yet acknowledged, in bytes;
     /// >= 1 MiB (1048576). At the cap the relay stops reading WAL until acks arrive.
     pub max_in_flight_bytes: usize,
-    /// How long the producer waits to fill a batch, in milliseconds (librdkafka `linger.ms`);
-    /// 0 to 900000.
+    /// How long a record may wait to fill a batch, in milliseconds; 0 to 900000. With
+    /// `batching = "linger"` every record waits this long in librdkafka (`linger.ms`); with
+    /// `"adaptive"` this is the most a record waits in the relay.
     pub linger_ms: u64,
+    /// How records are handed to the producer (`at_least_once`; `exactly_once` batches by its
+    /// Kafka transactions and always uses `linger`):
+    /// - `adaptive` (default): a record goes at once when none is waiting for Kafka's
+    ///   acknowledgement; otherwise it waits in the relay until those are acknowledged (and at
+    ///   least `linger_ms` × 0.4 passed since the last hand-over) or `linger_ms` passed, and
+    ///   goes with the others that waited. A trickle is not delayed; a backlog still batches.
+    /// - `linger`: librdkafka's `linger.ms` = `linger_ms` for every record.
+    pub batching: Batching,
     /// Most records per batch (librdkafka `batch.num.messages`); 1 to 1000000.
     pub batch_num_messages: usize,
     /// Batch compression (librdkafka `compression.type`): `none`, `gzip`, `snappy`, `lz4`, `zstd`.
@@ -139,6 +148,14 @@ pub struct KafkaConfig {
     pub transaction_min_ms: u64,
     /// `exactly_once`: ... or once it holds this many records; > 0.
     pub transaction_max_records: usize,
+}
+
+/// `kafka.batching`: when records are handed to the producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Batching {
+    Adaptive,
+    Linger,
 }
 
 /// `kafka.delivery`: what a consumer may count on.
@@ -227,6 +244,7 @@ impl Default for KafkaConfig {
             max_in_flight_messages: DEFAULT_MAX_IN_FLIGHT_MESSAGES,
             max_in_flight_bytes: 8 * 1024 * 1024, // bytes
             linger_ms: 5,
+            batching: Batching::Adaptive,
             batch_num_messages: 10_000,
             compression: Compression::Lz4,
             message_timeout_ms: 300_000,
@@ -258,6 +276,7 @@ impl fmt::Debug for KafkaConfig {
             .field("max_in_flight_messages", &self.max_in_flight_messages)
             .field("max_in_flight_bytes", &self.max_in_flight_bytes)
             .field("linger_ms", &self.linger_ms)
+            .field("batching", &self.batching)
             .field("batch_num_messages", &self.batch_num_messages)
             .field("compression", &self.compression)
             .field("message_timeout_ms", &self.message_timeout_ms)
@@ -282,6 +301,22 @@ impl fmt::Debug for KafkaConfig {
 }
 
 impl KafkaConfig {
+    /// The relay hands records over adaptively (at-least-once with `batching = "adaptive"`).
+    pub fn adaptive_batching(&self) -> bool {
+        self.batching == Batching::Adaptive && self.delivery == Delivery::AtLeastOnce
+    }
+
+    /// librdkafka's `linger.ms`: none when the relay does the waiting. (A sub-millisecond
+    /// linger, meant to gather what the relay hands over at once, added ~2 ms to p50 at
+    /// 1,000 events/s: librdkafka's broker thread does not wake up that precisely.)
+    pub fn producer_linger_ms(&self) -> u64 {
+        if self.adaptive_batching() {
+            0
+        } else {
+            self.linger_ms
+        }
+    }
+
     /// Entries of `properties` that would break at-least-once delivery or per-key ordering:
     /// `(key, value, reason)`. [`Config::validate`] refuses them unless
     /// `allow_unsafe_kafka_settings` is true.

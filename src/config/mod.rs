@@ -48,9 +48,9 @@ mod validate;
 mod tests;
 
 pub use kafka::{
-    Compression, Delivery, KafkaConfig, KafkaSecurityProtocol, DEFAULT_MAX_IN_FLIGHT_MESSAGES,
-    MAX_BATCH_NUM_MESSAGES, MAX_LINGER_MS, MAX_MESSAGE_TIMEOUT_MS, MIN_MAX_IN_FLIGHT_BYTES,
-    MIN_MESSAGE_TIMEOUT_MS, SASL_MECHANISMS,
+    Batching, Compression, Delivery, KafkaConfig, KafkaSecurityProtocol,
+    DEFAULT_MAX_IN_FLIGHT_MESSAGES, MAX_BATCH_NUM_MESSAGES, MAX_LINGER_MS, MAX_MESSAGE_TIMEOUT_MS,
+    MIN_MAX_IN_FLIGHT_BYTES, MIN_MESSAGE_TIMEOUT_MS, SASL_MECHANISMS,
 };
 pub use layering::ENV_PREFIX;
 pub use outbox::{

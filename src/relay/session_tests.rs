@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
-use super::session::{Session, Settings, Transactions};
+use super::session::{Adaptive, Session, Settings, Transactions};
 use super::RelayError;
 use crate::relay::ledger::TxnSeq;
 use std::collections::HashMap;
@@ -426,6 +426,16 @@ impl Rig {
         self.until("confirmed", |r| r.last_flush() == end).await;
     }
 
+    /// Pushes `frames` and waits until the session has read them all.
+    async fn read_all(&self, frames: Vec<ReplicationFrame>) {
+        let pushed = self.log.lock().unwrap().frames_read + frames.len();
+        self.push(frames);
+        self.until("the frames read", |r| {
+            r.log.lock().unwrap().frames_read == pushed
+        })
+        .await;
+    }
+
     /// Waits (a few milliseconds of real time at most) until `check` holds.
     async fn until(&self, what: &str, check: impl Fn(&Rig) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
@@ -448,6 +458,7 @@ fn settings() -> Settings {
         confirm_delay: Duration::ZERO,
         publication: "outbox_relay_pub".into(),
         transactions: None,
+        adaptive: None,
     }
 }
 
@@ -464,6 +475,14 @@ fn exactly_once_early(max_age: Duration, min_age: Duration, max_records: usize) 
             min_age,
             max_records,
         }),
+        ..settings()
+    }
+}
+
+/// At-least-once with the adaptive hand-over.
+fn adaptive(max_hold: Duration, min_gap: Duration) -> Settings {
+    Settings {
+        adaptive: Some(Adaptive { max_hold, min_gap }),
         ..settings()
     }
 }
@@ -1284,6 +1303,84 @@ async fn a_trickle_is_committed_early_and_a_backlog_in_one_transaction() {
             },
         ]
     );
+}
+
+#[tokio::test]
+async fn adaptive_hand_over_sends_a_lone_record_at_once_and_holds_others_until_acknowledged() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (first, _) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(first));
+    let min_gap = Duration::from_millis(200);
+    // max_hold is far away: only acknowledgements release held records.
+    let session = rig.session(
+        adaptive(Duration::from_secs(60), min_gap),
+        &mapping,
+        &metrics,
+    );
+    let driver = async {
+        rig.until("the lone record sent", |r| r.sent().len() == 1)
+            .await;
+        // Read while the first is in flight: held until it is acknowledged.
+        let (second, _) = wal.txn(OUTBOX, &[Some(&event_id(1)), Some(&event_id(2))]);
+        rig.read_all(second).await;
+        assert_eq!(rig.sent().len(), 1, "sent while another was in flight");
+        rig.acks.send(ok(&rig.sent()[0])).unwrap();
+        rig.until("the held records sent", |r| r.sent().len() == 3)
+            .await;
+        let handed_over = tokio::time::Instant::now();
+        // Again, but acknowledged at once: the next hand-over waits for min_gap.
+        let (third, end) = wal.txn(OUTBOX, &[Some(&event_id(3))]);
+        rig.read_all(third).await;
+        assert_eq!(rig.sent().len(), 3, "sent while others were in flight");
+        for sent in &rig.sent()[1..] {
+            rig.acks.send(ok(sent)).unwrap();
+        }
+        rig.until("the last record sent", |r| r.sent().len() == 4)
+            .await;
+        assert!(
+            handed_over.elapsed() >= min_gap - Duration::from_millis(5),
+            "handed over {:?} after the previous hand-over, sooner than min_gap",
+            handed_over.elapsed()
+        );
+        rig.acks.send(ok(&rig.sent()[3])).unwrap();
+        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    let ids: Vec<_> = rig.sent().iter().map(|s| s.event_id.clone()).collect();
+    assert_eq!(ids, (0..4).map(event_id).collect::<Vec<_>>(), "order kept");
+}
+
+#[tokio::test]
+async fn adaptive_hand_over_holds_a_record_no_longer_than_max_hold() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (first, _) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(first));
+    let max_hold = Duration::from_millis(100);
+    let session = rig.session(adaptive(max_hold, Duration::ZERO), &mapping, &metrics);
+    let driver = async {
+        rig.until("the lone record sent", |r| r.sent().len() == 1)
+            .await;
+        let (second, end) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+        rig.push(second);
+        let held_from = tokio::time::Instant::now();
+        // The first record is never acknowledged until the second went.
+        rig.until("the held record sent", |r| r.sent().len() == 2)
+            .await;
+        assert!(held_from.elapsed() >= max_hold - Duration::from_millis(5));
+        for sent in rig.sent() {
+            rig.acks.send(ok(&sent)).unwrap();
+        }
+        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
 }
 
 #[tokio::test]

@@ -543,7 +543,7 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
         .set("client.id", &config.client_id)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", config.linger_ms.to_string())
+        .set("linger.ms", config.producer_linger_ms().to_string())
         .set("batch.num.messages", config.batch_num_messages.to_string())
         .set("compression.type", config.compression.as_str())
         .set("message.timeout.ms", config.message_timeout_ms.to_string())

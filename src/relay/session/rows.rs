@@ -6,6 +6,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use tracing::{debug, info, warn};
 
 use super::{Held, KafkaTxn, OpenTxn, RelationEntry, Session};
@@ -226,18 +228,31 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         .await
     }
 
-    /// Hands a record to the sink, or (exactly-once, while a Kafka commit runs: librdkafka
-    /// takes no record then) holds it for the next Kafka transaction.
+    /// Hands a record to the sink, or holds it: exactly-once, while a Kafka commit runs
+    /// (librdkafka takes no record then), for the next Kafka transaction; with the adaptive
+    /// hand-over, while others are in flight.
     pub(super) async fn send_or_hold(&mut self, record: Held) -> Result<(), RelayError> {
         if matches!(
             self.kafka,
             KafkaTxn::Committing { .. } | KafkaTxn::Committed { .. }
         ) {
-            self.count_in_flight(&record.record);
-            self.held.push(record);
+            self.hold(record);
             return Ok(());
         }
+        if let Some(adaptive) = self.settings.adaptive {
+            if !self.in_flight.is_empty() {
+                self.hold(record);
+                self.handover_at
+                    .get_or_insert_with(|| Instant::now() + adaptive.max_hold);
+                return Ok(());
+            }
+        }
         self.send_now(record, false).await
+    }
+
+    fn hold(&mut self, record: Held) {
+        self.count_in_flight(&record.record);
+        self.held.push(record);
     }
 
     /// Sends a record (`counted`: a held one, already counted in flight). An event Kafka
