@@ -85,6 +85,11 @@ async fn metrics_and_health_follow_the_stream() {
                 // empty ones).
                 && metric(&body, "outbox_relay_commit_to_read_seconds_count")
                     .is_some_and(|n| n >= 10.0)
+                // librdkafka's statistics (every 5 s) name the broker.
+                && body.lines().any(|l| {
+                    l.starts_with("outbox_relay_kafka_rtt_seconds{broker=")
+                        && l.contains("quantile=\"0.99\"")
+                })
                 && metric(&body, "outbox_relay_confirmed_lsn").unwrap() > confirmed_before
                 && metric(&body, "outbox_relay_records_in_flight") == Some(0.0)
                 && metric(&body, "outbox_relay_slot_lag_bytes")

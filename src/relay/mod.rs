@@ -396,6 +396,7 @@ async fn connect<'a>(
     // Exactly-once: fences older producers of this slot, reads where Kafka stands.
     let (publisher, deliveries, progress) =
         crate::sink::open(&config.kafka, control.client(), &pg.slot).await?;
+    metrics.watch_kafka(publisher.kafka_latency());
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.
     // Gone already (dropped right after START_REPLICATION): it was streamed, so events may be

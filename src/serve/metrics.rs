@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 use rdkafka::error::KafkaError;
 
 use crate::lsn::Lsn;
+use crate::sink::kafka_latency::{BrokerLatency, KafkaLatency, Quantiles};
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -143,6 +144,8 @@ pub struct Metrics {
     /// `exactly_once`: how long a Kafka transaction's commit took.
     pub kafka_commit_latency: Histogram,
     delivery_errors: Mutex<BTreeMap<String, u64>>,
+    /// The session's producer's view of the brokers (none before the first session).
+    kafka_latency: Mutex<Option<Arc<KafkaLatency>>>,
     wal_status: Mutex<String>,
     /// The `slot` and `publication` labels of `outbox_relay_info`.
     info: Mutex<(String, String)>,
@@ -174,6 +177,7 @@ impl Default for Metrics {
             transactions_skipped: AtomicU64::new(0),
             kafka_commit_latency: Histogram::default(),
             delivery_errors: Mutex::new(BTreeMap::new()),
+            kafka_latency: Mutex::new(None),
             wal_status: Mutex::new(String::new()),
             info: Mutex::new((String::new(), String::new())),
         }
@@ -191,6 +195,29 @@ impl Metrics {
             self.mark_progress();
             self.mark_received(Instant::now());
         }
+    }
+
+    /// Shows `latency` (a new session's producer's) from now on.
+    pub fn watch_kafka(&self, latency: Arc<KafkaLatency>) {
+        *self
+            .kafka_latency
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(latency);
+    }
+
+    /// Each broker's last statistics window, by quantile.
+    fn kafka_quantiles(&self, pick: fn(&BrokerLatency) -> Quantiles) -> Vec<(String, Quantiles)> {
+        let latency = self
+            .kafka_latency
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        latency.map_or_else(Vec::new, |l| {
+            l.brokers()
+                .iter()
+                .map(|(name, b)| (name.clone(), pick(b)))
+                .collect()
+        })
     }
 
     /// Bytes arrived on the replication stream at `at` (the stream's own clock, read once per
@@ -396,6 +423,16 @@ impl Metrics {
                 Value::Histogram(self.commit_to_read.0.clone()),
             ),
             family(
+                "outbox_relay_kafka_rtt_seconds",
+                "Kafka request round-trip time by broker, over librdkafka's last statistics window (quantile 1: the maximum; 0 when no request).",
+                Value::Quantiles(self.kafka_quantiles(|b| b.rtt)),
+            ),
+            family(
+                "outbox_relay_kafka_queue_seconds",
+                "How long records waited in librdkafka before their produce request was made, by broker, over the last statistics window.",
+                Value::Quantiles(self.kafka_quantiles(|b| b.queue)),
+            ),
+            family(
                 "outbox_relay_kafka_transactions_committed_total",
                 "Kafka transactions committed (delivery = exactly_once).",
                 Value::Counter(self.kafka_transactions_committed.load(Relaxed)),
@@ -466,6 +503,8 @@ enum Value {
     /// A gauge that is always 1, its labels the information.
     Info(Vec<(&'static str, String)>),
     Histogram(PromHistogram),
+    /// Seconds per broker and quantile (`broker`, `quantile` labels).
+    Quantiles(Vec<(String, Quantiles)>),
 }
 
 /// The values of one scrape, encoded by prometheus-client.
@@ -510,6 +549,14 @@ impl Collector for Scrape {
                     ConstGauge::new(1i64).encode(metric.encode_family(&labels)?)?;
                 }
                 Value::Histogram(h) => h.encode(metric)?,
+                Value::Quantiles(brokers) => {
+                    for (broker, q) in brokers {
+                        for (quantile, v) in [("0.5", q.p50), ("0.99", q.p99), ("1", q.max)] {
+                            let labels = [("broker", broker.as_str()), ("quantile", quantile)];
+                            ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
+                        }
+                    }
+                }
             }
         }
         Ok(())
@@ -539,6 +586,30 @@ mod tests {
         );
         assert!(out.contains(&format!("{name}_count 6")), "{out}");
         assert!(out.contains(&format!("{name}_sum 0.069")), "{out}");
+    }
+
+    #[test]
+    fn kafka_latency_shows_per_broker_and_quantile_once_watched() {
+        let m = Metrics::default();
+        let name = "outbox_relay_kafka_rtt_seconds";
+        let out = m.render(Duration::from_secs(5));
+        assert!(!out.contains(&format!("{name}{{")), "{out}");
+        let latency = Arc::new(KafkaLatency::default());
+        m.watch_kafka(latency.clone());
+        let stats = r#"{"brokers": {"k:9092/1": {"name": "k:9092/1", "nodeid": 1,
+            "rtt": {"p50": 500, "p99": 4000, "max": 47000},
+            "int_latency": {"p50": 5000, "p99": 6000, "max": 9000}}}}"#;
+        latency.update(stats.as_bytes()).unwrap();
+        let out = m.render(Duration::from_secs(5));
+        for line in [
+            format!("{name}{{broker=\"k:9092/1\",quantile=\"0.5\"}} 0.0005"),
+            format!("{name}{{broker=\"k:9092/1\",quantile=\"0.99\"}} 0.004"),
+            format!("{name}{{broker=\"k:9092/1\",quantile=\"1\"}} 0.047"),
+            "outbox_relay_kafka_queue_seconds{broker=\"k:9092/1\",quantile=\"0.99\"} 0.006"
+                .to_string(),
+        ] {
+            assert!(out.contains(&line), "no {line} in:\n{out}");
+        }
     }
 
     #[test]

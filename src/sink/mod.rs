@@ -7,6 +7,7 @@
 //! producer is transactional and `progress` keeps, per slot, where Kafka stands.
 
 pub mod dead_letter;
+pub mod kafka_latency;
 mod partition_counts;
 pub mod progress;
 pub mod publisher;

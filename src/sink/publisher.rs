@@ -16,11 +16,12 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
-use rdkafka::{ClientContext, Statistics};
+use rdkafka::ClientContext;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
+use super::kafka_latency::{KafkaLatency, STATISTICS_INTERVAL_MS};
 use super::partition_counts::Topics;
 use super::progress::progress_value;
 use super::topic_handles::TopicHandles;
@@ -137,6 +138,7 @@ pub fn is_permanent(error: &KafkaError) -> bool {
 pub struct DeliveryReporter {
     deliveries: mpsc::UnboundedSender<Delivery>,
     errors_logged: Mutex<ErrorLog>,
+    latency: Arc<KafkaLatency>,
 }
 
 /// librdkafka reports a broker that is down every few tens of milliseconds: one line per
@@ -150,7 +152,13 @@ struct ErrorLog {
 const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl ClientContext for DeliveryReporter {
-    fn stats(&self, _: Statistics) {}
+    // Only the latency is read, straight from the JSON: rust-rdkafka's full `Statistics`
+    // (every partition of every topic) is not needed.
+    fn stats_raw(&self, json: &[u8]) {
+        if let Err(e) = self.latency.update(json) {
+            debug!(error = %e, "cannot read librdkafka's statistics");
+        }
+    }
 
     fn error(&self, error: KafkaError, reason: &str) {
         // Broker connection problems are reported here; librdkafka retries by itself.
@@ -295,14 +303,18 @@ impl Publisher {
 
     fn with_client_config(
         config: &KafkaConfig,
-        client: ClientConfig,
+        mut client: ClientConfig,
         progress: Option<Arc<ProgressRecord>>,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let reporter = DeliveryReporter {
             deliveries: tx.clone(),
             errors_logged: Mutex::new(ErrorLog::default()),
+            latency: Arc::default(),
         };
+        if !config.properties.contains_key("statistics.interval.ms") {
+            client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
+        }
         let producer: Arc<BaseProducer<DeliveryReporter>> = Arc::new(
             client
                 .create_with_context(reporter)
@@ -427,6 +439,11 @@ impl Publisher {
     #[cfg(test)]
     pub(super) fn topic_handle_count(&self) -> usize {
         self.shared.handles.len()
+    }
+
+    /// Kafka's share of the latency, per broker (librdkafka's statistics).
+    pub fn kafka_latency(&self) -> Arc<KafkaLatency> {
+        self.shared.producer.context().latency.clone()
     }
 
     /// The producer's fatal error, after which every send fails and it must be recreated.
