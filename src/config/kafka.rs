@@ -80,17 +80,15 @@ pub struct KafkaConfig {
     /// Most key + payload bytes handed to the producer and not yet acknowledged, in bytes;
     /// >= 1 MiB (1048576). At the cap the relay stops reading WAL until acks arrive.
     pub max_in_flight_bytes: usize,
-    /// How long a record may wait to fill a batch, in milliseconds; 0 to 900000. With
-    /// `batching = "linger"` every record waits this long in librdkafka (`linger.ms`); with
-    /// `"adaptive"` this is the most a record waits in the relay.
+    /// How long the producer waits to fill a batch, in milliseconds (librdkafka `linger.ms`);
+    /// 0 to 900000.
     pub linger_ms: u64,
-    /// How records are handed to the producer (`at_least_once`; `exactly_once` batches by its
-    /// Kafka transactions and always uses `linger`):
-    /// - `adaptive` (default): a record goes at once when none is waiting for Kafka's
-    ///   acknowledgement; otherwise it waits in the relay until those are acknowledged (and at
-    ///   least `linger_ms` × 0.4 passed since the last hand-over) or `linger_ms` passed, and
-    ///   goes with the others that waited. A trickle is not delayed; a backlog still batches.
-    /// - `linger`: librdkafka's `linger.ms` = `linger_ms` for every record.
+    /// When the producer sends (`at_least_once`; `exactly_once` batches by its Kafka
+    /// transactions and always uses `linger`):
+    /// - `adaptive` (default): as `linger`, except that a record handed over while no other
+    ///   is waiting for Kafka's acknowledgement is sent at once. A trickle is not delayed by
+    ///   the linger; a backlog batches exactly as with `linger`.
+    /// - `linger`: every record waits up to `linger_ms`.
     pub batching: Batching,
     /// Most records per batch (librdkafka `batch.num.messages`); 1 to 1000000.
     pub batch_num_messages: usize,
@@ -304,17 +302,6 @@ impl KafkaConfig {
     /// The relay hands records over adaptively (at-least-once with `batching = "adaptive"`).
     pub fn adaptive_batching(&self) -> bool {
         self.batching == Batching::Adaptive && self.delivery == Delivery::AtLeastOnce
-    }
-
-    /// librdkafka's `linger.ms`: none when the relay does the waiting. (A sub-millisecond
-    /// linger, meant to gather what the relay hands over at once, added ~2 ms to p50 at
-    /// 1,000 events/s: librdkafka's broker thread does not wake up that precisely.)
-    pub fn producer_linger_ms(&self) -> u64 {
-        if self.adaptive_batching() {
-            0
-        } else {
-            self.linger_ms
-        }
     }
 
     /// Entries of `properties` that would break at-least-once delivery or per-key ordering:

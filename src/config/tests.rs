@@ -1031,19 +1031,12 @@ fn batching_is_adaptive_by_default_and_only_in_at_least_once() {
     let config = Config::default();
     assert_eq!(config.kafka.batching, Batching::Adaptive);
     assert!(config.kafka.adaptive_batching());
-    // The relay waits instead of librdkafka.
-    assert_eq!(config.kafka.producer_linger_ms(), 0);
-
-    let linger = from_toml("[kafka]\nbatching = \"linger\"\nlinger_ms = 7\n").unwrap();
+    let linger = from_toml("[kafka]\nbatching = \"linger\"\n").unwrap();
     assert!(!linger.kafka.adaptive_batching());
-    assert_eq!(linger.kafka.producer_linger_ms(), 7);
-
-    // Exactly-once batches by its Kafka transactions: librdkafka lingers as configured.
-    let eo = from_toml("[kafka]\ndelivery = \"exactly_once\"\nlinger_ms = 7\n").unwrap();
+    // Exactly-once batches by its Kafka transactions.
+    let eo = from_toml("[kafka]\ndelivery = \"exactly_once\"\n").unwrap();
     assert_eq!(eo.kafka.batching, Batching::Adaptive);
     assert!(!eo.kafka.adaptive_batching());
-    assert_eq!(eo.kafka.producer_linger_ms(), 7);
-
     let err = from_toml("[kafka]\nbatching = \"nagle\"\n").unwrap_err();
     assert!(err.to_string().contains("kafka.batching"), "{err}");
 }

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
-use super::session::{Adaptive, Session, Settings, Transactions};
+use super::session::{Session, Settings, Transactions};
 use super::RelayError;
 use crate::relay::ledger::TxnSeq;
 use std::collections::HashMap;
@@ -222,6 +222,8 @@ type CommitRequest = (Lsn, oneshot::Sender<Result<(), PublishError>>);
 /// to the test (`Rig::commits`), which answers them.
 struct FakeSink {
     sent: Arc<Mutex<Vec<Sent>>>,
+    /// `skip_linger` calls.
+    skips: Arc<Mutex<usize>>,
     deliveries: mpsc::UnboundedSender<Delivery>,
     auto_ack: bool,
     kafka: Arc<Mutex<Vec<KafkaOp>>>,
@@ -272,6 +274,10 @@ impl RecordSink for FakeSink {
 
     async fn abort(&mut self) {
         self.kafka.lock().unwrap().push(KafkaOp::Abort);
+    }
+
+    fn skip_linger(&mut self) {
+        *self.skips.lock().unwrap() += 1;
     }
 }
 
@@ -335,6 +341,7 @@ struct Rig {
     acks: mpsc::UnboundedSender<Delivery>,
     log: Arc<Mutex<SourceLog>>,
     sent: Arc<Mutex<Vec<Sent>>>,
+    skips: Arc<Mutex<usize>>,
     kafka: Arc<Mutex<Vec<KafkaOp>>>,
     /// Taken by an exactly-once test's driver.
     commits: Option<mpsc::UnboundedReceiver<CommitRequest>>,
@@ -348,6 +355,7 @@ impl Rig {
         let (acks, acks_rx) = mpsc::unbounded_channel();
         let log = Arc::new(Mutex::new(SourceLog::default()));
         let sent = Arc::new(Mutex::new(Vec::new()));
+        let skips = Arc::new(Mutex::new(0));
         let kafka = Arc::new(Mutex::new(Vec::new()));
         let (commits_tx, commits) = mpsc::unbounded_channel();
         let source = FakeSource {
@@ -356,6 +364,7 @@ impl Rig {
         };
         let sink = FakeSink {
             sent: sent.clone(),
+            skips: skips.clone(),
             deliveries: acks.clone(),
             auto_ack,
             kafka: kafka.clone(),
@@ -366,6 +375,7 @@ impl Rig {
             acks,
             log,
             sent,
+            skips,
             kafka,
             commits: Some(commits),
             shutdown: CancellationToken::new(),
@@ -400,6 +410,10 @@ impl Rig {
 
     fn sent(&self) -> Vec<Sent> {
         self.sent.lock().unwrap().clone()
+    }
+
+    fn skips(&self) -> usize {
+        *self.skips.lock().unwrap()
     }
 
     fn last_flush(&self) -> Lsn {
@@ -458,7 +472,7 @@ fn settings() -> Settings {
         confirm_delay: Duration::ZERO,
         publication: "outbox_relay_pub".into(),
         transactions: None,
-        adaptive: None,
+        adaptive: false,
     }
 }
 
@@ -475,14 +489,6 @@ fn exactly_once_early(max_age: Duration, min_age: Duration, max_records: usize) 
             min_age,
             max_records,
         }),
-        ..settings()
-    }
-}
-
-/// At-least-once with the adaptive hand-over.
-fn adaptive(max_hold: Duration, min_gap: Duration) -> Settings {
-    Settings {
-        adaptive: Some(Adaptive { max_hold, min_gap }),
         ..settings()
     }
 }
@@ -1306,43 +1312,37 @@ async fn a_trickle_is_committed_early_and_a_backlog_in_one_transaction() {
 }
 
 #[tokio::test]
-async fn adaptive_hand_over_sends_a_lone_record_at_once_and_holds_others_until_acknowledged() {
+async fn adaptive_batching_has_a_lone_record_skip_the_linger_and_no_other() {
     let (mapping, metrics) = (mapping(), Metrics::default());
     let mut rig = Rig::new(false);
     let mut wal = Wal::new();
     let (first, _) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
     rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(first));
-    let min_gap = Duration::from_millis(200);
-    // max_hold is far away: only acknowledgements release held records.
-    let session = rig.session(
-        adaptive(Duration::from_secs(60), min_gap),
-        &mapping,
-        &metrics,
-    );
+    let settings = Settings {
+        adaptive: true,
+        ..settings()
+    };
+    let session = rig.session(settings, &mapping, &metrics);
     let driver = async {
         rig.until("the lone record sent", |r| r.sent().len() == 1)
             .await;
-        // Read while the first is in flight: held until it is acknowledged.
-        let (second, _) = wal.txn(OUTBOX, &[Some(&event_id(1)), Some(&event_id(2))]);
+        assert_eq!(rig.skips(), 1, "the lone record waits for the linger");
+        // Sent behind one in flight: they batch with it, as librdkafka lingers.
+        let (second, end_second) = wal.txn(OUTBOX, &[Some(&event_id(1)), Some(&event_id(2))]);
         rig.read_all(second).await;
-        assert_eq!(rig.sent().len(), 1, "sent while another was in flight");
-        rig.acks.send(ok(&rig.sent()[0])).unwrap();
-        rig.until("the held records sent", |r| r.sent().len() == 3)
+        assert_eq!(rig.sent().len(), 3);
+        assert_eq!(rig.skips(), 1, "a record behind others skipped the linger");
+        for sent in rig.sent() {
+            rig.acks.send(ok(&sent)).unwrap();
+        }
+        rig.until("all acknowledged", |r| r.last_flush() == end_second)
             .await;
-        let handed_over = tokio::time::Instant::now();
-        // Again, but acknowledged at once: the next hand-over waits for min_gap.
         let (third, end) = wal.txn(OUTBOX, &[Some(&event_id(3))]);
         rig.read_all(third).await;
-        assert_eq!(rig.sent().len(), 3, "sent while others were in flight");
-        for sent in &rig.sent()[1..] {
-            rig.acks.send(ok(sent)).unwrap();
-        }
-        rig.until("the last record sent", |r| r.sent().len() == 4)
-            .await;
-        assert!(
-            handed_over.elapsed() >= min_gap - Duration::from_millis(5),
-            "handed over {:?} after the previous hand-over, sooner than min_gap",
-            handed_over.elapsed()
+        assert_eq!(
+            rig.skips(),
+            2,
+            "alone again once the others were acknowledged"
         );
         rig.acks.send(ok(&rig.sent()[3])).unwrap();
         rig.until("confirmed", |r| r.last_flush() == end).await;
@@ -1350,37 +1350,23 @@ async fn adaptive_hand_over_sends_a_lone_record_at_once_and_holds_others_until_a
     };
     let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
     result.unwrap();
-    let ids: Vec<_> = rig.sent().iter().map(|s| s.event_id.clone()).collect();
-    assert_eq!(ids, (0..4).map(event_id).collect::<Vec<_>>(), "order kept");
 }
 
 #[tokio::test]
-async fn adaptive_hand_over_holds_a_record_no_longer_than_max_hold() {
+async fn linger_batching_never_skips_the_linger() {
     let (mapping, metrics) = (mapping(), Metrics::default());
-    let mut rig = Rig::new(false);
+    let mut rig = Rig::new(true);
     let mut wal = Wal::new();
-    let (first, _) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    let (first, end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
     rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(first));
-    let max_hold = Duration::from_millis(100);
-    let session = rig.session(adaptive(max_hold, Duration::ZERO), &mapping, &metrics);
+    let session = rig.session(settings(), &mapping, &metrics);
     let driver = async {
-        rig.until("the lone record sent", |r| r.sent().len() == 1)
-            .await;
-        let (second, end) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
-        rig.push(second);
-        let held_from = tokio::time::Instant::now();
-        // The first record is never acknowledged until the second went.
-        rig.until("the held record sent", |r| r.sent().len() == 2)
-            .await;
-        assert!(held_from.elapsed() >= max_hold - Duration::from_millis(5));
-        for sent in rig.sent() {
-            rig.acks.send(ok(&sent)).unwrap();
-        }
         rig.until("confirmed", |r| r.last_flush() == end).await;
         rig.shutdown.cancel();
     };
     let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
     result.unwrap();
+    assert_eq!(rig.skips(), 0);
 }
 
 #[tokio::test]

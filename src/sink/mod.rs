@@ -11,6 +11,8 @@ pub mod kafka_latency;
 mod partition_counts;
 pub mod progress;
 pub mod publisher;
+#[cfg(test)]
+mod publisher_tests;
 mod topic_handles;
 #[cfg(test)]
 mod topic_handles_tests;

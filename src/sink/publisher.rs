@@ -233,8 +233,15 @@ pub(super) struct Shared {
     pub(super) message_timeout: Duration,
     /// Cancelled when the publisher goes: background readers stop.
     pub(super) stop: CancellationToken,
+    /// A `skip_linger` runs.
+    skipping_linger: AtomicBool,
 }
 
+/// The longest `skip_linger` keeps librdkafka's flushing flag up: time for its broker threads
+/// to wake up, short because every record handed over meanwhile skips the linger too (more,
+/// smaller produce requests). A broker thread that misses it only means the usual linger.
+/// The flush ends sooner once nothing is outstanding.
+const SKIP_LINGER_WINDOW: Duration = Duration::from_millis(1);
 /// How long a record waits for room in a full librdkafka queue before it is refused.
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(1);
 /// The progress record written into every Kafka transaction (`exactly_once`).
@@ -332,6 +339,7 @@ impl Publisher {
             deliveries: tx,
             message_timeout: Duration::from_millis(config.message_timeout_ms),
             stop: CancellationToken::new(),
+            skipping_linger: AtomicBool::new(false),
         });
         Ok((
             Publisher {
@@ -444,6 +452,30 @@ impl Publisher {
     /// Kafka's share of the latency, per broker (librdkafka's statistics).
     pub fn kafka_latency(&self) -> Arc<KafkaLatency> {
         self.shared.producer.context().latency.clone()
+    }
+
+    /// Has librdkafka send the records it holds now rather than after `linger.ms` (adaptive
+    /// batching: the record just sent was the only one in flight).
+    ///
+    /// librdkafka's flush raises a flag that makes its broker threads treat the linger as
+    /// over, and wakes them; flushing for up to [`SKIP_LINGER_WINDOW`] keeps the flag up until
+    /// they saw it. It runs on the blocking pool, one at a time. The delivery reports still
+    /// come through the poller (rust-rdkafka's producer takes them as events, which flush
+    /// only waits for).
+    pub fn skip_linger(&self) {
+        if self.shared.skipping_linger.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || {
+            let window = SKIP_LINGER_WINDOW.as_millis() as i32;
+            // SAFETY: the producer is alive (`shared` holds it) for the whole call; flush is
+            // thread safe and only waits (for the outstanding count, or the timeout).
+            unsafe {
+                rdkafka::bindings::rd_kafka_flush(shared.producer.client().native_ptr(), window)
+            };
+            shared.skipping_linger.store(false, Ordering::Release);
+        });
     }
 
     /// The producer's fatal error, after which every send fails and it must be recreated.
@@ -560,7 +592,7 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
         .set("client.id", &config.client_id)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", config.producer_linger_ms().to_string())
+        .set("linger.ms", config.linger_ms.to_string())
         .set("batch.num.messages", config.batch_num_messages.to_string())
         .set("compression.type", config.compression.as_str())
         .set("message.timeout.ms", config.message_timeout_ms.to_string())

@@ -64,31 +64,9 @@ pub struct Settings {
     pub publication: String,
     /// `Some` in `kafka.delivery = "exactly_once"`: when Kafka transactions are committed.
     pub transactions: Option<Transactions>,
-    /// `Some` with `kafka.batching = "adaptive"` (at-least-once): when held records go.
-    pub adaptive: Option<Adaptive>,
-}
-
-/// Adaptive hand-over: a record read while others wait for Kafka's acknowledgement is held
-/// until they are acknowledged, then goes with the others held, so that a trickle goes at
-/// once and a backlog batches. librdkafka's own linger is off.
-#[derive(Debug, Clone, Copy)]
-pub struct Adaptive {
-    /// The longest a record is held (`kafka.linger_ms`).
-    pub max_hold: Duration,
-    /// The shortest time between two hand-overs while records keep coming. It bounds the
-    /// produce requests per second when each comes back fast: on a small machine the
-    /// broker's CPU is the latency tail (bench/README.md).
-    pub min_gap: Duration,
-}
-
-impl Adaptive {
-    fn from_config(config: &Config) -> Option<Adaptive> {
-        let max_hold = Duration::from_millis(config.kafka.linger_ms);
-        config.kafka.adaptive_batching().then_some(Adaptive {
-            max_hold,
-            min_gap: max_hold * 2 / 5,
-        })
-    }
+    /// `kafka.batching = "adaptive"` (at-least-once): a record sent while no other is in
+    /// flight skips the producer's linger, so that a trickle is not delayed by it.
+    pub adaptive: bool,
 }
 
 /// When a Kafka transaction is committed (at a PostgreSQL transaction boundary).
@@ -118,7 +96,7 @@ impl Settings {
                     max_records: config.kafka.transaction_max_records,
                 }
             }),
-            adaptive: Adaptive::from_config(config),
+            adaptive: config.kafka.adaptive_batching(),
         }
     }
 }
@@ -217,13 +195,8 @@ pub struct Session<'a, S, K, C> {
     acked: Vec<(TxnSeq, bool)>,
     /// PostgreSQL transactions committing below this are already in Kafka.
     skip_below: Option<Lsn>,
-    /// Records read while a Kafka commit ran, for the next Kafka transaction; with the
-    /// adaptive hand-over, records waiting for those in Kafka's hands to be acknowledged.
+    /// Records read while a Kafka commit ran, for the next Kafka transaction.
     held: Vec<Held>,
-    /// Adaptive hand-over: when the held records go.
-    handover_at: Option<Instant>,
-    /// Adaptive hand-over: when records last went to Kafka.
-    last_handover: Instant,
     /// End LSN of the last PostgreSQL transaction whose records are all sent or held: the
     /// next Kafka transaction's progress value.
     held_end: Option<Lsn>,
@@ -265,8 +238,6 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             acked: Vec::new(),
             skip_below: None,
             held: Vec::new(),
-            handover_at: None,
-            last_handover: Instant::now(),
             held_end: None,
             idle_commit: false,
         }
@@ -308,9 +279,6 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                         break self.stop_error.take().map_or(Ok(()), Err);
                     }
                     Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await,
-                    _ = sleep_until(self.handover_at), if self.handover_at.is_some() => {
-                        self.send_held().await
-                    }
                     outcome = commit_outcome(&mut self.kafka) => self.handle_commit_outcome(outcome),
                     _ = sleep_until(self.confirm_due), if self.confirm_due.is_some() => {
                         self.send_status(false).await
@@ -552,19 +520,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.metrics
             .records_in_flight
             .store(self.in_flight.messages() as i64, Relaxed);
-        self.hand_over_sooner();
         Ok(())
-    }
-
-    /// Adaptive hand-over: once nothing is in Kafka's hands, the held records go (no sooner
-    /// than `min_gap` after the last hand-over).
-    fn hand_over_sooner(&mut self) {
-        let (Some(at), Some(adaptive)) = (self.handover_at, self.settings.adaptive) else {
-            return;
-        };
-        if self.in_flight.messages() == self.held.len() {
-            self.handover_at = Some(at.min(self.last_handover + adaptive.min_gap));
-        }
     }
 
     async fn handle_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
@@ -664,12 +620,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         Ok(())
     }
 
-    /// The held records go. Exactly-once, after a commit: those held while it ran, into a new
-    /// Kafka transaction, with the progress value of the last whole PostgreSQL transaction
-    /// among them. Adaptive hand-over: those held while others were in Kafka's hands.
+    /// Exactly-once, after a commit: the records held while it ran go into a new Kafka
+    /// transaction, with the progress value of the last whole PostgreSQL transaction among them.
     async fn send_held(&mut self) -> Result<(), RelayError> {
-        self.handover_at = None;
-        self.last_handover = Instant::now();
         if self.held.is_empty() {
             return Ok(());
         }

@@ -6,8 +6,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use tracing::{debug, info, warn};
 
 use super::{Held, KafkaTxn, OpenTxn, RelationEntry, Session};
@@ -228,31 +226,24 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         .await
     }
 
-    /// Hands a record to the sink, or holds it: exactly-once, while a Kafka commit runs
-    /// (librdkafka takes no record then), for the next Kafka transaction; with the adaptive
-    /// hand-over, while others are in flight.
+    /// Hands a record to the sink, or (exactly-once, while a Kafka commit runs: librdkafka
+    /// takes no record then) holds it for the next Kafka transaction. With adaptive batching,
+    /// a record that is the only one in flight skips the producer's linger.
     pub(super) async fn send_or_hold(&mut self, record: Held) -> Result<(), RelayError> {
         if matches!(
             self.kafka,
             KafkaTxn::Committing { .. } | KafkaTxn::Committed { .. }
         ) {
-            self.hold(record);
+            self.count_in_flight(&record.record);
+            self.held.push(record);
             return Ok(());
         }
-        if let Some(adaptive) = self.settings.adaptive {
-            if !self.in_flight.is_empty() {
-                self.hold(record);
-                self.handover_at
-                    .get_or_insert_with(|| Instant::now() + adaptive.max_hold);
-                return Ok(());
-            }
+        let alone = self.settings.adaptive && self.in_flight.is_empty();
+        self.send_now(record, false).await?;
+        if alone {
+            self.sink.skip_linger();
         }
-        self.send_now(record, false).await
-    }
-
-    fn hold(&mut self, record: Held) {
-        self.count_in_flight(&record.record);
-        self.held.push(record);
+        Ok(())
     }
 
     /// Sends a record (`counted`: a held one, already counted in flight). An event Kafka
