@@ -166,10 +166,19 @@ impl TestDb {
         row.get::<_, i64>(0) as u64
     }
 
+    /// A WAL position at or after the commit of every transaction committed so far.
+    ///
+    /// The test cluster commits asynchronously, so `pg_current_wal_lsn()` (the write position)
+    /// can stand before commits that already returned; waiting for a slot to confirm it then
+    /// ends while their records are still on the way. A synchronous commit first writes and
+    /// flushes everything before it.
     pub async fn current_wal_lsn(&self) -> u64 {
-        let row = self
-            .client()
+        let client = self.client().await;
+        client
+            .batch_execute("SET synchronous_commit = on; SELECT txid_current()")
             .await
+            .unwrap();
+        let row = client
             .query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[])
             .await
             .unwrap();
