@@ -228,8 +228,11 @@ for line in open(metrics_path):
     for k, v in pairs.items():
         labels[base].setdefault(k, set()).add(v)
     series.append((name, pairs, float(value)))
-# Label names a metric only has once an error happened (no sample to see them in yet).
-LATER = {"outbox_relay_delivery_errors_total": {"kind"}}
+# Label names a metric only has later (no sample to see them in yet): once an error happened,
+# or once a session's producer reported librdkafka's statistics.
+LATER = {"outbox_relay_delivery_errors_total": {"kind"},
+         "outbox_relay_kafka_rtt_seconds": {"broker", "quantile"},
+         "outbox_relay_kafka_queue_seconds": {"broker", "quantile"}}
 problems = []
 for path in (rules_path, dash_path):
     text = open(path).read().replace('\\"', '"')
