@@ -214,8 +214,8 @@ impl Metrics {
             .clone();
         latency.map_or_else(Vec::new, |l| {
             l.brokers()
-                .iter()
-                .map(|(name, b)| (name.clone(), pick(b)))
+                .into_iter()
+                .map(|(name, b)| (name, pick(&b)))
                 .collect()
         })
     }
