@@ -10,6 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::layering::unset;
 use super::secret::{Secret, REDACTED};
+use super::topic_creation::TopicCreation;
 use super::validate::check_range;
 use super::ConfigError;
 
@@ -146,6 +147,8 @@ pub struct KafkaConfig {
     pub transaction_min_ms: u64,
     /// `exactly_once`: ... or once it holds this many records; > 0.
     pub transaction_max_records: usize,
+    /// `[kafka.topic_creation]`: topics the relay creates before their first record.
+    pub topic_creation: TopicCreation,
 }
 
 /// `kafka.batching`: when records are handed to the producer.
@@ -262,6 +265,7 @@ impl Default for KafkaConfig {
             transaction_max_ms: 100,
             transaction_min_ms: 10,
             transaction_max_records: 10_000,
+            topic_creation: TopicCreation::default(),
         }
     }
 }
@@ -294,6 +298,7 @@ impl fmt::Debug for KafkaConfig {
             .field("transaction_max_ms", &self.transaction_max_ms)
             .field("transaction_min_ms", &self.transaction_min_ms)
             .field("transaction_max_records", &self.transaction_max_records)
+            .field("topic_creation", &self.topic_creation)
             .finish()
     }
 }
@@ -431,6 +436,7 @@ impl KafkaConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        self.topic_creation.validate()?;
         if self.brokers.trim().is_empty() {
             return Err(ConfigError::invalid("kafka.brokers", "must not be empty"));
         }

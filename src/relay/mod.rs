@@ -160,6 +160,7 @@ pub async fn run_with_metrics(
 ) -> Result<(), RelayError> {
     let mapping = OutboxMapping::new(&config.outbox)?.with_binary(config.postgres.binary);
     metrics.set_info(&config.postgres.slot, &config.postgres.publication);
+    metrics.watch_blocked(Arc::new(crate::sink::blocked::Blocked::new(&config.kafka)));
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();
     start_http(&config, &metrics, &helpers).await?;
@@ -395,7 +396,7 @@ async fn connect<'a>(
     }
     // Exactly-once: fences older producers of this slot, reads where Kafka stands.
     let (publisher, deliveries, progress) =
-        crate::sink::open(&config.kafka, control.client(), &pg.slot).await?;
+        crate::sink::open(&config.kafka, control.client(), &pg.slot, metrics.blocked()).await?;
     metrics.watch_kafka(publisher.kafka_latency());
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.

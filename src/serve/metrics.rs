@@ -20,7 +20,9 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use rdkafka::error::KafkaError;
 
+use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
+use crate::sink::blocked::{Block, Blocked};
 use crate::sink::kafka_latency::{BrokerLatency, KafkaLatency, Quantiles};
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
@@ -146,6 +148,8 @@ pub struct Metrics {
     delivery_errors: Mutex<BTreeMap<String, u64>>,
     /// The session's producer's view of the brokers (none before the first session).
     kafka_latency: Mutex<Option<Arc<KafkaLatency>>>,
+    /// What Kafka refuses for deployment reasons; kept across sessions.
+    blocked: Mutex<Option<Arc<Blocked>>>,
     wal_status: Mutex<String>,
     /// The `slot` and `publication` labels of `outbox_relay_info`.
     info: Mutex<(String, String)>,
@@ -178,6 +182,7 @@ impl Default for Metrics {
             kafka_commit_latency: Histogram::default(),
             delivery_errors: Mutex::new(BTreeMap::new()),
             kafka_latency: Mutex::new(None),
+            blocked: Mutex::new(None),
             wal_status: Mutex::new(String::new()),
             info: Mutex::new((String::new(), String::new())),
         }
@@ -203,6 +208,29 @@ impl Metrics {
             .kafka_latency
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(latency);
+    }
+
+    /// Shows (and makes `/readyz` depend on) what `blocked` holds, from now on.
+    pub fn watch_blocked(&self, blocked: Arc<Blocked>) {
+        *self.blocked.lock().unwrap_or_else(PoisonError::into_inner) = Some(blocked);
+    }
+
+    /// The registry of Kafka blocks the sessions report to (set with `watch_blocked`; a
+    /// fresh one when none was).
+    pub fn blocked(&self) -> Arc<Blocked> {
+        let mut blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+        blocked
+            .get_or_insert_with(|| Arc::new(Blocked::new(&KafkaConfig::default())))
+            .clone()
+    }
+
+    fn current_blocks(&self) -> Vec<Block> {
+        let blocked = self
+            .blocked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        blocked.map_or_else(Vec::new, |b| b.current())
     }
 
     /// Each broker's last statistics window, by quantile.
@@ -278,6 +306,14 @@ impl Metrics {
     /// Ready: streaming, frames arriving within the receive deadline, and not stuck with work
     /// waiting longer than `staleness`.
     pub fn readiness(&self, staleness: Duration) -> Result<(), String> {
+        let blocked = self
+            .blocked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(blocked) = blocked {
+            blocked.readiness()?;
+        }
         let state = self.state();
         if state != RelayState::Streaming {
             return Err(format!("not streaming (state: {})", state.name()));
@@ -458,6 +494,16 @@ impl Metrics {
                 Value::Histogram(self.kafka_commit_latency.0.clone()),
             ),
             family(
+                "outbox_relay_kafka_blocked",
+                "1 per reason and topic that Kafka refuses for a deployment reason (a missing ACL or topic, a refused login or topic creation): records wait, /readyz is red.",
+                Value::Blocks(
+                    self.current_blocks()
+                        .into_iter()
+                        .map(|b| (b.reason.name(), b.subject))
+                        .collect(),
+                ),
+            ),
+            family(
                 "outbox_relay_ready",
                 "1 when /readyz answers 200: streaming, frames arriving, progress not stalled.",
                 gauge(i64::from(self.readiness(staleness).is_ok())),
@@ -505,6 +551,8 @@ enum Value {
     Histogram(PromHistogram),
     /// Seconds per broker and quantile (`broker`, `quantile` labels).
     Quantiles(Vec<(String, Quantiles)>),
+    /// 1 per `reason` and `topic`.
+    Blocks(Vec<(&'static str, String)>),
 }
 
 /// The values of one scrape, encoded by prometheus-client.
@@ -549,6 +597,12 @@ impl Collector for Scrape {
                     ConstGauge::new(1i64).encode(metric.encode_family(&labels)?)?;
                 }
                 Value::Histogram(h) => h.encode(metric)?,
+                Value::Blocks(blocks) => {
+                    for (reason, topic) in blocks {
+                        let labels = [("reason", *reason), ("topic", topic.as_str())];
+                        ConstGauge::new(1i64).encode(metric.encode_family(&labels)?)?;
+                    }
+                }
                 Value::Quantiles(brokers) => {
                     for (broker, q) in brokers {
                         for (quantile, v) in [("0.5", q.p50), ("0.99", q.p99), ("1", q.max)] {

@@ -6,6 +6,7 @@
 //! not yet reported, against the in-flight caps. In `kafka.delivery = "exactly_once"` the
 //! producer is transactional and `progress` keeps, per slot, where Kafka stands.
 
+pub mod blocked;
 pub mod dead_letter;
 pub mod kafka_latency;
 mod partition_counts;

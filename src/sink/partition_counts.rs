@@ -3,17 +3,27 @@
 //! queue (with every later record of the topic, so that none overtakes it in its partition)
 //! while a background task reads the count; the queue is then produced in order, or failed as
 //! librdkafka fails its own queue. Known counts are refreshed in the background.
+//!
+//! This first metadata read is also the gate of every new topic: a topic that does not exist
+//! is created first (`kafka.topic_creation`), and one the brokers refuse for a deployment
+//! reason (no ACL, missing, creation refused) keeps its records waiting, retried with
+//! back-off and reported as [`Blocked`](super::blocked::Blocked), for as long as it takes —
+//! never failed, so never dead-lettered, and the slot is never confirmed past them. Records of
+//! other topics go on meanwhile.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::Producer;
 use rdkafka::Timestamp;
-use tracing::warn;
+use tracing::{info, warn};
 
+use super::blocked::BlockReason;
 use super::publisher::{owned_headers, Delivery, DeliveryFailure, Shared, DEAD_LETTER_BIT};
 use super::TxnSeq;
 use crate::mapping::{partition, Record};
@@ -51,8 +61,15 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 const METADATA_WAIT: Duration = Duration::from_secs(10);
 /// One attempt to refresh a known count; on failure the known count is kept.
 const METADATA_REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
-/// Pause between metadata requests for a topic whose first count is not known yet.
+/// Pause between metadata requests for a topic whose first count is not known yet; doubled
+/// after each try up to [`METADATA_RETRY_MAX`].
 const METADATA_RETRY: Duration = Duration::from_millis(200);
+const METADATA_RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long a deployment error must last before the topic counts as blocked: a topic being
+/// created (by the brokers or by us) is missing for a moment.
+const BLOCK_GRACE: Duration = Duration::from_secs(2);
+/// Per CreateTopics request.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Shared {
     /// The record's partition (`Some(None)`: the partitioner hashes the key), or `None` when
@@ -68,11 +85,14 @@ impl Shared {
             });
             return None;
         }
-        let Some(key) = needs_count(record) else {
-            return Some(record.partition);
-        };
+        // Every topic's first record waits for its metadata, whether or not it needs the
+        // partition count: that read is where a missing topic is created and a refused one
+        // found, before librdkafka could fail records of it.
         match topics.counts.get(&record.topic).copied() {
             Some((count, read_at)) => {
+                let Some(key) = needs_count(record) else {
+                    return Some(record.partition);
+                };
                 if read_at.elapsed() >= PARTITION_COUNT_TTL
                     && topics.refreshing.insert(record.topic.clone())
                 {
@@ -94,32 +114,22 @@ impl Shared {
         }
     }
 
-    /// Reads a topic's first partition count, then produces its waiting records in order,
-    /// or fails them all. Brokers that cannot be reached are waited for as long as
-    /// librdkafka waits for the records in its own queue (`message.timeout.ms`).
+    /// Reads a topic's first partition count (creating the topic when it is missing and
+    /// `kafka.topic_creation` says so), then produces its waiting records in order, or fails
+    /// them all. Brokers that cannot be reached are waited for as long as librdkafka waits for
+    /// the records in its own queue (`message.timeout.ms`); a deployment error for as long as
+    /// it lasts.
     async fn read_first_count(self: Arc<Self>, topic: String) {
         let started = Instant::now();
+        let mut pause = METADATA_RETRY;
         let mut warned = false;
         let outcome = loop {
             let error = match self.fetch_count(&topic, METADATA_TIMEOUT).await {
                 Ok(count) => break Ok(count),
                 Err(e) => e,
             };
-            let unreachable = matches!(
-                error.rdkafka_error_code(),
-                Some(
-                    RDKafkaErrorCode::BrokerTransportFailure
-                        | RDKafkaErrorCode::AllBrokersDown
-                        | RDKafkaErrorCode::OperationTimedOut
-                )
-            );
-            if !unreachable && started.elapsed() >= METADATA_WAIT {
-                break Err(error);
-            }
-            if started.elapsed() >= self.message_timeout {
-                break Err(KafkaError::MessageProduction(
-                    RDKafkaErrorCode::MessageTimedOut,
-                ));
+            if let Err(give_up) = self.first_count_failed(&topic, &error, started).await {
+                break Err(give_up);
             }
             if !warned {
                 warn!(topic, error = %error, "cannot read the topic's partition count yet; its records wait");
@@ -127,15 +137,115 @@ impl Shared {
             }
             tokio::select! {
                 _ = self.stop.cancelled() => return,
-                _ = tokio::time::sleep(METADATA_RETRY) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
+            pause = (pause * 2).min(METADATA_RETRY_MAX);
         };
         if let Ok(count) = outcome {
+            self.blocked.clear(BlockReason::UnknownTopic, &topic);
+            self.blocked.clear(BlockReason::TopicCreation, &topic);
             self.topics()
                 .counts
                 .insert(topic.clone(), (count, Instant::now()));
         }
         self.release_waiting(&topic, outcome).await;
+    }
+
+    /// What a failed first read of `topic`'s count means: `Ok` to try again (after creating
+    /// the topic, or reporting a block), `Err` to fail its records with that error.
+    async fn first_count_failed(
+        &self,
+        topic: &str,
+        error: &KafkaError,
+        started: Instant,
+    ) -> Result<(), KafkaError> {
+        let waited = started.elapsed();
+        match BlockReason::of(error) {
+            Some(BlockReason::UnknownTopic) if self.creation.enabled => {
+                self.create_topic(topic, waited >= BLOCK_GRACE).await;
+                return Ok(());
+            }
+            // Reported by librdkafka's error callback; waited for like an unreachable broker.
+            Some(BlockReason::Authentication) | None => {}
+            Some(reason) => {
+                if waited >= BLOCK_GRACE {
+                    self.blocked.block(reason, topic, error);
+                }
+                return Ok(());
+            }
+        }
+        let unreachable = matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::BrokerTransportFailure
+                    | RDKafkaErrorCode::AllBrokersDown
+                    | RDKafkaErrorCode::OperationTimedOut
+                    | RDKafkaErrorCode::Authentication
+            )
+        );
+        if !unreachable && waited >= METADATA_WAIT {
+            return Err(error.clone());
+        }
+        if waited >= self.message_timeout {
+            return Err(KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageTimedOut,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates `topic` as `kafka.topic_creation` says (a topic that exists by now is fine). A
+    /// refusal is a block (once `report` is set); a request that failed as a whole is tried
+    /// again with the next metadata read.
+    async fn create_topic(&self, topic: &str, report: bool) {
+        let spec = self.creation.spec_for(topic);
+        let admin = match self.admin() {
+            Ok(admin) => admin,
+            Err(e) => {
+                return warn!(topic, error = %e, "cannot create an admin client to create the topic")
+            }
+        };
+        let mut new = NewTopic::new(
+            topic,
+            spec.partitions,
+            TopicReplication::Fixed(spec.replication_factor),
+        );
+        for (key, value) in &spec.configs {
+            new = new.set(key, value);
+        }
+        let options = AdminOptions::new().operation_timeout(Some(CREATE_TIMEOUT));
+        let results = match admin.create_topics([&new], &options).await {
+            Ok(results) => results,
+            Err(e) => return warn!(topic, error = %e, "cannot create the topic; trying again"),
+        };
+        for result in results {
+            match result {
+                Ok(_) => info!(topic, partitions = spec.partitions,
+                    replication_factor = spec.replication_factor, configs = ?spec.configs,
+                    "created the topic (kafka.topic_creation)"),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) if report => {
+                    self.blocked.block(BlockReason::TopicCreation, topic, &code);
+                }
+                Err((_, code)) => {
+                    warn!(topic, error = %code, "the brokers refused to create the topic; trying again")
+                }
+            }
+        }
+    }
+
+    /// The admin client that creates topics, made on first use.
+    fn admin(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
+        let mut admin = self
+            .admin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(admin) = admin.as_ref() {
+            return Ok(admin.clone());
+        }
+        let created: Arc<AdminClient<DefaultClientContext>> = Arc::new(self.admin_config.create()?);
+        *admin = Some(created.clone());
+        Ok(created)
     }
 
     /// Produces (or fails) the records waiting for `topic`, oldest first; the queue goes
@@ -211,6 +321,8 @@ impl Shared {
     /// Reports a record that never reached librdkafka as a failed delivery, as librdkafka
     /// would have: the session then decides (dead letter, or restart from the slot).
     fn fail(&self, waiting: Waiting, error: KafkaError) {
+        self.doomed
+            .store(true, std::sync::atomic::Ordering::Release);
         let record = &waiting.record;
         warn!(topic = %record.topic, error = %error, "a record waiting for its topic's partition count failed");
         let message = OwnedMessage::new(

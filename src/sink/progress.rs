@@ -40,6 +40,7 @@ use tracing::{info, warn};
 use crate::config::{Delivery as DeliveryMode, KafkaConfig};
 use crate::lsn::Lsn;
 use crate::mapping::partition;
+use crate::sink::blocked::Blocked;
 use crate::sink::publisher::{client_config, Delivery, ProgressRecord, PublishError, Publisher};
 
 /// Who writes the progress: one key (and one transactional id) per slot of a cluster.
@@ -106,9 +107,10 @@ pub async fn open(
     config: &KafkaConfig,
     client: &tokio_postgres::Client,
     slot: &str,
+    blocked: Arc<Blocked>,
 ) -> Result<OpenedSink, PublishError> {
     if config.delivery == DeliveryMode::AtLeastOnce {
-        let (publisher, deliveries) = Publisher::new(config)?;
+        let (publisher, deliveries) = Publisher::reporting_blocks(config, blocked)?;
         return Ok((publisher, deliveries, None));
     }
     let identity = SlotIdentity::read(client, slot).await?;
@@ -121,8 +123,13 @@ pub async fn open(
         key,
     };
     let partition = progress.partition;
-    let (publisher, deliveries) =
-        Publisher::transactional(config, &identity.transactional_id(), progress.clone()).await?;
+    let (publisher, deliveries) = Publisher::transactional(
+        config,
+        &identity.transactional_id(),
+        progress.clone(),
+        blocked,
+    )
+    .await?;
     let last = read_last(config, &progress).await?;
     let wal = client
         .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])

@@ -21,11 +21,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::blocked::{BlockReason, Blocked};
 use super::kafka_latency::{KafkaLatency, STATISTICS_INTERVAL_MS};
 use super::partition_counts::Topics;
 use super::progress::progress_value;
 use super::topic_handles::TopicHandles;
-use crate::config::KafkaConfig;
+use crate::config::{KafkaConfig, TopicCreation};
 use crate::lsn::Lsn;
 use crate::mapping::Record;
 use crate::sink::TxnSeq;
@@ -95,7 +96,9 @@ pub enum PublishError {
 }
 
 impl PublishError {
-    /// Transient errors heal by restarting from the slot; the others are about the record.
+    /// Transient errors heal by restarting from the slot; the others are about the record, or
+    /// a setting. Deployment errors ([`BlockReason`]: a missing ACL) are transient: the
+    /// session is retried with back-off until the operator fixed them.
     pub fn is_transient(&self) -> bool {
         match self {
             PublishError::Create(_) | PublishError::Fatal(_) | PublishError::Progress { .. } => {
@@ -107,9 +110,7 @@ impl PublishError {
             PublishError::Transaction { error, .. } => !matches!(
                 error.rdkafka_error_code(),
                 Some(
-                    RDKafkaErrorCode::TransactionalIdAuthorizationFailed
-                        | RDKafkaErrorCode::ClusterAuthorizationFailed
-                        | RDKafkaErrorCode::InvalidTransactionTimeout
+                    RDKafkaErrorCode::InvalidTransactionTimeout
                         | RDKafkaErrorCode::UnsupportedVersion
                         | RDKafkaErrorCode::UnsupportedForMessageFormat
                 )
@@ -119,6 +120,8 @@ impl PublishError {
 }
 
 /// Errors that no retry of the same record will heal: the record itself is wrong for Kafka.
+/// A missing ACL is not one of them: it is the deployment's, and heals once granted
+/// ([`BlockReason`]).
 pub fn is_permanent(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
@@ -128,7 +131,6 @@ pub fn is_permanent(error: &KafkaError) -> bool {
                 | RDKafkaErrorCode::InvalidTopic
                 | RDKafkaErrorCode::InvalidRecord
                 | RDKafkaErrorCode::InvalidMessage
-                | RDKafkaErrorCode::TopicAuthorizationFailed
                 | RDKafkaErrorCode::MessageBatchTooLarge
         )
     )
@@ -139,6 +141,7 @@ pub struct DeliveryReporter {
     deliveries: mpsc::UnboundedSender<Delivery>,
     errors_logged: Mutex<ErrorLog>,
     latency: Arc<KafkaLatency>,
+    blocked: Arc<Blocked>,
 }
 
 /// librdkafka reports a broker that is down every few tens of milliseconds: one line per
@@ -162,6 +165,13 @@ impl ClientContext for DeliveryReporter {
 
     fn error(&self, error: KafkaError, reason: &str) {
         // Broker connection problems are reported here; librdkafka retries by itself.
+        if BlockReason::of(&error) == Some(BlockReason::Authentication) {
+            self.blocked.block(
+                BlockReason::Authentication,
+                "",
+                &format!("{error}: {reason}"),
+            );
+        }
         let mut log = self
             .errors_logged
             .lock()
@@ -185,14 +195,22 @@ impl ProducerContext for DeliveryReporter {
             return;
         }
         let (bytes, result) = match result {
-            Ok(m) => (m.payload_len() + m.key_len(), Ok(())),
-            Err((error, m)) => (
-                m.payload_len() + m.key_len(),
-                Err(DeliveryFailure {
-                    error: error.clone(),
-                    message: m.detach(),
-                }),
-            ),
+            Ok(m) => {
+                self.blocked.delivered(m.topic());
+                (m.payload_len() + m.key_len(), Ok(()))
+            }
+            Err((error, m)) => {
+                if let Some(reason) = BlockReason::of(error) {
+                    self.blocked.block(reason, m.topic(), error);
+                }
+                (
+                    m.payload_len() + m.key_len(),
+                    Err(DeliveryFailure {
+                        error: error.clone(),
+                        message: m.detach(),
+                    }),
+                )
+            }
         };
         // The receiver is gone only when the pipeline has been torn down: nothing to tell.
         let _ = self.deliveries.send(Delivery {
@@ -233,6 +251,17 @@ pub(super) struct Shared {
     pub(super) message_timeout: Duration,
     /// Cancelled when the publisher goes: background readers stop.
     pub(super) stop: CancellationToken,
+    /// What Kafka refuses for deployment reasons (missing ACLs, topics), shared with the
+    /// metrics; records it stops wait.
+    pub(super) blocked: Arc<Blocked>,
+    /// `kafka.topic_creation`, and the settings of the admin client that creates topics.
+    pub(super) creation: TopicCreation,
+    pub(super) admin_config: ClientConfig,
+    pub(super) admin:
+        Mutex<Option<Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>>>,
+    /// A record of the open Kafka transaction failed before librdkafka saw it
+    /// (`exactly_once`): the transaction must abort, never commit.
+    pub(super) doomed: AtomicBool,
     /// A `skip_linger` runs.
     skipping_linger: AtomicBool,
 }
@@ -266,7 +295,15 @@ impl Publisher {
     pub fn new(
         config: &KafkaConfig,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
-        Publisher::with_client_config(config, client_config(config), None)
+        Publisher::reporting_blocks(config, Arc::new(Blocked::new(config)))
+    }
+
+    /// [`Publisher::new`], keeping what Kafka refuses in `blocked` (which outlives sessions).
+    pub fn reporting_blocks(
+        config: &KafkaConfig,
+        blocked: Arc<Blocked>,
+    ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
+        Publisher::with_client_config(config, client_config(config), None, blocked)
     }
 
     /// A transactional producer (`exactly_once`) with `transactional_id`, initialised: older
@@ -276,6 +313,7 @@ impl Publisher {
         config: &KafkaConfig,
         transactional_id: &str,
         progress: ProgressRecord,
+        blocked: Arc<Blocked>,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let mut client = client_config(config);
         // How long the broker keeps a transaction of a vanished relay open (blocking
@@ -293,18 +331,37 @@ impl Publisher {
                 "message.timeout.ms",
                 config.message_timeout_ms.min(txn_timeout).to_string(),
             );
-        let (publisher, rx) =
-            Publisher::with_client_config(config, client, Some(Arc::new(progress)))?;
+        let (publisher, rx) = Publisher::with_client_config(
+            config,
+            client,
+            Some(Arc::new(progress)),
+            blocked.clone(),
+        )?;
         let producer = publisher.shared.producer.clone();
-        tokio::task::spawn_blocking(move || producer.init_transactions(TRANSACTION_TIMEOUT))
-            .await
-            // Only a panic or a runtime shutting down get here.
-            .map_err(|_| KafkaError::Canceled)
-            .and_then(|r| r)
-            .map_err(|error| PublishError::Transaction {
-                what: "initialise (init_transactions)",
-                error,
-            })?;
+        let initialised =
+            tokio::task::spawn_blocking(move || producer.init_transactions(TRANSACTION_TIMEOUT))
+                .await
+                // Only a panic or a runtime shutting down get here.
+                .map_err(|_| KafkaError::Canceled)
+                .and_then(|r| r);
+        let id_refused = BlockReason::TransactionalIdAuthorization;
+        match initialised {
+            Ok(()) => blocked.clear(id_refused, transactional_id),
+            Err(error) => {
+                if let Some(reason) = BlockReason::of(&error) {
+                    let subject = if reason == id_refused {
+                        transactional_id
+                    } else {
+                        ""
+                    };
+                    blocked.block(reason, subject, &error);
+                }
+                return Err(PublishError::Transaction {
+                    what: "initialise (init_transactions)",
+                    error,
+                });
+            }
+        }
         Ok((publisher, rx))
     }
 
@@ -312,12 +369,14 @@ impl Publisher {
         config: &KafkaConfig,
         mut client: ClientConfig,
         progress: Option<Arc<ProgressRecord>>,
+        blocked: Arc<Blocked>,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let reporter = DeliveryReporter {
             deliveries: tx.clone(),
             errors_logged: Mutex::new(ErrorLog::default()),
             latency: Arc::default(),
+            blocked: blocked.clone(),
         };
         if !config.properties.contains_key("statistics.interval.ms") {
             client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
@@ -340,6 +399,11 @@ impl Publisher {
             message_timeout: Duration::from_millis(config.message_timeout_ms),
             stop: CancellationToken::new(),
             skipping_linger: AtomicBool::new(false),
+            blocked,
+            creation: config.topic_creation.clone(),
+            admin_config: admin_config(config),
+            admin: Mutex::new(None),
+            doomed: AtomicBool::new(false),
         });
         Ok((
             Publisher {
@@ -400,6 +464,7 @@ impl Publisher {
 
     /// Opens a Kafka transaction (`exactly_once`): a local state change in librdkafka.
     pub fn begin_transaction(&self) -> Result<(), PublishError> {
+        self.shared.doomed.store(false, Ordering::Release);
         self.shared
             .producer
             .begin_transaction()
@@ -478,6 +543,11 @@ impl Publisher {
         });
     }
 
+    /// What Kafka refuses for deployment reasons now (shared with the metrics).
+    pub fn blocked(&self) -> Arc<Blocked> {
+        self.shared.blocked.clone()
+    }
+
     /// The producer's fatal error, after which every send fails and it must be recreated.
     pub fn fatal_error(&self) -> Option<String> {
         self.shared
@@ -516,6 +586,14 @@ impl Shared {
         self.wait_while(give_up, || self.producer.in_flight_count() > 0)
             .await
             .map_err(|e| failed("commit", e))?;
+        // A record that never reached librdkafka failed (its failure is on its way to the
+        // session): librdkafka would commit without it, so the transaction is aborted.
+        if self.doomed.load(Ordering::Acquire) {
+            return Err(failed(
+                "commit (a record of the transaction failed)",
+                KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut),
+            ));
+        }
         let producer = self.producer.clone();
         tokio::task::spawn_blocking(move || producer.commit_transaction(TRANSACTION_TIMEOUT))
             .await
@@ -608,6 +686,14 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
     for (key, value) in &config.properties {
         c.set(key, value);
     }
+    c
+}
+
+/// The settings of the admin client that creates topics: the producer's connection and
+/// security, without idempotence (an admin client sends no records).
+fn admin_config(config: &KafkaConfig) -> ClientConfig {
+    let mut c = client_config(config);
+    c.set("enable.idempotence", "false");
     c
 }
 
