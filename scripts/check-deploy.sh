@@ -229,8 +229,9 @@ for line in open(metrics_path):
         labels[base].setdefault(k, set()).add(v)
     series.append((name, pairs, float(value)))
 # Label names a metric only has later (no sample to see them in yet): once an error happened,
-# or once a session's producer reported librdkafka's statistics.
+# once a session's producer reported librdkafka's statistics, or once Kafka refused a topic.
 LATER = {"outbox_relay_delivery_errors_total": {"kind"},
+         "outbox_relay_kafka_blocked": {"reason", "topic"},
          "outbox_relay_kafka_rtt_seconds": {"broker", "quantile"},
          "outbox_relay_kafka_queue_seconds": {"broker", "quantile"}}
 problems = []
