@@ -40,7 +40,7 @@ use tracing::{info, warn};
 use crate::config::{Delivery as DeliveryMode, KafkaConfig};
 use crate::lsn::Lsn;
 use crate::mapping::partition;
-use crate::sink::blocked::Blocked;
+use crate::sink::blocked::{BlockReason, Blocked};
 use crate::sink::publisher::{client_config, Delivery, ProgressRecord, PublishError, Publisher};
 
 /// Who writes the progress: one key (and one transactional id) per slot of a cluster.
@@ -115,7 +115,7 @@ pub async fn open(
     }
     let identity = SlotIdentity::read(client, slot).await?;
     let topic = &config.progress_topic;
-    let partitions = ensure_topic(config).await?;
+    let partitions = ensure_topic(config, &blocked).await?;
     let key = identity.key();
     let progress = ProgressRecord {
         topic: topic.clone(),
@@ -160,7 +160,7 @@ const EOF_SETTLE: Duration = Duration::from_secs(3);
 
 /// Creates the progress topic (one partition, compacted) when missing; returns its partition
 /// count.
-async fn ensure_topic(config: &KafkaConfig) -> Result<i32, PublishError> {
+async fn ensure_topic(config: &KafkaConfig, blocked: &Blocked) -> Result<i32, PublishError> {
     let topic = config.progress_topic.clone();
     let problem = |p: String| PublishError::Progress {
         topic: topic.clone(),
@@ -172,6 +172,7 @@ async fn ensure_topic(config: &KafkaConfig) -> Result<i32, PublishError> {
             .map_err(|e| problem(format!("cannot create an admin client: {e}")))?,
     );
     if let Some(count) = partition_count(&admin, &topic).await? {
+        blocked.clear(BlockReason::TopicAuthorization, &topic);
         return Ok(count);
     }
     let new =
@@ -185,7 +186,17 @@ async fn ensure_topic(config: &KafkaConfig) -> Result<i32, PublishError> {
         match result {
             Ok(_) => info!(topic = %topic, "created the progress topic (cleanup.policy=compact)"),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((_, code)) => return Err(problem(format!("cannot create it: {code:?}"))),
+            Err((_, code)) => {
+                // A topic the relay may not DESCRIBE looks missing, and its creation is
+                // refused: a deployment error, retried by the session's back-off.
+                if BlockReason::of_code(code).is_some() {
+                    blocked.block(BlockReason::TopicAuthorization, &topic, &code);
+                }
+                return Err(problem(format!(
+                    "cannot create it: {code:?}; {}",
+                    blocked.fix(BlockReason::TopicAuthorization, &topic)
+                )));
+            }
         }
     }
     let started = Instant::now();
