@@ -6,6 +6,7 @@
 //! everything to fix. Only reading is done; nothing is created or changed. The PostgreSQL items
 //! live in [`postgres`] and [`publication`], the Kafka ones in [`kafka`].
 
+mod access;
 mod failover;
 mod kafka;
 mod postgres;
@@ -97,6 +98,7 @@ pub async fn run(config: &Config) -> CheckReport {
     };
     let topics = TopicPlan::find(control.as_ref(), config, &tables, &mut items).await;
     kafka::kafka(&config.kafka, &topics, &mut items).await;
+    items.push(access::access_item(config, &topics).await);
     let problems = count(&items, Status::Problem);
     let warnings = count(&items, Status::Warning);
     CheckReport {
