@@ -1468,6 +1468,41 @@ async fn a_session_ending_with_an_open_kafka_transaction_aborts_it_unconfirmed()
     assert!(rig.max_flush() < end, "confirmed an aborted transaction");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_session_ending_while_a_kafka_commit_runs_aborts_it() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    let (f, end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    frames.extend(f);
+    rig.push(frames);
+    let session = rig.session(
+        exactly_once(Duration::from_millis(1), 1000),
+        &mapping,
+        &metrics,
+    );
+    let frames = rig.frames.clone();
+    let driver = async {
+        // The commit starts and never answers; then the connection drops.
+        let (_, answer) = commits.recv().await.unwrap();
+        frames.send(Err(ReplicationError::Closed)).unwrap();
+        answer
+    };
+    let (result, _unanswered) = tokio::join!(session.run(&rig.shutdown), driver);
+    assert!(result.unwrap_err().is_transient());
+    let ops = rig.kafka_ops();
+    assert!(
+        matches!(
+            ops[..],
+            [KafkaOp::Begin, KafkaOp::Commit { .. }, KafkaOp::Abort]
+        ),
+        "{ops:?}"
+    );
+    assert!(rig.max_flush() < end, "confirmed an unfinished commit");
+}
+
 #[test]
 fn fake_wal_is_well_formed() {
     let mut wal = Wal::new();

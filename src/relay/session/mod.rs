@@ -488,6 +488,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// The final status update (best effort after an error: the connection may be gone), then
     /// the stream is closed.
     async fn finish(&mut self, result: &Result<(), RelayError>) {
+        self.settle_running_commit().await;
         if let KafkaTxn::Open { records, .. } = self.kafka {
             // Ending with records that will never commit (an error, the drain deadline):
             // read_committed consumers of their partitions wait until the transaction ends.
@@ -509,6 +510,25 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         }
         self.source.close().await;
         self.metrics.records_in_flight.store(0, Relaxed);
+    }
+
+    /// Ending while a Kafka commit runs (an error elsewhere): waits for its outcome, bounded,
+    /// and treats a commit that failed or did not end in time as open, so that `finish`
+    /// aborts it; read_committed consumers would otherwise wait `transaction.timeout.ms`.
+    async fn settle_running_commit(&mut self) {
+        let KafkaTxn::Committing { records, .. } = self.kafka else {
+            return;
+        };
+        let outcome =
+            tokio::time::timeout(COMMIT_WAIT_ON_EXIT, commit_outcome(&mut self.kafka)).await;
+        self.kafka = match outcome {
+            Ok(Ok(())) => KafkaTxn::Committed { records },
+            _ => KafkaTxn::Open {
+                started: Instant::now(),
+                records,
+                end: None,
+            },
+        };
     }
 
     /// Handles one delivery and every other one already waiting.
@@ -666,6 +686,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         Ok(())
     }
 }
+
+/// How long a session's way out waits for a running Kafka commit before aborting it.
+const COMMIT_WAIT_ON_EXIT: Duration = Duration::from_secs(5);
 
 /// The outcome of the running Kafka commit; never, when none runs.
 async fn commit_outcome(kafka: &mut KafkaTxn) -> Result<(), PublishError> {
