@@ -165,12 +165,12 @@ impl ClientContext for DeliveryReporter {
 
     fn error(&self, error: KafkaError, reason: &str) {
         // Broker connection problems are reported here; librdkafka retries by itself.
-        if BlockReason::of(&error) == Some(BlockReason::Authentication) {
-            self.blocked.block(
-                BlockReason::Authentication,
-                "",
-                &format!("{error}: {reason}"),
-            );
+        // Cluster-wide refusals come here, with no topic: a refused login, no
+        // IDEMPOTENT_WRITE for the idempotent producer.
+        if let Some(block @ (BlockReason::Authentication | BlockReason::ClusterAuthorization)) =
+            BlockReason::of(&error)
+        {
+            self.blocked.block(block, "", &format!("{error}: {reason}"));
         }
         let mut log = self
             .errors_logged
