@@ -25,13 +25,11 @@ const READY_RED_WITHIN: Duration = Duration::from_secs(10);
 /// How soon a topic's records must be in Kafka while another topic is missing (done-when 3).
 const OTHERS_FLOW_WITHIN: Duration = Duration::from_secs(5);
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a blocked phase is watched before the operator acts: longer than any wait of the
-/// relay's own (today it waits 10 s for a topic's metadata, then dead-letters) and than the
-/// tests' `kafka.message_timeout_ms`.
+/// How long a blocked phase is watched before the operator acts: longer than the relay's own
+/// wait for a topic's metadata (10 s at main 41fecb1, after which it dead-lettered). The
+/// default `kafka.message_timeout_ms` (300 s) stays: a shorter one changes how a relay fails
+/// (a session restart on MessageTimedOut) and hid that dead-lettering.
 const BLOCKED_HOLD: Duration = Duration::from_secs(15);
-/// `kafka.message_timeout_ms` in the blocking tests: a relay that gives a blocked record up
-/// after librdkafka's delivery timeout does so well inside [`BLOCKED_HOLD`].
-const MESSAGE_TIMEOUT_MS: &str = "5000";
 /// The consumer group of the relay's exactly-once progress reader (`src/sink/progress.rs`).
 const PROGRESS_GROUP: &str = "outbox-relay-progress";
 
@@ -55,7 +53,8 @@ impl Relay {
             env.push((key.to_string(), value.to_string()));
         }
         Relay {
-            process: RelayProcess::start(&env, name),
+            // One log per run (RelayProcess appends to an existing one).
+            process: RelayProcess::start(&env, &format!("{name}_{}", db.name)),
             http,
         }
     }
@@ -303,12 +302,6 @@ async fn assert_held(
 ) {
     loop {
         relay.assert_running();
-        let confirmed = db.confirmed_flush_lsn().await;
-        assert!(
-            confirmed < lsn,
-            "the slot was confirmed to {confirmed:X}, past {what} (its commit is after {lsn:X})\n{}",
-            relay.process.log_text()
-        );
         for (topic, breach) in empty {
             let n = broker.record_count(topic).await;
             assert_eq!(
@@ -318,6 +311,12 @@ async fn assert_held(
                 relay.process.log_text()
             );
         }
+        let confirmed = db.confirmed_flush_lsn().await;
+        assert!(
+            confirmed < lsn,
+            "the slot was confirmed to {confirmed:X}, past {what} (its commit is after {lsn:X})\n{}",
+            relay.process.log_text()
+        );
         if Instant::now() >= until {
             return;
         }
@@ -446,13 +445,7 @@ async fn missing_write_acl_blocks_instead_of_dead_lettering() {
     let mut relay = Relay::start(
         &broker,
         &db,
-        &[
-            ("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq),
-            (
-                "OUTBOX_RELAY__KAFKA__MESSAGE_TIMEOUT_MS",
-                MESSAGE_TIMEOUT_MS,
-            ),
-        ],
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
         "acl_missing_write",
     );
     wait_for_slot(&db, &mut relay.process).await;
@@ -569,13 +562,7 @@ async fn dead_letter_topic_without_acl_blocks() {
     let mut relay = Relay::start(
         &broker,
         &db,
-        &[
-            ("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq),
-            (
-                "OUTBOX_RELAY__KAFKA__MESSAGE_TIMEOUT_MS",
-                MESSAGE_TIMEOUT_MS,
-            ),
-        ],
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
         "acl_dead_letter",
     );
     wait_for_slot(&db, &mut relay.process).await;
@@ -594,15 +581,6 @@ async fn dead_letter_topic_without_acl_blocks() {
         .collect();
     insert_events(&mut client, &after, true).await;
 
-    expect_delivered(
-        "before the poison row",
-        &broker,
-        std::slice::from_ref(&order),
-        &before,
-        false,
-        &relay,
-    )
-    .await;
     assert_held(
         &broker,
         &db,
@@ -610,6 +588,15 @@ async fn dead_letter_topic_without_acl_blocks() {
         written + BLOCKED_HOLD,
         (poison_lsn, "the poison row"),
         &[(&dlq, "a dead letter without WRITE")],
+    )
+    .await;
+    expect_delivered(
+        "before the poison row",
+        &broker,
+        std::slice::from_ref(&order),
+        &before,
+        false,
+        &relay,
     )
     .await;
     watch
@@ -941,6 +928,121 @@ async fn missing_topic_does_not_stop_other_topics(exactly_once: bool) {
     )
     .await;
     wait_confirmed(&db, &relay).await;
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// A refused topic creation (creation on, no CREATE ACL) blocks with reason `topic_creation`
+/// and names the topic; once CREATE is granted the relay makes the topic and delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_topic_creation_blocks_until_create_is_granted() {
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    // WRITE, not CREATE: the creation is what is refused.
+    broker.grant_write(&[&topic]).await;
+    let mut relay = Relay::start(
+        &broker,
+        &db,
+        &[("OUTBOX_RELAY__KAFKA__TOPIC_CREATION__ENABLED", "true")],
+        "acl_creation_refused",
+    );
+    wait_for_slot(&db, &mut relay.process).await;
+    let mut client = db.client().await;
+    let watch = ReadyWatch::start(relay.http);
+    let written = Instant::now();
+    let a = events("order", "a", 50);
+    let first = insert_events_at(&mut client, &a[..10], true).await;
+    for chunk in a[10..].chunks(10) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    assert_held(
+        &broker,
+        &db,
+        &mut relay,
+        written + BLOCKED_HOLD,
+        (first, "the first event"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        broker.partition_count(&topic).await,
+        None,
+        "{topic} exists without CREATE"
+    );
+    watch
+        .assert_red_within(READY_RED_WITHIN, &mut relay, "creation refused")
+        .await;
+    let line = relay
+        .wait_blocked("topic_creation", Some(&topic), Duration::from_secs(10))
+        .await;
+    println!("blocked: {line}");
+    relay.assert_log_names(&topic);
+
+    broker.grant_create_prefixed(&topic).await;
+    expect_delivered(
+        "after CREATE was granted",
+        &broker,
+        std::slice::from_ref(&topic),
+        &a,
+        false,
+        &relay,
+    )
+    .await;
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "after the grant")
+        .await;
+    wait_confirmed(&db, &relay).await;
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// A refused login (a wrong password) blocks with reason `authentication`: the relay keeps
+/// running and retrying, confirms nothing, and `/readyz` is red.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_login_blocks_with_reason_authentication() {
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    broker.create_topic(&topic, 1).await;
+    broker.grant_write(&[&topic]).await;
+    let wrong = repo_path("target/test-logs").join(random_name("acl-wrong-password-"));
+    std::fs::write(&wrong, "not-the-password\n").unwrap();
+    let wrong = wrong.display().to_string();
+    let mut relay = Relay::start(
+        &broker,
+        &db,
+        &[("OUTBOX_RELAY__KAFKA__SASL_PASSWORD_FILE", &wrong)],
+        "acl_login_refused",
+    );
+    let watch = ReadyWatch::start(relay.http);
+    let started = Instant::now();
+    let mut client = db.client().await;
+    let a = events("order", "a", 20);
+    let first = insert_events_at(&mut client, &a, true).await;
+    assert_held(
+        &broker,
+        &db,
+        &mut relay,
+        started + BLOCKED_HOLD,
+        (first, "the first event"),
+        &[(&topic, "published with a refused login")],
+    )
+    .await;
+    watch
+        .assert_red_within(READY_RED_WITHIN, &mut relay, "login refused")
+        .await;
+    let line = relay
+        .wait_blocked("authentication", None, Duration::from_secs(10))
+        .await;
+    println!("blocked: {line}");
+    let log = relay.process.log_text();
+    assert!(
+        !log.contains(&broker.relay_password) && !log.contains("not-the-password"),
+        "a SASL password reached the log"
+    );
     relay.stop().await;
     db.cleanup().await;
 }
