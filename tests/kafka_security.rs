@@ -136,6 +136,21 @@ impl Relay {
         );
     }
 
+    /// No `outbox_relay_kafka_blocked` series is 1 any more.
+    fn assert_not_blocked(&self) {
+        let body = self.metrics();
+        let still: Vec<&str> = body
+            .lines()
+            .filter(|l| l.starts_with("outbox_relay_kafka_blocked{"))
+            .filter(|l| {
+                l.rsplit_once(' ')
+                    .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+                    == Some(1.0)
+            })
+            .collect();
+        assert!(still.is_empty(), "still blocked once ready: {still:?}");
+    }
+
     fn assert_log_contains(&self, text: &str) {
         let log = self.process.log_text();
         assert!(log.contains(text), "the relay's log lacks {text:?}:\n{log}");
@@ -312,11 +327,18 @@ async fn assert_held(
             );
         }
         let confirmed = db.confirmed_flush_lsn().await;
-        assert!(
-            confirmed < lsn,
-            "the slot was confirmed to {confirmed:X}, past {what} (its commit is after {lsn:X})\n{}",
-            relay.process.log_text()
-        );
+        if confirmed >= lsn {
+            let mut meanwhile = String::new();
+            for (topic, _) in empty {
+                let n = broker.record_count(topic).await;
+                meanwhile.push_str(&format!("; {n} records in {topic}"));
+            }
+            panic!(
+                "the slot was confirmed to {confirmed:X}, past {what} (its commit is after \
+                 {lsn:X}){meanwhile}\n{}",
+                relay.process.log_text()
+            );
+        }
         if Instant::now() >= until {
             return;
         }
@@ -511,6 +533,7 @@ async fn missing_write_acl_blocks_instead_of_dead_lettering() {
     relay
         .wait_readyz(true, Duration::from_secs(30), "after the grant")
         .await;
+    relay.assert_not_blocked();
     wait_confirmed(&db, &relay).await;
     assert_eq!(
         broker.record_count(&dlq).await,
@@ -636,6 +659,7 @@ async fn dead_letter_topic_without_acl_blocks() {
     relay
         .wait_readyz(true, Duration::from_secs(30), "after the grant")
         .await;
+    relay.assert_not_blocked();
     wait_confirmed(&db, &relay).await;
     relay.stop().await;
     db.cleanup().await;
@@ -711,6 +735,7 @@ async fn transactional_id_without_acl_blocks_exactly_once() {
     relay
         .wait_readyz(true, Duration::from_secs(30), "after the grant")
         .await;
+    relay.assert_not_blocked();
     wait_confirmed(&db, &relay).await;
     relay.stop().await;
     db.cleanup().await;
@@ -949,6 +974,9 @@ async fn refused_topic_creation_blocks_until_create_is_granted() {
         "acl_creation_refused",
     );
     wait_for_slot(&db, &mut relay.process).await;
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "before any blocked record")
+        .await;
     let mut client = db.client().await;
     let watch = ReadyWatch::start(relay.http);
     let written = Instant::now();
@@ -993,6 +1021,7 @@ async fn refused_topic_creation_blocks_until_create_is_granted() {
     relay
         .wait_readyz(true, Duration::from_secs(30), "after the grant")
         .await;
+    relay.assert_not_blocked();
     wait_confirmed(&db, &relay).await;
     relay.stop().await;
     db.cleanup().await;
