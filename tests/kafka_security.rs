@@ -76,7 +76,7 @@ impl Relay {
         }
     }
 
-    /// Waits until `/readyz` answers `want` (200, or anything else for `!= 200`).
+    /// Waits until `/readyz` answers 200 (`green`) or, when not `green`, anything else.
     async fn wait_readyz(&mut self, green: bool, timeout: Duration, what: &str) -> Duration {
         let began = Instant::now();
         loop {
