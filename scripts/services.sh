@@ -32,6 +32,18 @@
 #                      run a Kafka tool from the broker's jars, e.g.
 #                      org.apache.kafka.tools.TopicCommand --bootstrap-server
 #                      "$OUTBOX_TEST_KAFKA_BROKERS" --list
+#   kafka-acl-start|kafka-acl-stop
+#                      a second broker, locked down as production runs it:
+#                      SASL_PLAINTEXT with PLAIN only, StandardAuthorizer
+#                      (nothing allowed without an ACL), no topic auto-create;
+#                      users admin (super user) and relay (no ACLs). Not
+#                      started by `start`. kafka-acl-start prints the env file
+#                      path; see "Broker with ACLs" below.
+#   kafka-acl-tool CLASS [ARGS]
+#                      a Kafka tool as that broker's admin: --bootstrap-server
+#                      and --command-config are added unless given, e.g.
+#                      org.apache.kafka.tools.AclCommand --add --allow-principal
+#                      User:relay --operation Write --topic orders
 #
 # State lives in ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-run}:
 #   env                     shell `export` lines (source it)
@@ -42,6 +54,8 @@
 #   pg-ha/..., pg-ha-standby/...             primary and standby
 #   kafka/data, kafka/logs/server.log, kafka/kafka.out, kafka/kafka.pid,
 #   kafka/cluster.id, kafka/server.properties
+#   kafka-acl/...           the ACL broker (same layout), and its admin client
+#                           settings kafka-acl/admin.properties
 # The Kafka classpath (resolved once with Maven from scripts/kafka/pom.xml) and
 # a JVM class archive of the broker (faster start-up) are cached in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/.
@@ -70,6 +84,18 @@
 # after pg-ha-start: OUTBOX_TEST_PG_HA_PRIMARY_URL, OUTBOX_TEST_PG_HA_STANDBY_URL,
 # OUTBOX_TEST_PG_HA_URL (both hosts: postgres://postgres@h:p1,h:p2/postgres),
 # OUTBOX_TEST_PG_HA_SLOT (the standby's physical slot), *_PRIMARY_DATA/_STANDBY_DATA.
+#
+# Env file, Kafka: OUTBOX_TEST_KAFKA_BROKERS (PLAINTEXT), the same broker's
+# OUTBOX_TEST_KAFKA_SASL_BROKERS / _SASL_SSL_BROKERS with OUTBOX_TEST_KAFKA_SASL_USER
+# / _PASSWORD; the ACL broker's in the next paragraph.
+#
+# Broker with ACLs (kafka-acl-start): OUTBOX_TEST_KAFKA_ACL_BROKERS (host:port,
+# SASL_PLAINTEXT, mechanism PLAIN), OUTBOX_TEST_KAFKA_ACL_ADMIN_USER/_PASSWORD
+# (a super user), OUTBOX_TEST_KAFKA_ACL_RELAY_USER/_PASSWORD (no ACLs until
+# granted), OUTBOX_TEST_KAFKA_ACL_ADMIN_CONFIG (the admin's client properties,
+# for --command-config). A test process started before kafka-acl-start does not
+# have them in its environment: it reads them from the env file whose path
+# kafka-acl-start prints.
 #
 # Primary and standby (pg-ha-start): pg-ha is set up like the main cluster
 # (wal_level=logical, TLS, the test roles); pg-ha-standby is a copy of its
@@ -183,7 +209,7 @@ port_for() {
 # ---------------------------------------------------------------- env file
 
 write_env() {
-    local tmp="$ENV_FILE.tmp.$$" pg_port kafka_port replica_port ha1= ha2
+    local tmp="$ENV_FILE.tmp.$$" pg_port kafka_port replica_port ha1='' ha2
     pg_port=$(port_for pg)
     kafka_port=$(port_for kafka)
     {
@@ -208,6 +234,15 @@ write_env() {
         # TLS on the main cluster: the CA that signed its certificate, and one that did not.
         printf 'export OUTBOX_TEST_PG_CA=%q\n' "$RUN_DIR/pg/tls/ca.crt"
         printf 'export OUTBOX_TEST_PG_WRONG_CA=%q\n' "$RUN_DIR/pg/tls/wrong-ca.crt"
+        if [[ -f $KAFKA_ACL_DIR/admin.properties ]]; then
+            # The ACL broker (after kafka-acl-start): SASL_PLAINTEXT, PLAIN.
+            printf 'export OUTBOX_TEST_KAFKA_ACL_BROKERS=%q\n' "127.0.0.1:$(port_for kafka-acl)"
+            printf 'export OUTBOX_TEST_KAFKA_ACL_ADMIN_USER=%q\n' "$KAFKA_ACL_ADMIN_USER"
+            printf 'export OUTBOX_TEST_KAFKA_ACL_ADMIN_PASSWORD=%q\n' "$KAFKA_ACL_ADMIN_PASSWORD"
+            printf 'export OUTBOX_TEST_KAFKA_ACL_RELAY_USER=%q\n' "$KAFKA_ACL_RELAY_USER"
+            printf 'export OUTBOX_TEST_KAFKA_ACL_RELAY_PASSWORD=%q\n' "$KAFKA_ACL_RELAY_PASSWORD"
+            printf 'export OUTBOX_TEST_KAFKA_ACL_ADMIN_CONFIG=%q\n' "$KAFKA_ACL_DIR/admin.properties"
+        fi
         if pg_running pg-replica; then
             replica_port=$(port_for pg-replica)
             printf 'export OUTBOX_TEST_PG_REPLICA_URL=%q\n' \
@@ -747,10 +782,11 @@ kafka_classpath() {
     cat "$cp_file"
 }
 
+# The pid of the broker of state dir $1 (default: the main broker's) while it runs.
 kafka_pid() {
-    local pid
-    [[ -s $KAFKA_DIR/kafka.pid ]] || return 1
-    pid=$(cat "$KAFKA_DIR/kafka.pid")
+    local dir=${1:-$KAFKA_DIR} pid
+    [[ -s $dir/kafka.pid ]] || return 1
+    pid=$(cat "$dir/kafka.pid")
     [[ $pid =~ ^[0-9]+$ ]] || return 1
     alive "$pid" || return 1
     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka' || return 1
@@ -777,12 +813,9 @@ kafka_write_config() {
     cat "$RUN_DIR/pg/tls/server.key" "$RUN_DIR/pg/tls/server.crt" >"$KAFKA_DIR/server.pem"
     jaas_plain="org.apache.kafka.common.security.plain.PlainLoginModule required user_$KAFKA_SASL_USER=\"$KAFKA_SASL_PASSWORD\";"
     jaas_scram="org.apache.kafka.common.security.scram.ScramLoginModule required;"
-    cat >"$KAFKA_DIR/server.properties" <<EOF
-# Written by scripts/services.sh at every start; edits are lost.
-# Single-node KRaft (broker and controller in one JVM), for tests only.
-process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$cport
+    {
+        kafka_single_node_properties "$KAFKA_DIR" "$cport"
+        cat <<EOF
 listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,SASL_PLAINTEXT://127.0.0.1:$sport,SASL_SSL://127.0.0.1:$tport
 advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_PLAINTEXT://127.0.0.1:$sport,SASL_SSL://127.0.0.1:$tport
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
@@ -790,8 +823,31 @@ sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
 ssl.keystore.type=PEM
 ssl.keystore.location=$KAFKA_DIR/server.pem
 inter.broker.listener.name=PLAINTEXT
+auto.create.topics.enable=true
+EOF
+        for l in sasl_plaintext sasl_ssl; do
+            echo "listener.name.$l.plain.sasl.jaas.config=$jaas_plain"
+            for m in scram-sha-256 scram-sha-512; do
+                echo "listener.name.$l.$m.sasl.jaas.config=$jaas_scram"
+            done
+        done
+    } >"$KAFKA_DIR/server.properties"
+    kafka_write_log4j "$KAFKA_DIR"
+}
+
+# Prints the settings every broker here shares: single-node KRaft (broker and
+# controller in one JVM, controller on 127.0.0.1:$2) with its data in state
+# dir $1, replication factor 1 everywhere. For tests only.
+kafka_single_node_properties() {
+    local dir=$1 cport=$2
+    cat <<EOF
+# Written by scripts/services.sh at every start; edits are lost.
+# Single-node KRaft (broker and controller in one JVM), for tests only.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
 controller.listener.names=CONTROLLER
-log.dirs=$KAFKA_DIR/data
+log.dirs=$dir/data
 
 num.partitions=1
 default.replication.factor=1
@@ -803,7 +859,6 @@ transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
-auto.create.topics.enable=true
 delete.topic.enable=true
 group.initial.rebalance.delay.ms=0
 # The default; a test relies on a 5 MB record being rejected.
@@ -811,13 +866,13 @@ message.max.bytes=1048588
 num.network.threads=2
 num.io.threads=4
 EOF
-    for l in sasl_plaintext sasl_ssl; do
-        echo "listener.name.$l.plain.sasl.jaas.config=$jaas_plain"
-        for m in scram-sha-256 scram-sha-512; do
-            echo "listener.name.$l.$m.sasl.jaas.config=$jaas_scram"
-        done
-    done >>"$KAFKA_DIR/server.properties"
-    cat >"$KAFKA_DIR/log4j2.properties" <<'EOF'
+}
+
+# The log4j2 configurations in state dir $1: the broker's, and the
+# command-line tools'.
+kafka_write_log4j() {
+    local dir=$1
+    cat >"$dir/log4j2.properties" <<'EOF'
 # Broker log: one file, appended across restarts.
 status = warn
 appender.file.type = File
@@ -833,7 +888,7 @@ logger.request.level = WARN
 logger.statechange.name = state.change.logger
 logger.statechange.level = WARN
 EOF
-    cat >"$KAFKA_DIR/tools-log4j2.properties" <<'EOF'
+    cat >"$dir/tools-log4j2.properties" <<'EOF'
 # Command-line tools: warnings and errors only, on stderr.
 status = warn
 appender.err.type = Console
@@ -857,23 +912,24 @@ new_cluster_id() {
     echo "$id"
 }
 
+# Formats the storage of state dir $1 with the jars $2, once; further
+# arguments go to StorageTool format (e.g. --add-scram).
 kafka_format() {
-    local cp=$1 cid
-    [[ -f $KAFKA_DIR/data/meta.properties ]] && return 0
-    if [[ ! -s $KAFKA_DIR/cluster.id ]]; then
-        new_cluster_id >"$KAFKA_DIR/cluster.id"
+    local dir=$1 cp=$2 cid
+    shift 2
+    [[ -f $dir/data/meta.properties ]] && return 0
+    if [[ ! -s $dir/cluster.id ]]; then
+        new_cluster_id >"$dir/cluster.id"
     fi
-    cid=$(cat "$KAFKA_DIR/cluster.id")
-    log "formatting Kafka storage (cluster id $cid)"
+    cid=$(cat "$dir/cluster.id")
+    log "formatting Kafka storage in $dir (cluster id $cid)"
     if ! java -Xmx256m -XX:TieredStopAtLevel=1 -Xshare:auto \
-        -Dlog4j2.configurationFile="file:$KAFKA_DIR/tools-log4j2.properties" \
+        -Dlog4j2.configurationFile="file:$dir/tools-log4j2.properties" \
         -cp "$cp" kafka.tools.StorageTool format \
-        --cluster-id "$cid" --config "$KAFKA_DIR/server.properties" --ignore-formatted \
-        --add-scram "SCRAM-SHA-256=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]" \
-        --add-scram "SCRAM-SHA-512=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]" \
-        </dev/null >"$KAFKA_DIR/format.log" 2>&1 9>&-; then
-        show_tail "$KAFKA_DIR/format.log"
-        die "kafka storage format failed (log: $KAFKA_DIR/format.log)"
+        --cluster-id "$cid" --config "$dir/server.properties" --ignore-formatted "$@" \
+        </dev/null >"$dir/format.log" 2>&1 9>&-; then
+        show_tail "$dir/format.log"
+        die "kafka storage format failed (log: $dir/format.log)"
     fi
 }
 
@@ -881,9 +937,11 @@ kafka_format() {
 # started without one exits cleanly, then kept in the cache and mapped by
 # every later start (about a second less start-up). OUTBOX_KAFKA_CDS=0 turns
 # it off. The JVM checks the archive against the JDK and the jars and ignores
-# it when they differ.
+# it when they differ. Appends to the caller's java_args and sets its cds_used;
+# the broker of state dir $1 dumps an archive when there is none if $2 is
+# "dump", and otherwise goes without.
 kafka_cds_args() {
-    local key jsa
+    local dir=$1 mode=$2 key jsa
     cds_used=
     [[ ${OUTBOX_KAFKA_CDS:-1} == 0 ]] && return 0
     key=$( {
@@ -892,21 +950,19 @@ kafka_cds_args() {
         java -version 2>&1
     } | sha256sum | cut -c1-16)
     jsa="$CACHE_DIR/kafka-cds-$key.jsa"
-    rm -f "$KAFKA_DIR/kafka.jsa" "$KAFKA_DIR/cds.target"
+    rm -f "$dir/kafka.jsa" "$dir/cds.target"
     if [[ -s $jsa ]]; then
         java_args+=(-XX:SharedArchiveFile="$jsa")
         cds_used=$jsa
-    else
-        # Written by the JVM at exit; kafka_stop moves it into the cache.
-        java_args+=(-XX:ArchiveClassesAtExit="$KAFKA_DIR/kafka.jsa")
-        echo "$jsa" >"$KAFKA_DIR/cds.target"
+    elif [[ $mode == dump ]]; then
+        # Written by the JVM at exit; kafka_stop_dir moves it into the cache.
+        java_args+=(-XX:ArchiveClassesAtExit="$dir/kafka.jsa")
+        echo "$jsa" >"$dir/cds.target"
     fi
 }
 
 kafka_start() {
-    local port cport sport tport cp pid offset out_offset i logf="$KAFKA_DIR/logs/server.log" outf="$KAFKA_DIR/kafka.out"
-    local -a java_args
-    local cds_used=
+    local port cport sport tport cp pid i
     port=$(port_for kafka)
     cport=$(port_for kafka-controller)
     sport=$(port_for kafka-sasl)
@@ -917,37 +973,50 @@ kafka_start() {
     fi
     cp=$(kafka_classpath)
     kafka_write_config "$port" "$cport" "$sport" "$tport"
-    kafka_format "$cp"
+    kafka_format "$KAFKA_DIR" "$cp" \
+        --add-scram "SCRAM-SHA-256=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]" \
+        --add-scram "SCRAM-SHA-512=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]"
     for i in "$port" "$cport" "$sport" "$tport"; do
         if port_in_use "$i"; then
             die "port $i (saved in $PORTS_DIR) is taken by another process; stop it or run '$SELF clean'"
         fi
     done
+    kafka_launch "$KAFKA_DIR" "$cp" Kafka "$port" "$cport" 256m 512m dump
+}
+
+# Starts the broker of state dir $1 (configured and formatted) with the jars
+# $2, named $3 in messages, and waits until it serves clients on port $4
+# (controller on $5). $6 and $7: its -Xms and -Xmx; $8: dump or map, see
+# kafka_cds_args.
+kafka_launch() {
+    local dir=$1 cp=$2 name=$3 port=$4 cport=$5 xms=$6 xmx=$7 cds_mode=$8
+    local pid offset out_offset i logf="$1/logs/server.log" outf="$1/kafka.out" cds_used=
+    local -a java_args
     offset=0
     [[ -f $logf ]] && offset=$(stat -c %s "$logf")
     out_offset=0
     [[ -f $outf ]] && out_offset=$(stat -c %s "$outf")
-    java_args=(-Xms256m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError
+    java_args=(-Xms"$xms" -Xmx"$xmx" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError
         -XX:TieredStopAtLevel=1 -Xshare:auto '-Xlog:cds*=error' -Djava.awt.headless=true
         -Djava.net.preferIPv4Stack=true)
-    kafka_cds_args
+    kafka_cds_args "$dir" "$cds_mode"
     # shellcheck disable=SC2206 # word splitting wanted: several options
     [[ -n ${OUTBOX_KAFKA_JVM_OPTS:-} ]] && java_args+=($OUTBOX_KAFKA_JVM_OPTS)
-    java_args+=(-Dlog4j2.configurationFile="file:$KAFKA_DIR/log4j2.properties"
-        -Dkafka.logs.dir="$KAFKA_DIR/logs" -cp "$cp" kafka.Kafka "$KAFKA_DIR/server.properties")
-    log "starting Kafka on 127.0.0.1:$port (controller 127.0.0.1:$cport)"
-    rm -f "$KAFKA_DIR/kafka.pid"
+    java_args+=(-Dlog4j2.configurationFile="file:$dir/log4j2.properties"
+        -Dkafka.logs.dir="$dir/logs" -cp "$cp" kafka.Kafka "$dir/server.properties")
+    log "starting $name on 127.0.0.1:$port (controller 127.0.0.1:$cport)"
+    rm -f "$dir/kafka.pid"
     # setsid: the broker must not get the terminal's Ctrl-C nor hold the
     # caller's stdout/stderr (a test that runs this script would wait for EOF).
     # The inner bash writes its own pid, then becomes java (exec keeps the pid).
     # shellcheck disable=SC2016 # expanded by the inner bash
-    setsid bash -c 'echo $$ >"$0"; exec java "$@"' "$KAFKA_DIR/kafka.pid" "${java_args[@]}" \
+    setsid bash -c 'echo $$ >"$0"; exec java "$@"' "$dir/kafka.pid" "${java_args[@]}" \
         </dev/null >>"$outf" 2>&1 9>&- &
     for ((i = 0; i < 200; i++)); do
-        [[ -s $KAFKA_DIR/kafka.pid ]] && break
+        [[ -s $dir/kafka.pid ]] && break
         sleep 0.05
     done
-    pid=$(cat "$KAFKA_DIR/kafka.pid" 2>/dev/null || true)
+    pid=$(cat "$dir/kafka.pid" 2>/dev/null || true)
     for ((i = 0; i < KAFKA_START_TIMEOUT * 10; i++)); do
         if [[ -z $pid ]] || ! alive "$pid"; then
             show_tail "$outf" "$logf"
@@ -956,63 +1025,172 @@ kafka_start() {
                 tail -c +"$((out_offset + 1))" "$outf" | grep -Eqi 'shared archive|cds'; then
                 rm -f "$cds_used"
             fi
-            die "Kafka exited during start-up; logs: $logf $outf"
+            die "$name exited during start-up; logs: $logf $outf"
         fi
         if [[ -f $logf ]] &&
             tail -c +"$((offset + 1))" "$logf" | grep -Eq 'Kafka Server started|started \(kafka\.server\.KafkaRaftServer\)' &&
             port_in_use "$port"; then
-            log "Kafka ready on 127.0.0.1:$port (pid $pid)"
+            log "$name ready on 127.0.0.1:$port (pid $pid)"
             return 0
         fi
         sleep 0.1
     done
     show_tail "$outf" "$logf"
-    kafka_stop
-    die "Kafka did not start within ${KAFKA_START_TIMEOUT}s; logs: $logf $outf"
+    kafka_stop_dir "$dir" "$name"
+    die "$name did not start within ${KAFKA_START_TIMEOUT}s; logs: $logf $outf"
 }
 
 kafka_stop() {
-    local pid i
-    if ! pid=$(kafka_pid); then
-        rm -f "$KAFKA_DIR/kafka.pid"
+    kafka_stop_dir "$KAFKA_DIR" Kafka
+}
+
+# Stops the broker of state dir $1 (named $2 in messages), if it runs.
+kafka_stop_dir() {
+    local dir=$1 name=$2 pid i
+    if ! pid=$(kafka_pid "$dir"); then
+        rm -f "$dir/kafka.pid"
         return 0
     fi
-    log "stopping Kafka (pid $pid)"
+    log "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
     for ((i = 0; i < KAFKA_STOP_TIMEOUT * 10; i++)); do
         alive "$pid" || break
         sleep 0.1
     done
     if alive "$pid"; then
-        log "Kafka still running after ${KAFKA_STOP_TIMEOUT}s: SIGKILL"
+        log "$name still running after ${KAFKA_STOP_TIMEOUT}s: SIGKILL"
         kill -KILL "$pid" 2>/dev/null || true
         for ((i = 0; i < 100; i++)); do
             alive "$pid" || break
             sleep 0.1
         done
-        rm -f "$KAFKA_DIR/kafka.jsa" # maybe half written
+        rm -f "$dir/kafka.jsa" # maybe half written
     fi
-    rm -f "$KAFKA_DIR/kafka.pid"
-    if [[ -s $KAFKA_DIR/kafka.jsa && -s $KAFKA_DIR/cds.target ]]; then
+    rm -f "$dir/kafka.pid"
+    if [[ -s $dir/kafka.jsa && -s $dir/cds.target ]]; then
         local target
-        target=$(cat "$KAFKA_DIR/cds.target")
+        target=$(cat "$dir/cds.target")
         mkdir -p "$CACHE_DIR"
-        mv -f "$KAFKA_DIR/kafka.jsa" "$target.tmp.$$" && mv -f "$target.tmp.$$" "$target" &&
+        mv -f "$dir/kafka.jsa" "$target.tmp.$$" && mv -f "$target.tmp.$$" "$target" &&
             log "cached the broker's class archive in $target"
     fi
-    rm -f "$KAFKA_DIR/kafka.jsa" "$KAFKA_DIR/cds.target"
+    rm -f "$dir/kafka.jsa" "$dir/cds.target"
 }
 
 kafka_tool() {
-    local cp
     (($# >= 1)) || die "usage: $0 kafka-tool CLASS [ARGS...]"
-    cp=$(kafka_classpath)
     mkdir -p "$KAFKA_DIR"
-    [[ -f $KAFKA_DIR/tools-log4j2.properties ]] || kafka_write_config "$(port_for kafka)" "$(port_for kafka-controller)"
+    [[ -f $KAFKA_DIR/tools-log4j2.properties ]] || kafka_write_log4j "$KAFKA_DIR"
+    kafka_run_tool "$KAFKA_DIR" "$@"
+}
+
+# Runs (execs) the Kafka tool class $2 with args, logging as state dir $1's
+# tools-log4j2.properties says.
+kafka_run_tool() {
+    local dir=$1 cp
+    shift
+    cp=$(kafka_classpath)
     exec 9>&-
     exec java -Xmx512m -XX:TieredStopAtLevel=1 -Xshare:auto \
-        -Dlog4j2.configurationFile="file:$KAFKA_DIR/tools-log4j2.properties" \
+        -Dlog4j2.configurationFile="file:$dir/tools-log4j2.properties" \
         -cp "$cp" "$@"
+}
+
+# ------------------------------------------------ Kafka with authorization
+#
+# kafka-acl: a second single-node KRaft broker from the same jars, locked down
+# as production clusters are: clients connect only over SASL_PLAINTEXT with
+# PLAIN, the StandardAuthorizer refuses what no ACL allows
+# (allow.everyone.if.no.acl.found=false), and topics are never auto-created.
+# Users: admin (a super user) and relay (may do nothing until granted). The
+# broker talks to itself over the same listener as admin; its controller
+# listener is PLAINTEXT, loopback-only and not advertised, and its principal
+# (ANONYMOUS) is a super user so that the broker may register.
+# Started only on demand (a JVM costs memory): `kafka-acl-start`.
+KAFKA_ACL_DIR="$RUN_DIR/kafka-acl"
+KAFKA_ACL_ADMIN_USER='admin'
+KAFKA_ACL_ADMIN_PASSWORD=admin-secret
+KAFKA_ACL_RELAY_USER=relay
+KAFKA_ACL_RELAY_PASSWORD=relay-acl-secret
+
+kafka_acl_write_config() {
+    local port=$1 cport=$2 jaas
+    mkdir -p "$KAFKA_ACL_DIR/data" "$KAFKA_ACL_DIR/logs"
+    # The broker's own login (username/password) and the users it accepts (user_NAME).
+    jaas="org.apache.kafka.common.security.plain.PlainLoginModule required"
+    jaas+=" username=\"$KAFKA_ACL_ADMIN_USER\" password=\"$KAFKA_ACL_ADMIN_PASSWORD\""
+    jaas+=" user_$KAFKA_ACL_ADMIN_USER=\"$KAFKA_ACL_ADMIN_PASSWORD\""
+    jaas+=" user_$KAFKA_ACL_RELAY_USER=\"$KAFKA_ACL_RELAY_PASSWORD\";"
+    {
+        kafka_single_node_properties "$KAFKA_ACL_DIR" "$cport"
+        cat <<EOF
+listeners=SASL_PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=SASL_PLAINTEXT://127.0.0.1:$port
+listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=SASL_PLAINTEXT
+sasl.enabled.mechanisms=PLAIN
+sasl.mechanism.inter.broker.protocol=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=$jaas
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:$KAFKA_ACL_ADMIN_USER;User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
+auto.create.topics.enable=false
+EOF
+    } >"$KAFKA_ACL_DIR/server.properties"
+    cat >"$KAFKA_ACL_DIR/admin.properties" <<EOF
+# Written by scripts/services.sh: client settings of the ACL broker's admin
+# (--command-config of the Kafka tools; kafka-acl-tool passes it).
+security.protocol=SASL_PLAINTEXT
+sasl.mechanism=PLAIN
+sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="$KAFKA_ACL_ADMIN_USER" password="$KAFKA_ACL_ADMIN_PASSWORD";
+EOF
+    kafka_write_log4j "$KAFKA_ACL_DIR"
+}
+
+kafka_acl_start() {
+    local port cport cp pid i
+    port=$(port_for kafka-acl)
+    cport=$(port_for kafka-acl-controller)
+    if pid=$(kafka_pid "$KAFKA_ACL_DIR"); then
+        log "Kafka (ACL) already running (pid $pid) on 127.0.0.1:$port"
+        return 0
+    fi
+    cp=$(kafka_classpath)
+    kafka_acl_write_config "$port" "$cport"
+    kafka_format "$KAFKA_ACL_DIR" "$cp"
+    for i in "$port" "$cport"; do
+        if port_in_use "$i"; then
+            die "port $i (saved in $PORTS_DIR) is taken by another process; stop it or run '$SELF clean'"
+        fi
+    done
+    kafka_launch "$KAFKA_ACL_DIR" "$cp" "Kafka (ACL)" "$port" "$cport" 128m 384m map
+}
+
+kafka_acl_stop() {
+    kafka_stop_dir "$KAFKA_ACL_DIR" "Kafka (ACL)"
+}
+
+# A Kafka tool as the ACL broker's admin: adds --bootstrap-server and
+# --command-config unless given (or a --producer.config/--consumer.config).
+kafka_acl_tool() {
+    local class a bootstrap=1 config=1
+    local -a args
+    (($# >= 1)) || die "usage: $0 kafka-acl-tool CLASS [ARGS...]"
+    [[ -f $KAFKA_ACL_DIR/admin.properties ]] ||
+        die "the ACL broker was never started here: run '$SELF kafka-acl-start' first"
+    class=$1
+    shift
+    for a in "$@"; do
+        case $a in
+        --bootstrap-server | --bootstrap-server=* | --bootstrap-controller | --bootstrap-controller=*) bootstrap=0 ;;
+        --command-config | --command-config=* | --producer.config | --producer.config=* | \
+            --consumer.config | --consumer.config=*) config=0 ;;
+        esac
+    done
+    args=("$@")
+    ((bootstrap)) && args+=(--bootstrap-server "127.0.0.1:$(port_for kafka-acl)")
+    ((config)) && args+=(--command-config "$KAFKA_ACL_DIR/admin.properties")
+    kafka_run_tool "$KAFKA_ACL_DIR" "$class" "${args[@]}"
 }
 
 # ------------------------------------------------------------------- main
@@ -1052,6 +1230,7 @@ cmd_start() {
 
 cmd_stop() {
     kafka_stop || true
+    kafka_acl_stop || true
     cmd_ha_stop
     pg_stop_cluster pg-replica || true
     pg_stop_cluster pg || true
@@ -1073,6 +1252,9 @@ cmd_status() {
     [[ -f $(ha_promoted_marker) ]] && echo "pg-ha-standby: promoted (pg-ha-reset for a fresh pair)"
     [[ -n $(pg_existing_major) ]] && echo "PostgreSQL: $(pg_existing_major) ($(find_pg_bin 2>/dev/null || true))"
     if pid=$(kafka_pid); then echo "kafka:      running on 127.0.0.1:$(cat "$PORTS_DIR/kafka") (pid $pid)"; else echo "kafka:      stopped"; rc=3; fi
+    if [[ -d $KAFKA_ACL_DIR ]]; then
+        if pid=$(kafka_pid "$KAFKA_ACL_DIR"); then echo "kafka-acl:  running on 127.0.0.1:$(cat "$PORTS_DIR/kafka-acl") (pid $pid)"; else echo "kafka-acl:  stopped"; fi
+    fi
     [[ -f $ENV_FILE ]] && echo "env file:   $ENV_FILE"
     return "$rc"
 }
@@ -1081,7 +1263,7 @@ main() {
     local cmd=${1:-}
     shift || true
     case $cmd in
-    start | pg-start | kafka-start | pg-replica-start | pg-ha-start | pg-ha-crash | pg-ha-promote)
+    start | pg-start | kafka-start | kafka-acl-start | pg-replica-start | pg-ha-start | pg-ha-crash | pg-ha-promote)
         ensure_run_dir
         take_lock
         case $cmd in
@@ -1094,6 +1276,11 @@ main() {
         kafka-start)
             kafka_start
             write_env
+            ;;
+        kafka-acl-start)
+            kafka_acl_start
+            write_env
+            echo "$ENV_FILE"
             ;;
         pg-replica-start)
             pg_start_cluster pg-replica
@@ -1109,13 +1296,14 @@ main() {
         pg-ha-promote) cmd_ha_promote ;;
         esac
         ;;
-    stop | pg-stop | kafka-stop | pg-replica-stop | pg-ha-stop | pg-ha-reset)
+    stop | pg-stop | kafka-stop | kafka-acl-stop | pg-replica-stop | pg-ha-stop | pg-ha-reset)
         [[ -d $RUN_DIR ]] || exit 0
         take_lock
         case $cmd in
         stop) cmd_stop ;;
         pg-stop) pg_stop_cluster pg || true ;;
         kafka-stop) kafka_stop || true ;;
+        kafka-acl-stop) kafka_acl_stop || true ;;
         pg-replica-stop)
             pg_stop_cluster pg-replica || true
             if [[ -f $ENV_FILE ]]; then write_env 2>/dev/null || true; fi
@@ -1152,6 +1340,10 @@ main() {
     kafka-tool)
         ensure_run_dir
         kafka_tool "$@"
+        ;;
+    kafka-acl-tool)
+        ensure_run_dir
+        kafka_acl_tool "$@"
         ;;
     -h | --help | help)
         sed -n '2,/^set -euo/p' "$SELF" | sed -e '$d' -e 's/^# \{0,1\}//'

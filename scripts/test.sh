@@ -15,6 +15,7 @@
 # (wiped first unless OUTBOX_KEEP_STATE=1), and are stopped on exit whatever
 # happens; the exit code is cargo test's. Their logs stay in the state dir:
 #   pg/postgres.log  pg-replica/postgres.log  kafka/logs/server.log
+#   kafka-acl/logs/server.log (the ACL broker, when a test started it)
 # Needs nothing but what scripts/services.sh installs (PostgreSQL, Java and
 # Maven via apt-get when missing, the Kafka jars via Maven, and with
 # OUTBOX_PG_VERSION other than 15 that PostgreSQL's server binaries via Maven;
@@ -81,11 +82,12 @@ cleanup() {
                     tail -n 60 "$f" >&2 || true
                 fi
             done
-            f="$OUTBOX_RUN_DIR/kafka/logs/server.log"
-            if [[ -s $f ]]; then
-                printf -- '----- last warnings and errors of %s -----\n' "$f" >&2
-                grep -E '^\[[^]]*\] (WARN|ERROR|FATAL) ' "$f" | tail -n 40 >&2 || true
-            fi
+            for f in "$OUTBOX_RUN_DIR"/{kafka,kafka-acl}/logs/server.log; do
+                if [[ -s $f ]]; then
+                    printf -- '----- last warnings and errors of %s -----\n' "$f" >&2
+                    grep -E '^\[[^]]*\] (WARN|ERROR|FATAL) ' "$f" | tail -n 40 >&2 || true
+                fi
+            done
         fi
         log "stopping services"
         bash "$SERVICES" stop || true

@@ -5,6 +5,7 @@
 //! `OUTBOX_TEST_PG_URL`, `OUTBOX_TEST_KAFKA_BROKERS` and `OUTBOX_TEST_SERVICES`.
 #![allow(dead_code)]
 
+pub mod acl;
 pub mod probe;
 
 use std::collections::{HashMap, HashSet};

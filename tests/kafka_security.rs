@@ -1,0 +1,1077 @@
+//! Kafka as production clusters run it (issue 19): a SASL/PLAIN broker with the KRaft
+//! StandardAuthorizer, nothing allowed without an ACL, no topic auto-creation
+//! (`scripts/services.sh kafka-acl-start`, started on demand by [`AclBroker::start`]).
+//!
+//! A missing ACL or topic is an operator's problem, not a bad record: the relay blocks (keeps
+//! the records, confirms nothing past the first blocked one, turns `/readyz` red, raises
+//! `outbox_relay_kafka_blocked{reason,topic}` and logs the `kafka-acls` command that fixes it),
+//! and resumes by itself once the operator acts. Records of other topics keep flowing
+//! meanwhile (at-least-once).
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::acl::{transactional_id, AclBroker};
+use common::probe::{free_port, http_get};
+use common::*;
+use tokio_postgres::Client;
+
+/// How soon `/readyz` must turn red once a record is blocked (issue 19, done-when 1).
+const READY_RED_WITHIN: Duration = Duration::from_secs(10);
+/// How soon a topic's records must be in Kafka while another topic is missing (done-when 3).
+const OTHERS_FLOW_WITHIN: Duration = Duration::from_secs(5);
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a blocked phase is watched before the operator acts: longer than the relay's own
+/// wait for a topic's metadata (10 s at main 41fecb1, after which it dead-lettered). The
+/// default `kafka.message_timeout_ms` (300 s) stays: a shorter one changes how a relay fails
+/// (a session restart on MessageTimedOut) and hid that dead-lettering.
+const BLOCKED_HOLD: Duration = Duration::from_secs(15);
+/// The consumer group of the relay's exactly-once progress reader (`src/sink/progress.rs`).
+const PROGRESS_GROUP: &str = "outbox-relay-progress";
+
+/// A relay logged in to the ACL broker as user relay, with its HTTP port.
+struct Relay {
+    process: RelayProcess,
+    http: u16,
+}
+
+impl Relay {
+    fn start(broker: &AclBroker, db: &TestDb, extra: &[(&str, &str)], name: &str) -> Relay {
+        let http = free_port();
+        let listen = format!("127.0.0.1:{http}");
+        let mut env = broker.relay_env(db);
+        let extra = extra
+            .iter()
+            .copied()
+            .chain([("OUTBOX_RELAY__HTTP__LISTEN", listen.as_str())]);
+        for (key, value) in extra {
+            env.retain(|(k, _)| k != key);
+            env.push((key.to_string(), value.to_string()));
+        }
+        Relay {
+            // One log per run (RelayProcess appends to an existing one).
+            process: RelayProcess::start(&env, &format!("{name}_{}", db.name)),
+            http,
+        }
+    }
+
+    fn readyz(&self) -> Option<u16> {
+        http_get(self.http, "/readyz").map(|(code, _)| code)
+    }
+
+    fn metrics(&self) -> String {
+        http_get(self.http, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    /// Fails (with the log) when the relay exited.
+    fn assert_running(&mut self) {
+        if let Some(status) = self.process.try_status() {
+            panic!("relay exited with {status}:\n{}", self.process.log_text());
+        }
+    }
+
+    /// Waits until `/readyz` answers 200 (`green`) or, when not `green`, anything else.
+    async fn wait_readyz(&mut self, green: bool, timeout: Duration, what: &str) -> Duration {
+        let began = Instant::now();
+        loop {
+            self.assert_running();
+            let code = self.readyz();
+            if (code == Some(200)) == green && code.is_some() {
+                return began.elapsed();
+            }
+            assert!(
+                began.elapsed() < timeout,
+                "{what}: /readyz answered {code:?} for {timeout:?}\n{}",
+                self.process.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until `/metrics` has `outbox_relay_kafka_blocked{…} 1` with `reason` and (when
+    /// given) `topic`; returns the line.
+    async fn wait_blocked(
+        &mut self,
+        reason: &str,
+        topic: Option<&str>,
+        timeout: Duration,
+    ) -> String {
+        let began = Instant::now();
+        loop {
+            self.assert_running();
+            let body = self.metrics();
+            if let Some(line) = blocked_line(&body, reason, topic) {
+                return line;
+            }
+            assert!(
+                began.elapsed() < timeout,
+                "no outbox_relay_kafka_blocked{{reason=\"{reason}\",topic={topic:?}}} 1 within \
+                 {timeout:?}; the blocked series:\n{}\nlog:\n{}",
+                body.lines()
+                    .filter(|l| l.starts_with("outbox_relay_kafka_blocked"))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                self.process.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The relay's log says what is blocked and how to grant it: names `what` and gives the
+    /// `kafka-acls` command.
+    fn assert_log_names(&self, what: &str) {
+        let log = self.process.log_text();
+        let names = log
+            .lines()
+            .any(|l| l.contains(what) && l.contains("kafka-acls"));
+        assert!(
+            names,
+            "no log line names {what} together with the kafka-acls command that grants it:\n{log}"
+        );
+    }
+
+    /// No `outbox_relay_kafka_blocked` series is 1 any more.
+    fn assert_not_blocked(&self) {
+        let body = self.metrics();
+        let still: Vec<&str> = body
+            .lines()
+            .filter(|l| l.starts_with("outbox_relay_kafka_blocked{"))
+            .filter(|l| {
+                l.rsplit_once(' ')
+                    .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+                    == Some(1.0)
+            })
+            .collect();
+        assert!(still.is_empty(), "still blocked once ready: {still:?}");
+    }
+
+    fn assert_log_contains(&self, text: &str) {
+        let log = self.process.log_text();
+        assert!(log.contains(text), "the relay's log lacks {text:?}:\n{log}");
+    }
+
+    async fn stop(mut self) {
+        let status = self.process.terminate(Duration::from_secs(30));
+        assert!(
+            status.success(),
+            "relay exited with {status} on SIGTERM:\n{}",
+            self.process.log_text()
+        );
+    }
+}
+
+/// Polls `/readyz` every 100 ms from its start, and remembers when it first answered anything
+/// but 200: so that a test can check the other promises first and this one still to the
+/// second.
+struct ReadyWatch {
+    first_red: Arc<Mutex<Option<Duration>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl ReadyWatch {
+    fn start(http: u16) -> ReadyWatch {
+        let first_red = Arc::new(Mutex::new(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (seen, stopped) = (first_red.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let began = Instant::now();
+            while !stopped.load(Ordering::Relaxed) {
+                let code = http_get(http, "/readyz").map(|(code, _)| code);
+                if code.is_some_and(|c| c != 200) {
+                    seen.lock().unwrap().get_or_insert(began.elapsed());
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        ReadyWatch { first_red, stop }
+    }
+
+    /// Fails unless `/readyz` turned red within `within` of the watch's start (waiting for
+    /// that moment if it has not come yet).
+    async fn assert_red_within(&self, within: Duration, relay: &mut Relay, what: &str) {
+        let began = Instant::now();
+        loop {
+            relay.assert_running();
+            if let Some(after) = *self.first_red.lock().unwrap() {
+                println!("{what}: /readyz red {after:?} after the writes");
+                assert!(
+                    after <= within,
+                    "{what}: /readyz turned red only {after:?} after the writes (limit {within:?})"
+                );
+                return;
+            }
+            assert!(
+                began.elapsed() < within,
+                "{what}: /readyz still 200 (or silent) {within:?} and more after the writes\n{}",
+                relay.process.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for ReadyWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The `outbox_relay_kafka_blocked` series with value 1 whose labels hold `reason` and `topic`
+/// (in any order, other labels allowed).
+fn blocked_line(body: &str, reason: &str, topic: Option<&str>) -> Option<String> {
+    body.lines()
+        .filter(|l| l.starts_with("outbox_relay_kafka_blocked{"))
+        .find(|l| {
+            let Some((labels, value)) = l.rsplit_once(' ') else {
+                return false;
+            };
+            value.trim().parse::<f64>().ok() == Some(1.0)
+                && labels.contains(&format!("reason=\"{reason}\""))
+                && topic.is_none_or(|t| labels.contains(&format!("topic=\"{t}\"")))
+        })
+        .map(str::to_string)
+}
+
+fn ids(events: &[Event]) -> Vec<String> {
+    events.iter().map(|e| e.id.clone()).collect()
+}
+
+fn events(aggregate_type: &str, aggregate_id: &str, n: usize) -> Vec<Event> {
+    (0..n)
+        .map(|i| Event::new(aggregate_type, aggregate_id, 0, i))
+        .collect()
+}
+
+/// Writes `a` and `b` in alternating transactions of `per_txn`, an `a` one first. Returns the
+/// LSN before the commit of the first transaction (see [`insert_events_at`]).
+async fn write_interleaved(client: &mut Client, a: &[Event], b: &[Event], per_txn: usize) -> u64 {
+    let mut first = None;
+    for (ca, cb) in a.chunks(per_txn).zip(b.chunks(per_txn)) {
+        let lsn = insert_events_at(client, ca, true).await;
+        first.get_or_insert(lsn);
+        insert_events(client, cb, true).await;
+    }
+    first.expect("events to write")
+}
+
+/// Reads `events` from `topics` on the ACL broker and fails when any is missing; with
+/// `exactly_once` also on duplicates (the reader is read_committed).
+async fn expect_delivered(
+    label: &str,
+    broker: &AclBroker,
+    topics: &[String],
+    events: &[Event],
+    exactly_once: bool,
+    relay: &Relay,
+) -> Vec<Received> {
+    let received = broker
+        .read_ids(
+            topics,
+            1,
+            &ids(events),
+            DELIVERY_TIMEOUT,
+            Duration::from_secs(2),
+        )
+        .await;
+    let t = tally(events, &received);
+    println!(
+        "{label}: {} events, {} missing, {} duplicates",
+        events.len(),
+        t.missing.len(),
+        t.duplicates
+    );
+    assert!(
+        t.missing.is_empty(),
+        "{label}: {} of {} events missing, e.g. {:?}\n{}",
+        t.missing.len(),
+        events.len(),
+        &t.missing[..t.missing.len().min(3)],
+        relay.process.log_text()
+    );
+    if exactly_once {
+        assert_eq!(
+            t.duplicates, 0,
+            "{label}: duplicates for a read_committed reader"
+        );
+    }
+    received
+}
+
+/// Watches a blocked phase until `until`: the relay keeps running, the slot stays below `lsn`
+/// (a position inside the first blocked transaction, before its commit), and the topics in
+/// `empty` get no record. Fails at the first breach.
+async fn assert_held(
+    broker: &AclBroker,
+    db: &TestDb,
+    relay: &mut Relay,
+    until: Instant,
+    (lsn, what): (u64, &str),
+    empty: &[(&str, &str)],
+) {
+    loop {
+        relay.assert_running();
+        for (topic, breach) in empty {
+            let n = broker.record_count(topic).await;
+            assert_eq!(
+                n,
+                0,
+                "{breach}: {n} records in {topic}\n{}",
+                relay.process.log_text()
+            );
+        }
+        let confirmed = db.confirmed_flush_lsn().await;
+        if confirmed >= lsn {
+            let mut meanwhile = String::new();
+            for (topic, _) in empty {
+                let n = broker.record_count(topic).await;
+                meanwhile.push_str(&format!("; {n} records in {topic}"));
+            }
+            panic!(
+                "the slot was confirmed to {confirmed:X}, past {what} (its commit is after \
+                 {lsn:X}){meanwhile}\n{}",
+                relay.process.log_text()
+            );
+        }
+        if Instant::now() >= until {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn wait_confirmed(db: &TestDb, relay: &Relay) {
+    let end = db.current_wal_lsn().await;
+    let began = Instant::now();
+    while db.confirmed_flush_lsn().await < end {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the slot did not reach {end:X} within 30 s of delivery:\n{}",
+            relay.process.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Makes the exactly-once progress topic and grants what a transactional relay needs besides
+/// its events' topics: READ and WRITE on the progress topic, READ on the progress reader's
+/// group and, when `with_transactional_id`, WRITE and DESCRIBE on its transactional id.
+/// Returns the progress topic.
+async fn prepare_exactly_once(
+    broker: &AclBroker,
+    db: &TestDb,
+    with_transactional_id: bool,
+) -> String {
+    let progress = db.topic("progress");
+    broker
+        .create_topic_with(&progress, 1, &[("cleanup.policy", "compact")])
+        .await;
+    broker.grant_read_write(&progress).await;
+    broker.grant_group_read(PROGRESS_GROUP).await;
+    if with_transactional_id {
+        broker
+            .grant_transactional_id(&transactional_id(db).await)
+            .await;
+    }
+    progress
+}
+
+/// The baseline: with the ACLs the README documents, and no more, both delivery modes deliver
+/// everything, also after a restart. At-least-once: WRITE on the events' topics. Exactly-once:
+/// also READ+WRITE on the progress topic, READ on the group `outbox-relay-progress` and
+/// WRITE+DESCRIBE on the transactional id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn documented_acls_are_enough_for_both_delivery_modes() {
+    let broker = AclBroker::start().await;
+    for exactly_once in [false, true] {
+        let db = TestDb::new().await;
+        db.create_slot().await;
+        let (order, customer) = (db.topic("order"), db.topic("customer"));
+        broker.create_topic(&order, 1).await;
+        broker.create_topic(&customer, 1).await;
+        broker.grant_write(&[&order, &customer]).await;
+        let mut extra = vec![];
+        let progress;
+        if exactly_once {
+            progress = prepare_exactly_once(&broker, &db, true).await;
+            extra.push(("OUTBOX_RELAY__KAFKA__DELIVERY", "exactly_once"));
+            extra.push(("OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC", progress.as_str()));
+        }
+        let label = if exactly_once {
+            "exactly_once"
+        } else {
+            "at_least_once"
+        };
+        let mut relay = Relay::start(&broker, &db, &extra, &format!("acl_baseline_{label}"));
+        wait_for_slot(&db, &mut relay.process).await;
+        let (a, b) = (events("order", "o", 100), events("customer", "c", 100));
+        let mut client = db.client().await;
+        write_interleaved(&mut client, &a, &b, 10).await;
+        let mut all: Vec<Event> = a.iter().chain(&b).cloned().collect();
+        expect_delivered(
+            &format!("documented ACLs, {label}"),
+            &broker,
+            &[order.clone(), customer.clone()],
+            &all,
+            exactly_once,
+            &relay,
+        )
+        .await;
+        wait_confirmed(&db, &relay).await;
+        relay
+            .wait_readyz(true, Duration::from_secs(10), label)
+            .await;
+        relay.stop().await;
+        // A second start reads the progress record (exactly-once): READ on it is enough.
+        let more = events("order", "o2", 20);
+        insert_events(&mut client, &more, true).await;
+        all.extend(more);
+        let mut relay = Relay::start(&broker, &db, &extra, &format!("acl_baseline_{label}_2"));
+        wait_for_slot(&db, &mut relay.process).await;
+        expect_delivered(
+            &format!("documented ACLs, {label}, after a restart"),
+            &broker,
+            &[order.clone(), customer.clone()],
+            &all,
+            exactly_once,
+            &relay,
+        )
+        .await;
+        if exactly_once {
+            relay.assert_log_contains("transactions below the progress record are skipped");
+        }
+        relay.stop().await;
+        db.cleanup().await;
+    }
+}
+
+/// Done-when 1: a topic the relay may not write. Its events are neither dead-lettered nor
+/// confirmed; other topics flow; once WRITE is granted every event arrives in its own topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missing_write_acl_blocks_instead_of_dead_lettering() {
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let (a_topic, b_topic, dlq) = (db.topic("order"), db.topic("customer"), db.topic("dlq"));
+    for topic in [&a_topic, &b_topic, &dlq] {
+        broker.create_topic(topic, 1).await;
+    }
+    // The operator's slip: WRITE on B and the dead-letter topic, not on A.
+    broker.grant_write(&[&b_topic, &dlq]).await;
+    let mut relay = Relay::start(
+        &broker,
+        &db,
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
+        "acl_missing_write",
+    );
+    wait_for_slot(&db, &mut relay.process).await;
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "before any blocked record")
+        .await;
+
+    let (a, b) = (events("order", "a", 200), events("customer", "b", 200));
+    let mut client = db.client().await;
+    let watch = ReadyWatch::start(relay.http);
+    let written = Instant::now();
+    let first_a = write_interleaved(&mut client, &a, &b, 20).await;
+
+    expect_delivered(
+        "B while A is blocked",
+        &broker,
+        std::slice::from_ref(&b_topic),
+        &b,
+        false,
+        &relay,
+    )
+    .await;
+    assert_held(
+        &broker,
+        &db,
+        &mut relay,
+        written + BLOCKED_HOLD,
+        (first_a, "A's first event"),
+        &[
+            (
+                &dlq,
+                "A's events were dead-lettered: a missing ACL is a deployment error",
+            ),
+            (&a_topic, "A got records without WRITE"),
+        ],
+    )
+    .await;
+    watch
+        .assert_red_within(READY_RED_WITHIN, &mut relay, "A blocked")
+        .await;
+    let line = relay
+        .wait_blocked(
+            "topic_authorization",
+            Some(&a_topic),
+            Duration::from_secs(10),
+        )
+        .await;
+    println!("blocked: {line}");
+    relay.assert_log_names(&a_topic);
+
+    // The operator grants it; the relay resumes by itself.
+    broker.grant_write(&[&a_topic]).await;
+    let received = expect_delivered(
+        "A after the grant",
+        &broker,
+        std::slice::from_ref(&a_topic),
+        &a,
+        false,
+        &relay,
+    )
+    .await;
+    assert!(received.iter().all(|r| r.topic == a_topic));
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "after the grant")
+        .await;
+    relay.assert_not_blocked();
+    wait_confirmed(&db, &relay).await;
+    assert_eq!(
+        broker.record_count(&dlq).await,
+        0,
+        "dead letters after the grant"
+    );
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// Inserts a row with a NULL aggregate type (no topic can be formed: a dead letter) in its own
+/// transaction; returns its id and the LSN before its commit.
+async fn insert_poison_at(client: &mut Client) -> (String, u64) {
+    let id = uuid::Uuid::new_v4().to_string();
+    let tx = client.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+         VALUES ($1::text::uuid, NULL, 'p', 'Bad', '{}')",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let lsn: i64 = tx
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+        .await
+        .unwrap()
+        .get(0);
+    tx.commit().await.unwrap();
+    (id, lsn as u64)
+}
+
+/// Done-when 1, the dead-letter topic: a poison row whose dead letter may not be written
+/// blocks (nothing confirmed past it) until the ACL is granted; then it is in the dead-letter
+/// topic and its neighbours in theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letter_topic_without_acl_blocks() {
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN aggregatetype DROP NOT NULL")
+        .await
+        .unwrap();
+    db.create_slot().await;
+    let (order, dlq) = (db.topic("order"), db.topic("dlq"));
+    broker.create_topic(&order, 1).await;
+    broker.create_topic(&dlq, 1).await;
+    broker.grant_write(&[&order]).await;
+    let mut relay = Relay::start(
+        &broker,
+        &db,
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
+        "acl_dead_letter",
+    );
+    wait_for_slot(&db, &mut relay.process).await;
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "before the poison row")
+        .await;
+
+    let mut client = db.client().await;
+    let before = events("order", "p", 50);
+    let watch = ReadyWatch::start(relay.http);
+    let written = Instant::now();
+    insert_events(&mut client, &before, true).await;
+    let (poison, poison_lsn) = insert_poison_at(&mut client).await;
+    let after: Vec<Event> = (0..50)
+        .map(|i| Event::new("order", "p", 0, 100 + i))
+        .collect();
+    insert_events(&mut client, &after, true).await;
+
+    assert_held(
+        &broker,
+        &db,
+        &mut relay,
+        written + BLOCKED_HOLD,
+        (poison_lsn, "the poison row"),
+        &[(&dlq, "a dead letter without WRITE")],
+    )
+    .await;
+    expect_delivered(
+        "before the poison row",
+        &broker,
+        std::slice::from_ref(&order),
+        &before,
+        false,
+        &relay,
+    )
+    .await;
+    watch
+        .assert_red_within(READY_RED_WITHIN, &mut relay, "dead-letter topic blocked")
+        .await;
+    let line = relay
+        .wait_blocked("topic_authorization", Some(&dlq), Duration::from_secs(10))
+        .await;
+    println!("blocked: {line}");
+    relay.assert_log_names(&dlq);
+
+    broker.grant_write(&[&dlq]).await;
+    let dead = broker
+        .read_ids(
+            std::slice::from_ref(&dlq),
+            1,
+            std::slice::from_ref(&poison),
+            DELIVERY_TIMEOUT,
+            Duration::from_secs(1),
+        )
+        .await;
+    assert!(
+        dead.iter().any(|r| r.key_str() == poison),
+        "the dead letter is not in {dlq} after the grant: {dead:?}\n{}",
+        relay.process.log_text()
+    );
+    let neighbours: Vec<Event> = before.iter().chain(&after).cloned().collect();
+    expect_delivered(
+        "the poison row's neighbours",
+        &broker,
+        std::slice::from_ref(&order),
+        &neighbours,
+        false,
+        &relay,
+    )
+    .await;
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "after the grant")
+        .await;
+    relay.assert_not_blocked();
+    wait_confirmed(&db, &relay).await;
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// Done-when 1, exactly-once: without an ACL on its transactional id the relay publishes
+/// nothing and confirms nothing, says why, and after the grant delivers every event exactly
+/// once to a read_committed reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactional_id_without_acl_blocks_exactly_once() {
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let (order, customer) = (db.topic("order"), db.topic("customer"));
+    broker.create_topic(&order, 1).await;
+    broker.create_topic(&customer, 1).await;
+    broker.grant_write(&[&order, &customer]).await;
+    let progress = prepare_exactly_once(&broker, &db, false).await;
+    let tid = transactional_id(&db).await;
+
+    let mut client = db.client().await;
+    let (a, b) = (events("order", "o", 100), events("customer", "c", 100));
+    let first = write_interleaved(&mut client, &a, &b, 10).await;
+    let started = Instant::now();
+    let mut relay = Relay::start(
+        &broker,
+        &db,
+        &[
+            ("OUTBOX_RELAY__KAFKA__DELIVERY", "exactly_once"),
+            ("OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC", &progress),
+        ],
+        "acl_transactional_id",
+    );
+    let watch = ReadyWatch::start(relay.http);
+    let published = "published without the transactional id's ACL";
+    assert_held(
+        &broker,
+        &db,
+        &mut relay,
+        started + BLOCKED_HOLD,
+        (first, "the first transaction"),
+        &[
+            (&order, published),
+            (&customer, published),
+            (&progress, published),
+        ],
+    )
+    .await;
+    watch
+        .assert_red_within(READY_RED_WITHIN, &mut relay, "no transactional id ACL")
+        .await;
+    let line = relay
+        .wait_blocked(
+            "transactional_id_authorization",
+            None,
+            Duration::from_secs(10),
+        )
+        .await;
+    println!("blocked: {line}");
+    relay.assert_log_names(&tid);
+
+    broker.grant_transactional_id(&tid).await;
+    let all: Vec<Event> = a.iter().chain(&b).cloned().collect();
+    expect_delivered(
+        "after the grant",
+        &broker,
+        &[order.clone(), customer.clone()],
+        &all,
+        true,
+        &relay,
+    )
+    .await;
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "after the grant")
+        .await;
+    relay.assert_not_blocked();
+    wait_confirmed(&db, &relay).await;
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// Done-when 2: topic creation on, a group for `outbox\.event\.billing.*` with 6 partitions and
+/// a retention: the first event of a new aggregate type makes its topic with those settings,
+/// and the events arrive in order per aggregate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn topic_creation_group_sets_partitions_and_retention() {
+    const AGGREGATES: usize = 8;
+    const PER_AGGREGATE: usize = 25;
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let aggregate_type = random_name("billing");
+    let topic = format!("outbox.event.{aggregate_type}");
+    // CREATE (and WRITE) on the billing topics only: the cluster-wide CREATE is not needed.
+    broker.grant_create_prefixed("outbox.event.billing").await;
+    assert_eq!(
+        broker.partition_count(&topic).await,
+        None,
+        "{topic} exists already"
+    );
+    let config = write_config(
+        &format!("acl_topic_creation_{}", db.name),
+        r#"
+[kafka.topic_creation]
+enabled = true
+partitions = 1
+
+[[kafka.topic_creation.groups]]
+match = 'outbox\.event\.billing.*'
+partitions = 6
+configs = { "retention.ms" = "3600000" }
+"#,
+    );
+    let config = config.display().to_string();
+    let mut relay = Relay::start(
+        &broker,
+        &db,
+        &[
+            ("OUTBOX_RELAY_CONFIG", &config),
+            (
+                "OUTBOX_RELAY__OUTBOX__TOPIC",
+                "outbox.event.{aggregatetype}",
+            ),
+        ],
+        "acl_topic_creation",
+    );
+    wait_for_slot(&db, &mut relay.process).await;
+
+    // Aggregates interleaved within and across transactions; the payload's seq is the
+    // aggregate's own sequence.
+    let mut client = db.client().await;
+    let mut written: Vec<Event> = Vec::new();
+    for round in 0..PER_AGGREGATE / 5 {
+        let batch: Vec<Event> = (0..5)
+            .flat_map(|k| (0..AGGREGATES).map(move |agg| (round * 5 + k, agg)))
+            .map(|(seq, agg)| Event::new(&aggregate_type, &format!("acct-{agg}"), agg, seq))
+            .collect();
+        insert_events(&mut client, &batch, true).await;
+        written.extend(batch);
+    }
+    let received = broker
+        .read_ids(
+            std::slice::from_ref(&topic),
+            6,
+            &ids(&written),
+            DELIVERY_TIMEOUT,
+            Duration::from_secs(2),
+        )
+        .await;
+    let t = tally(&written, &received);
+    assert!(
+        t.missing.is_empty(),
+        "{} of {} events missing from {topic}\n{}",
+        t.missing.len(),
+        written.len(),
+        relay.process.log_text()
+    );
+    assert_eq!(
+        broker.partition_count(&topic).await,
+        Some(6),
+        "{topic} was not created with the group's partition count"
+    );
+    let configs = broker.topic_configs(&topic).await;
+    assert_eq!(
+        configs.get("retention.ms").cloned().flatten().as_deref(),
+        Some("3600000"),
+        "{topic}'s retention.ms is not the group's"
+    );
+
+    assert_eq!(t.duplicates, 0, "duplicates without any restart");
+    // Per aggregate: one partition, and its sequence 0, 1, 2, … in offset order.
+    let mut by_partition: BTreeMap<i32, Vec<&Received>> = BTreeMap::new();
+    for r in &received {
+        by_partition.entry(r.partition).or_default().push(r);
+    }
+    let mut partition_of: HashMap<String, i32> = HashMap::new();
+    let mut next: HashMap<String, u64> = HashMap::new();
+    for records in by_partition.values_mut() {
+        records.sort_by_key(|r| r.offset);
+        for r in records.iter() {
+            let aggregate = r
+                .header("aggregateid")
+                .expect("aggregateid header")
+                .to_string();
+            let p = *partition_of.entry(aggregate.clone()).or_insert(r.partition);
+            assert_eq!(
+                p, r.partition,
+                "{aggregate} is in partitions {p} and {}",
+                r.partition
+            );
+            let payload: serde_json::Value =
+                serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+            let seq = payload["seq"].as_u64().unwrap();
+            let want = next.entry(aggregate.clone()).or_insert(0);
+            assert_eq!(seq, *want, "{aggregate} out of order in partition {p}");
+            *want += 1;
+        }
+    }
+    assert_eq!(partition_of.len(), AGGREGATES);
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// Done-when 3: creation off, topic A missing. At-least-once: B's events committed afterwards
+/// are in Kafka within 5 s; once A is created all of A's events arrive; nothing missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missing_topic_does_not_stop_other_topics_at_least_once() {
+    missing_topic_does_not_stop_other_topics(false).await;
+}
+
+/// Done-when 3 in exactly-once mode: B may wait for A (one Kafka transaction holds both), but
+/// once A is created nothing is missing and nothing duplicated for a read_committed reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missing_topic_does_not_stop_other_topics_exactly_once() {
+    missing_topic_does_not_stop_other_topics(true).await;
+}
+
+async fn missing_topic_does_not_stop_other_topics(exactly_once: bool) {
+    let label = if exactly_once {
+        "exactly_once"
+    } else {
+        "at_least_once"
+    };
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let (a_topic, b_topic) = (db.topic("order"), db.topic("customer"));
+    broker.create_topic(&b_topic, 1).await;
+    // WRITE on both: A is missing, not forbidden.
+    broker.grant_write(&[&a_topic, &b_topic]).await;
+    let mut extra = vec![];
+    let progress;
+    if exactly_once {
+        progress = prepare_exactly_once(&broker, &db, true).await;
+        extra.push(("OUTBOX_RELAY__KAFKA__DELIVERY", "exactly_once"));
+        extra.push(("OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC", progress.as_str()));
+    }
+    let mut relay = Relay::start(&broker, &db, &extra, &format!("acl_missing_topic_{label}"));
+    wait_for_slot(&db, &mut relay.process).await;
+
+    let mut client = db.client().await;
+    let a = events("order", "a", 100);
+    for chunk in a.chunks(10) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    let b = events("customer", "b", 100);
+    for chunk in b.chunks(10) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    let committed = Instant::now();
+    if !exactly_once {
+        let received = broker
+            .read_ids(
+                std::slice::from_ref(&b_topic),
+                1,
+                &ids(&b),
+                OTHERS_FLOW_WITHIN,
+                Duration::ZERO,
+            )
+            .await;
+        let t = tally(&b, &received);
+        assert!(
+            t.missing.is_empty(),
+            "{} of B's {} events not in Kafka {:?} after their commit, while A is missing\n{}",
+            t.missing.len(),
+            b.len(),
+            committed.elapsed(),
+            relay.process.log_text()
+        );
+        println!(
+            "{label}: B's events in Kafka {:?} after their commit",
+            committed.elapsed()
+        );
+    }
+    relay.assert_running();
+    assert_eq!(
+        broker.partition_count(&a_topic).await,
+        None,
+        "{a_topic} was created"
+    );
+
+    broker.create_topic(&a_topic, 1).await;
+    let all: Vec<Event> = a.iter().chain(&b).cloned().collect();
+    expect_delivered(
+        &format!("{label}, after A was created"),
+        &broker,
+        &[a_topic.clone(), b_topic.clone()],
+        &all,
+        exactly_once,
+        &relay,
+    )
+    .await;
+    wait_confirmed(&db, &relay).await;
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// A refused topic creation (creation on, no CREATE ACL) blocks with reason `topic_creation`
+/// and names the topic; once CREATE is granted the relay makes the topic and delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_topic_creation_blocks_until_create_is_granted() {
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    // WRITE, not CREATE: the creation is what is refused.
+    broker.grant_write(&[&topic]).await;
+    let mut relay = Relay::start(
+        &broker,
+        &db,
+        &[("OUTBOX_RELAY__KAFKA__TOPIC_CREATION__ENABLED", "true")],
+        "acl_creation_refused",
+    );
+    wait_for_slot(&db, &mut relay.process).await;
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "before any blocked record")
+        .await;
+    let mut client = db.client().await;
+    let watch = ReadyWatch::start(relay.http);
+    let written = Instant::now();
+    let a = events("order", "a", 50);
+    let first = insert_events_at(&mut client, &a[..10], true).await;
+    for chunk in a[10..].chunks(10) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    assert_held(
+        &broker,
+        &db,
+        &mut relay,
+        written + BLOCKED_HOLD,
+        (first, "the first event"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        broker.partition_count(&topic).await,
+        None,
+        "{topic} exists without CREATE"
+    );
+    watch
+        .assert_red_within(READY_RED_WITHIN, &mut relay, "creation refused")
+        .await;
+    let line = relay
+        .wait_blocked("topic_creation", Some(&topic), Duration::from_secs(10))
+        .await;
+    println!("blocked: {line}");
+    relay.assert_log_names(&topic);
+
+    broker.grant_create_prefixed(&topic).await;
+    expect_delivered(
+        "after CREATE was granted",
+        &broker,
+        std::slice::from_ref(&topic),
+        &a,
+        false,
+        &relay,
+    )
+    .await;
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "after the grant")
+        .await;
+    relay.assert_not_blocked();
+    wait_confirmed(&db, &relay).await;
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// A refused login (a wrong password) blocks with reason `authentication`: the relay keeps
+/// running and retrying, confirms nothing, and `/readyz` is red.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_login_blocks_with_reason_authentication() {
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    broker.create_topic(&topic, 1).await;
+    broker.grant_write(&[&topic]).await;
+    let wrong = repo_path("target/test-logs").join(random_name("acl-wrong-password-"));
+    std::fs::write(&wrong, "not-the-password\n").unwrap();
+    let wrong = wrong.display().to_string();
+    let mut relay = Relay::start(
+        &broker,
+        &db,
+        &[("OUTBOX_RELAY__KAFKA__SASL_PASSWORD_FILE", &wrong)],
+        "acl_login_refused",
+    );
+    let watch = ReadyWatch::start(relay.http);
+    let started = Instant::now();
+    let mut client = db.client().await;
+    let a = events("order", "a", 20);
+    let first = insert_events_at(&mut client, &a, true).await;
+    assert_held(
+        &broker,
+        &db,
+        &mut relay,
+        started + BLOCKED_HOLD,
+        (first, "the first event"),
+        &[(&topic, "published with a refused login")],
+    )
+    .await;
+    watch
+        .assert_red_within(READY_RED_WITHIN, &mut relay, "login refused")
+        .await;
+    let line = relay
+        .wait_blocked("authentication", None, Duration::from_secs(10))
+        .await;
+    println!("blocked: {line}");
+    let log = relay.process.log_text();
+    assert!(
+        !log.contains(&broker.relay_password) && !log.contains("not-the-password"),
+        "a SASL password reached the log"
+    );
+    relay.stop().await;
+    db.cleanup().await;
+}
