@@ -10,6 +10,7 @@ use crate::lsn::Lsn;
 use crate::mapping::Record;
 use crate::postgres::control::{Control, ControlError};
 use crate::relay::ledger::TxnSeq;
+use crate::sink::progress::Progress;
 use crate::sink::publisher::{Delivery, PublishError, Publisher};
 use crate::source::walsender::{ReplicationError, ReplicationFrame, ReplicationStream};
 
@@ -55,10 +56,10 @@ pub trait RecordSink {
     /// `exactly_once`: opens a Kafka transaction; the records sent until `commit` belong to it.
     fn begin(&mut self) -> Result<(), PublishError>;
     /// `exactly_once`: commits the open transaction together with a progress record saying
-    /// that every PostgreSQL transaction ending at or before `end` is in Kafka. Runs in the
+    /// what of the stream is in Kafka once it commits (`at`). Runs in the
     /// background; the outcome arrives on the returned channel. Once it succeeded, the delivery
     /// report of each record of the transaction is on the delivery channel or on its way.
-    fn commit(&mut self, end: Lsn) -> CommitOutcome;
+    fn commit(&mut self, at: Progress) -> CommitOutcome;
     /// `exactly_once`: aborts the open transaction (best effort, on the session's way out).
     async fn abort(&mut self);
     /// Adaptive batching: the record just sent was the only one in flight, so have it sent
@@ -141,8 +142,8 @@ impl RecordSink for Publisher {
         self.begin_transaction()
     }
 
-    fn commit(&mut self, end: Lsn) -> CommitOutcome {
-        self.commit_transaction(end)
+    fn commit(&mut self, at: Progress) -> CommitOutcome {
+        self.commit_transaction(at)
     }
 
     async fn abort(&mut self) {

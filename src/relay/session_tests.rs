@@ -18,6 +18,7 @@ use super::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, Record
 use super::session::{Session, Settings, Transactions};
 use super::RelayError;
 use crate::relay::ledger::TxnSeq;
+use crate::sink::progress::Progress;
 use std::collections::HashMap;
 
 use crate::config::{DeadLetterPolicy, OutboxConfig};
@@ -212,6 +213,13 @@ enum KafkaOp {
         end: Lsn,
         sent: usize,
     },
+    /// A commit inside a PostgreSQL transaction: its commit LSN and how many of its records
+    /// the progress says are in.
+    Split {
+        final_lsn: Lsn,
+        records: u64,
+        sent: usize,
+    },
     Abort,
 }
 
@@ -261,14 +269,19 @@ impl RecordSink for FakeSink {
         Ok(())
     }
 
-    fn commit(&mut self, end: Lsn) -> CommitOutcome {
+    fn commit(&mut self, at: Progress) -> CommitOutcome {
         let sent = self.sent.lock().unwrap().len();
-        self.kafka
-            .lock()
-            .unwrap()
-            .push(KafkaOp::Commit { end, sent });
+        let op = match at.records {
+            None => KafkaOp::Commit { end: at.lsn, sent },
+            Some(records) => KafkaOp::Split {
+                final_lsn: at.lsn,
+                records,
+                sent,
+            },
+        };
+        self.kafka.lock().unwrap().push(op);
         let (tx, rx) = oneshot::channel();
-        self.commits.send((end, tx)).unwrap();
+        self.commits.send((at.lsn, tx)).unwrap();
         rx
     }
 
@@ -488,9 +501,20 @@ fn exactly_once_early(max_age: Duration, min_age: Duration, max_records: usize) 
             max_age,
             min_age,
             max_records,
+            split_after: Duration::from_secs(3600),
         }),
         ..settings()
     }
+}
+
+/// Exactly-once whose Kafka transactions commit inside a PostgreSQL transaction once
+/// `split_after` old.
+fn exactly_once_split(split_after: Duration) -> Settings {
+    let mut settings = exactly_once(Duration::from_millis(1), 1_000_000);
+    if let Some(t) = &mut settings.transactions {
+        t.split_after = split_after;
+    }
+    settings
 }
 
 fn mapping() -> OutboxMapping {
@@ -1063,7 +1087,7 @@ async fn kafka_transactions_end_only_at_postgres_commits() {
         .iter()
         .filter_map(|op| match op {
             KafkaOp::Commit { end, sent } => Some((*end, *sent)),
-            KafkaOp::Begin | KafkaOp::Abort => None,
+            KafkaOp::Begin | KafkaOp::Abort | KafkaOp::Split { .. } => None,
         })
         .collect();
     assert!(commits.len() > 10, "only {} commits", commits.len());
@@ -1417,7 +1441,7 @@ async fn transactions_below_the_progress_record_are_skipped_and_confirmed() {
             &mapping,
             &metrics,
         )
-        .skipping_below(Some(ends[2]));
+        .skipping_below(Some(Progress::whole(ends[2])));
     let driver = async {
         loop {
             tokio::select! {
@@ -1501,6 +1525,90 @@ async fn a_session_ending_while_a_kafka_commit_runs_aborts_it() {
         "{ops:?}"
     );
     assert!(rig.max_flush() < end, "confirmed an unfinished commit");
+}
+
+#[tokio::test]
+async fn a_postgres_transaction_older_than_split_after_is_split_across_kafka_transactions() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let (begin, final_lsn) = wal.begin(5);
+    rig.push([Wal::relation(OUTBOX, "outbox"), begin]);
+    rig.push((0..2).map(|n| insert(OUTBOX, Some(&event_id(n)))));
+    let session = rig.session(
+        exactly_once_split(Duration::from_millis(30)),
+        &mapping,
+        &metrics,
+    );
+    let driver = async {
+        // The first two records commit in the middle, with a partial progress value.
+        let (at, answer) = tokio::time::timeout(Duration::from_secs(5), commits.recv())
+            .await
+            .expect("no commit inside the PostgreSQL transaction")
+            .unwrap();
+        assert_eq!(at, final_lsn);
+        answer.send(Ok(())).unwrap();
+        rig.push((2..5).map(|n| insert(OUTBOX, Some(&event_id(n)))));
+        let (commit, end) = wal.commit(final_lsn);
+        rig.push([commit]);
+        rig.confirm_commit(commits.recv().await.unwrap(), end).await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    let ops = rig.kafka_ops();
+    assert_eq!(
+        ops[..2],
+        [
+            KafkaOp::Begin,
+            KafkaOp::Split {
+                final_lsn,
+                records: 2,
+                sent: 2
+            }
+        ],
+        "{ops:?}"
+    );
+    assert!(
+        matches!(ops[2..], [KafkaOp::Begin, KafkaOp::Commit { sent: 5, .. }]),
+        "{ops:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_split_transaction_resumes_after_the_records_kafka_has() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let mut frames = vec![Wal::relation(OUTBOX, "outbox")];
+    let (f, first_end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    frames.extend(f);
+    let ids: Vec<String> = (1..6).map(event_id).collect();
+    let ids: Vec<Option<&str>> = ids.iter().map(|s| Some(s.as_str())).collect();
+    let (f, end) = wal.txn(OUTBOX, &ids);
+    let final_lsn = Lsn(end.0 - 0x30);
+    frames.extend(f);
+    rig.push(frames);
+    // Kafka has the first transaction and the first two records of the second.
+    let session = rig
+        .session(
+            exactly_once(Duration::from_millis(1), 1000),
+            &mapping,
+            &metrics,
+        )
+        .skipping_below(Some(Progress::partial(final_lsn, 2)));
+    let driver = async {
+        rig.confirm_commit(commits.recv().await.unwrap(), end).await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    assert!(first_end < final_lsn);
+    let sent: Vec<String> = rig.sent().into_iter().map(|s| s.event_id).collect();
+    assert_eq!(sent, [event_id(3), event_id(4), event_id(5)]);
+    assert_eq!(rig.last_flush(), end);
 }
 
 #[test]

@@ -97,7 +97,11 @@ impl SlotIdentity {
 
 /// The producer of a session, its delivery reports, and (in `exactly_once`) the end LSN below
 /// which PostgreSQL transactions are already in Kafka.
-pub type OpenedSink = (Publisher, mpsc::UnboundedReceiver<Delivery>, Option<Lsn>);
+pub type OpenedSink = (
+    Publisher,
+    mpsc::UnboundedReceiver<Delivery>,
+    Option<Progress>,
+);
 
 /// Opens the session's producer. In `exactly_once`: the slot's identity is read, the progress
 /// topic made when missing, the transactional producer initialised (fencing older ones), and
@@ -137,7 +141,7 @@ pub async fn open(
         .ok()
         .and_then(|row| row.get::<_, String>(0).parse::<Lsn>().ok());
     let skip_below = match (last, wal) {
-        (Some(end), Some(wal)) if wal < end => {
+        (Some(end), Some(wal)) if wal < end.lsn => {
             warn!(progress = %end, wal = %wal, topic = %topic,
                 "the progress record is ahead of the database's WAL (restored from a backup?); ignoring it");
             None
@@ -145,7 +149,7 @@ pub async fn open(
         (last, _) => last,
     };
     info!(transactional_id = %identity.transactional_id(), topic = %topic, partition,
-        progress = ?skip_below.map(|l| l.to_string()),
+        progress = ?skip_below.map(|p| p.to_string()),
         "exactly-once: producer initialised; transactions below the progress record are skipped");
     Ok((publisher, deliveries, skip_below))
 }
@@ -154,9 +158,6 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long reading the progress record may take (other slots' open transactions hold the
 /// read_committed end back for a moment).
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the read_committed end may stay below the high watermark before it is taken
-/// as the end.
-const EOF_SETTLE: Duration = Duration::from_secs(3);
 
 /// Creates the progress topic (one partition, compacted) when missing; returns its partition
 /// count.
@@ -240,7 +241,7 @@ async fn partition_count(
 async fn read_last(
     config: &KafkaConfig,
     progress: &ProgressRecord,
-) -> Result<Option<Lsn>, PublishError> {
+) -> Result<Option<Progress>, PublishError> {
     let mut client = client_config(config);
     // Producer settings librdkafka's consumer would warn about are harmless; these matter.
     client
@@ -263,24 +264,23 @@ async fn read_last(
 fn read_last_blocking(
     client: rdkafka::ClientConfig,
     progress: &ProgressRecord,
-) -> Result<Option<Lsn>, String> {
+) -> Result<Option<Progress>, String> {
+    let (topic, partition) = (progress.topic.as_str(), progress.partition);
+    let high = true_end(&client, topic, partition)?;
     let consumer: BaseConsumer<QuietEof> = consumer_config(client)
         .create_with_context(QuietEof)
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
-    let (low, high) = consumer
-        .fetch_watermarks(&progress.topic, progress.partition, ADMIN_TIMEOUT)
-        .map_err(|e| format!("cannot read its offsets: {e}"))?;
+    let low = wait_stable(&consumer, topic, partition, high)?;
     if high <= low {
         return Ok(None);
     }
     let mut assignment = TopicPartitionList::new();
     assignment
-        .add_partition_offset(&progress.topic, progress.partition, Offset::Beginning)
+        .add_partition_offset(topic, partition, Offset::Beginning)
         .map_err(|e| e.to_string())?;
     consumer.assign(&assignment).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let mut last = None;
-    let mut eof_since: Option<Instant> = None;
     loop {
         if started.elapsed() > READ_TIMEOUT {
             return Err(format!(
@@ -289,7 +289,6 @@ fn read_last_blocking(
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
-                eof_since = None;
                 if message.key() == Some(&progress.key[..]) {
                     last = match message.payload() {
                         Some(value) => parse_progress_value(value).or(last),
@@ -301,31 +300,51 @@ fn read_last_blocking(
                     return Ok(last);
                 }
             }
-            Some(Err(KafkaError::PartitionEOF(_))) => {
-                // The read_committed end: past our own commits unless another slot's open
-                // transaction sits before them; then wait for it.
-                let position = consumer
-                    .position()
-                    .ok()
-                    .and_then(|p| {
-                        p.find_partition(&progress.topic, progress.partition)
-                            .and_then(|e| e.offset().to_raw())
-                    })
-                    .unwrap_or(-1);
-                if position >= high - 1 {
-                    return Ok(last);
-                }
-                // Aborted records at the tail (a relay killed while committing) may not move
-                // the position: an end that stays put this long is the end.
-                let since = *eof_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= EOF_SETTLE {
-                    warn!(position, high, "the progress topic's read_committed end stays below its high watermark (aborted records, or another slot's open transaction); taking it as the end");
-                    return Ok(last);
-                }
-            }
+            // Every transaction below `high` is decided (`wait_stable`), so the read_committed
+            // end is past every committed record there: what was read is the last value.
+            Some(Err(KafkaError::PartitionEOF(_))) => return Ok(last),
             Some(Err(e)) => return Err(format!("cannot read it: {e}")),
             None => {}
         }
+    }
+}
+
+/// The partition's true end, open transactions included: a read_uncommitted consumer's high
+/// watermark (a read_committed one sees only the last stable offset).
+fn true_end(client: &rdkafka::ClientConfig, topic: &str, partition: i32) -> Result<i64, String> {
+    let mut client = client.clone();
+    client.set("isolation.level", "read_uncommitted");
+    let consumer: BaseConsumer<QuietEof> = consumer_config(client)
+        .create_with_context(QuietEof)
+        .map_err(|e| format!("cannot create a consumer: {e}"))?;
+    let (_, high) = consumer
+        .fetch_watermarks(topic, partition, ADMIN_TIMEOUT)
+        .map_err(|e| format!("cannot read its offsets: {e}"))?;
+    Ok(high)
+}
+
+/// Waits until every transaction below `high` is committed or aborted (the last stable
+/// offset reached it); returns the low watermark. Reading before that could miss a newer
+/// value behind another relay's open transaction (shared progress topics) and publish again
+/// what Kafka already has; so a stable offset that stays below fails the session instead.
+fn wait_stable(
+    consumer: &BaseConsumer<QuietEof>,
+    topic: &str,
+    partition: i32,
+    high: i64,
+) -> Result<i64, String> {
+    let started = Instant::now();
+    loop {
+        let (low, stable) = consumer
+            .fetch_watermarks(topic, partition, ADMIN_TIMEOUT)
+            .map_err(|e| format!("cannot read its offsets: {e}"))?;
+        if stable >= high {
+            return Ok(low);
+        }
+        if started.elapsed() > READ_TIMEOUT {
+            return Err(format!("an open Kafka transaction holds its stable end at offset {stable}, below its end {high}, for over {READ_TIMEOUT:?} (another relay of this progress topic died or froze mid-commit; the broker aborts it after its transaction.timeout.ms): the progress cannot be read yet, so the session is retried"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -361,14 +380,83 @@ fn consumer_config(mut client: rdkafka::ClientConfig) -> rdkafka::ClientConfig {
     client
 }
 
-/// The progress record's value: the end LSN of the last PostgreSQL transaction committed to
-/// Kafka with it, as JSON (`{"end_lsn":"0/16B3748"}`) so that operators can read it.
-pub fn progress_value(end: Lsn) -> String {
-    serde_json::json!({ "end_lsn": end.to_string() }).to_string()
+/// Where Kafka stands for a slot: every PostgreSQL transaction that commits below `lsn` is in
+/// Kafka; with `records`, also the first that many records (events and dead letters, in row
+/// order) of the transaction that commits *at* `lsn` — a transaction too big for one Kafka
+/// transaction, split across several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub lsn: Lsn,
+    pub records: Option<u64>,
+}
+
+/// What a session skips of a PostgreSQL transaction, by [`Progress`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Covered {
+    Nothing,
+    All,
+    /// Its first records (a split transaction).
+    First(u64),
+}
+
+impl Progress {
+    /// Every transaction up to the one that ends at `end` is in Kafka.
+    pub fn whole(end: Lsn) -> Progress {
+        Progress {
+            lsn: end,
+            records: None,
+        }
+    }
+
+    /// The first `records` records of the transaction committing at `final_lsn` are in Kafka
+    /// (and every transaction before it).
+    pub fn partial(final_lsn: Lsn, records: u64) -> Progress {
+        Progress {
+            lsn: final_lsn,
+            records: Some(records),
+        }
+    }
+
+    /// How much of the transaction that commits at `final_lsn` (BEGIN's final LSN) is in Kafka.
+    pub fn covers(&self, final_lsn: Lsn) -> Covered {
+        match self.records {
+            _ if final_lsn < self.lsn => Covered::All,
+            Some(n) if final_lsn == self.lsn => Covered::First(n),
+            _ => Covered::Nothing,
+        }
+    }
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.records {
+            None => write!(f, "{}", self.lsn),
+            Some(n) => write!(
+                f,
+                "{} (first {n} records of the transaction there)",
+                self.lsn
+            ),
+        }
+    }
+}
+
+/// The progress record's value, as JSON so that operators can read it:
+/// `{"end_lsn":"0/16B3748"}`, or for a split transaction `{"end_lsn":"0/16B3748","records":500}`
+/// with its commit LSN. A relay that knows only `end_lsn` then publishes that transaction
+/// again whole (duplicates, never loss).
+pub fn progress_value(progress: Progress) -> String {
+    let mut value = serde_json::json!({ "end_lsn": progress.lsn.to_string() });
+    if let Some(n) = progress.records {
+        value["records"] = n.into();
+    }
+    value.to_string()
 }
 
 /// [`progress_value`] read back; `None` when it is not one (or a tombstone).
-pub fn parse_progress_value(value: &[u8]) -> Option<Lsn> {
+pub fn parse_progress_value(value: &[u8]) -> Option<Progress> {
     let v: serde_json::Value = serde_json::from_slice(value).ok()?;
-    v.get("end_lsn")?.as_str()?.parse().ok()
+    Some(Progress {
+        lsn: v.get("end_lsn")?.as_str()?.parse().ok()?,
+        records: v.get("records").and_then(serde_json::Value::as_u64),
+    })
 }

@@ -24,10 +24,9 @@ use tracing::{debug, warn};
 use super::blocked::{BlockReason, Blocked};
 use super::kafka_latency::{KafkaLatency, STATISTICS_INTERVAL_MS};
 use super::partition_counts::Topics;
-use super::progress::progress_value;
+use super::progress::{progress_value, Progress};
 use super::topic_handles::TopicHandles;
 use crate::config::{KafkaConfig, TopicCreation};
-use crate::lsn::Lsn;
 use crate::mapping::Record;
 use crate::sink::TxnSeq;
 
@@ -319,11 +318,7 @@ impl Publisher {
         // How long the broker keeps a transaction of a vanished relay open (blocking
         // read_committed consumers of its partitions) unless a new session fences it first.
         // librdkafka refuses message.timeout.ms above it, so that one is capped.
-        let txn_timeout = config
-            .properties
-            .get("transaction.timeout.ms")
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS);
+        let txn_timeout = transaction_timeout_ms(config);
         client
             .set("transactional.id", transactional_id)
             .set("transaction.timeout.ms", txn_timeout.to_string())
@@ -474,18 +469,18 @@ impl Publisher {
             })
     }
 
-    /// Commits the open transaction with its progress record (`end`: the end LSN of the last
-    /// PostgreSQL transaction in it), in the background; the outcome arrives on the channel.
+    /// Commits the open transaction with its progress record (`at`: where the stream stands
+    /// once it is in), in the background; the outcome arrives on the channel.
     /// Records still waiting for their topic's partition count are produced first, so that
     /// each goes into this transaction. When it succeeds, every record of the transaction is
     /// in Kafka, and (commit flushes) its delivery report is on its way.
-    pub fn commit_transaction(&self, end: Lsn) -> oneshot::Receiver<Result<(), PublishError>> {
+    pub fn commit_transaction(&self, at: Progress) -> oneshot::Receiver<Result<(), PublishError>> {
         let (tx, rx) = oneshot::channel();
         let shared = self.shared.clone();
         let progress = self.progress.clone();
         tokio::spawn(async move {
             let result = match progress {
-                Some(progress) => shared.commit(&progress, end).await,
+                Some(progress) => shared.commit(&progress, at).await,
                 None => Err(PublishError::Transaction {
                     what: "commit",
                     // A wiring error: the session asks only in `exactly_once`.
@@ -559,13 +554,13 @@ impl Publisher {
 }
 
 impl Shared {
-    async fn commit(&self, progress: &ProgressRecord, end: Lsn) -> Result<(), PublishError> {
+    async fn commit(&self, progress: &ProgressRecord, at: Progress) -> Result<(), PublishError> {
         let failed = |what, error| PublishError::Transaction { what, error };
         let give_up = Instant::now() + self.message_timeout;
         self.wait_while(give_up, || self.topics().any_waiting())
             .await
             .map_err(|e| failed("commit (records wait for a partition count)", e))?;
-        let value = progress_value(end);
+        let value = progress_value(at);
         let record = Record {
             topic: progress.topic.clone(),
             key: progress.key.clone().into(),
@@ -687,6 +682,15 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
         c.set(key, value);
     }
     c
+}
+
+/// `transaction.timeout.ms` as the producer gets it: from `kafka.properties`, else 60000.
+pub fn transaction_timeout_ms(config: &KafkaConfig) -> u64 {
+    config
+        .properties
+        .get("transaction.timeout.ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS)
 }
 
 /// The settings of the admin client that creates topics: the producer's connection and

@@ -10,18 +10,21 @@
 //! acknowledgement up to `shutdown_timeout`, confirms the last fully acknowledged commit and
 //! closes.
 //!
-//! Exactly-once (`Settings::transactions`): records go into Kafka transactions that hold
-//! whole PostgreSQL transactions only; a Kafka transaction is committed (with the progress
-//! record: the end LSN of its last PostgreSQL transaction) at a PostgreSQL transaction boundary
-//! once it is old or big enough, or sooner (but at least `min_age` old) when the stream has
-//! nothing more to read at the moment. Records that come while a commit runs (librdkafka takes
+//! Exactly-once (`Settings::transactions`): records go into Kafka transactions that end at
+//! PostgreSQL transaction boundaries; a Kafka transaction is committed (with the progress
+//! record: the end LSN of its last PostgreSQL transaction) at such a boundary once it is old or
+//! big enough, or sooner (but at least `min_age` old) when the stream has nothing more to read
+//! at the moment. A PostgreSQL transaction that would keep one Kafka transaction open longer
+//! than `split_after` (a third of `transaction.timeout.ms`, after which the broker would abort
+//! it) is split: the Kafka transaction commits in its middle, with a progress record that says
+//! how many of its records are in (`Progress::partial`). Records that come while a commit runs (librdkafka takes
 //! none then) are held and sent in the next Kafka transaction, so reading never pauses for a
 //! commit. An acknowledgement then is not yet a confirmation: the acknowledged records are kept
 //! aside and fed to the ledger only once the Kafka commit succeeded (and every record's report
 //! arrived), so the ledger confirms exactly what Kafka committed. A failed commit ends the
 //! session; nothing of it was confirmed. PostgreSQL transactions committing below the progress
 //! value read at the start (`skip_below`) are already in Kafka: they are skipped, and confirmed
-//! like empty ones.
+//! like empty ones; of a split one, the records already in Kafka are skipped.
 
 mod rows;
 
@@ -43,6 +46,7 @@ use crate::relay::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind,
 use crate::relay::{now_ms, RelayError};
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::dead_letter::{self, Reason};
+use crate::sink::progress::Progress;
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
 use crate::sink::window::InFlight;
 use crate::source::pgoutput::{self, Relation};
@@ -76,6 +80,8 @@ pub struct Transactions {
     /// Committed sooner, once this old, when no frame is waiting.
     pub min_age: Duration,
     pub max_records: usize,
+    /// A Kafka transaction this old commits even inside a PostgreSQL transaction.
+    pub split_after: Duration,
 }
 
 impl Settings {
@@ -94,6 +100,9 @@ impl Settings {
                     max_age: Duration::from_millis(config.kafka.transaction_max_ms),
                     min_age: Duration::from_millis(config.kafka.transaction_min_ms),
                     max_records: config.kafka.transaction_max_records,
+                    split_after: Duration::from_millis(
+                        publisher::transaction_timeout_ms(&config.kafka) / 3,
+                    ),
                 }
             }),
             adaptive: config.kafka.adaptive_batching(),
@@ -110,6 +119,10 @@ struct OpenTxn {
     sent: u64,
     /// Already in Kafka (below the progress record): nothing of it is published.
     skip: bool,
+    /// Its first records already in Kafka (a split transaction): so many are not published.
+    in_kafka: u64,
+    /// Of those, how many are still to come (and be skipped).
+    skip_left: u64,
 }
 
 /// The Kafka transaction (exactly-once only).
@@ -193,8 +206,8 @@ pub struct Session<'a, S, K, C> {
     /// Successful deliveries of the Kafka transaction, `(seq, dead_letter)`: confirmations
     /// once it commits.
     acked: Vec<(TxnSeq, bool)>,
-    /// PostgreSQL transactions committing below this are already in Kafka.
-    skip_below: Option<Lsn>,
+    /// What of the stream is already in Kafka.
+    skip_below: Option<Progress>,
     /// Records read while a Kafka commit ran, for the next Kafka transaction.
     held: Vec<Held>,
     /// End LSN of the last PostgreSQL transaction whose records are all sent or held: the
@@ -245,7 +258,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
 
     /// Exactly-once: PostgreSQL transactions committing below `progress` (the end LSN of the
     /// last one committed to Kafka) are not published again.
-    pub fn skipping_below(mut self, progress: Option<Lsn>) -> Self {
+    pub fn skipping_below(mut self, progress: Option<Progress>) -> Self {
         self.skip_below = progress;
         self
     }
@@ -376,6 +389,13 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         }
     }
 
+    /// Where the open Kafka transaction may commit inside the PostgreSQL transaction being
+    /// read: after its records handed over so far (all of them in Kafka transactions by now).
+    fn split_point(&self) -> Option<Progress> {
+        let txn = self.txn.as_ref().filter(|t| t.sent > 0 && !t.skip)?;
+        Some(Progress::partial(txn.final_lsn, txn.in_kafka + txn.sent))
+    }
+
     /// When the open Kafka transaction is to be committed by the timer (`max_age` old), and
     /// when early if no frame is waiting (`min_age` old). `None` while it may not commit,
     /// and while a PostgreSQL transaction is being read (its commit comes first).
@@ -384,6 +404,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         else {
             return (None, None);
         };
+        if self.split_point().is_some() {
+            return (Some(*started + t.split_after), None);
+        }
         if self.txn.is_some() || self.commit_end().is_none() {
             return (None, None);
         }
@@ -402,22 +425,29 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             KafkaTxn::Open {
                 started, records, ..
             } => {
-                let Some(end) = self.commit_end() else {
-                    return Ok(());
-                };
                 let age = started.elapsed();
-                let due = self.phase != Phase::Streaming
-                    || records >= limits.max_records
-                    || (self.txn.is_none()
-                        && (age >= limits.max_age || (idle && age >= limits.min_age)));
-                if due {
-                    debug!(records, end = %end, "committing the kafka transaction");
-                    self.kafka = KafkaTxn::Committing {
-                        started: std::time::Instant::now(),
-                        records,
-                        outcome: self.sink.commit(end),
-                    };
-                }
+                let at = match self.commit_end() {
+                    Some(end) => {
+                        let due = self.phase != Phase::Streaming
+                            || records >= limits.max_records
+                            || (self.txn.is_none()
+                                && (age >= limits.max_age || (idle && age >= limits.min_age)));
+                        if !due {
+                            return Ok(());
+                        }
+                        Progress::whole(end)
+                    }
+                    None => match self.split_point() {
+                        Some(at) if age >= limits.split_after => at,
+                        _ => return Ok(()),
+                    },
+                };
+                debug!(records, at = %at, "committing the kafka transaction");
+                self.kafka = KafkaTxn::Committing {
+                    started: std::time::Instant::now(),
+                    records,
+                    outcome: self.sink.commit(at),
+                };
             }
             KafkaTxn::Committed { records } if self.acked.len() >= records => {
                 self.kafka = KafkaTxn::Idle;

@@ -15,6 +15,7 @@ use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordKind, RecordSink};
 use crate::relay::{now_us, RelayError, Unmapped};
 use crate::sink::dead_letter::{self, Reason};
+use crate::sink::progress::Covered;
 use crate::sink::publisher::{self, PublishError};
 use crate::source::pgoutput::{self, LogicalMessage, Relation, Tuple};
 use crate::source::walsender::pg_time_to_unix_us;
@@ -33,12 +34,21 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     .observe(Duration::from_micros(read_after_us));
                 let commit_time_ms = commit_time_us / 1000;
                 self.ledger.begin(commit_time_ms)?;
+                let covered = self
+                    .skip_below
+                    .map_or(Covered::Nothing, |p| p.covers(begin.final_lsn));
+                let in_kafka = match covered {
+                    Covered::First(n) => n,
+                    _ => 0,
+                };
                 self.txn = Some(OpenTxn {
                     final_lsn: begin.final_lsn,
                     commit_time_ms,
                     events: 0,
                     sent: 0,
-                    skip: self.skip_below.is_some_and(|p| begin.final_lsn < p),
+                    skip: covered == Covered::All,
+                    in_kafka,
+                    skip_left: in_kafka,
                 });
             }
             LogicalMessage::Commit(commit) => self.handle_commit(commit)?,
@@ -211,7 +221,13 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         relation: &Relation,
         tuple: &Tuple,
     ) -> Result<(), RelayError> {
-        self.open_txn()?.events += 1;
+        let txn = self.open_txn()?;
+        txn.events += 1;
+        // A split transaction's first records are in Kafka already.
+        if txn.skip_left > 0 {
+            txn.skip_left -= 1;
+            return Ok(());
+        }
         let seq = self.ledger.record_sent()?;
         let event = match event {
             Ok(event) => event,
