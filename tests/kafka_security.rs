@@ -1043,7 +1043,12 @@ async fn refused_login_blocks_with_reason_authentication() {
     let mut relay = Relay::start(
         &broker,
         &db,
-        &[("OUTBOX_RELAY__KAFKA__SASL_PASSWORD_FILE", &wrong)],
+        &[
+            ("OUTBOX_RELAY__KAFKA__SASL_PASSWORD_FILE", &wrong),
+            // SIGTERM at the end finds the records still in flight: drain them for 5 s, not
+            // the default 30 s, which is the test harness's own SIGTERM limit.
+            ("OUTBOX_RELAY__RELAY__SHUTDOWN_TIMEOUT_MS", "5000"),
+        ],
         "acl_login_refused",
     );
     let watch = ReadyWatch::start(relay.http);
