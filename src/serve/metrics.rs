@@ -224,6 +224,11 @@ impl Metrics {
             .clone()
     }
 
+    /// Kafka refuses something for a deployment reason now.
+    pub fn kafka_blocked(&self) -> bool {
+        !self.current_blocks().is_empty()
+    }
+
     fn current_blocks(&self) -> Vec<Block> {
         let blocked = self
             .blocked

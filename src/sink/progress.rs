@@ -244,8 +244,9 @@ async fn read_last(
 ) -> Result<Option<Progress>, PublishError> {
     let mut client = client_config(config);
     // Producer settings librdkafka's consumer would warn about are harmless; these matter.
+    // No group.id: the reader assigns its partition and commits nothing, and a group would
+    // need one more ACL (READ on it) for nothing.
     client
-        .set("group.id", "outbox-relay-progress")
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")

@@ -339,8 +339,18 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             open_transaction = self.txn.is_some(),
             "shutting down: finishing the open transaction and draining in-flight deliveries"
         );
+        // Records Kafka refuses for a deployment reason will not be acknowledged however long
+        // the drain waits: a short wait for the others, then out (they are sent again).
+        let wait = if self.metrics.kafka_blocked() {
+            info!(
+                "kafka refuses some records (see the kafka block above): draining for at most 5 s"
+            );
+            self.settings.shutdown_timeout.min(BLOCKED_DRAIN)
+        } else {
+            self.settings.shutdown_timeout
+        };
         self.phase = Phase::Draining {
-            deadline: Instant::now() + self.settings.shutdown_timeout,
+            deadline: Instant::now() + wait,
         };
     }
 
@@ -717,6 +727,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     }
 }
 
+/// How long a shutdown waits for acknowledgements while Kafka refuses some records.
+const BLOCKED_DRAIN: Duration = Duration::from_secs(5);
 /// How long a session's way out waits for a running Kafka commit before aborting it.
 const COMMIT_WAIT_ON_EXIT: Duration = Duration::from_secs(5);
 
