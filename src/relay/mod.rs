@@ -378,7 +378,7 @@ async fn connect<'a>(
     if wants_failover(config, &control)? && slot.failover == Some(false) {
         enable_failover(&mut sender, &pg.slot).await?;
     }
-    let stream = sender
+    let mut stream = sender
         .start_replication(
             &pg.slot,
             &pg.publication,
@@ -394,9 +394,12 @@ async fn connect<'a>(
                 "cannot record in the publication's comment that this slot is streamed (it has another comment, or the role does not own the publication): a relay restarted after a failover without a failover slot would create a new slot instead of stopping");
         }
     }
-    // Exactly-once: fences older producers of this slot, reads where Kafka stands.
+    // Exactly-once: fences older producers of this slot, reads where Kafka stands. Only once
+    // the slot is ours (fencing the relay that streams it would stop it), so the walsender
+    // is told meanwhile that we are alive: this can take longer than wal_sender_timeout.
+    let opening = crate::sink::open(&config.kafka, control.client(), &pg.slot, metrics.blocked());
     let (publisher, deliveries, progress) =
-        crate::sink::open(&config.kafka, control.client(), &pg.slot, metrics.blocked()).await?;
+        keep_alive_while(&mut stream, status_interval, opening).await??;
     metrics.watch_kafka(publisher.kafka_latency());
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.
@@ -426,6 +429,23 @@ async fn connect<'a>(
         catalog: control,
     };
     Ok(Session::new(settings, mapping, metrics, ends, start).skipping_below(progress))
+}
+
+/// Runs `work` while sending the walsender a status update every `interval` that confirms
+/// nothing (flush 0/0 is ignored), so that it does not end the stream at `wal_sender_timeout`.
+async fn keep_alive_while<T>(
+    stream: &mut ReplicationStream,
+    interval: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, ReplicationError> {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval_at(Instant::now() + interval, interval);
+    loop {
+        tokio::select! {
+            out = &mut work => return Ok(out),
+            _ = tick.tick() => stream.send_status(Lsn::ZERO, Lsn::ZERO, false).await?,
+        }
+    }
 }
 
 /// The slot vanished after this process streamed it: most likely a failover to a server that
