@@ -40,7 +40,8 @@ use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::publisher::{self, PublishError, Publisher, Rejection};
 use crate::source::pgoutput::DecodeError;
 use crate::source::walsender::{
-    receive_timeout, ConnectParams, ReplicationError, ReplicationStream, WalSender,
+    check_receive_timeout, receive_timeout, ConnectParams, ReplicationError, ReplicationStream,
+    WalSender,
 };
 use slot_watch::{SlotGone, Standby};
 
@@ -369,6 +370,8 @@ async fn connect<'a>(
     let info = ConnInfo::from_config(pg).map_err(|e| ControlError::Setup(e.to_string()))?;
     let (control, slot) = prepare_slot(config, &info, slot_seen, metrics).await?;
     let wal_sender_timeout = control.wal_sender_timeout().await?;
+    check_receive_timeout(pg.receive_timeout_ms, wal_sender_timeout)
+        .map_err(ReplicationError::from)?;
     let status_interval = status_interval(config, wal_sender_timeout);
     let mut params = ConnectParams::new(info.pinned(control.endpoint()));
     params.receive_timeout =
