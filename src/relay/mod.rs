@@ -44,6 +44,7 @@ use crate::source::walsender::{
     WalSender,
 };
 use slot_watch::{SlotGone, Standby};
+use sweeper::hold::{HoldStore, ARMED_BY_RELAY};
 
 pub use seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 pub use session::{Session, Settings};
@@ -336,9 +337,19 @@ async fn prepare_slot(
     if missing && streamed {
         return Err(slot_missing_after_streaming(&pg.slot, &control, metrics).into());
     }
-    let slot = control
-        .prepare_slot(&pg.slot, pg.create_slot && !streamed, failover)
-        .await?;
+    let create = pg.create_slot && !streamed;
+    // A slot created here starts at "now": the sweeper keeps the rows committed before it.
+    let hold = (missing && create && !server.in_recovery).then(|| HoldStore::new(config));
+    if let Some(hold) = &hold {
+        hold.before_creation(control.client(), ARMED_BY_RELAY)
+            .await?;
+    }
+    let slot = control.prepare_slot(&pg.slot, create, failover).await?;
+    if let Some(hold) = &hold {
+        let start = slot.confirmed_flush_lsn;
+        hold.after_creation(control.client(), start, ARMED_BY_RELAY)
+            .await?;
+    }
     Ok((control, slot))
 }
 
