@@ -245,18 +245,13 @@ pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
             .await?
             .iter()
             .any(|h| h.below_xid == i64::MAX);
-    let held = match missing || unfinished {
-        true => {
-            holds
-                .after_creation(
-                    control.client(),
-                    info.confirmed_flush_lsn,
-                    ARMED_BY_SLOT_CREATE,
-                )
-                .await?
-        }
-        false => Vec::new(),
-    };
+    let mut held = Vec::new();
+    if missing || unfinished {
+        let start = info.confirmed_flush_lsn;
+        held = holds
+            .after_creation(control.client(), start, ARMED_BY_SLOT_CREATE)
+            .await?;
+    }
     let action = if created {
         SlotAction::Created
     } else {

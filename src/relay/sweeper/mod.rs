@@ -48,7 +48,9 @@
 //! Proof that such a row's `P` committed after the slot's start. The row's `x >= B` was
 //! assigned after `B` (transaction ids are handed out in increasing order), so after the slot
 //! existed; the row was inserted by `x`, and `P` commits no earlier than that insert, so `P`'s
-//! commit is after the slot's creation and in its stream: the proof above applies. Rows with
+//! commit is after the slot's creation and in its stream (creating a logical slot waits until
+//! the transactions that were running when it began have ended, so one still running after it
+//! returned is decoded whole): the proof above applies. Rows with
 //! `xmin < B` (every row committed before the slot's start, and a few of transactions that ran
 //! across it) stay until the hold is released: by a `replay` that covered the table's gap,
 //! by the operator, or by the sweeper when no row below `B` is left. The sweeper reads the
