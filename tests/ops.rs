@@ -143,6 +143,7 @@ async fn check_passes_on_a_good_setup() {
         "replication slots",
         "wal senders",
         "role",
+        "receive_timeout",
         "outbox table",
         "outbox columns",
         "publication tables",
@@ -1365,6 +1366,16 @@ async fn a_partial_replay_keeps_the_hold_and_says_why() {
             .stdout
             .contains("sweeper hold on public.outbox: 3 rows"),
         "{status}"
+    );
+    let check = ops(&env, &["check", "--json"]).await.json();
+    let hold = item(&check, "sweeper hold");
+    assert_eq!(hold["status"], "warning", "{hold:#}");
+    assert!(
+        hold["fix"]
+            .as_str()
+            .unwrap()
+            .contains("outbox-relay replay"),
+        "{hold:#}"
     );
     db.cleanup().await;
 }

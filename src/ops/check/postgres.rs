@@ -11,6 +11,7 @@ use crate::ops::format::{self, quote_literal};
 use crate::ops::rows::{created_at_column, OutboxTable, TableColumn};
 use crate::ops::OpsError;
 use crate::postgres::control::{describe, query_err, quote_ident, Control, SlotInfo};
+use crate::relay::sweeper::hold::{HoldStore, HOLD_TABLE};
 use crate::source::walsender::check_receive_timeout;
 
 /// What the server is and who we are on it, read once.
@@ -134,6 +135,7 @@ pub(super) async fn postgres(
     let tables = outbox_tables(control, config, &server, items).await;
     items.extend(super::publication::publication(control, config).await);
     items.extend(slot_items(config, slot.as_ref(), &server));
+    items.extend(sweeper_holds(control, config).await);
     items.extend(super::failover::failover(control, config, slot.as_ref()).await);
     tables
 }
@@ -224,6 +226,39 @@ fn sender_capacity(server: &Server, streaming: bool) -> Item {
             max + 1
         ),
     )
+}
+
+/// One warning per sweeper hold on the slot: rows the sweeper keeps until a replay covers
+/// them (see `relay::sweeper::hold`).
+async fn sweeper_holds(control: &Control, config: &Config) -> Vec<Item> {
+    let store = HoldStore::new(config);
+    let holds = match store.list(control.client()).await {
+        Ok(holds) => holds,
+        Err(e) => {
+            return vec![warning(
+                "sweeper hold",
+                format!("cannot read the sweeper holds: {e}"),
+                "grant the role SELECT on outbox_relay_sweeper_hold",
+            )]
+        }
+    };
+    holds
+        .iter()
+        .map(|h| {
+            warning(
+                "sweeper hold",
+                format!(
+                    "the sweeper keeps the rows of {} committed before slot `{}` was created ({}, {})",
+                    h.table, h.slot, h.armed_at, h.reason
+                ),
+                format!(
+                    "`outbox-relay replay --since <start of the gap>` (no id or type filter) releases it; or, if the gap needs no replay, DELETE FROM {} WHERE slot = {}",
+                    store.relation().unwrap_or(HOLD_TABLE),
+                    quote_literal(&h.slot)
+                ),
+            )
+        })
+        .collect()
 }
 
 /// An explicit `postgres.receive_timeout_ms` the server's `wal_sender_timeout` allows (the
