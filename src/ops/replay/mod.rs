@@ -161,7 +161,7 @@ pub async fn run(config: &Config, options: &ReplayOptions) -> Result<ReplayRepor
     // Before the snapshot: it then holds every row these holds keep.
     let store = HoldStore::new(config);
     let names: Vec<String> = table_configs.iter().map(display_name).collect();
-    let held = holds::read(client, &store, &names).await?;
+    let held = holds::read(client, &store, &names).await;
     let started = Instant::now();
     let tx = control
         .client_mut()
