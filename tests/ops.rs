@@ -143,6 +143,7 @@ async fn check_passes_on_a_good_setup() {
         "replication slots",
         "wal senders",
         "role",
+        "receive_timeout",
         "outbox table",
         "outbox columns",
         "publication tables",
@@ -1163,5 +1164,333 @@ header_columns = { tenant = "x-tenant", g = "x-g" }
         "{report:#}"
     );
     assert!(!detail.contains("`tenant`"), "{report:#}");
+    db.cleanup().await;
+}
+
+// ---- the sweeper hold: a recovery that cannot sweep its gap ----
+
+/// The relay's environment with the retention sweeper on: a retention of an hour (the test's
+/// rows are two hours old) and a sweep every 200 ms.
+fn sweeping_env(db: &TestDb) -> Vec<(String, String)> {
+    let mut env = db.relay_env();
+    for (key, value) in [
+        ("ENABLED", "true"),
+        ("INTERVAL_MS", "200"),
+        ("RETENTION_MS", "3600000"),
+    ] {
+        env.push((
+            format!("OUTBOX_RELAY__OUTBOX__SWEEPER__{key}"),
+            value.to_string(),
+        ));
+    }
+    env
+}
+
+/// Inserts `events` in one committed transaction with `created_at` two hours ago: past the
+/// sweeper's retention at once.
+async fn insert_old(client: &tokio_postgres::Client, events: &[Event]) {
+    let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
+    client
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at)
+             SELECT i::uuid, a, 'agg-1', 'Created', p::jsonb, now() - interval '2 hours'
+             FROM unnest($1::text[], $2::text[], $3::text[]) AS u(i, a, p)",
+            &[&ids, &types, &payloads],
+        )
+        .await
+        .expect("insert old outbox rows");
+}
+
+/// How many of `events` are still in the outbox table.
+async fn rows_left(db: &TestDb, events: &[Event]) -> i64 {
+    db.client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE id::text = ANY($1)",
+            &[&ids(events)],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Issue 24, done-when 4: a slot dropped and created anew (`slot drop` + `slot create`) with
+/// rows of the gap older than the retention; the relay started with the sweeper on as the
+/// runbook says; several sweeps later the gap is still there (rows committed after the new
+/// slot are swept as usual), `replay` re-sends every event of it and releases the hold, and
+/// then the gap's rows are swept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recreated_slot_keeps_its_gap_from_the_sweeper_until_replay_covers_it() {
+    let db = TestDb::new().await;
+    let env = sweeping_env(&db);
+    let client = db.client().await;
+    let since: String = client
+        .query_one("SELECT (now() - interval '3 hours')::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let created = ops(&env, &["slot", "create"]).await;
+    assert_eq!(created.code, 0, "{created}");
+    // The slot is lost: dropped, and events are committed while none exists.
+    let dropped = ops(&env, &["slot", "drop", "--yes"]).await;
+    assert_eq!(dropped.code, 0, "{dropped}");
+    let gap = events("order", 20);
+    insert_old(&client, &gap).await;
+
+    // The runbook: slot create, start the relays, then replay.
+    let created = ops(&env, &["slot", "create", "--json"]).await;
+    assert_eq!(created.code, 0, "{created}");
+    assert_eq!(
+        created.json()["sweeper_holds"][0],
+        "public.outbox",
+        "{created}"
+    );
+    let mut relay = RelayProcess::start(&env, &format!("{}-hold", db.name));
+    wait_for_slot(&db, &mut relay).await;
+    let live = events("order", 5);
+    insert_old(&client, &live).await;
+    let topic = [db.topic("order")];
+    read_ids(
+        &topic,
+        1,
+        &ids(&live),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    // Rows committed after the new slot's start are swept as usual: many sweeps have run.
+    wait_for(
+        "the sweeper to delete the 5 live rows",
+        Duration::from_secs(60),
+        || async { rows_left(&db, &live).await == 0 },
+    )
+    .await;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            rows_left(&db, &gap).await,
+            20,
+            "the sweeper deleted rows of the gap before the replay:\n{}",
+            relay.log_text()
+        );
+    }
+    let log = relay.log_text();
+    assert_eq!(
+        log.matches("sweeper holds the rows committed before the slot was created")
+            .count(),
+        1,
+        "announced once:\n{log}"
+    );
+    let status = ops(&env, &["status", "--json"]).await.json();
+    let hold = &status["sweeper_holds"][0];
+    assert_eq!(hold["table"], "public.outbox", "{status:#}");
+    assert_eq!(hold["held_rows"], 20, "{status:#}");
+
+    let replay = ops(&env, &["replay", "--since", &since, "--json"]).await;
+    assert_eq!(replay.code, 0, "{replay}");
+    let report = replay.json();
+    assert_eq!(report["acknowledged"], 20, "{report:#}");
+    assert_eq!(report["sweeper_holds"][0]["released"], true, "{report:#}");
+    let received = read_ids(
+        &topic,
+        1,
+        &ids(&gap),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    let t = tally(&gap, &received);
+    assert!(
+        t.missing.is_empty(),
+        "{} events of the gap missing",
+        t.missing.len()
+    );
+    // Only the replay sent them: the new slot never streamed the gap.
+    let gap_ids: HashSet<String> = ids(&gap).into_iter().collect();
+    assert!(received
+        .iter()
+        .filter(|r| gap_ids.contains(&r.key_str()))
+        .all(|r| r.header(REPLAY_HEADER) == Some("true")));
+
+    // Released: the gap's rows are confirmed rows older than the retention now.
+    wait_for(
+        "the sweeper to delete the replayed gap",
+        Duration::from_secs(60),
+        || async { rows_left(&db, &gap).await == 0 },
+    )
+    .await;
+    let status = ops(&env, &["status", "--json"]).await.json();
+    assert_eq!(status["sweeper_holds"], serde_json::json!([]), "{status:#}");
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+/// A replay that leaves rows of the gap out (a type filter, or a dry run) does not release the
+/// hold, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partial_replay_keeps_the_hold_and_says_why() {
+    let db = TestDb::new().await;
+    let env = sweeping_env(&db);
+    let client = db.client().await;
+    let gap = events("order", 3);
+    insert_old(&client, &gap).await;
+    let created = ops(&env, &["slot", "create"]).await;
+    assert_eq!(created.code, 0, "{created}");
+    assert!(
+        created.stdout.contains("keeps the rows of public.outbox"),
+        "{created}"
+    );
+    for args in [
+        vec!["replay", "--since", "-infinity", "--dry-run", "--json"],
+        vec![
+            "replay",
+            "--since",
+            "-infinity",
+            "--type",
+            "Other",
+            "--json",
+        ],
+        vec!["replay", "--since", "now", "--json"],
+    ] {
+        let out = ops(&env, &args).await;
+        assert_eq!(out.code, 0, "{out}");
+        let hold = &out.json()["sweeper_holds"][0];
+        assert_eq!(hold["released"], false, "{args:?}: {out}");
+        assert!(hold["kept_because"].is_string(), "{args:?}: {out}");
+    }
+    let status = ops(&env, &["status"]).await;
+    assert!(
+        status
+            .stdout
+            .contains("sweeper hold on public.outbox: 3 rows"),
+        "{status}"
+    );
+    let check = ops(&env, &["check", "--json"]).await.json();
+    let hold = item(&check, "sweeper hold");
+    assert_eq!(hold["status"], "warning", "{hold:#}");
+    assert!(
+        hold["fix"]
+            .as_str()
+            .unwrap()
+            .contains("outbox-relay replay"),
+        "{hold:#}"
+    );
+    db.cleanup().await;
+}
+
+/// The relay that creates its slot itself (`postgres.create_slot`, a first start on an outbox
+/// that already has rows) holds them too: they were never streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_the_relay_creates_holds_the_rows_committed_before_it() {
+    let db = TestDb::new().await;
+    let env = sweeping_env(&db);
+    let client = db.client().await;
+    let before = events("order", 4);
+    insert_old(&client, &before).await;
+    let mut relay = RelayProcess::start(&env, &format!("{}-hold-relay", db.name));
+    wait_for_slot(&db, &mut relay).await;
+    let after = events("order", 3);
+    insert_old(&client, &after).await;
+    wait_for(
+        "the sweeper to delete the rows committed after the slot",
+        Duration::from_secs(60),
+        || async { rows_left(&db, &after).await == 0 },
+    )
+    .await;
+    assert_eq!(rows_left(&db, &before).await, 4, "{}", relay.log_text());
+    let replay = ops(&env, &["replay", "--since", "-infinity", "--json"]).await;
+    assert_eq!(replay.code, 0, "{replay}");
+    assert_eq!(
+        replay.json()["sweeper_holds"][0]["released"],
+        true,
+        "{replay}"
+    );
+    wait_for(
+        "the sweeper to delete the replayed rows",
+        Duration::from_secs(60),
+        || async { rows_left(&db, &before).await == 0 },
+    )
+    .await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+/// An explicit `postgres.receive_timeout_ms` under half of the server's `wal_sender_timeout`
+/// (10 s on the test cluster) is refused at connect, naming the key, the server's value and
+/// the minimum; `check` reports it too.
+#[tokio::test]
+async fn a_receive_timeout_under_half_the_wal_sender_timeout_is_refused() {
+    let db = TestDb::new().await;
+    let env = with(
+        &db.relay_env(),
+        "OUTBOX_RELAY__POSTGRES__RECEIVE_TIMEOUT_MS",
+        "2000",
+    );
+    let mut relay = RelayProcess::start(&env, &format!("{}-receive", db.name));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = relay.try_status() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay kept running:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(1), "{}", relay.log_text());
+    let log = relay.log_text();
+    for part in [
+        "postgres.receive_timeout_ms = 2000",
+        "wal_sender_timeout = 10000 ms",
+        "minimum of 6000 ms",
+    ] {
+        assert!(log.contains(part), "{part}:\n{log}");
+    }
+    let check = ops(&env, &["check", "--json"]).await.json();
+    let item = item(&check, "receive_timeout");
+    assert_eq!(item["status"], "problem", "{item:#}");
+    db.cleanup().await;
+}
+
+/// A partitioned outbox is held alike: `status` counts the held rows through the partitioned
+/// table (the sweeper asks the same question before each sweep).
+#[tokio::test]
+async fn a_hold_on_a_partitioned_outbox_counts_its_rows() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE pouts (LIKE outbox INCLUDING DEFAULTS) PARTITION BY RANGE (created_at);
+             CREATE TABLE pouts_old PARTITION OF pouts FOR VALUES FROM ('2000-01-01') TO ('2100-01-01');
+             CREATE TABLE pouts_default PARTITION OF pouts DEFAULT;
+             INSERT INTO pouts SELECT gen_random_uuid(), 'order', 'a', 'Created', '{}', now() - interval '2 hours'
+             FROM generate_series(1, 6);
+             INSERT INTO pouts SELECT gen_random_uuid(), 'order', 'a', 'Created', '{}', '1990-01-01'
+             FROM generate_series(1, 2);",
+        )
+        .await
+        .unwrap();
+    let env = with(
+        &with(
+            &db.relay_env(),
+            "OUTBOX_RELAY__OUTBOX__TABLE",
+            "public.pouts",
+        ),
+        "OUTBOX_RELAY__POSTGRES__CREATE_PUBLICATION",
+        "true",
+    );
+    let created = ops(&env, &["slot", "create", "--json"]).await;
+    assert_eq!(created.code, 0, "{created}");
+    assert_eq!(
+        created.json()["sweeper_holds"][0],
+        "public.pouts",
+        "{created}"
+    );
+    let status = ops(&env, &["status", "--json"]).await.json();
+    assert_eq!(status["sweeper_holds"][0]["held_rows"], 8, "{status:#}");
     db.cleanup().await;
 }

@@ -240,9 +240,10 @@ pub struct OutboxTableConfig {
 /// `[outbox.sweeper]`: keeps the outbox tables small. Off by default.
 ///
 /// Deletes rows whose `created_at_column` is older than `retention_ms` **and** whose inserting
-/// transaction the slot has already confirmed (see `sweeper.rs` for why that is exact), in
-/// batches of `batch_size`, every `interval_ms`. Rows younger than the retention stay, so
-/// `outbox-relay replay` keeps that window of history.
+/// transaction the slot has already confirmed (see `relay/sweeper/mod.rs` for why that is
+/// exact), in batches of `batch_size`, every `interval_ms`. Rows younger than the retention stay,
+/// so `outbox-relay replay` keeps that window of history; rows committed before the slot was
+/// created stay under a hold until a replay covers them (`relay/sweeper/hold.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SweeperConfig {

@@ -101,7 +101,10 @@ pub struct PostgresConfig {
     /// (reconnect, resume from the slot), in milliseconds. 0 (default): three quarters of the
     /// server's `wal_sender_timeout` (the server sends a keepalive at least every half of it,
     /// and answers every status update), at least two status intervals; 30000 when the server's
-    /// `wal_sender_timeout` is 0. Otherwise >= 2 × `status_interval_ms`.
+    /// `wal_sender_timeout` is 0. Otherwise >= 2 × `status_interval_ms`, and at connect time
+    /// more than half of the server's `wal_sender_timeout` (half + 1 s): while the server decodes
+    /// a large transaction without outbox rows it sends a frame only that often, so the relay
+    /// refuses a shorter deadline.
     pub receive_timeout_ms: u64,
     /// Create the slot as a failover slot (PostgreSQL 17+: synchronized to standbys with
     /// `sync_replication_slots`, so that it survives a promotion), or turn failover on for an

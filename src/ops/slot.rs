@@ -17,6 +17,7 @@ use super::{connect, format, OpsError, Report};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::postgres::control::{check_slot_usable, query_err, sqlstate, Control, SlotInfo};
+use crate::relay::sweeper::hold::{HoldStore, ARMED_BY_SLOT_CREATE};
 
 /// How long `--force` waits for the slot to become inactive after ending its holder.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -108,6 +109,10 @@ pub struct SlotReport {
     /// Outbox tables `slot create` added to the publication (all of them when it created it).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub publication_tables_added: Vec<String>,
+    /// Outbox tables whose rows committed before the new slot the sweeper now keeps, until a
+    /// replay covers them (see `relay::sweeper::hold`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sweeper_holds: Vec<String>,
 }
 
 impl Report for SlotReport {}
@@ -126,17 +131,30 @@ impl fmt::Display for SlotReport {
             writeln!(f, "added {tables} to the publication")?;
         }
         match self.action {
-            SlotAction::Created => writeln!(
-                f,
-                "created slot `{slot}` (pgoutput) at {confirmed}: rows committed from now on are relayed"
-            ),
+            SlotAction::Created => {
+                writeln!(
+                    f,
+                    "created slot `{slot}` (pgoutput) at {confirmed}: rows committed from now on are relayed"
+                )?;
+                if self.sweeper_holds.is_empty() {
+                    return Ok(());
+                }
+                writeln!(
+                    f,
+                    "the retention sweeper keeps the rows of {} committed before now: re-send the gap with `outbox-relay replay --since <time of the last event consumers got>`, which releases the hold (`outbox-relay status` shows it)",
+                    self.sweeper_holds.join(", ")
+                )
+            }
             SlotAction::Exists => writeln!(
                 f,
                 "slot `{slot}` already exists ({}, confirmed up to {confirmed}): nothing to do",
                 self.plugin.as_deref().unwrap_or("no plugin")
             ),
             SlotAction::Dropped => {
-                writeln!(f, "dropped slot `{slot}` (it had confirmed up to {confirmed})")?;
+                writeln!(
+                    f,
+                    "dropped slot `{slot}` (it had confirmed up to {confirmed})"
+                )?;
                 writeln!(f, "events committed until a new slot exists are not relayed; `outbox-relay slot create` makes one, `outbox-relay replay` re-publishes rows still in the outbox table")
             }
             SlotAction::Absent => writeln!(f, "slot `{slot}` does not exist: nothing to drop"),
@@ -208,9 +226,32 @@ pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
         .into());
     }
     let failover = pg.failover_slot.wanted(control.server().version_num);
+    // A new slot starts at "now": the sweeper must keep the rows committed before it.
+    let holds = HoldStore::new(config);
+    let missing = control.slot(slot).await?.is_none();
+    if missing {
+        holds
+            .before_creation(control.client(), ARMED_BY_SLOT_CREATE)
+            .await?;
+    }
     let created = control.create_slot(slot, failover).await?;
     let info = existing(&control, slot).await?;
     check_slot_usable(&info)?;
+    // A hold armed for a creation that did not finish (still keeping every row) is completed
+    // now: the slot exists, so a transaction id assigned now is a valid boundary.
+    let unfinished = !missing
+        && holds
+            .list(control.client())
+            .await?
+            .iter()
+            .any(|h| h.below_xid == i64::MAX);
+    let mut held = Vec::new();
+    if missing || unfinished {
+        let start = info.confirmed_flush_lsn;
+        held = holds
+            .after_creation(control.client(), start, ARMED_BY_SLOT_CREATE)
+            .await?;
+    }
     let action = if created {
         SlotAction::Created
     } else {
@@ -223,6 +264,7 @@ pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
         .iter()
         .map(|(schema, table)| format!("{schema}.{table}"))
         .collect();
+    report.sweeper_holds = held.into_iter().map(|h| h.table).collect();
     Ok(report)
 }
 
@@ -472,6 +514,7 @@ fn slot_report(info: &SlotInfo, action: SlotAction, terminated: Option<i32>) -> 
         terminated_pid: terminated,
         publication_created: false,
         publication_tables_added: Vec::new(),
+        sweeper_holds: Vec::new(),
     }
 }
 
@@ -485,6 +528,7 @@ fn absent(slot: &str) -> SlotReport {
         terminated_pid: None,
         publication_created: false,
         publication_tables_added: Vec::new(),
+        sweeper_holds: Vec::new(),
     }
 }
 

@@ -11,6 +11,7 @@ use super::{connect, format, OpsError, Report};
 use crate::config::{Config, OutboxConfig};
 use crate::lsn::Lsn;
 use crate::postgres::control::{describe, query_err, quote_ident, sqlstate, Control, SlotInfo};
+use crate::relay::sweeper::hold::{held_rows_sql, Hold, HoldStore, HOLD_TABLE};
 
 #[derive(Debug, Serialize)]
 pub struct StatusReport {
@@ -24,6 +25,19 @@ pub struct StatusReport {
     pub outbox: Vec<OutboxStatus>,
     /// `outbox.message_prefix`, when `pg_logical_emit_message` events are relayed too.
     pub message_prefix: Option<String>,
+    /// The retention sweeper's holds on this slot: rows committed before the slot was created,
+    /// kept until a replay covers them.
+    pub sweeper_holds: Vec<HoldStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HoldStatus {
+    #[serde(flatten)]
+    pub hold: Hold,
+    /// Rows the hold keeps now; `None` when the table could not be read.
+    pub held_rows: Option<i64>,
+    /// The statement that releases it by hand.
+    pub release_sql: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -113,6 +127,7 @@ pub async fn run(config: &Config) -> Result<StatusReport, OpsError> {
     for table in config.outbox.table_configs() {
         outbox.push(outbox_table(&control, config, &table, &publication).await);
     }
+    let sweeper_holds = sweeper_holds(&control, config).await?;
     let ok = slot.exists && slot.wal_status.as_deref() != Some("lost");
     Ok(StatusReport {
         ok,
@@ -121,7 +136,38 @@ pub async fn run(config: &Config) -> Result<StatusReport, OpsError> {
         publication,
         outbox,
         message_prefix: config.outbox.message_prefix.clone(),
+        sweeper_holds,
     })
+}
+
+async fn sweeper_holds(control: &Control, config: &Config) -> Result<Vec<HoldStatus>, OpsError> {
+    let store = HoldStore::new(config);
+    let holds = store.list(control.client()).await?;
+    let hold_table = store.relation().unwrap_or(HOLD_TABLE).to_string();
+    let mut statuses = Vec::with_capacity(holds.len());
+    for hold in holds {
+        let (schema, table) = hold
+            .table
+            .split_once('.')
+            .unwrap_or(("public", &hold.table));
+        let relation = format!("{}.{}", quote_ident(schema), quote_ident(table));
+        let held_rows = control
+            .client()
+            .query_one(&held_rows_sql(&relation, false), &[&hold.below_xid])
+            .await
+            .ok()
+            .map(|r| r.get(0));
+        let release_sql = format!(
+            "DELETE FROM {hold_table} WHERE slot = '{}'",
+            hold.slot.replace('\'', "''")
+        );
+        statuses.push(HoldStatus {
+            hold,
+            held_rows,
+            release_sql,
+        });
+    }
+    Ok(statuses)
 }
 
 /// The current WAL position: inserted on a primary (PostgreSQL 17+ may keep a whole
@@ -324,6 +370,9 @@ impl fmt::Display for StatusReport {
         for outbox in &self.outbox {
             write_outbox(f, outbox, &self.publication)?;
         }
+        for hold in &self.sweeper_holds {
+            write_hold(f, hold)?;
+        }
         if let Some(prefix) = &self.message_prefix {
             writeln!(
                 f,
@@ -391,6 +440,23 @@ fn write_slot(f: &mut fmt::Formatter<'_>, s: &SlotStatus, server: Lsn) -> fmt::R
     let size = |b: Option<u64>| b.map_or("-".to_string(), format::bytes_exact);
     writeln!(f, "  lag           {}", size(s.lag_bytes))?;
     writeln!(f, "  retained WAL  {}", size(s.retained_wal_bytes))
+}
+
+fn write_hold(f: &mut fmt::Formatter<'_>, s: &HoldStatus) -> fmt::Result {
+    let h = &s.hold;
+    let rows = s
+        .held_rows
+        .map_or("its".to_string(), |n| format::count(n.max(0) as u64, "row"));
+    writeln!(
+        f,
+        "sweeper hold on {}: {rows} committed before slot `{}` was created ({}, {}) are not deleted",
+        h.table, h.slot, h.armed_at, h.reason
+    )?;
+    if h.below_xid == i64::MAX {
+        // Armed before a creation that never finished (see `relay::sweeper::hold`).
+        writeln!(f, "  the slot's creation did not finish, so every row is kept: run `outbox-relay slot create` again")?;
+    }
+    writeln!(f, "  release: `outbox-relay replay --since <start of the gap>` (every row since then, no id or type filter), or by hand: {}", s.release_sql)
 }
 
 fn describe_holder(holder: Option<&Holder>) -> String {
@@ -552,8 +618,28 @@ mod tests {
                 },
             ],
             message_prefix: Some("outbox".into()),
+            sweeper_holds: vec![HoldStatus {
+                hold: Hold {
+                    slot: "s".into(),
+                    table: "public.outbox".into(),
+                    below_xid: 900,
+                    slot_start: Some(Lsn(0x2000)),
+                    armed_at: "2026-01-01 00:00:00+00".into(),
+                    reason: "outbox-relay slot create".into(),
+                },
+                held_rows: Some(7),
+                release_sql:
+                    "DELETE FROM \"public\".\"outbox_relay_sweeper_hold\" WHERE slot = 's'".into(),
+            }],
         };
         let text = report.to_string();
+        assert!(
+            text.contains(
+                "sweeper hold on public.outbox: 7 rows committed before slot `s` was created"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("or by hand: DELETE FROM"), "{text}");
         assert!(
             text.contains(
                 "active in backend 4211 (\"outbox-relay replication\", from 127.0.0.1/32)"

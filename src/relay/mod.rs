@@ -40,9 +40,11 @@ use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::publisher::{self, PublishError, Publisher, Rejection};
 use crate::source::pgoutput::DecodeError;
 use crate::source::walsender::{
-    receive_timeout, ConnectParams, ReplicationError, ReplicationStream, WalSender,
+    check_receive_timeout, receive_timeout, ConnectParams, ReplicationError, ReplicationStream,
+    WalSender,
 };
 use slot_watch::{SlotGone, Standby};
+use sweeper::hold::{HoldStore, ARMED_BY_RELAY};
 
 pub use seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 pub use session::{Session, Settings};
@@ -336,9 +338,19 @@ async fn prepare_slot(
     if missing && streamed {
         return Err(slot_missing_after_streaming(&pg.slot, &control, metrics).into());
     }
-    let slot = control
-        .prepare_slot(&pg.slot, pg.create_slot && !streamed, failover)
-        .await?;
+    let create = pg.create_slot && !streamed;
+    // A slot created here starts at "now": the sweeper keeps the rows committed before it.
+    let hold = (missing && create && !server.in_recovery).then(|| HoldStore::new(config));
+    if let Some(hold) = &hold {
+        hold.before_creation(control.client(), ARMED_BY_RELAY)
+            .await?;
+    }
+    let slot = control.prepare_slot(&pg.slot, create, failover).await?;
+    if let Some(hold) = &hold {
+        let start = slot.confirmed_flush_lsn;
+        hold.after_creation(control.client(), start, ARMED_BY_RELAY)
+            .await?;
+    }
     Ok((control, slot))
 }
 
@@ -370,6 +382,8 @@ async fn connect<'a>(
     let info = ConnInfo::from_config(pg).map_err(|e| ControlError::Setup(e.to_string()))?;
     let (control, slot) = prepare_slot(config, &info, slot_seen, metrics).await?;
     let wal_sender_timeout = control.wal_sender_timeout().await?;
+    check_receive_timeout(pg.receive_timeout_ms, wal_sender_timeout)
+        .map_err(ReplicationError::from)?;
     let status_interval = status_interval(config, wal_sender_timeout);
     let mut params = ConnectParams::new(info.pinned(control.endpoint()));
     params.receive_timeout =

@@ -2,6 +2,7 @@
 //! are in [`super::publication`].
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use super::{ok, problem, warning, Item};
 use crate::config::{Config, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY};
@@ -10,6 +11,8 @@ use crate::ops::format::{self, quote_literal};
 use crate::ops::rows::{created_at_column, OutboxTable, TableColumn};
 use crate::ops::OpsError;
 use crate::postgres::control::{describe, query_err, quote_ident, Control, SlotInfo};
+use crate::relay::sweeper::hold::{HoldStore, HOLD_TABLE};
+use crate::source::walsender::check_receive_timeout;
 
 /// What the server is and who we are on it, read once.
 struct Server {
@@ -37,6 +40,7 @@ impl Server {
                     "server_version",
                     "DateStyle",
                     "TimeZone",
+                    "wal_sender_timeout",
                 ]],
             )
             .await
@@ -127,9 +131,11 @@ pub(super) async fn postgres(
     let streaming = slot.as_ref().is_some_and(|s| s.active);
     items.push(sender_capacity(&server, streaming));
     items.push(role(&server));
+    items.push(receive_timeout(&server, config.postgres.receive_timeout_ms));
     let tables = outbox_tables(control, config, &server, items).await;
     items.extend(super::publication::publication(control, config).await);
     items.extend(slot_items(config, slot.as_ref(), &server));
+    items.extend(sweeper_holds(control, config).await);
     items.extend(super::failover::failover(control, config, slot.as_ref()).await);
     tables
 }
@@ -220,6 +226,71 @@ fn sender_capacity(server: &Server, streaming: bool) -> Item {
             max + 1
         ),
     )
+}
+
+/// One warning per sweeper hold on the slot: rows the sweeper keeps until a replay covers
+/// them (see `relay::sweeper::hold`).
+async fn sweeper_holds(control: &Control, config: &Config) -> Vec<Item> {
+    let store = HoldStore::new(config);
+    let holds = match store.list(control.client()).await {
+        Ok(holds) => holds,
+        Err(e) => {
+            return vec![warning(
+                "sweeper hold",
+                format!("cannot read the sweeper holds: {e}"),
+                "grant the role SELECT on outbox_relay_sweeper_hold",
+            )]
+        }
+    };
+    holds
+        .iter()
+        .map(|h| {
+            warning(
+                "sweeper hold",
+                format!(
+                    "the sweeper keeps the rows of {} committed before slot `{}` was created ({}, {})",
+                    h.table, h.slot, h.armed_at, h.reason
+                ),
+                format!(
+                    "`outbox-relay replay --since <start of the gap>` (no id or type filter) releases it; or, if the gap needs no replay, DELETE FROM {} WHERE slot = {}",
+                    store.relation().unwrap_or(HOLD_TABLE),
+                    quote_literal(&h.slot)
+                ),
+            )
+        })
+        .collect()
+}
+
+/// An explicit `postgres.receive_timeout_ms` the server's `wal_sender_timeout` allows (the
+/// relay refuses to connect otherwise; see [`check_receive_timeout`]).
+fn receive_timeout(server: &Server, configured_ms: u64) -> Item {
+    let check = "receive_timeout";
+    let wal_sender_timeout =
+        Duration::from_millis(server.number("wal_sender_timeout").max(0) as u64);
+    match check_receive_timeout(configured_ms, wal_sender_timeout) {
+        Err(too_low) => problem(
+            check,
+            too_low.to_string(),
+            format!(
+                "set postgres.receive_timeout_ms = 0 (derived) or at least {}",
+                too_low.minimum_ms
+            ),
+        ),
+        Ok(()) if configured_ms == 0 => ok(
+            check,
+            format!(
+                "postgres.receive_timeout_ms = 0: derived from wal_sender_timeout = {} ms",
+                wal_sender_timeout.as_millis()
+            ),
+        ),
+        Ok(()) => ok(
+            check,
+            format!(
+                "postgres.receive_timeout_ms = {configured_ms} outlasts half of wal_sender_timeout = {} ms",
+                wal_sender_timeout.as_millis()
+            ),
+        ),
+    }
 }
 
 fn role(server: &Server) -> Item {
@@ -718,6 +789,23 @@ mod tests {
             senders_used: 3,
         }
     }
+    #[test]
+    fn a_receive_timeout_under_half_the_wal_sender_timeout_is_a_problem() {
+        let mut s = server(true, true);
+        s.settings
+            .insert("wal_sender_timeout".into(), "60000".into());
+        let item = receive_timeout(&s, 20_000);
+        assert_eq!(item.status, Status::Problem);
+        assert!(
+            item.detail.contains("postgres.receive_timeout_ms"),
+            "{}",
+            item.detail
+        );
+        assert!(item.fix.unwrap().contains("31000"));
+        assert_eq!(receive_timeout(&s, 31_000).status, Status::Ok);
+        assert_eq!(receive_timeout(&s, 0).status, Status::Ok);
+    }
+
     #[test]
     fn wal_level_replica_names_the_setting() {
         let item = wal_level(&server(true, true));

@@ -20,6 +20,7 @@
 //! [`crate::sink::window::InFlight`]) and waits for the acknowledgements; `progress` draws the
 //! bar; `report` says what happened. This file is the command that runs them in order.
 
+mod holds;
 mod progress;
 mod rebuild;
 mod report;
@@ -37,9 +38,12 @@ use super::{connect, OpsError};
 use crate::config::Config;
 use crate::mapping::OutboxMapping;
 use crate::postgres::control::query_err;
+use crate::relay::sweeper::hold::HoldStore;
 use rebuild::{bind_table, TableSource};
 pub use report::ReplayReport;
-use select::{choose_tables, commit_times_tracked, validate_times, validate_values, RowQuery};
+use select::{
+    choose_tables, commit_times_tracked, display_name, validate_times, validate_values, RowQuery,
+};
 use send::Sender;
 use walk::Walk;
 
@@ -154,6 +158,10 @@ pub async fn run(config: &Config, options: &ReplayOptions) -> Result<ReplayRepor
             query,
         });
     }
+    // Before the snapshot: it then holds every row these holds keep.
+    let store = HoldStore::new(config);
+    let names: Vec<String> = table_configs.iter().map(display_name).collect();
+    let held = holds::read(client, &store, &names).await;
     let started = Instant::now();
     let tx = control
         .client_mut()
@@ -195,7 +203,11 @@ pub async fn run(config: &Config, options: &ReplayOptions) -> Result<ReplayRepor
     } else {
         COMMIT_TIME_CREATED_AT
     };
-    Ok(walk.report(sender, stopped, commit_time))
+    let mut report = walk.report(sender, stopped, commit_time);
+    let delivered = report.ok && !report.dry_run;
+    report.sweeper_holds =
+        holds::settle(control.client(), &store, held, selection, delivered).await?;
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::holds::HoldOutcome;
 use super::COMMIT_TIME_CREATED_AT;
 use crate::ops::{format, Report};
 
@@ -34,6 +35,10 @@ pub struct ReplayReport {
     pub failures: Vec<String>,
     /// Why the replay stopped before the end of the selection, if it did.
     pub stopped: Option<String>,
+    /// The retention sweeper's holds on the replayed tables, and whether this replay released
+    /// them (it covered the gap before the slot's creation).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sweeper_holds: Vec<HoldOutcome>,
 }
 
 impl Report for ReplayReport {
@@ -45,9 +50,11 @@ impl Report for ReplayReport {
 impl fmt::Display for ReplayReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.matched == 0 && self.stopped.is_none() {
-            return writeln!(f, "no events match the selection: nothing to replay");
+            writeln!(f, "no events match the selection: nothing to replay")?;
+            return self.write_holds(f);
         }
         self.write_headline(f)?;
+        self.write_holds(f)?;
         if self.tables.len() > 1 {
             let tables: Vec<String> = self
                 .tables
@@ -76,6 +83,16 @@ impl fmt::Display for ReplayReport {
 }
 
 impl ReplayReport {
+    fn write_holds(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for hold in &self.sweeper_holds {
+            match &hold.kept_because {
+                None => writeln!(f, "  released the sweeper hold on {}: its rows committed before the slot's creation ({}) are swept from now on as confirmed", hold.table, hold.armed_at)?,
+                Some(why) => writeln!(f, "  the sweeper still holds the rows of {} committed before the slot's creation ({}): {why}; a replay of every row since the gap began (no id or type filter, no --until before then) releases it", hold.table, hold.armed_at)?,
+            }
+        }
+        Ok(())
+    }
+
     fn write_headline(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let topics = format::count(self.topics.len() as u64, "topic");
         if let Some(reason) = &self.stopped {
@@ -136,6 +153,7 @@ mod tests {
             seconds: 1.0,
             failures: Vec::new(),
             stopped: None,
+            sweeper_holds: Vec::new(),
         };
         let text = report.to_string();
         assert!(text.starts_with("replayed 3 events to 2 topics"), "{text}");

@@ -141,6 +141,7 @@ impl Walk {
             seconds: self.started.elapsed().as_secs_f64(),
             failures,
             stopped,
+            sweeper_holds: Vec::new(),
         }
     }
 }

@@ -34,6 +34,30 @@
 //! every transaction committed at or below it has been acknowledged by Kafka (see
 //! `checkpoint.rs`); `confirmed_flush_lsn >= L` therefore includes `P`'s events.
 //!
+//! # Rows the slot never streamed: the hold
+//!
+//! The proof has a premise: `P` committed after the slot was created. A slot streams only
+//! what commits after its creation, and a slot created anew (after a lost or dropped one)
+//! starts at "now", so for a row of the gap before it `confirmed_flush_lsn >= L` proves
+//! nothing. Whoever creates the slot (`outbox-relay slot create`, or the relay with
+//! `postgres.create_slot`) therefore arms a **hold** ([`hold`]): first one that keeps every row
+//! (`below_xid` = `i64::MAX`), then, once the slot exists, `B` = a transaction id assigned
+//! after `pg_create_logical_replication_slot` returned. Under a hold a row is deleted only
+//! when, in addition to the rule above, its widened `xmin` is `>= B`.
+//!
+//! Proof that such a row's `P` committed after the slot's start. The row's `x >= B` was
+//! assigned after `B` (transaction ids are handed out in increasing order), so after the slot
+//! existed; the row was inserted by `x`, and `P` commits no earlier than that insert, so `P`'s
+//! commit is after the slot's creation and in its stream (creating a logical slot waits until
+//! the transactions that were running when it began have ended, so one still running after it
+//! returned is decoded whole): the proof above applies. Rows with
+//! `xmin < B` (every row committed before the slot's start, and a few of transactions that ran
+//! across it) stay until the hold is released: by a `replay` that covered the table's gap,
+//! by the operator, or by the sweeper when no row below `B` is left. The sweeper reads the
+//! holds *after* the slot's position, so a sweep that saw a new slot's position sees at least
+//! the hold armed before its creation. Without a hold, every row is taken to have been
+//! delivered (by an earlier slot, or a replay): a slot created by hand arms none.
+//!
 //! `X` is deliberately the snapshot's *xmin*, not "visible in `S`"
 //! (`pg_visible_in_snapshot`): a subtransaction's xid is not in a snapshot's list of running
 //! transactions, so a row inserted in a savepoint of a transaction running at `T` would look
@@ -43,7 +67,10 @@
 //! The row's 32-bit `xmin` is widened to 64 bits against the `DELETE` statement's own
 //! snapshot (`pg_snapshot_xmax`): every row that statement can see has an xmin in the
 //! 2^31-xid window below it (wraparound protection guarantees that for unfrozen rows, and the
-//! raw xmin of a frozen row is kept), so the widening is exact.
+//! raw xmin of a frozen row is kept), so the widening is exact for rows younger than 2^32
+//! transactions. An older (frozen) row widens to a newer id: the `< X` rule then keeps it,
+//! and a hold's `>= B` would not. A hold is meant to last the minutes to hours of a replay,
+//! not billions of transactions; release it (or replay) rather than keep it.
 //!
 //! # Partitioned outbox tables
 //!
@@ -77,7 +104,9 @@
 //! Nothing here ever waits for the relay: with the relay stopped, marks simply stay
 //! unconfirmed (the queue is bounded) and nothing is deleted.
 
-use std::collections::VecDeque;
+pub mod hold;
+
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -86,6 +115,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::postgres::control::{quote_ident, Control, ControlError};
+use hold::{held_rows_sql, Hold, HoldStore};
 
 /// Most marks kept while none is confirmed (the relay is down or far behind). When full, no
 /// new marks are taken until the oldest are confirmed and used.
@@ -125,6 +155,10 @@ pub struct SweepReport {
     pub deleted: u64,
     /// Partitions detached and dropped (`drop_partitions`), `schema.table` quoted where needed.
     pub dropped: Vec<String>,
+    /// Outbox tables (`schema.table`) whose rows below a hold were kept.
+    pub held: Vec<String>,
+    /// Outbox tables whose hold the sweeper released: no row under it was left.
+    pub released: Vec<String>,
 }
 
 /// One table holding an outbox table's rows: a leaf partition, or the table itself.
@@ -153,6 +187,9 @@ pub struct Sweeper {
     retention_ms: i64,
     batch_size: i64,
     marks: VecDeque<Mark>,
+    holds: HoldStore,
+    /// Holds (table, boundary) already logged, so that each is announced once.
+    announced: HashSet<(String, i64)>,
 }
 
 impl Sweeper {
@@ -183,6 +220,8 @@ impl Sweeper {
             retention_ms: i64::try_from(sweeper.retention_ms).unwrap_or(i64::MAX),
             batch_size: i64::try_from(sweeper.batch_size).unwrap_or(i64::MAX),
             marks: VecDeque::new(),
+            holds: HoldStore::new(config),
+            announced: HashSet::new(),
         }
     }
 
@@ -236,11 +275,17 @@ impl Sweeper {
             return Ok(report);
         };
         report.used = Some(mark);
+        // Read after the slot's position: a slot created since was held before it existed.
+        let holds = self.holds.list(self.control.client()).await?;
         for table in self.tables.clone() {
+            let floor = self.hold_floor(&table, &holds, &mut report).await?;
             for leaf in self.leaves(&table).await? {
                 if let (true, Some(parent)) = (self.drop_partitions, &leaf.droppable_from) {
                     // Its rows stay until the whole partition can go.
-                    if self.drop_partition(parent, &leaf.quoted, mark).await? {
+                    if self
+                        .drop_partition(parent, &leaf.quoted, mark, floor)
+                        .await?
+                    {
                         report.dropped.push(leaf.quoted.clone());
                     }
                     continue;
@@ -251,7 +296,10 @@ impl Sweeper {
                     let deleted = self
                         .control
                         .client()
-                        .execute(&sql, &[&self.retention_ms, &mark.xmin, &self.batch_size])
+                        .execute(
+                            &sql,
+                            &[&self.retention_ms, &mark.xmin, &self.batch_size, &floor],
+                        )
                         .await
                         .map_err(query_err(format!("deleting old rows of {leaf}")))?;
                     report.deleted += deleted;
@@ -262,6 +310,46 @@ impl Sweeper {
             }
         }
         Ok(report)
+    }
+
+    /// The lowest transaction id whose rows of `table` may be deleted: a hold's boundary, or
+    /// `i64::MIN` without one. A hold with no row left under it is released here (and then
+    /// none applies); one that changed meanwhile keeps the whole table this sweep.
+    async fn hold_floor(
+        &mut self,
+        table: &SweptTable,
+        holds: &[Hold],
+        report: &mut SweepReport,
+    ) -> Result<i64, SweepError> {
+        let Some(hold) = holds.iter().find(|h| h.table == table.name) else {
+            return Ok(i64::MIN);
+        };
+        let client = self.control.client();
+        let held: bool = client
+            .query_one(&held_rows_sql(&table.quoted, true), &[&hold.below_xid])
+            .await
+            .map_err(query_err(format!(
+                "looking for held rows of {}",
+                table.name
+            )))?
+            .get(0);
+        if held {
+            if self.announced.insert((hold.table.clone(), hold.below_xid)) {
+                warn!(table = %hold.table, slot = %hold.slot, armed_at = %hold.armed_at,
+                    reason = %hold.reason, below_xid = hold.below_xid,
+                    "sweeper holds the rows committed before the slot was created: the slot never streamed them, so they are not deleted until `outbox-relay replay` covers them (or the hold is released); see `outbox-relay status`");
+            }
+            report.held.push(table.name.clone());
+            return Ok(hold.below_xid);
+        }
+        if !self.holds.release(client, hold).await? {
+            // Armed again since it was read: its new boundary is not known to this sweep.
+            return Ok(i64::MAX);
+        }
+        info!(table = %hold.table, slot = %hold.slot,
+            "sweeper hold released: no row committed before the slot was created is left");
+        report.released.push(table.name.clone());
+        Ok(i64::MIN)
     }
 
     /// The tables that hold `table`'s rows, quoted: its leaf partitions when it is
@@ -314,12 +402,13 @@ impl Sweeper {
         parent: &str,
         leaf: &str,
         mark: Mark,
+        floor: i64,
     ) -> Result<bool, SweepError> {
         let what = format!("dropping partition {leaf}");
         // Cheap and lock-free first: most partitions are young and fail at once.
         let check = drop_check_sql(leaf, &self.created_at_column);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
-            [&self.retention_ms, &mark.xmin];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&self.retention_ms, &mark.xmin, &floor];
         let row = self
             .control
             .client()
@@ -403,45 +492,53 @@ impl Sweeper {
     }
 }
 
-/// One batch: at most `$3` rows older than `$1` ms whose widened xmin is below `$2`.
+/// The `horizon` CTE: the next transaction id as of the statement's own snapshot, against
+/// which a row's 32-bit `xmin` is widened (see the module docs).
+pub(crate) const HORIZON_CTE: &str =
+    "WITH horizon AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid)";
+/// Joined after `FROM <relation> o`: the row's `xmin` in the current epoch.
+pub(crate) const XMIN64_FROM: &str = "CROSS JOIN horizon h
+             CROSS JOIN LATERAL (
+                 SELECT ((h.next_xid >> 32) << 32) | o.xmin::text::bigint AS same_epoch
+             ) x";
+/// The row's `xmin` widened to 64 bits (needs [`HORIZON_CTE`] and [`XMIN64_FROM`]).
+pub(crate) const XMIN64: &str =
+    "CASE WHEN x.same_epoch > h.next_xid THEN x.same_epoch - 4294967296 ELSE x.same_epoch END";
+
+/// One batch: at most `$3` rows older than `$1` ms whose widened xmin is below `$2` (the mark)
+/// and at or above `$4` (a hold's boundary; `i64::MIN` without one).
 /// `relation` must not be a partitioned table (`ctid` is unique per partition only).
 fn delete_sql(relation: &str, created_at_column: &str) -> String {
     let created_at = quote_ident(created_at_column);
     format!(
-        "WITH horizon AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid)
+        "{HORIZON_CTE}
          DELETE FROM {relation}
          WHERE ctid = ANY (ARRAY(
              SELECT o.ctid
              FROM {relation} o
-             CROSS JOIN horizon h
-             CROSS JOIN LATERAL (
-                 SELECT ((h.next_xid >> 32) << 32) | o.xmin::text::bigint AS same_epoch
-             ) x
+             {XMIN64_FROM}
              WHERE o.{created_at} < now() - $1::bigint * interval '1 millisecond'
-               AND CASE WHEN x.same_epoch > h.next_xid THEN x.same_epoch - 4294967296
-                        ELSE x.same_epoch END < $2::bigint
+               AND {XMIN64} < $2::bigint
+               AND {XMIN64} >= $4::bigint
              LIMIT $3::bigint))"
     )
 }
 
 /// Whether `relation` has rows, and whether every row would be deleted by [`delete_sql`]
-/// with the same parameters (`$1` retention ms, `$2` mark xmin).
+/// with the same parameters (`$1` retention ms, `$2` mark xmin, `$3` hold boundary).
 fn drop_check_sql(relation: &str, created_at_column: &str) -> String {
     let created_at = quote_ident(created_at_column);
     format!(
-        "WITH horizon AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid)
+        "{HORIZON_CTE}
          SELECT EXISTS (SELECT 1 FROM {relation}),
                 NOT EXISTS (
                     SELECT 1
                     FROM {relation} o
-                    CROSS JOIN horizon h
-                    CROSS JOIN LATERAL (
-                        SELECT ((h.next_xid >> 32) << 32) | o.xmin::text::bigint AS same_epoch
-                    ) x
+                    {XMIN64_FROM}
                     WHERE NOT COALESCE(
                         o.{created_at} < now() - $1::bigint * interval '1 millisecond'
-                        AND CASE WHEN x.same_epoch > h.next_xid THEN x.same_epoch - 4294967296
-                                 ELSE x.same_epoch END < $2::bigint,
+                        AND {XMIN64} < $2::bigint
+                        AND {XMIN64} >= $3::bigint,
                         false))"
     )
 }
@@ -514,7 +611,7 @@ mod tests {
         // A NULL created_at is not "older than the retention".
         assert!(sql.contains("WHERE NOT COALESCE("), "{sql}");
         assert!(
-            sql.contains("< $2::bigint,\n                        false))"),
+            sql.contains("END >= $3::bigint,\n                        false))"),
             "{sql}"
         );
     }
@@ -524,8 +621,14 @@ mod tests {
         let sql = delete_sql("\"s\".\"t\"", "Created \"At\"");
         assert!(sql.contains("DELETE FROM \"s\".\"t\""), "{sql}");
         assert!(sql.contains("o.\"Created \"\"At\"\"\" < now()"), "{sql}");
-        for param in ["$1::bigint", "$2::bigint", "$3::bigint"] {
+        for param in ["$1::bigint", "$2::bigint", "$3::bigint", "$4::bigint"] {
             assert!(sql.contains(param), "{sql}");
         }
+    }
+
+    #[test]
+    fn a_hold_bounds_deletes_and_partition_drops_from_below() {
+        assert!(delete_sql("t", "created_at").contains("END >= $4::bigint"));
+        assert!(drop_check_sql("t", "created_at").contains("END >= $3::bigint"));
     }
 }
