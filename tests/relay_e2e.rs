@@ -313,6 +313,52 @@ async fn sigterm_four_times_drains_and_resends_almost_nothing() {
     db.cleanup().await;
 }
 
+/// A SIGTERM at any moment after the relay started ends with exit 0: sent 0, 10, 50, 200 and
+/// 1,000 ms after spawn (before the config is read, while it connects, while it streams what
+/// was committed before), and what was committed is in Kafka afterwards.
+///
+/// The relay starts with SIGTERM blocked, as a parent may leave it. That takes out the few
+/// milliseconds in which the kernel and the dynamic loader start the process, before any of
+/// its code runs: a signal there ends any program by the default action. So the test sees
+/// what the relay does from its first instruction on: it must catch the signal before it
+/// unblocks it, and then stop cleanly. (Without the mask, 5 ms and later pass too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_at_any_moment_after_start_exits_zero() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let env = db.relay_env();
+    let mut client = db.client().await;
+    let mut events = Vec::new();
+    for delay_ms in [0, 10, 50, 200, 1000] {
+        let batch: Vec<Event> = (0..20)
+            .map(|i| Event::new("order", &format!("a{delay_ms}"), 0, i))
+            .collect();
+        insert_events(&mut client, &batch, true).await;
+        events.extend(batch);
+        let mut relay = RelayProcess::start_signals_blocked(&env, "sigterm_early");
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        let status = relay.terminate(Duration::from_secs(30));
+        assert!(
+            status.success(),
+            "SIGTERM {delay_ms} ms after spawn: exit status {status}\n{}",
+            relay.log_text()
+        );
+    }
+    let relay = RelayProcess::start(&env, "sigterm_early");
+    let topics = vec![db.topic("order")];
+    expect_all(
+        "sigterm early",
+        &topics,
+        &events,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        &relay,
+    )
+    .await;
+    drop(relay);
+    db.cleanup().await;
+}
+
 /// `writers` connections, each committing a transaction of `rows` events every `period`
 /// until `run_for` has passed (a steady rate, as production traffic is). Returns every event.
 async fn write_steadily(
