@@ -359,6 +359,88 @@ async fn sigterm_at_any_moment_after_start_exits_zero() {
     db.cleanup().await;
 }
 
+/// Every `kafka.compression` codec: the relay starts with it, the batches on the broker are
+/// compressed with it (read from the partition's log segment), and a consumer decodes records
+/// equal to the events, byte for byte.
+#[tokio::test]
+async fn every_codec_delivers_records_a_consumer_decodes() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let mut client = db.client().await;
+    // Kafka's codec ids in a record batch's attributes.
+    for (codec, id) in [
+        ("none", 0),
+        ("gzip", 1),
+        ("snappy", 2),
+        ("lz4", 3),
+        ("zstd", 4),
+    ] {
+        let aggregate_type = format!("codec_{codec}");
+        let events: Vec<Event> = (0..50)
+            .map(|i| Event {
+                // jsonb's own text form (keys by length), compressible.
+                payload: format!(
+                    r#"{{"seq": {i}, "note": "{}", "codec": "{codec}"}}"#,
+                    "outbox ".repeat(100)
+                ),
+                ..Event::new(&aggregate_type, "a", 0, i)
+            })
+            .collect();
+        insert_events(&mut client, &events, true).await;
+        let mut env = db.relay_env();
+        env.push(("OUTBOX_RELAY__KAFKA__COMPRESSION".into(), codec.into()));
+        let mut relay = RelayProcess::start(&env, &format!("codec_{codec}"));
+        let topic = db.topic(&aggregate_type);
+        let (received, _) = expect_all(
+            codec,
+            std::slice::from_ref(&topic),
+            &events,
+            Duration::from_secs(60),
+            Duration::ZERO,
+            &relay,
+        )
+        .await;
+        for event in &events {
+            let record = received.iter().find(|r| r.key_str() == event.id).unwrap();
+            assert_eq!(
+                record.payload.as_deref(),
+                Some(event.payload.as_bytes()),
+                "{codec}: payload of event {}",
+                event.id
+            );
+        }
+        let on_disk = batch_codecs(&topic);
+        assert_eq!(
+            on_disk,
+            HashSet::from([id]),
+            "{codec}: codecs of the batches on the broker"
+        );
+        assert!(relay.terminate(Duration::from_secs(30)).success());
+    }
+    db.cleanup().await;
+}
+
+/// The codec ids of the record batches in partition 0's first log segment on the test broker
+/// (`log.dirs` = `$OUTBOX_RUN_DIR/kafka/data`): a batch is its base offset (8 bytes), its
+/// length (4), the leader epoch (4), magic (1), a CRC (4), then attributes (2), whose low 3
+/// bits name the codec.
+fn batch_codecs(topic: &str) -> HashSet<u16> {
+    let segment = std::path::Path::new(&env("OUTBOX_RUN_DIR"))
+        .join("kafka/data")
+        .join(format!("{topic}-0"))
+        .join("00000000000000000000.log");
+    let bytes = std::fs::read(&segment).unwrap_or_else(|e| panic!("{}: {e}", segment.display()));
+    let mut codecs = HashSet::new();
+    let mut at = 0;
+    while at + 23 <= bytes.len() {
+        let length = i32::from_be_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let attributes = u16::from_be_bytes(bytes[at + 21..at + 23].try_into().unwrap());
+        codecs.insert(attributes & 0x7);
+        at += 12 + length;
+    }
+    codecs
+}
+
 /// `writers` connections, each committing a transaction of `rows` events every `period`
 /// until `run_for` has passed (a steady rate, as production traffic is). Returns every event.
 async fn write_steadily(
