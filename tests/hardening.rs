@@ -500,11 +500,13 @@ async fn impossible_kafka_settings_exit_1_within_10_s_naming_the_key() {
         ),
     ];
     for (n, (file, key)) in cases.iter().enumerate() {
-        let path = write_config(&format!("impossible_kafka_{n}"), file);
+        // A log of its own: the logs are appended to, and an earlier run's must not count.
+        let name = format!("impossible_kafka_{n}_{}", db.name);
+        let path = write_config(&name, file);
         let mut env = db.relay_env();
         env.push(("OUTBOX_RELAY_CONFIG".into(), path.display().to_string()));
         let began = Instant::now();
-        let mut relay = RelayProcess::start(&env, &format!("impossible_kafka_{n}"));
+        let mut relay = RelayProcess::start(&env, &name);
         let status = wait_exit(&mut relay, Duration::from_secs(10));
         let log = relay.log_text();
         assert_eq!(status.code(), Some(1), "{key}: exit status {status}\n{log}");
