@@ -18,8 +18,9 @@
 //! | record too large, invalid topic name, invalid record | dead letter | the record goes to `dead_letter.topic` (or the relay stops with `dead_letter.policy = "stop"`) |
 //! | unknown property, invalid value, feature not built in, unsupported SASL mechanism | definite | exit 1 at start (`run`) or a problem (`check`), naming the key |
 //!
-//! Transient errors are classed where they are born (`is_transient` on each error type); the
-//! definite ones are found here, before anything is read from the slot.
+//! Transient errors are classed where they are born (`is_transient` on each error type), the
+//! blocked ones in `blocked.rs`; the definite ones are found here, before anything is read from
+//! the slot.
 
 use std::collections::BTreeSet;
 
