@@ -4,8 +4,9 @@
 
 # ---- build ----------------------------------------------------------------
 FROM rust:1-bookworm AS builder
-# librdkafka is compiled from source by rdkafka-sys; OpenSSL backs TLS to PostgreSQL and
-# Kafka (and SASL SCRAM).
+# librdkafka is compiled from source by rdkafka-sys with CMake, libzstd and libcurl with cc
+# (all three linked statically: the run stage needs nothing for them); OpenSSL backs TLS to
+# PostgreSQL and Kafka (and SASL SCRAM), zlib gzip.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake pkg-config zlib1g-dev libssl-dev \

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # scripts/build-deps.sh: installs what building outbox-relay needs beyond Rust, when missing
-# (Debian/Ubuntu, as root): a C toolchain and make for librdkafka, OpenSSL headers for TLS to
-# PostgreSQL and Kafka, zlib, pkg-config. Does nothing when everything is there.
+# (Debian/Ubuntu, as root): a C/C++ toolchain, make and cmake for librdkafka (built with its
+# CMake build, which also compiles libzstd and libcurl in), OpenSSL headers for TLS to PostgreSQL
+# and Kafka, zlib, pkg-config. Does nothing when everything is there.
 set -euo pipefail
 
 missing=()
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v make >/dev/null 2>&1 || missing+=(make)
+command -v c++ >/dev/null 2>&1 || missing+=(g++)
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 [[ -f /usr/include/openssl/ssl.h ]] || missing+=(libssl-dev)
 [[ -f /usr/include/zlib.h ]] || missing+=(zlib1g-dev)

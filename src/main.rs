@@ -126,7 +126,40 @@ struct ReplayArgs {
 }
 
 fn main() -> ExitCode {
+    // Signals first, before anything else runs: a pod stopped right after it started (a rolling
+    // deploy) must exit 0, not die of the signal's default action while the config is read.
+    if let Err(e) = early_signal::install() {
+        eprintln!("outbox-relay: cannot install the SIGTERM/SIGINT handlers: {e}");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run) {
+        // The other commands stop on a signal as any command does.
+        early_signal::restore_default();
+    }
+    // One thread: the pipeline is a single sequential loop, and a second runtime thread only
+    // adds a wake-up per readable socket (measured: half the CPU per event, bench/README.md).
+    // librdkafka has its own threads.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("outbox-relay: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let signals = match cli.command {
+        Command::Run => match runtime.block_on(async { Signals::install() }) {
+            Ok(signals) => Some(signals),
+            Err(e) => {
+                eprintln!("outbox-relay: cannot install the SIGTERM/SIGINT handlers: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(e) => {
@@ -145,27 +178,14 @@ fn main() -> ExitCode {
         config.relay.log_format
     };
     init_logging(log_format, default_log);
-    // One thread: the pipeline is a single sequential loop, and a second runtime thread only
-    // adds a wake-up per readable socket (measured: half the CPU per event, bench/README.md).
-    // librdkafka has its own threads.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("outbox-relay: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     runtime.block_on(async {
-        match cli.command {
-            Command::Run => run(config).await,
-            Command::Config => {
+        match (cli.command, signals) {
+            (Command::Run, Some(signals)) => run(config, signals).await,
+            (Command::Config, _) => {
                 print!("{}", config.to_redacted_toml());
                 ExitCode::SUCCESS
             }
-            command => operator_command(&config, command).await,
+            (command, _) => operator_command(&config, command).await,
         }
     })
 }
@@ -236,13 +256,13 @@ fn report_error(error: &OpsError, json: bool) -> ExitCode {
 
 /// Streams until a signal (exit 0) or an error that needs an operator: exit 3 when the slot is
 /// lost or dropped (events may be missing), 1 otherwise.
-async fn run(config: Config) -> ExitCode {
+async fn run(config: Config, signals: Signals) -> ExitCode {
+    let shutdown = CancellationToken::new();
+    tokio::spawn(signals.cancel_on_first(shutdown.clone()));
     for (key, value, why) in config.kafka.unsafe_properties() {
         warn!(property = %key, value = %value, reason = why,
             "unsafe Kafka setting accepted (kafka.allow_unsafe_kafka_settings = true)");
     }
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
     match outbox_relay::relay::run(config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -252,28 +272,135 @@ async fn run(config: Config) -> ExitCode {
     }
 }
 
-/// Cancels `shutdown` on SIGTERM or SIGINT.
-async fn stop_on_signal(shutdown: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM and SIGINT for the runtime, taken over from the moment of [`Signals::install`]; one
+/// that came earlier was noted by [`early_signal`].
+struct Signals {
     #[cfg(unix)]
-    {
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Registers now (inside the runtime, which delivers them later): `tokio::signal::ctrl_c()`
+    /// would register only when first polled.
+    #[cfg(unix)]
+    fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
+        Ok(Signals {
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    #[cfg(not(unix))]
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {})
+    }
+
+    /// Cancels `shutdown` at the first SIGTERM or SIGINT, or at once when one came before
+    /// these handlers (checked after registering them, so none falls in between).
+    async fn cancel_on_first(mut self, shutdown: CancellationToken) {
+        if !early_signal::received() {
+            self.recv().await;
+        }
+        info!("shutdown requested");
+        shutdown.cancel();
+    }
+
+    #[cfg(unix)]
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
+
+    #[cfg(not(unix))]
+    async fn recv(&mut self) {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// SIGTERM and SIGINT from the first line of `main`, before the runtime exists: the handler
+/// only notes the signal. tokio's handlers, installed later, call it too (signal-hook chains
+/// to the previous handler), which does no harm.
+///
+/// Only the few milliseconds in which the kernel and the dynamic loader start the process
+/// come before it; no program can catch a signal there.
+#[cfg(unix)]
+mod early_signal {
+    use std::sync::atomic::{AtomicI32, Ordering};
+
+    /// The signal received before the runtime took over, or 0.
+    static RECEIVED: AtomicI32 = AtomicI32::new(0);
+    const SIGNALS: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGINT];
+
+    extern "C" fn note(signal: libc::c_int) {
+        // An atomic store is async-signal-safe.
+        RECEIVED.store(signal, Ordering::SeqCst);
+    }
+
+    /// Catches SIGTERM and SIGINT, then unblocks them: a parent that blocked them across exec
+    /// would leave the relay deaf to a stop, and one sent meanwhile is caught now.
+    pub fn install() -> std::io::Result<()> {
+        set_handler(note as *const () as libc::sighandler_t)?;
+        // SAFETY: plain calls on a sigset_t owned here.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for signal in SIGNALS {
+                libc::sigaddset(&mut set, signal);
             }
-            Err(_) => {
-                let _ = ctrl_c.await;
+            match libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) {
+                0 => Ok(()),
+                e => Err(std::io::Error::from_raw_os_error(e)),
             }
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    info!("shutdown requested");
-    shutdown.cancel();
+
+    /// Back to the default actions; a signal noted meanwhile is raised again, so that the
+    /// process ends by it as if nothing had been installed.
+    pub fn restore_default() {
+        let _ = set_handler(libc::SIG_DFL);
+        let signal = RECEIVED.load(Ordering::SeqCst);
+        if signal != 0 {
+            // SAFETY: raising a signal has no memory effects.
+            unsafe { libc::raise(signal) };
+        }
+    }
+
+    pub fn received() -> bool {
+        RECEIVED.load(Ordering::SeqCst) != 0
+    }
+
+    fn set_handler(handler: libc::sighandler_t) -> std::io::Result<()> {
+        // SAFETY: a zeroed sigaction with an empty mask is valid; `note` only does an atomic
+        // store.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = handler;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            for signal in SIGNALS {
+                if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(unix))]
+mod early_signal {
+    pub fn install() -> std::io::Result<()> {
+        Ok(())
+    }
+    pub fn restore_default() {}
+    pub fn received() -> bool {
+        false
+    }
 }
 
 fn init_logging(format: LogFormat, default_filter: &str) {

@@ -479,6 +479,93 @@ fn bad_configuration_is_refused_naming_the_field() {
     assert_eq!(code, Some(0), "{err}");
 }
 
+/// A Kafka setting that librdkafka refuses can never work: the relay exits 1 within 10 s,
+/// naming the key as it was set (not retrying as if the broker were down). One unknown
+/// property, one value out of range, one dedicated field (a CA file that does not exist).
+#[tokio::test]
+async fn impossible_kafka_settings_exit_1_within_10_s_naming_the_key() {
+    let db = TestDb::new().await;
+    let cases = [
+        (
+            "[kafka.properties]\n\"no.such.property\" = \"1\"\n",
+            r#"kafka.properties."no.such.property""#,
+        ),
+        (
+            "[kafka.properties]\n\"socket.timeout.ms\" = \"5\"\n",
+            r#"kafka.properties."socket.timeout.ms""#,
+        ),
+        (
+            "[kafka]\nsecurity_protocol = \"ssl\"\nssl_ca_file = \"/nonexistent/ca.pem\"\n",
+            "kafka.ssl_ca_file",
+        ),
+    ];
+    for (n, (file, key)) in cases.iter().enumerate() {
+        // A log of its own: the logs are appended to, and an earlier run's must not count.
+        let name = format!("impossible_kafka_{n}_{}", db.name);
+        let path = write_config(&name, file);
+        let mut env = db.relay_env();
+        env.push(("OUTBOX_RELAY_CONFIG".into(), path.display().to_string()));
+        let began = Instant::now();
+        let mut relay = RelayProcess::start(&env, &name);
+        let status = wait_exit(&mut relay, Duration::from_secs(10));
+        let log = relay.log_text();
+        assert_eq!(status.code(), Some(1), "{key}: exit status {status}\n{log}");
+        assert!(log.contains(key), "{key} not named:\n{log}");
+        println!("{key}: exit 1 after {:?}", began.elapsed());
+    }
+    // A librdkafka property the relay sets from a dedicated field is refused by the config
+    // itself (exit 2), pointing to that field.
+    let (code, err) = config_command(
+        Some("[kafka.properties]\n\"compression.type\" = \"brotli\"\n"),
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("kafka.compression"), "{err}");
+    db.cleanup().await;
+}
+
+/// A broker that cannot be reached is transient: the relay keeps waiting (and retrying a
+/// record whose delivery timed out) instead of exiting, and stops with exit 0 on SIGTERM.
+#[tokio::test]
+async fn an_unreachable_broker_is_waited_for_not_fatal() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let closed = format!("127.0.0.1:{}", free_port());
+    let env = with(
+        db.relay_env(),
+        &[
+            ("OUTBOX_RELAY__KAFKA__BROKERS", &closed),
+            ("OUTBOX_RELAY__KAFKA__MESSAGE_TIMEOUT_MS", "2000"),
+            ("OUTBOX_RELAY__RELAY__SHUTDOWN_TIMEOUT_MS", "3000"),
+        ],
+    );
+    let mut relay = RelayProcess::start(&env, "unreachable_broker");
+    let mut client = db.client().await;
+    insert_events(&mut client, &[Event::new("order", "a", 0, 0)], true).await;
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(12) {
+        if let Some(status) = relay.try_status() {
+            panic!(
+                "relay exited with {status} while the broker was unreachable:\n{}",
+                relay.log_text()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = relay.log_text();
+    assert!(
+        log.contains("reconnecting"),
+        "the timed-out delivery did not restart the session:\n{log}"
+    );
+    let status = relay.terminate(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "exit status {status}\n{}",
+        relay.log_text()
+    );
+    db.cleanup().await;
+}
+
 /// The test database's URL for another user and host name (TLS names the host "localhost").
 fn url_as(db: &TestDb, user_info: &str) -> String {
     let port = env("OUTBOX_TEST_PG_PORT");

@@ -313,6 +313,134 @@ async fn sigterm_four_times_drains_and_resends_almost_nothing() {
     db.cleanup().await;
 }
 
+/// A SIGTERM at any moment after the relay started ends with exit 0: sent 0, 10, 50, 200 and
+/// 1,000 ms after spawn (before the config is read, while it connects, while it streams what
+/// was committed before), and what was committed is in Kafka afterwards.
+///
+/// The relay starts with SIGTERM blocked, as a parent may leave it. That takes out the few
+/// milliseconds in which the kernel and the dynamic loader start the process, before any of
+/// its code runs: a signal there ends any program by the default action. So the test sees
+/// what the relay does from its first instruction on: it must catch the signal before it
+/// unblocks it, and then stop cleanly. (Without the mask, 5 ms and later pass too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_at_any_moment_after_start_exits_zero() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let env = db.relay_env();
+    let mut client = db.client().await;
+    let mut events = Vec::new();
+    for delay_ms in [0, 10, 50, 200, 1000] {
+        let batch: Vec<Event> = (0..20)
+            .map(|i| Event::new("order", &format!("a{delay_ms}"), 0, i))
+            .collect();
+        insert_events(&mut client, &batch, true).await;
+        events.extend(batch);
+        let mut relay = RelayProcess::start_signals_blocked(&env, "sigterm_early");
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        let status = relay.terminate(Duration::from_secs(30));
+        assert!(
+            status.success(),
+            "SIGTERM {delay_ms} ms after spawn: exit status {status}\n{}",
+            relay.log_text()
+        );
+    }
+    let relay = RelayProcess::start(&env, "sigterm_early");
+    let topics = vec![db.topic("order")];
+    expect_all(
+        "sigterm early",
+        &topics,
+        &events,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        &relay,
+    )
+    .await;
+    drop(relay);
+    db.cleanup().await;
+}
+
+/// Every `kafka.compression` codec: the relay starts with it, the batches on the broker are
+/// compressed with it (read from the partition's log segment), and a consumer decodes records
+/// equal to the events, byte for byte.
+#[tokio::test]
+async fn every_codec_delivers_records_a_consumer_decodes() {
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let mut client = db.client().await;
+    // Kafka's codec ids in a record batch's attributes.
+    for (codec, id) in [
+        ("none", 0),
+        ("gzip", 1),
+        ("snappy", 2),
+        ("lz4", 3),
+        ("zstd", 4),
+    ] {
+        let aggregate_type = format!("codec_{codec}");
+        let events: Vec<Event> = (0..50)
+            .map(|i| Event {
+                // jsonb's own text form (keys by length), compressible.
+                payload: format!(
+                    r#"{{"seq": {i}, "note": "{}", "codec": "{codec}"}}"#,
+                    "outbox ".repeat(100)
+                ),
+                ..Event::new(&aggregate_type, "a", 0, i)
+            })
+            .collect();
+        insert_events(&mut client, &events, true).await;
+        let mut env = db.relay_env();
+        env.push(("OUTBOX_RELAY__KAFKA__COMPRESSION".into(), codec.into()));
+        let mut relay = RelayProcess::start(&env, &format!("codec_{codec}"));
+        let topic = db.topic(&aggregate_type);
+        let (received, _) = expect_all(
+            codec,
+            std::slice::from_ref(&topic),
+            &events,
+            Duration::from_secs(60),
+            Duration::ZERO,
+            &relay,
+        )
+        .await;
+        for event in &events {
+            let record = received.iter().find(|r| r.key_str() == event.id).unwrap();
+            assert_eq!(
+                record.payload.as_deref(),
+                Some(event.payload.as_bytes()),
+                "{codec}: payload of event {}",
+                event.id
+            );
+        }
+        let on_disk = batch_codecs(&topic);
+        assert_eq!(
+            on_disk,
+            HashSet::from([id]),
+            "{codec}: codecs of the batches on the broker"
+        );
+        assert!(relay.terminate(Duration::from_secs(30)).success());
+    }
+    db.cleanup().await;
+}
+
+/// The codec ids of the record batches in partition 0's first log segment on the test broker
+/// (`log.dirs` = `$OUTBOX_RUN_DIR/kafka/data`): a batch is its base offset (8 bytes), its
+/// length (4), the leader epoch (4), magic (1), a CRC (4), then attributes (2), whose low 3
+/// bits name the codec.
+fn batch_codecs(topic: &str) -> HashSet<u16> {
+    let segment = std::path::Path::new(&env("OUTBOX_RUN_DIR"))
+        .join("kafka/data")
+        .join(format!("{topic}-0"))
+        .join("00000000000000000000.log");
+    let bytes = std::fs::read(&segment).unwrap_or_else(|e| panic!("{}: {e}", segment.display()));
+    let mut codecs = HashSet::new();
+    let mut at = 0;
+    while at + 23 <= bytes.len() {
+        let length = i32::from_be_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let attributes = u16::from_be_bytes(bytes[at + 21..at + 23].try_into().unwrap());
+        codecs.insert(attributes & 0x7);
+        at += 12 + length;
+    }
+    codecs
+}
+
 /// `writers` connections, each committing a transaction of `rows` events every `period`
 /// until `run_for` has passed (a steady rate, as production traffic is). Returns every event.
 async fn write_steadily(

@@ -28,7 +28,7 @@ pub const MIN_MESSAGE_TIMEOUT_MS: u64 = 1_000;
 pub const MAX_MESSAGE_TIMEOUT_MS: u64 = i32::MAX as u64;
 
 /// librdkafka properties the relay sets from a dedicated field, with that field.
-pub(super) const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+pub const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     ("bootstrap.servers", "kafka.brokers"),
     ("metadata.broker.list", "kafka.brokers"),
     ("client.id", "kafka.client_id"),

@@ -61,6 +61,9 @@ pub enum RelayError {
     Mapping(#[from] MappingError),
     #[error(transparent)]
     Publish(#[from] PublishError),
+    /// A Kafka setting this librdkafka refuses: definite, retrying cannot help.
+    #[error("Kafka setting {0}")]
+    KafkaSetting(#[from] crate::sink::preflight::Refused),
     #[error("replication stream out of order: {0}")]
     Ledger(#[from] LedgerError),
     #[error("kafka did not acknowledge {0}")]
@@ -162,6 +165,8 @@ pub async fn run_with_metrics(
 ) -> Result<(), RelayError> {
     let mapping = OutboxMapping::new(&config.outbox)?.with_binary(config.postgres.binary);
     metrics.set_info(&config.postgres.slot, &config.postgres.publication);
+    let librdkafka = crate::sink::preflight::check(&config.kafka).await?;
+    info!(librdkafka = %librdkafka.describe(), "the Kafka settings are valid for this librdkafka");
     metrics.watch_blocked(Arc::new(crate::sink::blocked::Blocked::new(&config.kafka)));
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();

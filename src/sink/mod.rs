@@ -10,6 +10,7 @@ pub mod blocked;
 pub mod dead_letter;
 pub mod kafka_latency;
 mod partition_counts;
+pub mod preflight;
 pub mod progress;
 pub mod publisher;
 #[cfg(test)]

@@ -283,22 +283,31 @@ pub struct RelayProcess {
 
 impl RelayProcess {
     pub fn start(env: &[(String, String)], name: &str) -> RelayProcess {
-        let dir = repo_path("target/test-logs");
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join(format!("{name}.log"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .arg("run")
-            .envs(env.iter().cloned())
-            .env("OUTBOX_RELAY_LOG", "info,outbox_relay=debug,rdkafka=warn")
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .expect("start relay");
+        let (mut command, log) = relay_command(env, name);
+        let child = command.spawn().expect("start relay");
+        RelayProcess { child, log }
+    }
+
+    /// Like `start`, with SIGTERM and SIGINT blocked from before exec, as a parent may leave
+    /// them: a signal sent before the relay runs its first instruction waits for the relay to
+    /// unblock it instead of ending the process by the default action.
+    pub fn start_signals_blocked(env: &[(String, String)], name: &str) -> RelayProcess {
+        use std::os::unix::process::CommandExt;
+        let (mut command, log) = relay_command(env, name);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGTERM);
+                libc::sigaddset(&mut set, libc::SIGINT);
+                match libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) {
+                    0 => Ok(()),
+                    e => Err(std::io::Error::from_raw_os_error(e)),
+                }
+            });
+        }
+        let child = command.spawn().expect("start relay");
         RelayProcess { child, log }
     }
 
@@ -348,6 +357,26 @@ impl Drop for RelayProcess {
             self.kill9();
         }
     }
+}
+
+/// `outbox-relay run` with `env`, its output appended to `target/test-logs/<name>.log`.
+fn relay_command(env: &[(String, String)], name: &str) -> (Command, PathBuf) {
+    let dir = repo_path("target/test-logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join(format!("{name}.log"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    command
+        .arg("run")
+        .envs(env.iter().cloned())
+        .env("OUTBOX_RELAY_LOG", "info,outbox_relay=debug,rdkafka=warn")
+        .stdout(file.try_clone().unwrap())
+        .stderr(file);
+    (command, log)
 }
 
 /// One record read back from Kafka.

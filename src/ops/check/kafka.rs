@@ -17,6 +17,7 @@ use crate::mapping::OutboxMapping;
 use crate::ops::format;
 use crate::ops::rows::{created_at_column, match_walsender_output, OutboxTable};
 use crate::postgres::control::{quote_ident, Control};
+use crate::sink::preflight::{self, Build};
 use crate::sink::publisher::client_config;
 
 /// How long each Kafka request of the check may take.
@@ -145,13 +146,28 @@ impl ClientContext for Quiet {
 }
 
 pub(super) async fn kafka(config: &KafkaConfig, topics: &TopicPlan, items: &mut Vec<Item>) {
+    let build = Build::linked();
+    items.push(ok("librdkafka", build.describe()));
+    // What `run` refuses at start: a setting this librdkafka cannot work with, by its key.
+    if let Err(refused) = preflight::check(config).await {
+        items.push(problem(
+            "kafka settings",
+            format!("{}: {}", refused.key, refused.problem),
+            refused.fix,
+        ));
+        return;
+    }
     let admin: AdminClient<Quiet> = match client_config(config).create_with_context(Quiet) {
         Ok(admin) => admin,
         Err(e) => {
+            let refused = preflight::explain(&e, config, &build);
             items.push(problem(
                 "kafka brokers",
-                format!("cannot create a Kafka client: {e}"),
-                "correct kafka.properties",
+                format!(
+                    "cannot create a Kafka client: {}: {}",
+                    refused.key, refused.problem
+                ),
+                refused.fix,
             ));
             return;
         }
