@@ -30,6 +30,8 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
 /// default `kafka.message_timeout_ms` (300 s) stays: a shorter one changes how a relay fails
 /// (a session restart on MessageTimedOut) and hid that dead-lettering.
 const BLOCKED_HOLD: Duration = Duration::from_secs(15);
+/// The consumer group of the relay's exactly-once progress reader (`src/sink/progress.rs`).
+const PROGRESS_GROUP: &str = "outbox-relay-progress";
 
 /// A relay logged in to the ACL broker as user relay, with its HTTP port.
 struct Relay {
@@ -358,9 +360,8 @@ async fn wait_confirmed(db: &TestDb, relay: &Relay) {
 }
 
 /// Makes the exactly-once progress topic and grants what a transactional relay needs besides
-/// its events' topics: READ and WRITE on the progress topic and, when
-/// `with_transactional_id`, WRITE and DESCRIBE on its transactional id (no group: the progress
-/// reader has none).
+/// its events' topics: READ and WRITE on the progress topic, READ on the progress reader's
+/// group and, when `with_transactional_id`, WRITE and DESCRIBE on its transactional id.
 /// Returns the progress topic.
 async fn prepare_exactly_once(
     broker: &AclBroker,
@@ -372,6 +373,7 @@ async fn prepare_exactly_once(
         .create_topic_with(&progress, 1, &[("cleanup.policy", "compact")])
         .await;
     broker.grant_read_write(&progress).await;
+    broker.grant_group_read(PROGRESS_GROUP).await;
     if with_transactional_id {
         broker
             .grant_transactional_id(&transactional_id(db).await)
@@ -382,7 +384,8 @@ async fn prepare_exactly_once(
 
 /// The baseline: with the ACLs the README documents, and no more, both delivery modes deliver
 /// everything, also after a restart. At-least-once: WRITE on the events' topics. Exactly-once:
-/// also READ+WRITE on the progress topic and WRITE+DESCRIBE on the transactional id.
+/// also READ+WRITE on the progress topic, READ on the group `outbox-relay-progress` and
+/// WRITE+DESCRIBE on the transactional id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn documented_acls_are_enough_for_both_delivery_modes() {
     let broker = AclBroker::start().await;

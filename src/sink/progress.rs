@@ -154,6 +154,9 @@ pub async fn open(
     Ok((publisher, deliveries, skip_below))
 }
 
+/// The consumer group of the progress reader (it only assigns; see `read_last`).
+pub const PROGRESS_GROUP: &str = "outbox-relay-progress";
+
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long reading the progress record may take (other slots' open transactions hold the
 /// read_committed end back for a moment).
@@ -244,9 +247,10 @@ async fn read_last(
 ) -> Result<Option<Progress>, PublishError> {
     let mut client = client_config(config);
     // Producer settings librdkafka's consumer would warn about are harmless; these matter.
-    // No group.id: the reader assigns its partition and commits nothing, and a group would
-    // need one more ACL (READ on it) for nothing.
+    // librdkafka's assign needs a group.id (without one: "Unknown group"), although the
+    // reader commits nothing; so the relay's principal needs READ on this group.
     client
+        .set("group.id", PROGRESS_GROUP)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")

@@ -119,6 +119,23 @@ impl AclBroker {
             .await;
     }
 
+    /// Lets the relay use the consumer group `group` (READ implies DESCRIBE): librdkafka looks
+    /// up the group's coordinator for a consumer with a `group.id`, even one that only assigns
+    /// partitions and commits nothing, as the relay's progress reader does.
+    pub async fn grant_group_read(&self, group: &str) {
+        let principal = self.relay_principal();
+        self.acl_command(&[
+            "--add",
+            "--allow-principal",
+            &principal,
+            "--operation",
+            "Read",
+            "--group",
+            group,
+        ])
+        .await;
+    }
+
     /// Lets the relay create topics whose names start with `prefix` (and write them).
     pub async fn grant_create_prefixed(&self, prefix: &str) {
         self.topic_acl("--add", &["Create", "Write"], &[prefix], true)
