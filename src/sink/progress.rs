@@ -15,10 +15,15 @@
 //! - `slot drop` + `slot create`: the new slot starts at the current WAL position, above every
 //!   committed progress value of this cluster, so nothing new is skipped.
 //! - Another cluster (or `initdb` again) has another system identifier, hence another key.
-//! - A cluster restored from a backup keeps its system identifier but may write LSNs below the
-//!   progress value again: a session whose server's WAL position is below the value ignores it
-//!   (and says so). A restore followed by writes past the old value before the relay starts
-//!   cannot be told apart: delete the key (a tombstone) or use a new slot name then.
+//! - A failover or a point-in-time restore puts the server on a new timeline: each value
+//!   records the timeline it was written on, and a value past the point where the server's
+//!   history left that timeline holds only up to that point ([`reconcile`]), so what the new
+//!   timeline committed after the fork is published.
+//! - A copy of an earlier data directory started as it was stays on the same timeline but
+//!   writes LSNs below the progress value again, for other transactions: a session whose
+//!   server's WAL position is below the value stops with the fix (delete the key with a
+//!   tombstone, or use a new slot name). Writes past the old value before the relay starts
+//!   cannot be told apart.
 //! - `replay` publishes again on purpose with its own (idempotent, non-transactional) producer;
 //!   read_committed consumers see those records, and the progress record is untouched.
 //!
@@ -112,6 +117,7 @@ pub async fn open(
     client: &tokio_postgres::Client,
     slot: &str,
     blocked: Arc<Blocked>,
+    server: &ServerHistory,
 ) -> Result<OpenedSink, PublishError> {
     if config.delivery == DeliveryMode::AtLeastOnce {
         let (publisher, deliveries) = Publisher::reporting_blocks(config, blocked)?;
@@ -125,6 +131,7 @@ pub async fn open(
         topic: topic.clone(),
         partition: partition::partition_for_key(&key, partitions),
         key,
+        timeline: server.timeline,
     };
     let partition = progress.partition;
     let (publisher, deliveries) = Publisher::transactional(
@@ -140,13 +147,15 @@ pub async fn open(
         .await
         .ok()
         .and_then(|row| row.get::<_, String>(0).parse::<Lsn>().ok());
-    let skip_below = match (last, wal) {
-        (Some(end), Some(wal)) if wal < end.lsn => {
-            warn!(progress = %end, wal = %wal, topic = %topic,
-                "the progress record is ahead of the database's WAL (restored from a backup?); ignoring it");
-            None
-        }
-        (last, _) => last,
+    let skip_below = match last {
+        Some(stored) => Some(reconcile(stored, server, wal).map_err(|problem| {
+            PublishError::ProgressDiverged {
+                topic: topic.clone(),
+                key: String::from_utf8_lossy(&progress.key).into_owned(),
+                problem,
+            }
+        })?),
+        None => None,
     };
     info!(transactional_id = %identity.transactional_id(), topic = %topic, partition,
         progress = ?skip_below.map(|p| p.to_string()),
@@ -244,7 +253,7 @@ async fn partition_count(
 async fn read_last(
     config: &KafkaConfig,
     progress: &ProgressRecord,
-) -> Result<Option<Progress>, PublishError> {
+) -> Result<Option<Stored>, PublishError> {
     let mut client = client_config(config);
     // Producer settings librdkafka's consumer would warn about are harmless; these matter.
     // librdkafka's assign needs a group.id (without one: "Unknown group"), although the
@@ -269,7 +278,7 @@ async fn read_last(
 fn read_last_blocking(
     client: rdkafka::ClientConfig,
     progress: &ProgressRecord,
-) -> Result<Option<Progress>, String> {
+) -> Result<Option<Stored>, String> {
     let (topic, partition) = (progress.topic.as_str(), progress.partition);
     let high = true_end(&client, topic, partition)?;
     let consumer: BaseConsumer<QuietEof> = consumer_config(client)
@@ -385,6 +394,63 @@ fn consumer_config(mut client: rdkafka::ClientConfig) -> rdkafka::ClientConfig {
     client
 }
 
+/// The server's timeline and how it got there, read on the replication connection before
+/// streaming: a progress value written on another timeline is checked against it.
+#[derive(Debug, Clone, Default)]
+pub struct ServerHistory {
+    pub timeline: u32,
+    /// `(timeline, the LSN where the server left it)` for each earlier timeline; `None` when
+    /// it could not be read.
+    pub history: Option<Vec<(u32, Lsn)>>,
+}
+
+/// A progress value as read back: where, and on which timeline (none: written by a relay
+/// that did not record it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    pub at: Progress,
+    pub timeline: Option<u32>,
+}
+
+/// What of a stored progress value holds on this server.
+///
+/// - Written on the server's own timeline: all of it, as long as the server's WAL has
+///   reached it. A WAL position below it means the database went back in time on the same
+///   timeline (a copy of an earlier data directory started as it was): the transactions
+///   after the copy were lost, and new ones take their LSNs, so which of the stream Kafka has
+///   cannot be told. Refused (`Err`), with the fix.
+/// - Written on an earlier timeline of the server's history (a promotion, a point-in-time
+///   restore): the two share everything before the fork, so the value holds up to the LSN
+///   where the server left that timeline and is void past it — transactions of the new
+///   timeline after the fork are published, whatever Kafka has of the old one.
+/// - Written on a timeline that is not in the server's history: refused.
+pub fn reconcile(
+    stored: Stored,
+    server: &ServerHistory,
+    wal: Option<Lsn>,
+) -> Result<Progress, String> {
+    let at = stored.at;
+    let written_on = stored.timeline.unwrap_or(server.timeline);
+    if written_on == server.timeline {
+        return match wal {
+            Some(wal) if wal < at.lsn => Err(format!("the progress value {at} is ahead of the database's WAL ({wal}) on the same timeline {written_on}: the database went back in time (an earlier copy of its data directory was started) and transactions after the copy may have been replaced by new ones at the same positions, so the relay cannot tell which of them Kafka has")),
+            _ => Ok(at),
+        };
+    }
+    let Some(history) = &server.history else {
+        return Err(format!("the progress value was written on timeline {written_on}, the server is on {}, and its timeline history cannot be read", server.timeline));
+    };
+    match history.iter().find(|(tli, _)| *tli == written_on) {
+        Some((_, left_at)) if at.lsn <= *left_at => Ok(at),
+        Some((_, left_at)) => {
+            warn!(progress = %at, timeline = written_on, left_at = %left_at, server_timeline = server.timeline,
+                "the progress value lies past the point where this server left its timeline (a failover or restore lost those transactions here): it holds up to that point only, and what the new timeline committed after it is published");
+            Ok(Progress::whole(*left_at))
+        }
+        None => Err(format!("the progress value was written on timeline {written_on}, which is not in the history of this server's timeline {} (another branch of the cluster's history, e.g. a restore of an older backup)", server.timeline)),
+    }
+}
+
 /// Where Kafka stands for a slot: every PostgreSQL transaction that commits below `lsn` is in
 /// Kafka; with `records`, also the first that many records (events and dead letters, in row
 /// order) of the transaction that commits *at* `lsn` — a transaction too big for one Kafka
@@ -449,19 +515,126 @@ impl std::fmt::Display for Progress {
 /// `{"end_lsn":"0/16B3748"}`, or for a split transaction `{"end_lsn":"0/16B3748","records":500}`
 /// with its commit LSN. A relay that knows only `end_lsn` then publishes that transaction
 /// again whole (duplicates, never loss).
-pub fn progress_value(progress: Progress) -> String {
+///
+/// `timeline` is the server's timeline when it was written (see [`reconcile`]).
+pub fn progress_value(progress: Progress, timeline: u32) -> String {
     let mut value = serde_json::json!({ "end_lsn": progress.lsn.to_string() });
     if let Some(n) = progress.records {
         value["records"] = n.into();
+    }
+    if timeline > 0 {
+        value["timeline"] = timeline.into();
     }
     value.to_string()
 }
 
 /// [`progress_value`] read back; `None` when it is not one (or a tombstone).
-pub fn parse_progress_value(value: &[u8]) -> Option<Progress> {
+pub fn parse_progress_value(value: &[u8]) -> Option<Stored> {
     let v: serde_json::Value = serde_json::from_slice(value).ok()?;
-    Some(Progress {
+    let at = Progress {
         lsn: v.get("end_lsn")?.as_str()?.parse().ok()?,
         records: v.get("records").and_then(serde_json::Value::as_u64),
-    })
+    };
+    let timeline = v
+        .get("timeline")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|t| u32::try_from(t).ok());
+    Some(Stored { at, timeline })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(lsn: u64, records: Option<u64>, timeline: Option<u32>) -> Stored {
+        Stored {
+            at: Progress {
+                lsn: Lsn(lsn),
+                records,
+            },
+            timeline,
+        }
+    }
+
+    fn server(timeline: u32, history: &[(u32, u64)]) -> ServerHistory {
+        ServerHistory {
+            timeline,
+            history: Some(history.iter().map(|(t, l)| (*t, Lsn(*l))).collect()),
+        }
+    }
+
+    #[test]
+    fn values_round_trip_with_their_timeline_and_older_values_still_parse() {
+        let split = Progress::partial(Lsn(0x16B3748), 500);
+        let value = progress_value(split, 3);
+        assert_eq!(
+            value,
+            r#"{"end_lsn":"0/16B3748","records":500,"timeline":3}"#
+        );
+        assert_eq!(
+            parse_progress_value(value.as_bytes()),
+            Some(stored(0x16B3748, Some(500), Some(3)))
+        );
+        assert_eq!(
+            parse_progress_value(br#"{"end_lsn":"0/10"}"#),
+            Some(stored(0x10, None, None))
+        );
+        assert_eq!(parse_progress_value(b"not json"), None);
+    }
+
+    #[test]
+    fn a_split_value_covers_the_first_records_of_its_transaction_only() {
+        let at = Progress::partial(Lsn(0x100), 7);
+        assert_eq!(at.covers(Lsn(0xFF)), Covered::All);
+        assert_eq!(at.covers(Lsn(0x100)), Covered::First(7));
+        assert_eq!(at.covers(Lsn(0x101)), Covered::Nothing);
+        let whole = Progress::whole(Lsn(0x100));
+        assert_eq!(whole.covers(Lsn(0xFF)), Covered::All);
+        assert_eq!(whole.covers(Lsn(0x100)), Covered::Nothing);
+    }
+
+    #[test]
+    fn the_same_timeline_holds_unless_the_wal_went_back() {
+        let s = server(2, &[(1, 0x500)]);
+        let value = stored(0x900, None, Some(2));
+        assert_eq!(
+            reconcile(value, &s, Some(Lsn(0x1000))),
+            Ok(Progress::whole(Lsn(0x900)))
+        );
+        let e = reconcile(value, &s, Some(Lsn(0x800))).unwrap_err();
+        assert!(e.contains("went back in time"), "{e}");
+        // Written before timelines were recorded: taken as the server's own.
+        assert!(reconcile(stored(0x900, None, None), &s, Some(Lsn(0x1000))).is_ok());
+    }
+
+    #[test]
+    fn a_value_past_the_fork_of_a_timeline_left_holds_up_to_the_fork() {
+        let s = server(3, &[(1, 0x500), (2, 0x900)]);
+        // Before timeline 2 was left: all of it holds.
+        assert_eq!(
+            reconcile(stored(0x800, Some(4), Some(2)), &s, Some(Lsn(0x2000))),
+            Ok(Progress::partial(Lsn(0x800), 4))
+        );
+        // Past it: only up to the fork.
+        assert_eq!(
+            reconcile(stored(0xA00, None, Some(2)), &s, Some(Lsn(0x2000))),
+            Ok(Progress::whole(Lsn(0x900)))
+        );
+        assert_eq!(
+            reconcile(stored(0x600, None, Some(1)), &s, Some(Lsn(0x2000))),
+            Ok(Progress::whole(Lsn(0x500)))
+        );
+    }
+
+    #[test]
+    fn a_timeline_outside_the_history_or_an_unreadable_history_is_refused() {
+        let s = server(2, &[(1, 0x500)]);
+        let e = reconcile(stored(0x400, None, Some(4)), &s, None).unwrap_err();
+        assert!(e.contains("not in the history"), "{e}");
+        let unknown = ServerHistory {
+            timeline: 2,
+            history: None,
+        };
+        assert!(reconcile(stored(0x400, None, Some(1)), &unknown, None).is_err());
+    }
 }

@@ -92,6 +92,14 @@ pub enum PublishError {
     /// The progress record (`exactly_once`) could not be read, or its topic made.
     #[error("kafka.progress_topic `{topic}`: {problem}")]
     Progress { topic: String, problem: String },
+    /// The progress record says something this database's history contradicts: the relay
+    /// cannot tell what Kafka has, so it stops.
+    #[error("kafka.progress_topic `{topic}`: {problem}. Fix: if the transactions since the slot's position are to be published again (read_committed consumers then see some twice), delete this slot's progress: produce a tombstone (null value) with key {key} to `{topic}`; or use a new postgres.slot")]
+    ProgressDiverged {
+        topic: String,
+        key: String,
+        problem: String,
+    },
 }
 
 impl PublishError {
@@ -104,6 +112,7 @@ impl PublishError {
                 true
             }
             PublishError::Rejected(r) => !is_permanent(&r.error),
+            PublishError::ProgressDiverged { .. } => false,
             // Fenced is transient too: the relay that fenced us holds the slot, so the next
             // session waits as a standby.
             PublishError::Transaction { error, .. } => !matches!(
@@ -278,6 +287,8 @@ pub struct ProgressRecord {
     pub topic: String,
     pub partition: i32,
     pub key: Vec<u8>,
+    /// The server's timeline, written into each value.
+    pub timeline: u32,
 }
 
 /// `transaction.timeout.ms` unless `kafka.properties` sets it (librdkafka's default).
@@ -560,7 +571,7 @@ impl Shared {
         self.wait_while(give_up, || self.topics().any_waiting())
             .await
             .map_err(|e| failed("commit (records wait for a partition count)", e))?;
-        let value = progress_value(at);
+        let value = progress_value(at, progress.timeline);
         let record = Record {
             topic: progress.topic.clone(),
             key: progress.key.clone().into(),

@@ -278,6 +278,34 @@ impl WalSender {
 
     /// Runs one simple-protocol command (plain SQL, or a replication command such as
     /// `ALTER_REPLICATION_SLOT`) before streaming; returns its rows as text.
+    /// `IDENTIFY_SYSTEM`: the server's current timeline.
+    pub async fn timeline(&mut self) -> Result<u32, ReplicationError> {
+        let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
+        rows.first()
+            .and_then(|row| row.get(1).cloned().flatten())
+            .and_then(|tli| tli.parse().ok())
+            .ok_or_else(|| ReplicationError::Protocol("IDENTIFY_SYSTEM gave no timeline".into()))
+    }
+
+    /// `TIMELINE_HISTORY tli`: each earlier timeline of the server and the LSN where it was
+    /// left, oldest first (none for timeline 1).
+    pub async fn timeline_history(
+        &mut self,
+        tli: u32,
+    ) -> Result<Vec<(u32, Lsn)>, ReplicationError> {
+        if tli <= 1 {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .simple_query(&format!("TIMELINE_HISTORY {tli}"))
+            .await?;
+        let content = rows
+            .first()
+            .and_then(|row| row.get(1).cloned().flatten())
+            .unwrap_or_default();
+        Ok(parse_timeline_history(&content))
+    }
+
     pub async fn simple_query(
         &mut self,
         sql: &str,
@@ -752,9 +780,33 @@ impl ReplicationStream {
     }
 }
 
+/// A timeline history file's entries (`parent_tli<TAB>switchpoint<TAB>reason` per line;
+/// comments and lines that do not parse are skipped).
+fn parse_timeline_history(content: &str) -> Vec<(u32, Lsn)> {
+    content
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let tli = fields.next()?.parse().ok()?;
+            let switchpoint = fields.next()?.parse().ok()?;
+            Some((tli, switchpoint))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeline_history_lists_each_parent_and_where_it_was_left() {
+        let file = "1\t0/3000060\tno recovery target specified\n\n# a comment\n2\t0/5000A28\tat restore point \"x\"\n";
+        assert_eq!(
+            parse_timeline_history(file),
+            vec![(1, Lsn(0x3000060)), (2, Lsn(0x5000A28))]
+        );
+    }
 
     #[test]
     fn keepalive_frame_parses() {
