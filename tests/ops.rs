@@ -213,6 +213,56 @@ async fn check_fails_on_a_missing_publication_and_names_the_fix() {
     db.cleanup().await;
 }
 
+/// RDS and Aurora grant the right to stream through membership in `rds_replication`, on roles
+/// that are themselves NOREPLICATION, and refuse `ALTER ROLE … REPLICATION`. The roles RDS
+/// has are made here on the wal_level=replica cluster (no other test looks at its roles), so
+/// PostgreSQL itself answers the membership question.
+#[tokio::test]
+async fn check_takes_rds_replication_membership_and_suggests_the_grant() {
+    let db = TestDb::new_on(&replica_admin_url()).await;
+    db.client()
+        .await
+        .batch_execute(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'rds_replication') THEN
+                 CREATE ROLE rds_replication NOLOGIN; END IF;
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'rds_superuser') THEN
+                 CREATE ROLE rds_superuser NOLOGIN; END IF;
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'rds_member') THEN
+                 CREATE ROLE rds_member LOGIN NOREPLICATION; END IF;
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'rds_plain') THEN
+                 CREATE ROLE rds_plain LOGIN NOREPLICATION; END IF;
+             END $$;
+             GRANT rds_replication TO rds_member;",
+        )
+        .await
+        .unwrap();
+    let role_line = |user: &'static str| {
+        let url = db.url.replacen("postgres@", &format!("{user}@"), 1);
+        let env = with(&db.relay_env(), "OUTBOX_RELAY__POSTGRES__URL", &url);
+        async move {
+            let out = ops(&env, &["check", "--json"]).await;
+            item(&out.json(), "role").clone()
+        }
+    };
+    let member = role_line("rds_member").await;
+    assert_eq!(member["status"], "ok", "{member:#}");
+    assert!(
+        member["detail"]
+            .as_str()
+            .unwrap()
+            .contains("rds_replication"),
+        "{member:#}"
+    );
+    let plain = role_line("rds_plain").await;
+    assert_eq!(plain["status"], "problem", "{plain:#}");
+    assert_eq!(
+        plain["fix"], r#"GRANT rds_replication TO "rds_plain";"#,
+        "{plain:#}"
+    );
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn check_fails_for_a_role_without_replication_and_names_the_fix() {
     let db = TestDb::new().await;

@@ -20,6 +20,10 @@ struct Server {
     role: String,
     superuser: bool,
     replication: bool,
+    /// Amazon RDS / Aurora (which has the role `rds_replication`): whether we are a member.
+    /// There the right to stream comes from that membership; `ALTER ROLE … REPLICATION` is
+    /// refused.
+    rds_replication: Option<bool>,
     database: String,
     version: String,
     slots_used: i64,
@@ -41,6 +45,10 @@ impl Server {
                     "DateStyle",
                     "TimeZone",
                     "wal_sender_timeout",
+                    // Managed services' switch for wal_level = logical.
+                    "rds.logical_replication",
+                    "cloudsql.logical_decoding",
+                    "azure.replication_support",
                 ]],
             )
             .await
@@ -52,7 +60,9 @@ impl Server {
             .query_one(
                 "SELECT current_user::text, r.rolsuper, r.rolreplication, current_database()::text,
                         (SELECT count(*) FROM pg_replication_slots),
-                        (SELECT count(*) FROM pg_stat_replication)
+                        (SELECT count(*) FROM pg_stat_replication),
+                        (SELECT pg_has_role(current_user, oid, 'MEMBER') FROM pg_roles
+                          WHERE rolname = 'rds_replication')
                  FROM pg_roles r WHERE r.rolname = current_user",
                 &[],
             )
@@ -67,6 +77,7 @@ impl Server {
             version: String::new(),
             slots_used: row.get(4),
             senders_used: row.get(5),
+            rds_replication: row.get(6),
         };
         server.version = server.setting("server_version").to_string();
         Ok(server)
@@ -148,8 +159,22 @@ fn wal_level(server: &Server) -> Item {
     problem(
         "wal_level",
         format!("wal_level = {level}: logical decoding is off, so no logical slot can be created or streamed"),
-        "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL (on a managed service: set the parameter `wal_level` or `rds.logical_replication = 1` in its parameter group)",
+        wal_level_fix(server),
     )
+}
+
+/// How wal_level becomes logical here: each managed service has its own switch.
+fn wal_level_fix(server: &Server) -> &'static str {
+    let has = |name: &str| server.settings.contains_key(name);
+    if has("rds.logical_replication") {
+        "Amazon RDS / Aurora: set rds.logical_replication = 1 in the DB (cluster) parameter group, then reboot the instance"
+    } else if has("cloudsql.logical_decoding") {
+        "Cloud SQL: set the database flag cloudsql.logical_decoding = on (the instance restarts)"
+    } else if has("azure.replication_support") {
+        "Azure Database for PostgreSQL: set the server parameter azure.replication_support = logical (and wal_level = logical where offered), then restart the server"
+    } else {
+        "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL (on a managed service: its parameter for it, e.g. rds.logical_replication = 1 on RDS)"
+    }
 }
 
 /// pgoutput prints timestamps in the walsender's DateStyle, which neither the relay nor this
@@ -301,11 +326,22 @@ fn role(server: &Server) -> Item {
     if server.replication {
         return ok("role", format!("role \"{role}\" has REPLICATION"));
     }
-    problem(
-        "role",
-        format!("role \"{role}\" has neither REPLICATION nor superuser: it cannot stream from a replication slot"),
-        format!("ALTER ROLE {} WITH REPLICATION;", quote_ident(role)),
-    )
+    match server.rds_replication {
+        Some(true) => ok(
+            "role",
+            format!("role \"{role}\" is a member of rds_replication (Amazon RDS / Aurora)"),
+        ),
+        Some(false) => problem(
+            "role",
+            format!("role \"{role}\" is not a member of rds_replication: on Amazon RDS / Aurora it cannot stream from a replication slot without it"),
+            format!("GRANT rds_replication TO {};", quote_ident(role)),
+        ),
+        None => problem(
+            "role",
+            format!("role \"{role}\" has neither REPLICATION nor superuser: it cannot stream from a replication slot"),
+            format!("ALTER ROLE {} WITH REPLICATION;", quote_ident(role)),
+        ),
+    }
 }
 
 /// An outbox table as configured, quoted once (whether or not it exists).
@@ -783,6 +819,7 @@ mod tests {
             role: "app\"user".into(),
             superuser,
             replication,
+            rds_replication: None,
             database: "db".into(),
             version: "15".into(),
             slots_used: 10,
@@ -825,6 +862,32 @@ mod tests {
         );
         assert_eq!(role(&server(false, true)).status, Status::Ok);
         assert_eq!(role(&server(true, false)).status, Status::Ok);
+    }
+    #[test]
+    fn on_rds_the_right_comes_from_rds_replication_and_the_fix_is_a_grant() {
+        let mut s = server(false, false);
+        s.rds_replication = Some(true);
+        assert_eq!(role(&s).status, Status::Ok);
+        s.rds_replication = Some(false);
+        let item = role(&s);
+        assert_eq!(item.status, Status::Problem);
+        assert_eq!(
+            item.fix.as_deref(),
+            Some("GRANT rds_replication TO \"app\"\"user\";")
+        );
+        s.settings
+            .insert("rds.logical_replication".into(), "0".into());
+        assert!(wal_level(&s)
+            .fix
+            .unwrap()
+            .contains("rds.logical_replication = 1"));
+        s.settings.remove("rds.logical_replication");
+        s.settings
+            .insert("cloudsql.logical_decoding".into(), "off".into());
+        assert!(wal_level(&s)
+            .fix
+            .unwrap()
+            .contains("cloudsql.logical_decoding = on"));
     }
     #[test]
     fn full_slots_are_a_problem_only_without_our_slot() {
