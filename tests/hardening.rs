@@ -8,14 +8,6 @@ use std::time::{Duration, Instant};
 use common::probe::{free_port, http_get, metric, wait_exit};
 use common::*;
 
-fn with(mut env: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    for (k, v) in extra {
-        env.retain(|(key, _)| key != k);
-        env.push((k.to_string(), v.to_string()));
-    }
-    env
-}
-
 async fn wait_ready(port: u16, relay: &mut RelayProcess, timeout: Duration) -> Duration {
     let began = Instant::now();
     loop {

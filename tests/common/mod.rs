@@ -42,6 +42,15 @@ pub fn services(command: &str) {
     assert!(status.success(), "services.sh {command} failed");
 }
 
+/// `env` with each of `extra` set, replacing an earlier value of the same variable.
+pub fn with(mut env: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    for (k, v) in extra {
+        env.retain(|(key, _)| key != k);
+        env.push((k.to_string(), v.to_string()));
+    }
+    env
+}
+
 pub fn random_name(prefix: &str) -> String {
     let n: u64 = rand::thread_rng().gen();
     format!("{prefix}{n:016x}")
