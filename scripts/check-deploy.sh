@@ -17,7 +17,7 @@
 # Ends with the line "N passed, N failed"; exits 1 when anything failed.
 set -uo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
 PROM=deploy/prometheus
 RULES=$PROM/outbox-relay.rules.yml
