@@ -93,7 +93,7 @@ pub fn delivery_error_kind(error: &KafkaError) -> String {
 /// All the relay's numbers. Shared as `Arc<Metrics>`.
 #[derive(Debug)]
 pub struct Metrics {
-    /// Every family below, in exposition order.
+    /// Every family, in the order `Metrics::default` declares them (the exposition's).
     registry: Registry,
     started: Instant,
     /// Milliseconds after `started` at which the stream last made progress (confirmed moved,
@@ -502,20 +502,18 @@ impl<N, A> Clone for Gauge<N, A> {
 impl Gauge {
     /// A gauge starting at -1 ("unknown").
     fn unknown() -> Gauge {
-        let gauge = Gauge::default();
-        gauge.0.set(-1);
+        let gauge: Gauge = Gauge::default();
+        gauge.set(-1);
         gauge
+    }
+
+    fn set(&self, value: i64) {
+        self.0.set(value);
     }
 }
 
 impl Gauge<f64, AtomicU64> {
     fn set(&self, value: f64) {
-        self.0.set(value);
-    }
-}
-
-impl Gauge {
-    fn set(&self, value: i64) {
         self.0.set(value);
     }
 }
