@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # scripts/apt-install.sh: sourced by the scripts that install what they miss (services.sh,
 # pg-binaries.sh). Defines apt_install PACKAGE...; the caller defines log and die.
 # Installs with Debian's apt-get as root, running `apt-get update` once per script.

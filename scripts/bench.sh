@@ -705,7 +705,7 @@ start_relay_checked() {
         kill -0 "$RELAY_PID" 2>/dev/null && return 0
         wait "$RELAY_PID" 2>/dev/null || true
         log "  the relay exited at start (attempt $attempt); log: $LOG_DIR/$4.log"
-        RELAY_PID= RELAY_WAIT_PID=
+        RELAY_PID='' RELAY_WAIT_PID=''
     done
     return 1
 }
@@ -743,7 +743,7 @@ sigkill_shape() {
             log "  kill -9 relay $RELAY_PID ($k of $KILLS)"
             kill -KILL "$RELAY_PID" 2>/dev/null && kills=$((kills + 1))
             wait "$RELAY_WAIT_PID" 2>/dev/null || true
-            RELAY_PID= RELAY_WAIT_PID=
+            RELAY_PID='' RELAY_WAIT_PID=''
             if ! start_relay_checked "$db" "$slot" "$topic" "relay-kill-$tag-$k" "${MODE_ENV[@]}"; then
                 record_failure sigkill "$mode" "the relay did not restart after kill $k"
                 break

@@ -17,7 +17,7 @@
 # Ends with the line "N passed, N failed"; exits 1 when anything failed.
 set -uo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
 PROM=deploy/prometheus
 RULES=$PROM/outbox-relay.rules.yml
@@ -128,8 +128,8 @@ import re, sys
 src = open(sys.argv[1]).read()
 served = set(re.findall(r'"(outbox_relay_[a-z_]+)', src))
 served |= {n for n in re.findall(r'(outbox_relay_[a-z_]+)\{', src)}
-# Histograms (a Value::Histogram family) also serve _bucket, _sum and _count.
-for h in re.findall(r'"(outbox_relay_[a-z_]+)",\s*"[^"]*",\s*Value::Histogram', src):
+# Histograms (declared with `r.histogram(NAME, HELP)`) also serve _bucket, _sum and _count.
+for h in re.findall(r'\.histogram\(\s*"(outbox_relay_[a-z_]+)"', src):
     served |= {h + "_bucket", h + "_sum", h + "_count"}
 bad = []
 for path in sys.argv[2:]:

@@ -46,8 +46,11 @@ wait_for() {
     fail "waited 30 s for '$2' to be '$3'; last: '$got'"
 }
 
-decode='SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL,
-    '"'proto_version', '1', 'publication_names', 'pub')"
+# decode SLOT: the query counting the messages SLOT (an SQL literal) would decode.
+decode() {
+    printf "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL,
+    'proto_version', '1', 'publication_names', 'pub')" "$1"
+}
 q "$P" -c "CREATE TABLE outbox (id bigserial PRIMARY KEY, payload text);
            CREATE PUBLICATION pub FOR TABLE outbox"
 
@@ -62,7 +65,7 @@ if ((major >= 16)); then
     done
     wait "$creator" || fail "could not create a logical slot on the standby"
     q "$P" -c "INSERT INTO outbox (payload) VALUES ('decoded on the standby')"
-    wait_for "$S" "SELECT ($(printf "$decode" "'on_standby'")) > 0" t
+    wait_for "$S" "SELECT ($(decode "'on_standby'")) > 0" t
     log "ok: logical decoding on the standby"
     q "$S" -c "SELECT pg_drop_replication_slot('on_standby')" >/dev/null
 fi
@@ -100,8 +103,8 @@ if ((major >= 17)); then
     # 100 pending rows + 10 written after the promotion, each 1 INSERT message,
     # plus BEGIN/COMMIT per transaction and a RELATION message per stream.
     # (Decoding reads only flushed WAL: synchronous_commit is off, so wait.)
-    wait_for "$S" "SELECT ($(printf "$decode" "'s'")) >= 110" t
-    n=$(q "$S" -c "$(printf "$decode" "'s'")")
+    wait_for "$S" "SELECT ($(decode "'s'")) >= 110" t
+    n=$(q "$S" -c "$(decode "'s'")")
     log "ok: slot s survived the promotion and decodes $n messages (pending + new rows)"
 else
     [[ -z $slot ]] || fail "slot s unexpectedly on the promoted standby: $slot"

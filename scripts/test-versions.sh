@@ -57,11 +57,11 @@ fi
 
 # PostgreSQL 13: `check` and `run` refuse it with one line. A subshell, so that
 # its exports and its EXIT trap (stop that cluster) stay inside.
+# shellcheck disable=SC2317 # called through run_part
 pg13_refused() (
     local dir="$BASE/13" env_file out rc
     export OUTBOX_RUN_DIR=$dir OUTBOX_PG_VERSION=13
     bash scripts/services.sh clean >/dev/null 2>&1 || true
-    # shellcheck disable=SC2317 # called through the EXIT trap
     stop13() { bash scripts/services.sh stop >/dev/null 2>&1 || true; }
     trap stop13 EXIT
     env_file=$(bash scripts/services.sh pg-start >/dev/null && bash scripts/services.sh env) || return 1

@@ -8,14 +8,6 @@ use std::time::{Duration, Instant};
 use common::probe::{free_port, http_get, metric, wait_exit};
 use common::*;
 
-fn with(mut env: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    for (k, v) in extra {
-        env.retain(|(key, _)| key != k);
-        env.push((k.to_string(), v.to_string()));
-    }
-    env
-}
-
 async fn wait_ready(port: u16, relay: &mut RelayProcess, timeout: Duration) -> Duration {
     let began = Instant::now();
     loop {
@@ -773,4 +765,59 @@ async fn kafka_sasl_plain_and_scram_over_tls_deliver() {
         assert!(relay.terminate(Duration::from_secs(30)).success());
         db.cleanup().await;
     }
+}
+
+// ---- the harness itself ----
+
+/// Creates a TestDb and its slot inside a task that then panics, as a failing test would;
+/// returns the database's and the slot's names once the task is gone.
+async fn panic_holding_a_database_and_a_slot() -> (String, String) {
+    let (names, named) = tokio::sync::oneshot::channel();
+    let failed = tokio::spawn(async move {
+        let db = TestDb::new().await;
+        db.create_slot().await;
+        let _ = names.send((db.name.clone(), db.slot.clone()));
+        panic!("a failing test (on purpose)");
+    })
+    .await;
+    assert!(failed.is_err_and(|e| e.is_panic()), "the task should panic");
+    named.await.expect("the task named its database and slot")
+}
+
+/// No database and no slot of `name` on the cluster.
+async fn assert_nothing_left(name: &str, slot: &str) {
+    let admin = connect(&env("OUTBOX_TEST_PG_URL")).await;
+    let slots: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let databases: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_database WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        (slots, databases),
+        (0, 0),
+        "a panicking test left its slot ({slots}) or database ({databases}) {name} behind"
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_test_leaves_no_database_and_no_slot() {
+    let (name, slot) = panic_holding_a_database_and_a_slot().await;
+    assert_nothing_left(&name, &slot).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_test_on_a_multi_thread_runtime_leaves_nothing_either() {
+    let (name, slot) = panic_holding_a_database_and_a_slot().await;
+    assert_nothing_left(&name, &slot).await;
 }

@@ -303,11 +303,11 @@ impl Drop for ConsumerProcess {
     }
 }
 
-/// A fresh, empty database for the consumer (its inbox and effects), dropped at the end.
+/// A fresh, empty database for the consumer (its inbox and effects), dropped at the end
+/// (also when the test panics).
 struct ScratchDb {
-    name: String,
     url: String,
-    admin_url: String,
+    dropped: DropDatabase,
 }
 
 impl ScratchDb {
@@ -322,19 +322,12 @@ impl ScratchDb {
         let (base, _) = admin_url.rsplit_once('/').expect("URL has a database");
         ScratchDb {
             url: format!("{base}/{name}"),
-            name,
-            admin_url,
+            dropped: DropDatabase::new(&admin_url, &name),
         }
     }
 
     async fn cleanup(self) {
-        let _ = connect(&self.admin_url)
-            .await
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .await;
+        self.dropped.now().await;
     }
 }
 

@@ -19,14 +19,6 @@ use outbox_relay::config::KafkaConfig;
 use outbox_relay::mapping::Record;
 use outbox_relay::sink::publisher::Publisher;
 
-fn with(mut env: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    for (k, v) in extra {
-        env.retain(|(key, _)| key != k);
-        env.push((k.to_string(), v.to_string()));
-    }
-    env
-}
-
 /// A TCP forwarder on 127.0.0.1 inside the test. `freeze` stops every connection accepted so
 /// far from forwarding, in both directions, and closes nothing (a path that died without a
 /// FIN/RST, as a NAT dropping the flow); connections accepted later forward normally.

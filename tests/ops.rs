@@ -61,13 +61,6 @@ async fn ops(env: &[(String, String)], args: &[&str]) -> Out {
     }
 }
 
-/// `env` with `key` set to `value` (later entries win).
-fn with(env: &[(String, String)], key: &str, value: &str) -> Vec<(String, String)> {
-    let mut env = env.to_vec();
-    env.push((key.to_string(), value.to_string()));
-    env
-}
-
 /// The `check --json` item named `name`.
 fn item<'a>(report: &'a Value, name: &str) -> &'a Value {
     report["items"]
@@ -269,7 +262,7 @@ async fn check_fails_for_a_role_without_replication_and_names_the_fix() {
     db.create_slot().await;
     let url = db.url.replacen("postgres@", "norepl@", 1);
     assert_ne!(url, db.url, "test URLs name the postgres user");
-    let env = with(&db.relay_env(), "OUTBOX_RELAY__POSTGRES__URL", &url);
+    let env = with(db.relay_env(), &[("OUTBOX_RELAY__POSTGRES__URL", &url)]);
     let out = ops(&env, &["check", "--json"]).await;
     assert_eq!(out.code, 1, "{out}");
     let role = item(&out.json(), "role").clone();
@@ -551,13 +544,14 @@ async fn slot_drop_refuses_an_active_slot_without_force() {
     db.create_slot().await;
     // A slow reconnect, so that the relay does not take the slot back before `--force` drops it.
     let env = with(
-        &with(
-            &db.relay_env(),
-            "OUTBOX_RELAY__POSTGRES__RECONNECT_BACKOFF_INITIAL_MS",
-            "20000",
-        ),
-        "OUTBOX_RELAY__POSTGRES__RECONNECT_BACKOFF_MAX_MS",
-        "20000",
+        db.relay_env(),
+        &[
+            (
+                "OUTBOX_RELAY__POSTGRES__RECONNECT_BACKOFF_INITIAL_MS",
+                "20000",
+            ),
+            ("OUTBOX_RELAY__POSTGRES__RECONNECT_BACKOFF_MAX_MS", "20000"),
+        ],
     );
     let mut relay = RelayProcess::start(&env, &format!("{}-drop", db.name));
     let status = wait_for_status(&env, "the relay holding the slot", |s| {
@@ -644,7 +638,10 @@ async fn slot_create_makes_the_publication_first_or_refuses_without_it() {
             .is_some()
     };
 
-    let no_create = with(&env, "OUTBOX_RELAY__POSTGRES__CREATE_PUBLICATION", "false");
+    let no_create = with(
+        env.clone(),
+        &[("OUTBOX_RELAY__POSTGRES__CREATE_PUBLICATION", "false")],
+    );
     let refused = ops(&no_create, &["slot", "create"]).await;
     assert_eq!(refused.code, 1, "{refused}");
     let line = refused.one_line_error();
@@ -718,15 +715,20 @@ async fn bad_input_gets_one_clear_line_and_the_right_exit_code() {
     assert_eq!(json_error["ok"], false);
     assert_eq!(json_error["exit_code"], 2);
 
-    let bad_slot = with(&env, "OUTBOX_RELAY__POSTGRES__SLOT", "Not-A-Slot");
+    let bad_slot = with(
+        env.clone(),
+        &[("OUTBOX_RELAY__POSTGRES__SLOT", "Not-A-Slot")],
+    );
     let out = ops(&bad_slot, &["status"]).await;
     assert_eq!(out.code, 2, "{out}");
     assert!(out.one_line_error().contains("postgres.slot"), "{out}");
 
     let unreachable = with(
-        &env,
-        "OUTBOX_RELAY__POSTGRES__URL",
-        "postgres://postgres@127.0.0.1:1/postgres",
+        env.clone(),
+        &[(
+            "OUTBOX_RELAY__POSTGRES__URL",
+            "postgres://postgres@127.0.0.1:1/postgres",
+        )],
     );
     let out = ops(&unreachable, &["status"]).await;
     assert_eq!(out.code, 1, "{out}");
@@ -931,7 +933,7 @@ topic = "{p}.dlq"
         }
     }
     let mut relay = RelayProcess::start(
-        &with(&env, "OUTBOX_RELAY_CONFIG", &config),
+        &with(env.clone(), &[("OUTBOX_RELAY_CONFIG", &config)]),
         &format!("{}-replay-mapping", db.name),
     );
     let live = read_ids(

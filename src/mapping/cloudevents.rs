@@ -395,35 +395,21 @@ fn is_json_media_type(content_type: &str) -> bool {
 
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC with milliseconds:
 /// `2026-03-01T10:30:45.678Z`. Negative and post-9999 times are refused (the mapping already
-/// refuses negative timestamps, which Kafka cannot hold). Days to civil date as in Howard
-/// Hinnant's `civil_from_days` (proleptic Gregorian calendar, as PostgreSQL uses).
+/// refuses negative timestamps, which Kafka cannot hold).
+///
+/// Computed as a civil (UTC) date-time: jiff's `Timestamp` stops a day short of 9999-12-31
+/// (so that any offset can apply), while PostgreSQL's timestamps reach its end.
 pub(super) fn rfc3339(timestamp_ms: i64) -> Result<String, String> {
+    const UNIX_EPOCH: jiff::civil::DateTime = jiff::civil::date(1970, 1, 1).at(0, 0, 0, 0);
     let out_of_range = || format!("{timestamp_ms} ms cannot be written as an RFC 3339 time");
     if timestamp_ms < 0 {
         return Err(out_of_range());
     }
-    let (days, ms_of_day) = (timestamp_ms / 86_400_000, timestamp_ms % 86_400_000);
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let mp = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    if year > 9999 {
-        return Err(out_of_range());
-    }
-    let seconds = ms_of_day / 1000;
-    Ok(format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        seconds / 3600,
-        seconds / 60 % 60,
-        seconds % 60,
-        ms_of_day % 1000
-    ))
+    let utc = UNIX_EPOCH
+        .checked_add(jiff::SignedDuration::from_millis(timestamp_ms))
+        .map_err(|_| out_of_range())?;
+    // The precision fixes three fractional digits.
+    Ok(format!("{utc:.3}Z"))
 }
 
 #[cfg(test)]

@@ -57,45 +57,36 @@ async fn answer(
     metrics: &Metrics,
     staleness: Duration,
 ) -> std::io::Result<()> {
-    let head = match read_head(&mut stream).await? {
-        Some(head) => head,
-        None => return respond(&mut stream, 431, "text/plain", "request too large\n").await,
+    let Some(head) = read_head(&mut stream).await? else {
+        let too_large = Response::text(431, "request too large\n");
+        return respond(&mut stream, &too_large, true).await;
     };
-    let path = request_path(&head);
+    let request = parse_request(&head);
+    let path = request.as_ref().map(|r| r.path);
     debug!(%peer, path = path.unwrap_or("?"), "http request");
+    let response = match path {
+        Some(path) => route(path, metrics, staleness),
+        None => Response::text(400, "bad request\n"),
+    };
+    // A HEAD request gets the head a GET would (its Content-Length too), without the body.
+    let with_body = !request.is_some_and(|r| r.head_only);
+    respond(&mut stream, &response, with_body).await
+}
+
+/// What `path` answers.
+fn route(path: &str, metrics: &Metrics, staleness: Duration) -> Response {
     match path {
-        Some("/metrics") => {
-            respond(
-                &mut stream,
-                200,
-                crate::serve::metrics::CONTENT_TYPE,
-                &metrics.render(staleness),
-            )
-            .await
-        }
-        Some("/healthz") => respond(&mut stream, 200, "text/plain", "ok\n").await,
-        Some("/readyz") => match metrics.readiness(staleness) {
-            Ok(()) => respond(&mut stream, 200, "text/plain", "ready\n").await,
-            Err(why) => {
-                respond(
-                    &mut stream,
-                    503,
-                    "text/plain",
-                    &format!("not ready: {why}\n"),
-                )
-                .await
-            }
+        "/metrics" => Response {
+            status: 200,
+            content_type: crate::serve::metrics::CONTENT_TYPE,
+            body: metrics.render(staleness),
         },
-        Some(_) => {
-            respond(
-                &mut stream,
-                404,
-                "text/plain",
-                "try /metrics, /healthz or /readyz\n",
-            )
-            .await
-        }
-        None => respond(&mut stream, 400, "text/plain", "bad request\n").await,
+        "/healthz" => Response::text(200, "ok\n"),
+        "/readyz" => match metrics.readiness(staleness) {
+            Ok(()) => Response::text(200, "ready\n"),
+            Err(why) => Response::text(503, format!("not ready: {why}\n")),
+        },
+        _ => Response::text(404, "try /metrics, /healthz or /readyz\n"),
     }
 }
 
@@ -116,23 +107,54 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
 }
 
-/// The path of a `GET` (or `HEAD`) request line, without the query string.
-fn request_path(head: &str) -> Option<&str> {
+/// A `GET` or `HEAD` request.
+#[derive(Debug, PartialEq, Eq)]
+struct Request<'a> {
+    /// The path, without the query string.
+    path: &'a str,
+    /// `HEAD`: answered without a body.
+    head_only: bool,
+}
+
+/// The request line's method and path; `None` for another method or no request line.
+fn parse_request(head: &str) -> Option<Request<'_>> {
     let mut parts = head.lines().next()?.split_whitespace();
-    let method = parts.next()?;
+    let head_only = match parts.next()? {
+        "GET" => false,
+        "HEAD" => true,
+        _ => return None,
+    };
     let target = parts.next()?;
-    if method != "GET" && method != "HEAD" {
-        return None;
+    let path = target.split('?').next().unwrap_or(target);
+    Some(Request { path, head_only })
+}
+
+struct Response {
+    status: u16,
+    content_type: &'static str,
+    body: String,
+}
+
+impl Response {
+    fn text(status: u16, body: impl Into<String>) -> Response {
+        Response {
+            status,
+            content_type: "text/plain",
+            body: body.into(),
+        }
     }
-    Some(target.split('?').next().unwrap_or(target))
 }
 
 async fn respond(
     stream: &mut TcpStream,
-    status: u16,
-    content_type: &str,
-    body: &str,
+    response: &Response,
+    with_body: bool,
 ) -> std::io::Result<()> {
+    let Response {
+        status,
+        content_type,
+        body,
+    } = response;
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -145,7 +167,9 @@ async fn respond(
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
+    if with_body {
+        stream.write_all(body.as_bytes()).await?;
+    }
     stream.shutdown().await
 }
 
@@ -155,16 +179,24 @@ mod tests {
 
     #[test]
     fn request_line_gives_the_path() {
+        let path = |head| parse_request(head).map(|r| r.path);
         assert_eq!(
-            request_path("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            path("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
             Some("/metrics")
         );
         assert_eq!(
-            request_path("GET /readyz?verbose=1 HTTP/1.1\r\n\r\n"),
+            path("GET /readyz?verbose=1 HTTP/1.1\r\n\r\n"),
             Some("/readyz")
         );
-        assert_eq!(request_path("POST /metrics HTTP/1.1\r\n\r\n"), None);
-        assert_eq!(request_path(""), None);
+        assert_eq!(
+            parse_request("HEAD /healthz HTTP/1.1\r\n\r\n"),
+            Some(Request {
+                path: "/healthz",
+                head_only: true
+            })
+        );
+        assert_eq!(path("POST /metrics HTTP/1.1\r\n\r\n"), None);
+        assert_eq!(path(""), None);
     }
 
     #[tokio::test]
@@ -179,15 +211,16 @@ mod tests {
             Duration::from_secs(5),
             shutdown.clone(),
         ));
-        let get = |path: &'static str| async move {
+        let request = |method: &'static str, path: &'static str| async move {
             let mut s = TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            s.write_all(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
                 .await
                 .unwrap();
             let mut out = String::new();
             s.read_to_string(&mut out).await.unwrap();
             out
         };
+        let get = |path| request("GET", path);
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
         metrics.set_state(crate::serve::metrics::RelayState::Streaming);
@@ -196,6 +229,53 @@ mod tests {
             .await
             .contains("outbox_relay_events_published_total"));
         assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn head_requests_get_the_head_without_a_body() {
+        let listener = bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(
+            listener,
+            metrics.clone(),
+            Duration::from_secs(5),
+            shutdown.clone(),
+        ));
+        let head = |path: &'static str| async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(format!("HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        for (path, status, length) in [
+            ("/healthz", "200", "ok\n".len()),
+            (
+                "/readyz",
+                "503",
+                "not ready: not streaming (state: starting)\n".len(),
+            ),
+            ("/nope", "404", "try /metrics, /healthz or /readyz\n".len()),
+        ] {
+            let out = head(path).await;
+            assert!(
+                out.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{path}: {out}"
+            );
+            assert!(
+                out.contains(&format!("\r\nContent-Length: {length}\r\n")),
+                "{path}: {out}"
+            );
+            assert!(out.ends_with("\r\n\r\n"), "{path}: a body\n{out}");
+        }
+        let out = head("/metrics").await;
+        assert!(out.starts_with("HTTP/1.1 200 "), "{out}");
+        assert!(out.ends_with("\r\n\r\n"), "a body\n{out}");
         shutdown.cancel();
     }
 }

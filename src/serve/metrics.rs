@@ -1,28 +1,33 @@
 //! The relay's metrics and health, shared between the pipeline (which updates them) and the
-//! HTTP listener (which renders them). Lock-free counters; one small mutex for labelled maps.
+//! HTTP listener (which renders them).
 //!
-//! Every series is named here, shaped `outbox_relay_<noun>_<unit>[_total]`, with
-//! low-cardinality labels only (error kinds, states, wal_status values). The exposition (the
-//! Prometheus text format 0.0.4) is written by `prometheus-client` from a snapshot taken at
-//! each scrape.
+//! Every family is declared once, in [`Metrics::default`]: its name, help and type in one
+//! `prometheus-client` registration that hands back the handle the code updates. The order
+//! of the declarations is the order of the exposition (the Prometheus text format 0.0.4).
+//! Names are shaped `outbox_relay_<noun>_<unit>[_total]`, with low-cardinality labels only
+//! (error kinds, states, wal_status values, brokers, blocked topics).
+//!
+//! Counters and gauges are lock-free; the few families that show shared state (the state,
+//! the slot's wal_status, Kafka's latency and blocks, the info labels) are small metric types
+//! below that read it when scraped.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::ops::Deref;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter as PromCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{Atomic as GaugeAtomic, ConstGauge, Gauge as PromGauge};
 use prometheus_client::metrics::histogram::Histogram as PromHistogram;
 use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use rdkafka::error::KafkaError;
 
 use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
-use crate::sink::blocked::{Block, Blocked};
+use crate::sink::blocked::Blocked;
 use crate::sink::kafka_latency::{BrokerLatency, KafkaLatency, Quantiles};
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
@@ -44,6 +49,7 @@ pub enum RelayState {
 }
 
 impl RelayState {
+    /// Every state, each at its own index (`state as usize`).
     const ALL: [RelayState; 7] = [
         RelayState::Starting,
         RelayState::Streaming,
@@ -65,35 +71,15 @@ impl RelayState {
             RelayState::Failed => "failed",
         }
     }
-
-    fn from_u8(v: u8) -> RelayState {
-        Self::ALL
-            .into_iter()
-            .find(|s| *s as u8 == v)
-            .unwrap_or(RelayState::Failed)
-    }
 }
 
-/// Upper bounds (seconds) of the commit-to-acknowledgement latency buckets.
+/// The values `outbox_relay_slot_wal_status` has a series for.
+const WAL_STATUSES: [&str; 5] = ["reserved", "extended", "unreserved", "lost", "missing"];
+
+/// Upper bounds (seconds) of the latency histograms' buckets.
 const LATENCY_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
-
-/// The commit-to-acknowledgement latency histogram, with [`LATENCY_BUCKETS`].
-#[derive(Debug)]
-pub struct Histogram(PromHistogram);
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Histogram(PromHistogram::new(LATENCY_BUCKETS))
-    }
-}
-
-impl Histogram {
-    pub fn observe(&self, value: Duration) {
-        self.0.observe(value.as_secs_f64());
-    }
-}
 
 /// The label of `outbox_relay_delivery_errors_total` for a Kafka error: librdkafka's error code
 /// name (`MessageSizeTooLarge`, `MessageTimedOut`…), or `Other` for an error without one.
@@ -107,21 +93,9 @@ pub fn delivery_error_kind(error: &KafkaError) -> String {
 /// All the relay's numbers. Shared as `Arc<Metrics>`.
 #[derive(Debug)]
 pub struct Metrics {
+    /// Every family, in the order `Metrics::default` declares them (the exposition's).
+    registry: Registry,
     started: Instant,
-    state: AtomicU8,
-    pub events_published: AtomicU64,
-    pub events_dead_lettered: AtomicU64,
-    pub messages_rejected: AtomicU64,
-    pub reconnects: AtomicU64,
-    pub records_in_flight: AtomicI64,
-    /// Transactions the checkpoint ledger holds (open, or waiting for acknowledgements).
-    pub ledger_transactions: AtomicI64,
-    pub received_lsn: AtomicU64,
-    pub confirmed_lsn: AtomicU64,
-    /// Bytes between the server's WAL position and the slot's confirmed position; -1 unknown.
-    pub slot_lag_bytes: AtomicI64,
-    /// Bytes of WAL the slot holds back (from its restart_lsn); -1 unknown.
-    pub slot_retained_wal_bytes: AtomicI64,
     /// Milliseconds after `started` at which the stream last made progress (confirmed moved,
     /// or nothing was waiting).
     progress_at_ms: AtomicU64,
@@ -130,72 +104,200 @@ pub struct Metrics {
     /// The stream's receive deadline in milliseconds (0: not streaming yet); `/readyz` is not
     /// ready once no frame arrived for longer.
     receive_timeout_ms: AtomicU64,
+
+    pub events_published: Counter,
+    pub events_dead_lettered: Counter,
+    /// A running total the mapping keeps (stored, not counted here).
+    pub messages_rejected: Counter,
+    pub reconnects: Counter,
+    delivery_errors: Labelled<[(&'static str, String); 1], PromCounter>,
+    state: OneHot,
+    wal_status: OneHot,
+    pub records_in_flight: Gauge,
+    /// Transactions the checkpoint ledger holds (open, or waiting for acknowledgements).
+    pub ledger_transactions: Gauge,
+    pub received_lsn: Gauge<u64, AtomicU64>,
+    pub confirmed_lsn: Gauge<u64, AtomicU64>,
+    /// Bytes between the server's WAL position and the slot's confirmed position; -1 unknown.
+    pub slot_lag_bytes: Gauge,
+    /// Bytes of WAL the slot holds back (from its restart_lsn); -1 unknown.
+    pub slot_retained_wal_bytes: Gauge,
+    /// Set from the clocks above at each scrape.
+    last_received_age: Gauge<f64, AtomicU64>,
+    last_progress_age: Gauge<f64, AtomicU64>,
     pub commit_to_ack: Histogram,
     /// From a transaction's commit to the relay reading its BEGIN: PostgreSQL's share of
     /// `commit_to_ack` (WAL flush, walsender wake-up and decoding, the network).
     pub commit_to_read: Histogram,
+    /// The session's producer's view of the brokers (none before the first session).
+    kafka_latency: Shared<KafkaLatency>,
     /// `exactly_once`: Kafka transactions committed.
-    pub kafka_transactions_committed: AtomicU64,
+    pub kafka_transactions_committed: Counter,
     /// `exactly_once`: Kafka transactions aborted or failed (each ends its session).
-    pub kafka_transactions_aborted: AtomicU64,
+    pub kafka_transactions_aborted: Counter,
     /// `exactly_once`: records (events and dead letters) in committed Kafka transactions.
-    pub kafka_transaction_records: AtomicU64,
+    pub kafka_transaction_records: Counter,
     /// `exactly_once`: PostgreSQL transactions skipped at a session start because the progress
     /// record says Kafka already holds them.
-    pub transactions_skipped: AtomicU64,
+    pub transactions_skipped: Counter,
     /// `exactly_once`: how long a Kafka transaction's commit took.
     pub kafka_commit_latency: Histogram,
-    delivery_errors: Mutex<BTreeMap<String, u64>>,
-    /// The session's producer's view of the brokers (none before the first session).
-    kafka_latency: Mutex<Option<Arc<KafkaLatency>>>,
     /// What Kafka refuses for deployment reasons; kept across sessions.
-    blocked: Mutex<Option<Arc<Blocked>>>,
-    wal_status: Mutex<String>,
+    blocked: Shared<Blocked>,
+    /// Set from [`Metrics::readiness`] at each scrape.
+    ready: Gauge,
     /// The `slot` and `publication` labels of `outbox_relay_info`.
-    info: Mutex<(String, String)>,
+    info: Info,
 }
 
 impl Default for Metrics {
+    /// Declares every family: name, help and type, once each. Struct fields are initialised
+    /// in the order written, so this order is the exposition's.
     fn default() -> Self {
+        let mut r = Declare(Registry::default());
         Metrics {
             started: Instant::now(),
-            state: AtomicU8::new(RelayState::Starting as u8),
-            events_published: AtomicU64::new(0),
-            events_dead_lettered: AtomicU64::new(0),
-            messages_rejected: AtomicU64::new(0),
-            reconnects: AtomicU64::new(0),
-            records_in_flight: AtomicI64::new(0),
-            ledger_transactions: AtomicI64::new(0),
-            received_lsn: AtomicU64::new(0),
-            confirmed_lsn: AtomicU64::new(0),
-            slot_lag_bytes: AtomicI64::new(-1),
-            slot_retained_wal_bytes: AtomicI64::new(-1),
             progress_at_ms: AtomicU64::new(0),
             frame_at_ms: AtomicU64::new(0),
             receive_timeout_ms: AtomicU64::new(0),
-            commit_to_ack: Histogram::default(),
-            commit_to_read: Histogram::default(),
-            kafka_transactions_committed: AtomicU64::new(0),
-            kafka_transactions_aborted: AtomicU64::new(0),
-            kafka_transaction_records: AtomicU64::new(0),
-            transactions_skipped: AtomicU64::new(0),
-            kafka_commit_latency: Histogram::default(),
-            delivery_errors: Mutex::new(BTreeMap::new()),
-            kafka_latency: Mutex::new(None),
-            blocked: Mutex::new(None),
-            wal_status: Mutex::new(String::new()),
-            info: Mutex::new((String::new(), String::new())),
+
+            events_published: r.counter(
+                "outbox_relay_events_published_total",
+                "Outbox events acknowledged by Kafka.",
+            ),
+            events_dead_lettered: r.counter(
+                "outbox_relay_events_dead_lettered_total",
+                "Events sent to the dead-letter topic.",
+            ),
+            messages_rejected: r.counter(
+                "outbox_relay_messages_rejected_total",
+                "Logical decoding messages ignored (non-transactional).",
+            ),
+            reconnects: r.counter(
+                "outbox_relay_reconnects_total",
+                "Sessions restarted after a transient error.",
+            ),
+            delivery_errors: r.family(
+                "outbox_relay_delivery_errors_total",
+                "Records Kafka did not take, by error kind.",
+                Labelled::default(),
+            ),
+            state: r.family(
+                "outbox_relay_state",
+                "The relay's state (1 for the current one).",
+                OneHot::new("state", RelayState::ALL.map(RelayState::name).to_vec())
+                    .selecting(RelayState::Starting as usize),
+            ),
+            wal_status: r.family(
+                "outbox_relay_slot_wal_status",
+                "The slot's wal_status (1 for the current one).",
+                OneHot::new("status", WAL_STATUSES.to_vec()),
+            ),
+            records_in_flight: r.gauge(
+                "outbox_relay_records_in_flight",
+                "Records handed to Kafka and not yet acknowledged.",
+            ),
+            ledger_transactions: r.gauge(
+                "outbox_relay_ledger_transactions",
+                "Transactions held by the checkpoint ledger (open, or waiting for acknowledgements).",
+            ),
+            received_lsn: r.gauge(
+                "outbox_relay_received_lsn",
+                "Newest WAL position received (as a number).",
+            ),
+            confirmed_lsn: r.gauge(
+                "outbox_relay_confirmed_lsn",
+                "WAL position confirmed to PostgreSQL (as a number).",
+            ),
+            slot_lag_bytes: r.family(
+                "outbox_relay_slot_lag_bytes",
+                "Server WAL position minus the slot's confirmed_flush_lsn (-1: unknown).",
+                Gauge::unknown(),
+            ),
+            slot_retained_wal_bytes: r.family(
+                "outbox_relay_slot_retained_wal_bytes",
+                "WAL the slot holds back, from its restart_lsn (-1: unknown).",
+                Gauge::unknown(),
+            ),
+            last_received_age: r.gauge(
+                "outbox_relay_last_received_age_seconds",
+                "Seconds since bytes last arrived on the replication stream.",
+            ),
+            last_progress_age: r.gauge(
+                "outbox_relay_last_progress_age_seconds",
+                "Seconds since the confirmed position last moved while events waited.",
+            ),
+            commit_to_ack: r.histogram(
+                "outbox_relay_commit_to_ack_seconds",
+                "Latency from transaction commit to Kafka acknowledgement.",
+            ),
+            commit_to_read: r.histogram(
+                "outbox_relay_commit_to_read_seconds",
+                "Latency from transaction commit to the relay reading it from the replication stream (PostgreSQL's share of commit_to_ack).",
+            ),
+            kafka_latency: {
+                let latency = Shared::default();
+                r.family(
+                    "outbox_relay_kafka_rtt_seconds",
+                    "Kafka request round-trip time by broker, over librdkafka's last statistics window (quantile 1: the maximum; 0 when no request).",
+                    BrokerQuantiles(latency.clone(), |b| b.rtt),
+                );
+                r.family(
+                    "outbox_relay_kafka_queue_seconds",
+                    "How long records waited in librdkafka before their produce request was made, by broker, over the last statistics window.",
+                    BrokerQuantiles(latency.clone(), |b| b.queue),
+                );
+                latency
+            },
+            kafka_transactions_committed: r.counter(
+                "outbox_relay_kafka_transactions_committed_total",
+                "Kafka transactions committed (delivery = exactly_once).",
+            ),
+            kafka_transactions_aborted: r.counter(
+                "outbox_relay_kafka_transactions_aborted_total",
+                "Kafka transactions aborted or failed; each ends its session (delivery = exactly_once).",
+            ),
+            kafka_transaction_records: r.counter(
+                "outbox_relay_kafka_transaction_records_total",
+                "Records in committed Kafka transactions; divided by the committed count: records per transaction.",
+            ),
+            transactions_skipped: r.counter(
+                "outbox_relay_transactions_skipped_total",
+                "PostgreSQL transactions skipped because the progress record says Kafka holds them.",
+            ),
+            kafka_commit_latency: r.histogram(
+                "outbox_relay_kafka_commit_seconds",
+                "How long committing a Kafka transaction took (delivery = exactly_once).",
+            ),
+            blocked: r.family(
+                "outbox_relay_kafka_blocked",
+                "1 per reason and topic that Kafka refuses for a deployment reason (a missing ACL or topic, a refused login or topic creation): records wait, /readyz is red.",
+                Shared::default(),
+            ),
+            ready: r.gauge(
+                "outbox_relay_ready",
+                "1 when /readyz answers 200: streaming, frames arriving, progress not stalled.",
+            ),
+            info: r.family(
+                "outbox_relay_info",
+                "The relay's slot, publication and version (always 1).",
+                Info::default(),
+            ),
+            registry: r.0,
         }
     }
 }
 
 impl Metrics {
     pub fn state(&self) -> RelayState {
-        RelayState::from_u8(self.state.load(Relaxed))
+        self.state
+            .selected()
+            .and_then(|i| RelayState::ALL.get(i).copied())
+            .unwrap_or(RelayState::Failed)
     }
 
     pub fn set_state(&self, state: RelayState) {
-        self.state.store(state as u8, Relaxed);
+        self.state.select(Some(state as usize));
         if state == RelayState::Streaming {
             self.mark_progress();
             self.mark_received(Instant::now());
@@ -204,53 +306,24 @@ impl Metrics {
 
     /// Shows `latency` (a new session's producer's) from now on.
     pub fn watch_kafka(&self, latency: Arc<KafkaLatency>) {
-        *self
-            .kafka_latency
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(latency);
+        self.kafka_latency.set(latency);
     }
 
     /// Shows (and makes `/readyz` depend on) what `blocked` holds, from now on.
     pub fn watch_blocked(&self, blocked: Arc<Blocked>) {
-        *self.blocked.lock().unwrap_or_else(PoisonError::into_inner) = Some(blocked);
+        self.blocked.set(blocked);
     }
 
     /// The registry of Kafka blocks the sessions report to (set with `watch_blocked`; a
     /// fresh one when none was).
     pub fn blocked(&self) -> Arc<Blocked> {
-        let mut blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
-        blocked
-            .get_or_insert_with(|| Arc::new(Blocked::new(&KafkaConfig::default())))
-            .clone()
+        self.blocked
+            .get_or_insert_with(|| Blocked::new(&KafkaConfig::default()))
     }
 
     /// Kafka refuses something for a deployment reason now.
     pub fn kafka_blocked(&self) -> bool {
-        !self.current_blocks().is_empty()
-    }
-
-    fn current_blocks(&self) -> Vec<Block> {
-        let blocked = self
-            .blocked
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        blocked.map_or_else(Vec::new, |b| b.current())
-    }
-
-    /// Each broker's last statistics window, by quantile.
-    fn kafka_quantiles(&self, pick: fn(&BrokerLatency) -> Quantiles) -> Vec<(String, Quantiles)> {
-        let latency = self
-            .kafka_latency
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        latency.map_or_else(Vec::new, |l| {
-            l.brokers()
-                .into_iter()
-                .map(|(name, b)| (name, pick(&b)))
-                .collect()
-        })
+        self.blocked.get().is_some_and(|b| !b.current().is_empty())
     }
 
     /// Bytes arrived on the replication stream at `at` (the stream's own clock, read once per
@@ -285,22 +358,22 @@ impl Metrics {
     /// Counts a record Kafka did not take, labelled by [`delivery_error_kind`].
     pub fn count_delivery_error(&self, error: &KafkaError) {
         let kind = delivery_error_kind(error);
-        if let Ok(mut map) = self.delivery_errors.lock() {
-            *map.entry(kind).or_default() += 1;
-        }
+        self.delivery_errors
+            .0
+            .get_or_create(&[("kind", kind)])
+            .inc();
     }
 
     /// The slot and publication `outbox_relay_info` names.
     pub fn set_info(&self, slot: &str, publication: &str) {
-        if let Ok(mut info) = self.info.lock() {
-            *info = (slot.to_string(), publication.to_string());
-        }
+        *self.info.0.lock().unwrap_or_else(PoisonError::into_inner) =
+            (slot.to_string(), publication.to_string());
     }
 
+    /// The slot's `wal_status`; one PostgreSQL does not name (or "") shows no series as 1.
     pub fn set_wal_status(&self, status: &str) {
-        if let Ok(mut s) = self.wal_status.lock() {
-            status.clone_into(&mut s);
-        }
+        self.wal_status
+            .select(WAL_STATUSES.iter().position(|s| *s == status));
     }
 
     pub fn set_lsns(&self, received: Lsn, confirmed: Lsn) {
@@ -311,12 +384,7 @@ impl Metrics {
     /// Ready: streaming, frames arriving within the receive deadline, and not stuck with work
     /// waiting longer than `staleness`.
     pub fn readiness(&self, staleness: Duration) -> Result<(), String> {
-        let blocked = self
-            .blocked
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(blocked) = blocked {
+        if let Some(blocked) = self.blocked.get() {
             blocked.readiness()?;
         }
         let state = self.state();
@@ -346,285 +414,336 @@ impl Metrics {
     /// The Prometheus text exposition (format 0.0.4, [`CONTENT_TYPE`]); `staleness` as for
     /// [`Metrics::readiness`], which `outbox_relay_ready` reports.
     pub fn render(&self, staleness: Duration) -> String {
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(self.scrape(staleness)));
+        self.last_received_age
+            .set(self.since_received().as_secs_f64());
+        self.last_progress_age
+            .set(self.since_progress().as_secs_f64());
+        self.ready.set(i64::from(self.readiness(staleness).is_ok()));
         let mut out = String::with_capacity(4096);
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
         out
     }
+}
 
-    /// Every series' value now, in exposition order.
-    fn scrape(&self, staleness: Duration) -> Scrape {
-        let delivery_errors = self
-            .delivery_errors
-            .lock()
-            .map(|map| map.iter().map(|(k, n)| (k.clone(), *n)).collect())
-            .unwrap_or_default();
-        let current = self.state();
-        let states = RelayState::ALL
-            .into_iter()
-            .map(|s| (s.name().to_string(), i64::from(s == current)))
-            .collect();
-        let wal_status = self
-            .wal_status
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default();
-        let wal_statuses = WAL_STATUSES
-            .into_iter()
-            .map(|s| (s.to_string(), i64::from(wal_status == s)))
-            .collect();
-        let (slot, publication) = self.info.lock().map(|i| i.clone()).unwrap_or_default();
-        let gauge = |v: i64| Value::Gauge(v);
-        let families = vec![
-            family(
-                "outbox_relay_events_published_total",
-                "Outbox events acknowledged by Kafka.",
-                Value::Counter(self.events_published.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_events_dead_lettered_total",
-                "Events sent to the dead-letter topic.",
-                Value::Counter(self.events_dead_lettered.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_messages_rejected_total",
-                "Logical decoding messages ignored (non-transactional).",
-                Value::Counter(self.messages_rejected.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_reconnects_total",
-                "Sessions restarted after a transient error.",
-                Value::Counter(self.reconnects.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_delivery_errors_total",
-                "Records Kafka did not take, by error kind.",
-                Value::Counters("kind", delivery_errors),
-            ),
-            family(
-                "outbox_relay_state",
-                "The relay's state (1 for the current one).",
-                Value::Gauges("state", states),
-            ),
-            family(
-                "outbox_relay_slot_wal_status",
-                "The slot's wal_status (1 for the current one).",
-                Value::Gauges("status", wal_statuses),
-            ),
-            family(
-                "outbox_relay_records_in_flight",
-                "Records handed to Kafka and not yet acknowledged.",
-                gauge(self.records_in_flight.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_ledger_transactions",
-                "Transactions held by the checkpoint ledger (open, or waiting for acknowledgements).",
-                gauge(self.ledger_transactions.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_received_lsn",
-                "Newest WAL position received (as a number).",
-                gauge(self.received_lsn.load(Relaxed) as i64),
-            ),
-            family(
-                "outbox_relay_confirmed_lsn",
-                "WAL position confirmed to PostgreSQL (as a number).",
-                gauge(self.confirmed_lsn.load(Relaxed) as i64),
-            ),
-            family(
-                "outbox_relay_slot_lag_bytes",
-                "Server WAL position minus the slot's confirmed_flush_lsn (-1: unknown).",
-                gauge(self.slot_lag_bytes.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_slot_retained_wal_bytes",
-                "WAL the slot holds back, from its restart_lsn (-1: unknown).",
-                gauge(self.slot_retained_wal_bytes.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_last_received_age_seconds",
-                "Seconds since bytes last arrived on the replication stream.",
-                Value::Seconds(self.since_received().as_secs_f64()),
-            ),
-            family(
-                "outbox_relay_last_progress_age_seconds",
-                "Seconds since the confirmed position last moved while events waited.",
-                Value::Seconds(self.since_progress().as_secs_f64()),
-            ),
-            family(
-                "outbox_relay_commit_to_ack_seconds",
-                "Latency from transaction commit to Kafka acknowledgement.",
-                Value::Histogram(self.commit_to_ack.0.clone()),
-            ),
-            family(
-                "outbox_relay_commit_to_read_seconds",
-                "Latency from transaction commit to the relay reading it from the replication stream (PostgreSQL's share of commit_to_ack).",
-                Value::Histogram(self.commit_to_read.0.clone()),
-            ),
-            family(
-                "outbox_relay_kafka_rtt_seconds",
-                "Kafka request round-trip time by broker, over librdkafka's last statistics window (quantile 1: the maximum; 0 when no request).",
-                Value::Quantiles(self.kafka_quantiles(|b| b.rtt)),
-            ),
-            family(
-                "outbox_relay_kafka_queue_seconds",
-                "How long records waited in librdkafka before their produce request was made, by broker, over the last statistics window.",
-                Value::Quantiles(self.kafka_quantiles(|b| b.queue)),
-            ),
-            family(
-                "outbox_relay_kafka_transactions_committed_total",
-                "Kafka transactions committed (delivery = exactly_once).",
-                Value::Counter(self.kafka_transactions_committed.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_kafka_transactions_aborted_total",
-                "Kafka transactions aborted or failed; each ends its session (delivery = exactly_once).",
-                Value::Counter(self.kafka_transactions_aborted.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_kafka_transaction_records_total",
-                "Records in committed Kafka transactions; divided by the committed count: records per transaction.",
-                Value::Counter(self.kafka_transaction_records.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_transactions_skipped_total",
-                "PostgreSQL transactions skipped because the progress record says Kafka holds them.",
-                Value::Counter(self.transactions_skipped.load(Relaxed)),
-            ),
-            family(
-                "outbox_relay_kafka_commit_seconds",
-                "How long committing a Kafka transaction took (delivery = exactly_once).",
-                Value::Histogram(self.kafka_commit_latency.0.clone()),
-            ),
-            family(
-                "outbox_relay_kafka_blocked",
-                "1 per reason and topic that Kafka refuses for a deployment reason (a missing ACL or topic, a refused login or topic creation): records wait, /readyz is red.",
-                Value::Blocks(
-                    self.current_blocks()
-                        .into_iter()
-                        .map(|b| (b.reason.name(), b.subject))
-                        .collect(),
-                ),
-            ),
-            family(
-                "outbox_relay_ready",
-                "1 when /readyz answers 200: streaming, frames arriving, progress not stalled.",
-                gauge(i64::from(self.readiness(staleness).is_ok())),
-            ),
-            family(
-                "outbox_relay_info",
-                "The relay's slot, publication and version (always 1).",
-                Value::Info(vec![
-                    ("slot", slot),
-                    ("publication", publication),
-                    ("version", env!("CARGO_PKG_VERSION").to_string()),
-                ]),
-            ),
-        ];
-        Scrape(families)
+/// The registry while [`Metrics::default`] fills it: each method registers one family and
+/// hands back the handle.
+struct Declare(Registry);
+
+impl Declare {
+    /// Registers `metric` as `name` (as exposed: a counter's with its `_total`) with `help`
+    /// (as exposed, ending in a period).
+    fn family<M: Metric + Clone>(&mut self, name: &str, help: &str, metric: M) -> M {
+        // prometheus-client appends a counter's `_total` and the help's period itself.
+        let name = match metric.metric_type() {
+            MetricType::Counter => name.strip_suffix("_total").unwrap_or(name),
+            _ => name,
+        };
+        let help = help.strip_suffix('.').unwrap_or(help);
+        self.0.register(name, help, metric.clone());
+        metric
+    }
+
+    fn counter(&mut self, name: &str, help: &str) -> Counter {
+        self.family(name, help, Counter::default())
+    }
+
+    fn gauge<N, A>(&mut self, name: &str, help: &str) -> Gauge<N, A>
+    where
+        Gauge<N, A>: Metric + Clone + Default,
+    {
+        self.family(name, help, Gauge::default())
+    }
+
+    fn histogram(&mut self, name: &str, help: &str) -> Histogram {
+        self.family(name, help, Histogram::default())
     }
 }
 
-/// The values `outbox_relay_slot_wal_status` has a series for.
-const WAL_STATUSES: [&str; 5] = ["reserved", "extended", "unreserved", "lost", "missing"];
+/// A registered counter. It derefs to its atomic, so the code counts with `fetch_add` (or
+/// `store`s a running total kept elsewhere) and reads with `load`.
+#[derive(Debug, Clone, Default)]
+pub struct Counter(PromCounter<u64, AtomicU64>);
 
-/// One metric family of a scrape: its name, help and value(s).
-#[derive(Debug)]
-struct Family {
-    name: &'static str,
-    help: &'static str,
-    value: Value,
+impl Deref for Counter {
+    type Target = AtomicU64;
+
+    fn deref(&self) -> &AtomicU64 {
+        self.0.inner()
+    }
 }
 
-fn family(name: &'static str, help: &'static str, value: Value) -> Family {
-    Family { name, help, value }
+impl EncodeMetric for Counter {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
 }
 
+/// A registered gauge (`i64` unless said). It derefs to its atomic, as [`Counter`] does.
 #[derive(Debug)]
-enum Value {
-    Counter(u64),
-    Gauge(i64),
-    Seconds(f64),
-    /// A counter per value of one label.
-    Counters(&'static str, Vec<(String, u64)>),
-    /// A gauge per value of one label.
-    Gauges(&'static str, Vec<(String, i64)>),
-    /// A gauge that is always 1, its labels the information.
-    Info(Vec<(&'static str, String)>),
-    Histogram(PromHistogram),
-    /// Seconds per broker and quantile (`broker`, `quantile` labels).
-    Quantiles(Vec<(String, Quantiles)>),
-    /// 1 per `reason` and `topic`.
-    Blocks(Vec<(&'static str, String)>),
+pub struct Gauge<N = i64, A = AtomicI64>(PromGauge<N, A>);
+
+impl<N, A: Default> Default for Gauge<N, A> {
+    fn default() -> Self {
+        Gauge(PromGauge::default())
+    }
 }
 
-/// The values of one scrape, encoded by prometheus-client.
-#[derive(Debug)]
-struct Scrape(Vec<Family>);
+impl<N, A> Clone for Gauge<N, A> {
+    fn clone(&self) -> Self {
+        Gauge(self.0.clone())
+    }
+}
 
-impl Collector for Scrape {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for Family { name, help, value } in &self.0 {
-            // The text encoder appends `_total` to a counter's name.
-            let base = match value {
-                Value::Counter(_) | Value::Counters(..) => {
-                    name.strip_suffix("_total").unwrap_or(name)
-                }
-                _ => name,
-            };
-            let metric_type = match value {
-                Value::Counter(_) | Value::Counters(..) => MetricType::Counter,
-                Value::Histogram(_) => MetricType::Histogram,
-                _ => MetricType::Gauge,
-            };
-            let mut metric = encoder.encode_descriptor(base, help, None, metric_type)?;
-            match value {
-                Value::Counter(v) => ConstCounter::new(*v).encode(metric)?,
-                Value::Gauge(v) => ConstGauge::new(*v).encode(metric)?,
-                Value::Seconds(v) => ConstGauge::new(*v).encode(metric)?,
-                Value::Counters(label, values) => {
-                    for (value, n) in values {
-                        let labels = [(*label, value.as_str())];
-                        ConstCounter::new(*n).encode(metric.encode_family(&labels)?)?;
-                    }
-                }
-                Value::Gauges(label, values) => {
-                    for (value, v) in values {
-                        let labels = [(*label, value.as_str())];
-                        ConstGauge::new(*v).encode(metric.encode_family(&labels)?)?;
-                    }
-                }
-                Value::Info(labels) => {
-                    let labels: Vec<(&str, &str)> =
-                        labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                    ConstGauge::new(1i64).encode(metric.encode_family(&labels)?)?;
-                }
-                Value::Histogram(h) => h.encode(metric)?,
-                Value::Blocks(blocks) => {
-                    for (reason, topic) in blocks {
-                        let labels = [("reason", *reason), ("topic", topic.as_str())];
-                        ConstGauge::new(1i64).encode(metric.encode_family(&labels)?)?;
-                    }
-                }
-                Value::Quantiles(brokers) => {
-                    for (broker, q) in brokers {
-                        for (quantile, v) in [("0.5", q.p50), ("0.99", q.p99), ("1", q.max)] {
-                            let labels = [("broker", broker.as_str()), ("quantile", quantile)];
-                            ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
-                        }
-                    }
-                }
+impl Gauge {
+    /// A gauge starting at -1 ("unknown").
+    fn unknown() -> Gauge {
+        let gauge: Gauge = Gauge::default();
+        gauge.set(-1);
+        gauge
+    }
+
+    fn set(&self, value: i64) {
+        self.0.set(value);
+    }
+}
+
+impl Gauge<f64, AtomicU64> {
+    fn set(&self, value: f64) {
+        self.0.set(value);
+    }
+}
+
+impl<N, A: GaugeAtomic<N>> Deref for Gauge<N, A> {
+    type Target = A;
+
+    fn deref(&self) -> &A {
+        self.0.inner()
+    }
+}
+
+impl<N, A> EncodeMetric for Gauge<N, A>
+where
+    PromGauge<N, A>: EncodeMetric,
+{
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
+/// A registered latency histogram, in seconds, with [`LATENCY_BUCKETS`].
+#[derive(Debug, Clone)]
+pub struct Histogram(PromHistogram);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram(PromHistogram::new(LATENCY_BUCKETS))
+    }
+}
+
+impl Histogram {
+    pub fn observe(&self, value: Duration) {
+        self.0.observe(value.as_secs_f64());
+    }
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
+/// A family with a series per label set, shown (help and type) also before its first series,
+/// so that the rules and the dashboard find it on a fresh relay.
+#[derive(Debug)]
+struct Labelled<S, M>(Family<S, M>);
+
+impl<S: Clone + Eq + std::hash::Hash, M: Default> Default for Labelled<S, M> {
+    fn default() -> Self {
+        Labelled(Family::default())
+    }
+}
+
+impl<S, M> Clone for Labelled<S, M> {
+    fn clone(&self) -> Self {
+        Labelled(self.0.clone())
+    }
+}
+
+impl<S, M> EncodeMetric for Labelled<S, M>
+where
+    Family<S, M>: EncodeMetric,
+{
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
+/// A gauge with a series per value of one label: 1 for the selected value, 0 for the others.
+#[derive(Debug, Clone)]
+struct OneHot {
+    label: &'static str,
+    values: Vec<&'static str>,
+    /// The index in `values` of the selected one; `usize::MAX`: none.
+    selected: Arc<AtomicUsize>,
+}
+
+impl OneHot {
+    fn new(label: &'static str, values: Vec<&'static str>) -> OneHot {
+        OneHot {
+            label,
+            values,
+            selected: Arc::new(AtomicUsize::new(usize::MAX)),
+        }
+    }
+
+    fn selecting(self, index: usize) -> OneHot {
+        self.select(Some(index));
+        self
+    }
+
+    fn select(&self, index: Option<usize>) {
+        self.selected.store(index.unwrap_or(usize::MAX), Relaxed);
+    }
+
+    fn selected(&self) -> Option<usize> {
+        Some(self.selected.load(Relaxed)).filter(|i| *i != usize::MAX)
+    }
+}
+
+impl EncodeMetric for OneHot {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let selected = self.selected();
+        for (i, value) in self.values.iter().enumerate() {
+            let labels = [(self.label, *value)];
+            let one = i64::from(selected == Some(i));
+            ConstGauge::new(one).encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
+/// A value another part of the relay owns and replaces (each session's producer's latency;
+/// the Kafka blocks), shared with the metric that shows it.
+#[derive(Debug)]
+struct Shared<T>(Arc<Mutex<Option<Arc<T>>>>);
+
+impl<T> Default for Shared<T> {
+    fn default() -> Self {
+        Shared(Arc::new(Mutex::new(None)))
+    }
+}
+
+impl<T> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        Shared(self.0.clone())
+    }
+}
+
+impl<T> Shared<T> {
+    fn get(&self) -> Option<Arc<T>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, value: Arc<T>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(value);
+    }
+
+    fn get_or_insert_with(&self, make: impl FnOnce() -> T) -> Arc<T> {
+        let mut value = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        value.get_or_insert_with(|| Arc::new(make())).clone()
+    }
+}
+
+/// `outbox_relay_kafka_blocked`: 1 per reason and topic that Kafka refuses now.
+impl EncodeMetric for Shared<Blocked> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for block in self.get().map_or_else(Vec::new, |b| b.current()) {
+            let labels = [("reason", block.reason.name()), ("topic", &block.subject)];
+            ConstGauge::new(1i64).encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
+/// Seconds per broker and quantile (`broker`, `quantile` labels) of one of the producer's
+/// latencies, over librdkafka's last statistics window.
+#[derive(Debug, Clone)]
+struct BrokerQuantiles(Shared<KafkaLatency>, fn(&BrokerLatency) -> Quantiles);
+
+impl EncodeMetric for BrokerQuantiles {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let brokers = self.0.get().map(|l| l.brokers()).unwrap_or_default();
+        for (broker, latency) in brokers {
+            let q = (self.1)(&latency);
+            for (quantile, v) in [("0.5", q.p50), ("0.99", q.p99), ("1", q.max)] {
+                let labels = [("broker", broker.as_str()), ("quantile", quantile)];
+                ConstGauge::new(v).encode(encoder.encode_family(&labels)?)?;
             }
         }
         Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
+/// `outbox_relay_info`: always 1, the slot, publication and version as its labels.
+#[derive(Debug, Clone, Default)]
+struct Info(Arc<Mutex<(String, String)>>);
+
+impl EncodeMetric for Info {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let (slot, publication) = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let labels = [
+            ("slot", slot.as_str()),
+            ("publication", publication.as_str()),
+            ("version", env!("CARGO_PKG_VERSION")),
+        ];
+        ConstGauge::new(1i64).encode(encoder.encode_family(&labels)?)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
 
     #[test]
     fn histogram_is_cumulative() {
@@ -757,5 +876,81 @@ mod tests {
             assert!(text.contains(series), "missing {series}\n{text}");
         }
         assert!(!text.contains(".."), "help with two periods\n{text}");
+    }
+
+    /// A `Metrics` with a value in every family (each labelled family with a series).
+    fn every_family() -> Metrics {
+        let m = Metrics::default();
+        m.events_published.fetch_add(3, Relaxed);
+        m.events_dead_lettered.fetch_add(1, Relaxed);
+        m.messages_rejected.store(2, Relaxed);
+        m.reconnects.fetch_add(1, Relaxed);
+        m.records_in_flight.store(5, Relaxed);
+        m.ledger_transactions.store(2, Relaxed);
+        m.set_lsns(Lsn(0x16B_3748), Lsn(0x16B_3700));
+        m.slot_lag_bytes.store(72, Relaxed);
+        m.slot_retained_wal_bytes.store(4096, Relaxed);
+        m.commit_to_ack.observe(Duration::from_millis(3));
+        m.commit_to_read.observe(Duration::from_millis(1));
+        m.kafka_transactions_committed.fetch_add(1, Relaxed);
+        m.kafka_transactions_aborted.fetch_add(1, Relaxed);
+        m.kafka_transaction_records.fetch_add(4, Relaxed);
+        m.transactions_skipped.fetch_add(1, Relaxed);
+        m.kafka_commit_latency.observe(Duration::from_millis(12));
+        m.count_delivery_error(&KafkaError::MessageProduction(
+            rdkafka::types::RDKafkaErrorCode::MessageTimedOut,
+        ));
+        m.set_wal_status("extended");
+        m.set_state(RelayState::Streaming);
+        m.set_info("outbox_relay", "outbox_relay_pub");
+        let latency = Arc::new(KafkaLatency::default());
+        let stats = r#"{"brokers": {"k:9092/1": {"name": "k:9092/1", "nodeid": 1,
+            "rtt": {"p50": 500, "p99": 4000, "max": 47000},
+            "int_latency": {"p50": 5000, "p99": 6000, "max": 9000}}}}"#;
+        latency.update(stats.as_bytes()).unwrap();
+        m.watch_kafka(latency);
+        let blocked = Arc::new(Blocked::new(&KafkaConfig::default()));
+        blocked.block(
+            crate::sink::blocked::BlockReason::TopicAuthorization,
+            "orders",
+            &"denied",
+        );
+        m.watch_blocked(blocked);
+        m
+    }
+
+    /// Also the tool to diff the exposition across a change: with `OUTBOX_METRICS_DUMP=FILE`
+    /// it writes this rendering to FILE and a fresh relay's to FILE.empty.
+    #[test]
+    fn every_family_has_help_a_type_and_a_sample() {
+        let text = every_family().render(Duration::from_secs(5));
+        if let Ok(path) = std::env::var("OUTBOX_METRICS_DUMP") {
+            std::fs::write(&path, &text).unwrap();
+            let empty = Metrics::default().render(Duration::from_secs(5));
+            std::fs::write(format!("{path}.empty"), empty).unwrap();
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        let mut families = 0;
+        for (i, line) in lines.iter().enumerate() {
+            let Some(typed) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            families += 1;
+            let (name, kind) = typed.split_once(' ').unwrap();
+            assert!(
+                lines[i - 1].starts_with(&format!("# HELP {name} ")),
+                "{name}: no help\n{text}"
+            );
+            assert!(
+                ["counter", "gauge", "histogram"].contains(&kind),
+                "{name}: {kind}"
+            );
+            let sample = lines.get(i + 1).copied().unwrap_or_default();
+            assert!(
+                sample.starts_with(name) && !sample.starts_with('#'),
+                "{name}: no sample\n{text}"
+            );
+        }
+        assert!(families > 20, "{text}");
     }
 }

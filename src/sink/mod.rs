@@ -12,9 +12,17 @@ pub mod kafka_latency;
 mod partition_counts;
 pub mod preflight;
 pub mod progress;
+#[allow(
+    unsafe_code,
+    reason = "FFI: `skip_linger` calls librdkafka's rd_kafka_flush, which rust-rdkafka does not expose without waiting on its events"
+)]
 pub mod publisher;
 #[cfg(test)]
 mod publisher_tests;
+#[allow(
+    unsafe_code,
+    reason = "FFI: cached librdkafka topic handles and rd_kafka_producev, which rust-rdkafka does not expose"
+)]
 mod topic_handles;
 #[cfg(test)]
 mod topic_handles_tests;

@@ -42,6 +42,15 @@ pub fn services(command: &str) {
     assert!(status.success(), "services.sh {command} failed");
 }
 
+/// `env` with each of `extra` set, replacing an earlier value of the same variable.
+pub fn with(mut env: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    for (k, v) in extra {
+        env.retain(|(key, _)| key != k);
+        env.push((k.to_string(), v.to_string()));
+    }
+    env
+}
+
 pub fn random_name(prefix: &str) -> String {
     let n: u64 = rand::thread_rng().gen();
     format!("{prefix}{n:016x}")
@@ -64,7 +73,8 @@ pub async fn connect(url: &str) -> Client {
 }
 
 /// A fresh database with the outbox migration applied, plus a slot name and topic prefix
-/// nobody else uses.
+/// nobody else uses. Its database and slots are dropped when the last clone goes (see
+/// [`DropDatabase`]), also when the test panics; [`TestDb::cleanup`] does it earlier.
 #[derive(Clone)]
 pub struct TestDb {
     pub name: String,
@@ -72,7 +82,125 @@ pub struct TestDb {
     pub slot: String,
     pub publication: String,
     pub topic_prefix: String,
+    dropped: std::sync::Arc<DropDatabase>,
+}
+
+/// Drops a test's database, and every replication slot in it or named after it (ending the
+/// slots' holders first), when dropped itself: at the end of the test, also while a panic
+/// unwinds, so that no slot is left pinning WAL on the shared cluster.
+///
+/// `Drop` cannot await, and the test's runtime may be a current-thread one (where
+/// `block_in_place` panics) or be the one unwinding, so the work runs on a thread of its own
+/// with its own small runtime and connection. Best effort, bounded by [`DROP_DEADLINE`]; it
+/// never panics (a panic in `Drop` while unwinding would abort the test binary).
+pub struct DropDatabase {
     admin_url: String,
+    name: String,
+    done: std::sync::atomic::AtomicBool,
+}
+
+/// How long dropping a test's database may take before it is left (and reported).
+const DROP_DEADLINE: Duration = Duration::from_secs(30);
+
+impl DropDatabase {
+    pub fn new(admin_url: &str, name: &str) -> DropDatabase {
+        DropDatabase {
+            admin_url: admin_url.to_string(),
+            name: name.to_string(),
+            done: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Drops the slots and the database now (and not again in `Drop`).
+    pub async fn now(&self) {
+        if !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let dropped = tokio::time::timeout(DROP_DEADLINE, self.drop_all()).await;
+            self.report(dropped);
+        }
+    }
+
+    async fn drop_all(&self) -> Result<(), tokio_postgres::Error> {
+        let (admin, conn) = tokio_postgres::connect(&self.admin_url, NoTls).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        // The slots in the database (logical ones), and any named after it on the cluster.
+        let mine = "(database = $1 OR slot_name LIKE $1 || '%')";
+        let began = Instant::now();
+        loop {
+            admin
+                .execute(
+                    &format!("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE {mine} AND active_pid IS NOT NULL"),
+                    &[&self.name],
+                )
+                .await?;
+            // A slot still active (its holder not yet gone) fails to drop: try again.
+            let _ = admin
+                .execute(
+                    &format!("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE {mine} AND NOT active"),
+                    &[&self.name],
+                )
+                .await;
+            let left = admin
+                .query_one(
+                    &format!("SELECT count(*) FROM pg_replication_slots WHERE {mine}"),
+                    &[&self.name],
+                )
+                .await?
+                .get::<_, i64>(0);
+            if left == 0 || began.elapsed() > DROP_DEADLINE / 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .await
+    }
+
+    fn report(
+        &self,
+        dropped: Result<Result<(), tokio_postgres::Error>, tokio::time::error::Elapsed>,
+    ) {
+        let why = match dropped {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("not done within {DROP_DEADLINE:?}"),
+        };
+        eprintln!(
+            "test harness: could not drop database {} and its slots: {why}",
+            self.name
+        );
+    }
+}
+
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        if self.done.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let this = DropDatabase::new(&self.admin_url, &self.name);
+        let worker = std::thread::Builder::new()
+            .name(format!("drop-{}", self.name))
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(runtime) => runtime.block_on(this.now()),
+                    Err(e) => eprintln!("test harness: no runtime to drop {}: {e}", this.name),
+                }
+            });
+        match worker {
+            Ok(worker) => {
+                let _ = worker.join();
+            }
+            Err(e) => eprintln!("test harness: no thread to drop {}: {e}", self.name),
+        }
+    }
 }
 
 impl TestDb {
@@ -92,9 +220,9 @@ impl TestDb {
             slot: format!("{name}_slot"),
             publication: "outbox_relay_pub".into(),
             topic_prefix: name.clone(),
+            dropped: std::sync::Arc::new(DropDatabase::new(&admin_url, &name)),
             name,
             url,
-            admin_url,
         }
     }
 
@@ -186,25 +314,10 @@ impl TestDb {
         row.get::<_, i64>(0) as u64
     }
 
-    /// Drops the slot (ending any holder) and the database. Best effort.
+    /// Drops the slots (ending their holders) and the database now, for every clone; what
+    /// the last clone's `Drop` would do otherwise. Best effort.
     pub async fn cleanup(self) {
-        let admin = connect(&self.admin_url).await;
-        let _ = admin
-            .execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL",
-                &[&self.slot],
-            )
-            .await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let _ = admin
-            .execute("SELECT pg_drop_replication_slot($1)", &[&self.slot])
-            .await;
-        let _ = admin
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .await;
+        self.dropped.now().await;
     }
 }
 
@@ -574,9 +687,9 @@ impl TestDb {
             slot: format!("{name}_slot"),
             publication: "outbox_relay_pub".into(),
             topic_prefix: name.clone(),
+            dropped: std::sync::Arc::new(DropDatabase::new(admin_url, &name)),
             name,
             url,
-            admin_url: admin_url.to_string(),
         }
     }
 }
