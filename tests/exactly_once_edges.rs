@@ -575,10 +575,12 @@ async fn topic_exists(topic: &str) -> bool {
     .unwrap()
 }
 
-/// How long the topic stays missing: several `message_timeout_ms` (3 s) of the commit
-/// waiting for it, and longer than the 10 s after which the main before 06d211d failed a
-/// record whose topic's partition count it could not read.
-const MISSING_HOLD: Duration = Duration::from_secs(20);
+/// `kafka.message_timeout_ms` of that test: how long a commit waits for records that wait for
+/// their topic. Above the 10 s after which the main before 06d211d failed such a record (and
+/// could then commit past it): with less, the commit gave up first and that path never ran.
+const MISSING_MESSAGE_TIMEOUT_MS: &str = "15000";
+/// How long the topic stays missing: past the 10 s above, and past one commit given up.
+const MISSING_HOLD: Duration = Duration::from_secs(25);
 
 /// Done-when 3: in exactly-once mode, events for a topic that does not exist (the relay's
 /// producer may not auto-create it: `allow.auto.create.topics = false`, and
@@ -599,7 +601,11 @@ async fn a_record_waiting_for_a_missing_topic_is_never_committed_past() {
         "OUTBOX_RELAY__KAFKA__PROPERTIES__ALLOW_AUTO_CREATE_TOPICS",
         "false",
     );
-    set(&mut env, "OUTBOX_RELAY__KAFKA__MESSAGE_TIMEOUT_MS", "3000");
+    set(
+        &mut env,
+        "OUTBOX_RELAY__KAFKA__MESSAGE_TIMEOUT_MS",
+        MISSING_MESSAGE_TIMEOUT_MS,
+    );
     let mut relay = RelayProcess::start(&env, &format!("eos-missing-{}", db.name));
     wait_for_slot(&db, &mut relay).await;
 
