@@ -329,6 +329,10 @@ impl Signals {
 /// Only the few milliseconds in which the kernel and the dynamic loader start the process
 /// come before it; no program can catch a signal there.
 #[cfg(unix)]
+#[allow(
+    unsafe_code,
+    reason = "FFI: a signal handler before the runtime exists"
+)]
 mod early_signal {
     use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -345,18 +349,26 @@ mod early_signal {
     /// would leave the relay deaf to a stop, and one sent meanwhile is caught now.
     pub fn install() -> std::io::Result<()> {
         set_handler(note as *const () as libc::sighandler_t)?;
-        // SAFETY: plain calls on a sigset_t owned here.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for signal in SIGNALS {
-                libc::sigaddset(&mut set, signal);
-            }
-            match libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) {
-                0 => Ok(()),
-                e => Err(std::io::Error::from_raw_os_error(e)),
-            }
+        let set = signal_set();
+        // SAFETY: `set` is an initialised sigset_t; no old mask is asked for.
+        match unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) } {
+            0 => Ok(()),
+            e => Err(std::io::Error::from_raw_os_error(e)),
         }
+    }
+
+    /// A sigset_t holding [`SIGNALS`].
+    fn signal_set() -> libc::sigset_t {
+        let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: sigemptyset initialises the set it is given.
+        unsafe { libc::sigemptyset(set.as_mut_ptr()) };
+        // SAFETY: initialised just above.
+        let mut set = unsafe { set.assume_init() };
+        for signal in SIGNALS {
+            // SAFETY: `set` is initialised and `signal` a valid signal number.
+            unsafe { libc::sigaddset(&mut set, signal) };
+        }
+        set
     }
 
     /// Back to the default actions; a signal noted meanwhile is raised again, so that the
@@ -375,17 +387,17 @@ mod early_signal {
     }
 
     fn set_handler(handler: libc::sighandler_t) -> std::io::Result<()> {
-        // SAFETY: a zeroed sigaction with an empty mask is valid; `note` only does an atomic
-        // store.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = handler;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            for signal in SIGNALS {
-                if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+        // SAFETY: sigaction is plain data, for which all-zero bytes are a valid value.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = handler;
+        action.sa_flags = libc::SA_RESTART;
+        // SAFETY: `sa_mask` is a sigset_t inside `action`, owned here.
+        unsafe { libc::sigemptyset(&mut action.sa_mask) };
+        for signal in SIGNALS {
+            // SAFETY: `action` is initialised; `handler` (ours, or SIG_DFL) only does an
+            // atomic store; no old action is asked for.
+            if unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) } != 0 {
+                return Err(std::io::Error::last_os_error());
             }
         }
         Ok(())

@@ -232,7 +232,7 @@ async fn check_takes_rds_replication_membership_and_suggests_the_grant() {
         .unwrap();
     let role_line = |user: &'static str| {
         let url = db.url.replacen("postgres@", &format!("{user}@"), 1);
-        let env = with(&db.relay_env(), "OUTBOX_RELAY__POSTGRES__URL", &url);
+        let env = with(db.relay_env(), &[("OUTBOX_RELAY__POSTGRES__URL", &url)]);
         async move {
             let out = ops(&env, &["check", "--json"]).await;
             item(&out.json(), "role").clone()
@@ -1476,9 +1476,8 @@ async fn a_slot_the_relay_creates_holds_the_rows_committed_before_it() {
 async fn a_receive_timeout_under_half_the_wal_sender_timeout_is_refused() {
     let db = TestDb::new().await;
     let env = with(
-        &db.relay_env(),
-        "OUTBOX_RELAY__POSTGRES__RECEIVE_TIMEOUT_MS",
-        "2000",
+        db.relay_env(),
+        &[("OUTBOX_RELAY__POSTGRES__RECEIVE_TIMEOUT_MS", "2000")],
     );
     let mut relay = RelayProcess::start(&env, &format!("{}-receive", db.name));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -1527,13 +1526,11 @@ async fn a_hold_on_a_partitioned_outbox_counts_its_rows() {
         .await
         .unwrap();
     let env = with(
-        &with(
-            &db.relay_env(),
-            "OUTBOX_RELAY__OUTBOX__TABLE",
-            "public.pouts",
-        ),
-        "OUTBOX_RELAY__POSTGRES__CREATE_PUBLICATION",
-        "true",
+        db.relay_env(),
+        &[
+            ("OUTBOX_RELAY__OUTBOX__TABLE", "public.pouts"),
+            ("OUTBOX_RELAY__POSTGRES__CREATE_PUBLICATION", "true"),
+        ],
     );
     let created = ops(&env, &["slot", "create", "--json"]).await;
     assert_eq!(created.code, 0, "{created}");

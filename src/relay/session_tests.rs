@@ -1411,6 +1411,11 @@ async fn a_failed_kafka_commit_ends_the_session_without_confirming() {
     let error = result.expect_err("a failed commit must end the session");
     assert!(error.is_transient(), "{error}");
     assert!(rig.max_flush() < end, "confirmed an aborted transaction");
+    assert!(
+        matches!(rig.kafka_ops().last(), Some(KafkaOp::Abort)),
+        "the failed transaction was not aborted: {:?}",
+        rig.kafka_ops()
+    );
     assert!(rig.log.lock().unwrap().closed);
     assert_eq!(
         metrics

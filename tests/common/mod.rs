@@ -405,21 +405,8 @@ impl RelayProcess {
     /// them: a signal sent before the relay runs its first instruction waits for the relay to
     /// unblock it instead of ending the process by the default action.
     pub fn start_signals_blocked(env: &[(String, String)], name: &str) -> RelayProcess {
-        use std::os::unix::process::CommandExt;
         let (mut command, log) = relay_command(env, name);
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                libc::sigaddset(&mut set, libc::SIGTERM);
-                libc::sigaddset(&mut set, libc::SIGINT);
-                match libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) {
-                    0 => Ok(()),
-                    e => Err(std::io::Error::from_raw_os_error(e)),
-                }
-            });
-        }
+        block_termination_signals_at_exec(&mut command);
         let child = command.spawn().expect("start relay");
         RelayProcess { child, log }
     }
@@ -490,6 +477,34 @@ fn relay_command(env: &[(String, String)], name: &str) -> (Command, PathBuf) {
         .stdout(file.try_clone().unwrap())
         .stderr(file);
     (command, log)
+}
+
+/// Has `command`'s child block SIGTERM and SIGINT from before exec.
+#[allow(unsafe_code, reason = "FFI: the signal mask of a child before exec")]
+fn block_termination_signals_at_exec(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and makes only async-signal-safe calls
+    // (sigemptyset, sigaddset, pthread_sigmask), allocating nothing.
+    unsafe { command.pre_exec(block_termination_signals) };
+}
+
+/// Blocks SIGTERM and SIGINT in the calling thread (a child between fork and exec).
+#[allow(unsafe_code, reason = "FFI: the signal mask of a child before exec")]
+fn block_termination_signals() -> std::io::Result<()> {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigemptyset initialises the set it is given.
+    unsafe { libc::sigemptyset(set.as_mut_ptr()) };
+    // SAFETY: initialised just above.
+    let mut set = unsafe { set.assume_init() };
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: `set` is an initialised sigset_t and `signal` a valid signal number.
+        unsafe { libc::sigaddset(&mut set, signal) };
+    }
+    // SAFETY: `set` is initialised; no old mask is asked for.
+    match unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
 }
 
 /// One record read back from Kafka.

@@ -494,10 +494,14 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 Ok(())
             }
             Err(e) => {
-                self.metrics
-                    .kafka_transactions_aborted
-                    .fetch_add(1, Relaxed);
-                self.kafka = KafkaTxn::Idle;
+                // Still open on the broker: `finish` aborts it on the way out, so that
+                // read_committed consumers need not wait for transaction.timeout.ms (and the
+                // next producer need not abort it first).
+                self.kafka = KafkaTxn::Open {
+                    started: Instant::now(),
+                    records,
+                    end: None,
+                };
                 self.acked.clear();
                 self.held.clear();
                 warn!(error = %e, records,
