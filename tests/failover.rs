@@ -593,3 +593,257 @@ async fn first_host_down_the_relay_and_commands_use_the_second() {
     );
     db.cleanup().await;
 }
+
+/// Each statement on `url`, one by one (ALTER SYSTEM runs in no transaction block), panicking
+/// with the error: the test's own set-up steps.
+async fn execute(url: &str, statements: &[&str]) {
+    let client = connect(url).await;
+    for sql in statements {
+        client
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("`{sql}` on {url}: {e:?}"));
+    }
+}
+
+/// Writes `n` events through `url` in transactions of 5; returns them and, per transaction,
+/// the WAL insert position before its COMMIT (a lower bound of its commit LSN, an upper bound
+/// of the previous one's end).
+async fn write_events(url: &str, tag: &str, writer: usize, n: usize) -> (Vec<Event>, Vec<u64>) {
+    let mut client = connect(url).await;
+    let mut events = Vec::new();
+    let mut commits = Vec::new();
+    for txn in 0..n.div_ceil(5) {
+        let kind = if txn % 2 == 0 { "order" } else { "customer" };
+        let batch: Vec<Event> = (0..5.min(n - events.len()))
+            .map(|i| Event::new(kind, &format!("{tag}-{txn}"), writer, events.len() + i))
+            .collect();
+        commits.push(insert_events_at(&mut client, &batch, true).await);
+        events.extend(batch);
+    }
+    (events, commits)
+}
+
+/// Issue 20, done-when 4 (failover): an exactly-once relay on a failover slot whose standby
+/// replicates asynchronously and without `synchronized_standby_slots`. The standby is cut off,
+/// the relay publishes transactions it will never have (its progress record goes past the
+/// fork), the primary crashes and the standby is promoted onto timeline 2, which commits new
+/// transactions at LSNs the old progress value already covers. The relay reads the timeline
+/// history, holds the old value only up to the fork, and publishes every event of the
+/// surviving history exactly once; the lost transactions' events stay in Kafka (once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_across_an_asynchronous_promotion_publishes_the_new_timeline_once() {
+    let test = "exactly_once_across_an_asynchronous_promotion_publishes_the_new_timeline_once";
+    if skip_unless_17(test) {
+        return;
+    }
+    let _ha = HA.lock().await;
+    let pair = fresh_pair();
+    // services.sh makes the pair synchronous with synchronized_standby_slots (written into
+    // outbox-relay.conf at every start); postgresql.auto.conf is read after it, so ALTER
+    // SYSTEM turns both off for this pair (pg-ha-reset deletes it afterwards).
+    execute(
+        &pair.primary,
+        &[
+            "ALTER SYSTEM SET synchronous_standby_names = ''",
+            "ALTER SYSTEM SET synchronized_standby_slots = ''",
+            "SELECT pg_reload_conf()",
+        ],
+    )
+    .await;
+    wait_for(
+        "the primary to run without synchronized_standby_slots",
+        Duration::from_secs(10),
+        || async {
+            query_text(&pair.primary, "SHOW synchronized_standby_slots")
+                .await
+                .as_deref()
+                == Some("")
+        },
+    )
+    .await;
+    let db = TestDb::new_on(&pair.primary).await;
+    let url = multi_host(&[&pair.primary, &pair.standby], &db.name, "read-write");
+    let mut env = exactly_once_env(&db);
+    for (k, v) in env.iter_mut() {
+        if k == "OUTBOX_RELAY__POSTGRES__URL" {
+            *v = url.clone();
+        }
+    }
+    let check = command(&env, "check");
+    assert!(
+        check.contains("synchronized_standby_slots"),
+        "check should warn about synchronized_standby_slots:\n{check}"
+    );
+    let mut relay = RelayProcess::start(&env, "failover_exactly_once_async");
+    wait_for_slot(&db, &mut relay).await;
+    let primary_db = with_db(&pair.primary, &db.name);
+    let standby_db = with_db(&pair.standby, &db.name);
+
+    // Timeline 1, on both servers: published, then the slot synced to the standby.
+    let (before, _) = write_events(&primary_db, "tl1", 0, 200).await;
+    let topics = topics(&db);
+    let got = read_ids_committed(
+        &topics,
+        &ids(&before),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(
+        tally(&before, &got).missing.is_empty(),
+        "timeline 1 events not published:\n{}",
+        relay.log_text()
+    );
+    let published_to = db_wal(&primary_db).await;
+    wait_for(
+        "the relay to confirm timeline 1's events",
+        Duration::from_secs(60),
+        || async { confirmed(&primary_db, &db.slot).await.unwrap_or(0) >= published_to },
+    )
+    .await;
+    sync_slot(&pair, &db).await;
+
+    // The standby stops receiving WAL: what the primary commits now is lost at the failover.
+    execute(
+        &pair.standby,
+        &[
+            "ALTER SYSTEM SET primary_conninfo = ''",
+            "SELECT pg_reload_conf()",
+        ],
+    )
+    .await;
+    wait_for(
+        "the standby's walreceiver to stop",
+        Duration::from_secs(30),
+        || async {
+            query_text(
+                &pair.primary,
+                "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'pg-ha-standby'",
+            )
+            .await
+            .as_deref()
+                == Some("0")
+        },
+    )
+    .await;
+    let (lost, lost_commits) = write_events(&primary_db, "lost", 1, 300).await;
+    let got = read_ids_committed(
+        &topics,
+        &ids(&lost),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(
+        tally(&lost, &got).missing.is_empty(),
+        "the events the standby never got were not published (the progress must pass the fork):\n{}",
+        relay.log_text()
+    );
+    // The last lost transaction commits at or after this: the old progress value is past it.
+    let old_progress = *lost_commits.last().unwrap();
+
+    services("pg-ha-crash");
+    services("pg-ha-promote");
+    execute(&pair.standby, &["CHECKPOINT"]).await;
+    assert_eq!(
+        query_text(
+            &pair.standby,
+            "SELECT timeline_id::text FROM pg_control_checkpoint()"
+        )
+        .await
+        .as_deref(),
+        Some("2"),
+        "the promoted standby should be on timeline 2"
+    );
+    // Timeline 2: new transactions at LSNs the old primary's progress value covers.
+    let (after, commits) = write_events(&standby_db, "tl2", 2, 200).await;
+    // Timeline 2's first transaction ends before its second one's COMMIT.
+    assert!(
+        commits[1] < old_progress,
+        "timeline 2's first transaction (ends before {:#x}) should lie below the old primary's progress (at least {old_progress:#x}), or a relay that skipped by the stale value would pass",
+        commits[1]
+    );
+
+    // What survived is what the new primary has: timeline 1's first events and timeline 2's.
+    let survivors: HashSet<String> = connect(&standby_db)
+        .await
+        .query("SELECT id::text FROM outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let expected: HashSet<String> = ids(&before).into_iter().chain(ids(&after)).collect();
+    assert_eq!(
+        survivors, expected,
+        "the new primary should have timeline 1's events before the cut and timeline 2's, none of the lost ones"
+    );
+    let surviving: Vec<Event> = before.iter().chain(&after).cloned().collect();
+    let received = read_ids_committed(
+        &topics,
+        &ids(&surviving),
+        Duration::from_secs(120),
+        Duration::from_secs(5),
+    )
+    .await;
+    let t = tally(&surviving, &received);
+    let lost_ids: HashSet<String> = ids(&lost).into_iter().collect();
+    let unexpected: Vec<String> = received
+        .iter()
+        .map(Received::key_str)
+        .filter(|k| !expected.contains(k) && !lost_ids.contains(k))
+        .collect();
+    println!(
+        "asynchronous promotion: {} surviving events, {} missing, {} duplicates; {} lost with timeline 1 (in Kafka, once)",
+        surviving.len(),
+        t.missing.len(),
+        t.duplicates,
+        lost.len()
+    );
+    let log = relay.log_text();
+    assert!(
+        t.missing.is_empty(),
+        "{} of {} surviving events missing, e.g. {:?}\n{log}",
+        t.missing.len(),
+        surviving.len(),
+        &t.missing[..t.missing.len().min(3)]
+    );
+    assert_eq!(
+        t.duplicates, 0,
+        "duplicates for a read_committed consumer:\n{log}"
+    );
+    assert!(
+        unexpected.is_empty(),
+        "records of no test event: {unexpected:?}"
+    );
+    assert!(
+        log.contains("lies past the point where this server left its timeline"),
+        "the relay should say it held the progress value up to the fork:\n{log}"
+    );
+    assert!(
+        relay.try_status().is_none(),
+        "the relay must keep running:\n{log}"
+    );
+    relay.terminate(Duration::from_secs(30));
+    services("pg-ha-reset");
+}
+
+fn ids(events: &[Event]) -> Vec<String> {
+    events.iter().map(|e| e.id.clone()).collect()
+}
+
+/// A WAL position at or after every commit so far on `url` (see `TestDb::current_wal_lsn`).
+async fn db_wal(url: &str) -> u64 {
+    let client = connect(url).await;
+    client
+        .batch_execute("SET synchronous_commit = on; SELECT txid_current()")
+        .await
+        .unwrap();
+    let lsn: i64 = client
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[])
+        .await
+        .unwrap()
+        .get(0);
+    lsn as u64
+}
