@@ -319,3 +319,341 @@ async fn slot_drop_create_advance_and_replay_behave_as_documented() {
     assert!(relay.terminate(Duration::from_secs(30)).success());
     db.cleanup().await;
 }
+
+/// A PostgreSQL cluster of the test's own (wal_level = logical), made with the server binaries
+/// of this run (`OUTBOX_TEST_PG_SERVER_BIN`) under the run dir, on a port of its own: a test
+/// that stops it and swaps its data directory disturbs nobody. Stopped and deleted on drop.
+struct OwnCluster {
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl OwnCluster {
+    fn new(name: &str) -> OwnCluster {
+        let run = std::env::var("OUTBOX_RUN_DIR").unwrap_or_else(|_| "/tmp".into());
+        let dir = std::path::PathBuf::from(run).join(random_name(name));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cluster = OwnCluster { dir, port };
+        if is_root() {
+            run_ok(
+                std::process::Command::new("chown")
+                    .arg("postgres:")
+                    .arg(&cluster.dir),
+            );
+        }
+        cluster.as_pg(&[
+            "initdb",
+            "-D",
+            &cluster.data(),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "-N",
+        ]);
+        let conf = format!(
+            "listen_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
+             wal_level = logical\nmax_replication_slots = 10\nmax_wal_senders = 10\n\
+             wal_sender_timeout = '10s'\nfsync = off\nshared_buffers = 32MB\n",
+            cluster.port,
+            cluster.dir.display()
+        );
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(cluster.dir.join("data/postgresql.conf"))
+            .unwrap();
+        std::io::Write::write_all(&mut file, conf.as_bytes()).unwrap();
+        cluster.start();
+        cluster
+    }
+
+    fn data(&self) -> String {
+        self.dir.join("data").display().to_string()
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Runs a server binary as the cluster's owner (`postgres` when the tests run as root).
+    fn as_pg(&self, args: &[&str]) {
+        let bin = std::path::PathBuf::from(env("OUTBOX_TEST_PG_SERVER_BIN")).join(args[0]);
+        let mut command = if is_root() {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(bin);
+            c
+        } else {
+            std::process::Command::new(bin)
+        };
+        run_ok(command.args(&args[1..]));
+    }
+
+    fn start(&self) {
+        let log = self.dir.join("postgres.log").display().to_string();
+        self.as_pg(&[
+            "pg_ctl",
+            "-D",
+            &self.data(),
+            "-l",
+            &log,
+            "-w",
+            "-t",
+            "60",
+            "-s",
+            "start",
+        ]);
+    }
+
+    /// A clean shutdown: everything flushed, a shutdown checkpoint written.
+    fn stop(&self) {
+        self.as_pg(&[
+            "pg_ctl",
+            "-D",
+            &self.data(),
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            "60",
+            "-s",
+            "stop",
+        ]);
+    }
+
+    /// `cp -a` of the (stopped) data directory to `to` beside it: owner and modes kept.
+    fn copy_data(&self, to: &str) {
+        run_ok(
+            std::process::Command::new("cp")
+                .arg("-a")
+                .arg(self.data())
+                .arg(self.dir.join(to)),
+        );
+    }
+
+    /// Puts the copy `from` in place of the (stopped) data directory, keeping that as `keep`.
+    fn restore_data(&self, from: &str, keep: &str) {
+        std::fs::rename(self.data(), self.dir.join(keep)).unwrap();
+        std::fs::rename(self.dir.join(from), self.data()).unwrap();
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let bin = std::path::PathBuf::from(env("OUTBOX_TEST_PG_SERVER_BIN")).join("pg_ctl");
+        let mut command = if is_root() {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(bin);
+            c
+        } else {
+            std::process::Command::new(bin)
+        };
+        let _ = command
+            .args(["-D", &self.data(), "-m", "immediate", "-w", "-s", "stop"])
+            .stderr(std::process::Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn run_ok(command: &mut std::process::Command) {
+    let out = command.output().expect("run a PostgreSQL tool");
+    assert!(
+        out.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 20, done-when 4 (restore): an earlier copy of the data directory started as it was
+/// stays on timeline 1, with WAL below the progress record Kafka holds. The relay refuses to
+/// start (exit 1, naming the fix); meanwhile nothing is published twice and the slot confirms
+/// nothing, so the events the restored database commits are not skipped: once the operator
+/// deletes the slot's progress with a tombstone, they are published, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restored_earlier_data_directory_stops_the_relay_and_skips_nothing() {
+    let cluster = OwnCluster::new("restore");
+    let db = TestDb::new_on(&cluster.url()).await;
+    let env = exactly_once_env(&db);
+    let mut relay = RelayProcess::start(&env, "eos-restore");
+    wait_for_slot(&db, &mut relay).await;
+    let first = write(&db, 100, 0).await;
+    let topics = vec![db.topic("order")];
+    let got = read_ids_committed(
+        &topics,
+        &ids(&first),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(
+        tally(&first, &got).missing.is_empty(),
+        "first events not published:\n{}",
+        relay.log_text()
+    );
+
+    // The copy: taken from a cleanly stopped server once the slot confirmed the first events;
+    // the relay reconnects once it is back.
+    let published_to = db.current_wal_lsn().await;
+    wait_for(
+        "the slot to confirm the first events",
+        Duration::from_secs(30),
+        || async { db.confirmed_flush_lsn().await >= published_to },
+    )
+    .await;
+    cluster.stop();
+    cluster.copy_data("data.copy");
+    cluster.start();
+    wait_for_slot(&db, &mut relay).await;
+    let later = write(&db, 300, 1).await;
+    let got = read_ids_committed(
+        &topics,
+        &ids(&later),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(
+        tally(&later, &got).missing.is_empty(),
+        "events after the copy not published:\n{}",
+        relay.log_text()
+    );
+    assert!(
+        relay.terminate(Duration::from_secs(30)).success(),
+        "{}",
+        relay.log_text()
+    );
+
+    // The restore: the copy started as it was, and a few new transactions on it (at LSNs of
+    // transactions Kafka already holds from the history that is gone).
+    cluster.stop();
+    cluster.restore_data("data.copy", "data.later");
+    cluster.start();
+    let restored = write(&db, 20, 2).await;
+    let slot_before = db.confirmed_flush_lsn().await;
+    let mut relay = RelayProcess::start(&env, "eos-restore-restored");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = relay.try_status() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay did not stop within 60 s on a restored earlier copy:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(1), "exit 1 on a restored copy:\n{log}");
+    assert!(
+        log.contains("went back in time") && log.contains("tombstone"),
+        "the relay should say the database went back in time and name the tombstone fix:\n{log}"
+    );
+    assert_eq!(
+        db.confirmed_flush_lsn().await,
+        slot_before,
+        "the refused relay must not confirm anything on the restored slot"
+    );
+    // Each event before and after the copy once; none of the restored database's new ones.
+    let before_restore: Vec<Event> = first.iter().chain(&later).cloned().collect();
+    expect_exactly_once(
+        "restored copy, refused",
+        &db,
+        &before_restore,
+        &restored,
+        &log,
+    )
+    .await;
+
+    // The fix the message names: a tombstone for the slot's progress key. The restored
+    // database's events then arrive, each once. What the copy's slot had not confirmed is sent
+    // again, as the message warns (before 17, PostgreSQL does not write a slot whose only
+    // change is its confirmed position at shutdown, so the copy's slot may stand before the
+    // first events); the events after the copy, which the restored database lacks, are not.
+    let identity = {
+        let client = db.client().await;
+        outbox_relay::sink::progress::SlotIdentity::read(&client, &db.slot)
+            .await
+            .unwrap()
+    };
+    let key = String::from_utf8_lossy(&identity.key()).into_owned();
+    assert!(
+        log.contains(&key),
+        "the message should name the progress key {key}:\n{log}"
+    );
+    tombstone(&db.topic("progress"), &identity.key()).await;
+    let mut relay = RelayProcess::start(&env, "eos-restore-reset");
+    let all: Vec<Event> = before_restore.iter().chain(&restored).cloned().collect();
+    let received = read_ids_committed(
+        &topics,
+        &ids(&all),
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+    )
+    .await;
+    let log = relay.log_text();
+    let t = tally(&all, &received);
+    assert!(
+        t.missing.is_empty(),
+        "after the tombstone: {} of {} events missing, e.g. {:?}\n{log}",
+        t.missing.len(),
+        all.len(),
+        &t.missing[..t.missing.len().min(3)]
+    );
+    assert_eq!(t.unexpected, 0, "records of no test event");
+    let mut count: HashMap<String, usize> = HashMap::new();
+    for r in &received {
+        *count.entry(r.key_str()).or_default() += 1;
+    }
+    let twice = |events: &[Event]| events.iter().filter(|e| count[&e.id] > 1).count();
+    println!(
+        "restored copy, after the tombstone: {} of {} first events sent again (after the copy's slot position), {} later, {} restored",
+        twice(&first),
+        first.len(),
+        twice(&later),
+        twice(&restored)
+    );
+    assert_eq!(
+        twice(&restored),
+        0,
+        "the restored database's events: once each\n{log}"
+    );
+    assert_eq!(
+        twice(&later),
+        0,
+        "the events after the copy: not sent again\n{log}"
+    );
+    assert!(relay.try_status().is_none(), "{log}");
+    relay.terminate(Duration::from_secs(30));
+}
+
+/// Produces a tombstone (null value) for `key` to `topic`, as an operator would.
+async fn tombstone(topic: &str, key: &[u8]) {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("producer");
+    producer
+        .send(
+            FutureRecord::<[u8], [u8]>::to(topic).key(key),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce the tombstone");
+}
