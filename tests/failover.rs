@@ -664,12 +664,10 @@ async fn exactly_once_across_an_asynchronous_promotion_publishes_the_new_timelin
     .await;
     let db = TestDb::new_on(&pair.primary).await;
     let url = multi_host(&[&pair.primary, &pair.standby], &db.name, "read-write");
-    let mut env = exactly_once_env(&db);
-    for (k, v) in env.iter_mut() {
-        if k == "OUTBOX_RELAY__POSTGRES__URL" {
-            *v = url.clone();
-        }
-    }
+    let env = with(
+        exactly_once_env(&db),
+        &[("OUTBOX_RELAY__POSTGRES__URL", url.as_str())],
+    );
     let check = command(&env, "check");
     assert!(
         check.contains("synchronized_standby_slots"),
