@@ -280,21 +280,7 @@ async fn expect_delivered(
             Duration::from_secs(2),
         )
         .await;
-    let t = tally(events, &received);
-    println!(
-        "{label}: {} events, {} missing, {} duplicates",
-        events.len(),
-        t.missing.len(),
-        t.duplicates
-    );
-    assert!(
-        t.missing.is_empty(),
-        "{label}: {} of {} events missing, e.g. {:?}\n{}",
-        t.missing.len(),
-        events.len(),
-        &t.missing[..t.missing.len().min(3)],
-        relay.process.log_text()
-    );
+    let t = assert_none_missing(label, events, &received, &relay.process.log_text());
     if exactly_once {
         assert_eq!(
             t.duplicates, 0,

@@ -968,6 +968,32 @@ pub fn exactly_once_env(db: &TestDb) -> Vec<(String, String)> {
     env
 }
 
+/// Tallies what arrived of `expected`, prints it under `label`, and fails when any is missing
+/// (with `log`, the relay's).
+pub fn assert_none_missing(
+    label: &str,
+    expected: &[Event],
+    received: &[Received],
+    log: &str,
+) -> Tally {
+    let t = tally(expected, received);
+    println!(
+        "{label}: {} events, {} received, {} missing, {} duplicates",
+        expected.len(),
+        received.len(),
+        t.missing.len(),
+        t.duplicates
+    );
+    assert!(
+        t.missing.is_empty(),
+        "{label}: {} of {} events missing, e.g. {:?}\n{log}",
+        t.missing.len(),
+        expected.len(),
+        &t.missing[..t.missing.len().min(3)]
+    );
+    t
+}
+
 /// Reads with read_committed and fails on any missing, duplicate or out-of-order event.
 pub async fn expect_exactly_once(
     label: &str,
@@ -984,21 +1010,7 @@ pub async fn expect_exactly_once(
         Duration::from_secs(5),
     )
     .await;
-    let t = tally(committed, &received);
-    println!(
-        "{label}: {} committed events, {} received (read_committed), {} missing, {} duplicates",
-        committed.len(),
-        received.len(),
-        t.missing.len(),
-        t.duplicates
-    );
-    assert!(
-        t.missing.is_empty(),
-        "{label}: {} of {} events missing, e.g. {:?}\n{relay_log}",
-        t.missing.len(),
-        committed.len(),
-        &t.missing[..t.missing.len().min(3)]
-    );
+    let t = assert_none_missing(label, committed, &received, relay_log);
     assert_eq!(
         t.duplicates, 0,
         "{label}: duplicates for a read_committed consumer"
