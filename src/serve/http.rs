@@ -199,8 +199,8 @@ mod tests {
         assert_eq!(path(""), None);
     }
 
-    #[tokio::test]
-    async fn serves_metrics_and_readiness() {
+    /// A server on a free port: its address, its metrics, and what stops it.
+    async fn start() -> (std::net::SocketAddr, Arc<Metrics>, CancellationToken) {
         let listener = bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = Arc::new(Metrics::default());
@@ -211,16 +211,24 @@ mod tests {
             Duration::from_secs(5),
             shutdown.clone(),
         ));
-        let request = |method: &'static str, path: &'static str| async move {
-            let mut s = TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).await.unwrap();
-            out
-        };
-        let get = |path| request("GET", path);
+        (addr, metrics, shutdown)
+    }
+
+    /// One `method path` request; the whole answer.
+    async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_and_readiness() {
+        let (addr, metrics, shutdown) = start().await;
+        let get = |path| request(addr, "GET", path);
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
         metrics.set_state(crate::serve::metrics::RelayState::Streaming);
@@ -234,25 +242,8 @@ mod tests {
 
     #[tokio::test]
     async fn head_requests_get_the_head_without_a_body() {
-        let listener = bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let metrics = Arc::new(Metrics::default());
-        let shutdown = CancellationToken::new();
-        tokio::spawn(serve(
-            listener,
-            metrics.clone(),
-            Duration::from_secs(5),
-            shutdown.clone(),
-        ));
-        let head = |path: &'static str| async move {
-            let mut s = TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).await.unwrap();
-            out
-        };
+        let (addr, _metrics, shutdown) = start().await;
+        let head = |path| request(addr, "HEAD", path);
         for (path, status, length) in [
             ("/healthz", "200", "ok\n".len()),
             (
