@@ -16,10 +16,9 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 
-use super::{env, random_name, received, repo_path, Received, TestDb};
+use super::{env, random_name, repo_path, Received, TestDb};
 
 /// `AclCommand`'s class, run by `services.sh kafka-acl-tool`.
 const ACL_COMMAND: &str = "org.apache.kafka.tools.AclCommand";
@@ -290,18 +289,13 @@ impl AclBroker {
 
     fn reader_config(&self) -> ClientConfig {
         let mut config = self.client_config();
-        config
-            .set("group.id", random_name("acl-reader"))
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
-            .set("topic.metadata.refresh.interval.ms", "500");
+        super::reader_settings(&mut config);
         config
     }
 
     /// Reads `topics` (`partitions` each) from the beginning as the admin with read_committed,
     /// until every id in `ids` arrived or `timeout` passed, then `settle` longer (to see
-    /// duplicates). Topics that do not exist yet are waited for.
+    /// duplicates); with no ids, for `settle`. Topics that do not exist yet are waited for.
     pub async fn read_ids(
         &self,
         topics: &[String],
@@ -310,45 +304,20 @@ impl AclBroker {
         timeout: Duration,
         settle: Duration,
     ) -> Vec<Received> {
-        let consumer: BaseConsumer = self.reader_config().create().expect("consumer");
-        let topics = topics.to_vec();
+        let timeout = if ids.is_empty() { settle } else { timeout };
         let mut waiting: HashSet<Vec<u8>> = ids.iter().map(|i| i.as_bytes().to_vec()).collect();
-        tokio::task::spawn_blocking(move || {
-            let mut assignment = TopicPartitionList::new();
-            for topic in &topics {
-                for p in 0..partitions {
-                    assignment
-                        .add_partition_offset(topic, p, Offset::Beginning)
-                        .unwrap();
-                }
-            }
-            consumer.assign(&assignment).expect("assign");
-            let mut deadline = Instant::now() + timeout;
-            let mut settling = waiting.is_empty();
-            if settling {
-                deadline = Instant::now() + settle;
-            }
-            let mut records = Vec::new();
-            while Instant::now() < deadline {
-                match consumer.poll(Duration::from_millis(200)) {
-                    Some(Ok(m)) => {
-                        waiting.remove(m.key().unwrap_or_default());
-                        records.push(received(&m));
-                        if !settling && waiting.is_empty() {
-                            settling = true;
-                            deadline = Instant::now() + settle;
-                        }
-                    }
-                    // A topic not created yet: keep polling.
-                    Some(Err(e)) if e.to_string().contains("Unknown topic") => {}
-                    Some(Err(e)) => eprintln!("acl read_ids: consumer error {e}"),
-                    None => {}
-                }
-            }
-            records
-        })
+        super::read_until_as(
+            self.reader_config(),
+            topics,
+            partitions,
+            timeout,
+            settle,
+            move |record| {
+                waiting.remove(&record.key);
+                waiting.is_empty()
+            },
+        )
         .await
-        .unwrap()
     }
 }
 

@@ -540,12 +540,44 @@ pub async fn read_until(
     settle: Duration,
     done: impl FnMut(&Received) -> bool + Send + 'static,
 ) -> Vec<Received> {
+    read_until_as(reader_config(), topics, partitions, timeout, settle, done).await
+}
+
+/// [`read_until`] with a consumer of `config` (another broker, or a login).
+pub async fn read_until_as(
+    config: ClientConfig,
+    topics: &[String],
+    partitions: i32,
+    timeout: Duration,
+    settle: Duration,
+    done: impl FnMut(&Received) -> bool + Send + 'static,
+) -> Vec<Received> {
     let topics = topics.to_vec();
     tokio::task::spawn_blocking(move || {
-        read_until_blocking(&topics, partitions, timeout, settle, done)
+        read_until_blocking(config, &topics, partitions, timeout, settle, done)
     })
     .await
     .unwrap()
+}
+
+/// The test reader's settings on the main broker; [`reader_settings`] on `ClientConfig::new()`.
+fn reader_config() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers());
+    reader_settings(&mut config);
+    config
+}
+
+/// What every test reader sets: its own group, read_committed, nothing committed.
+pub fn reader_settings(config: &mut ClientConfig) {
+    config
+        .set("group.id", random_name("reader"))
+        // librdkafka's default, said out loud: records of aborted Kafka transactions are never
+        // seen, as an exactly-once consumer reads (and at-least-once records are unaffected).
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("topic.metadata.refresh.interval.ms", "500");
 }
 
 /// Reads until every id in `ids` has arrived (or the deadline), then for `settle` more.
@@ -565,23 +597,14 @@ pub async fn read_ids(
 }
 
 fn read_until_blocking(
+    config: ClientConfig,
     topics: &[String],
     partitions: i32,
     timeout: Duration,
     settle: Duration,
     mut done: impl FnMut(&Received) -> bool,
 ) -> Vec<Received> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", random_name("reader"))
-        // librdkafka's default, said out loud: records of aborted Kafka transactions are never
-        // seen, as an exactly-once consumer reads (and at-least-once records are unaffected).
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .set("topic.metadata.refresh.interval.ms", "500")
-        .create()
-        .expect("consumer");
+    let consumer: BaseConsumer = config.create().expect("consumer");
     let mut assignment = TopicPartitionList::new();
     for topic in topics {
         for p in 0..partitions {
