@@ -46,6 +46,8 @@ use transport::open_transport;
 const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 /// How much the read buffer grows by when it runs out of room.
 const READ_CHUNK: usize = 256 * 1024;
+/// How long `close` waits for the server to end the stream.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// SQLSTATE object_in_use: the slot is streamed by another backend.
 const SQLSTATE_OBJECT_IN_USE: &str = "55006";
 /// SQLSTATE undefined_object: the slot does not exist.
@@ -770,13 +772,43 @@ impl ReplicationStream {
         self.conn.send(&out).await
     }
 
-    /// Ends streaming politely: CopyDone then Terminate. Errors are irrelevant at this point.
+    /// Ends streaming and waits for the server to end it too: CopyDone, then what the server
+    /// still sends is read and dropped up to its ReadyForQuery, then Terminate. The wait is
+    /// what makes the last status update count: the server reads our messages in order, and
+    /// a walsender still sending when the client vanishes dies on the broken pipe, unread
+    /// messages and all (before the wait, half the SIGTERM stops in the tests ended that way;
+    /// a CI run once re-sent 208 events after four stops). Bounded, and errors are irrelevant
+    /// here: the connection may be gone.
     pub async fn close(&mut self) {
         let mut out = BytesMut::new();
         frontend::copy_done(&mut out);
+        if self.conn.send(&out).await.is_ok() {
+            let ended = tokio::time::timeout(CLOSE_WAIT, self.read_to_ready_for_query()).await;
+            if !matches!(ended, Ok(Ok(()))) {
+                tracing::debug!(
+                    ?ended,
+                    "the server did not end the stream; the last status update may be lost"
+                );
+            }
+        }
+        out.clear();
         frontend::terminate(&mut out);
         let _ = self.conn.send(&out).await;
         let _ = self.conn.io.shutdown().await;
+    }
+
+    /// Reads and drops messages up to ReadyForQuery (the server left COPY mode).
+    async fn read_to_ready_for_query(&mut self) -> Result<(), ReplicationError> {
+        loop {
+            match backend::Message::parse(&mut self.conn.buf)? {
+                Some(backend::Message::ReadyForQuery(_)) => return Ok(()),
+                Some(backend::Message::ErrorResponse(body)) => {
+                    return Err(ReplicationError::Server(Box::new(server_error(&body)?)))
+                }
+                Some(_) => {}
+                None => self.conn.fill().await?,
+            }
+        }
     }
 }
 
