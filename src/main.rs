@@ -41,7 +41,7 @@ enum Command {
     ///
     /// Read-only; safe while the relay runs. Exit 1 when the slot is missing or lost.
     Status(JsonFlag),
-    /// Create, drop or advance the replication slot.
+    /// Create, drop or advance the replication slot; release its sweeper hold.
     #[command(subcommand)]
     Slot(SlotCommand),
     /// Re-publish events still in the outbox table (the rewind a slot cannot do).
@@ -88,6 +88,18 @@ enum SlotCommand {
         /// End the backend holding the slot first (pg_terminate_backend).
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// End the sweeper hold on the rows a new slot never streamed (a covering `replay`
+    /// releases it by itself): they are then swept once older than the retention.
+    ReleaseHold {
+        /// Confirm: the held rows are deleted once they pass the retention.
+        #[arg(long)]
+        yes: bool,
+        /// Only this outbox table's hold (`schema.table`, or a bare name in public).
+        #[arg(long, value_name = "TABLE")]
+        table: Option<String>,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -196,7 +208,11 @@ async fn operator_command(config: &Config, command: Command) -> ExitCode {
     let json = match &command {
         Command::Check(out) | Command::Status(out) => out.json,
         Command::Slot(SlotCommand::Create(out)) => out.json,
-        Command::Slot(SlotCommand::Drop { out, .. } | SlotCommand::Advance { out, .. }) => out.json,
+        Command::Slot(
+            SlotCommand::Drop { out, .. }
+            | SlotCommand::Advance { out, .. }
+            | SlotCommand::ReleaseHold { out, .. },
+        ) => out.json,
         Command::Replay(args) => args.out.json,
         Command::Run | Command::Config => false,
     };
@@ -212,6 +228,11 @@ async fn operator_command(config: &Config, command: Command) -> ExitCode {
         Command::Slot(SlotCommand::Advance { to, force, .. }) => slot::advance(config, to, force)
             .await
             .map(|r| ops::emit(&r, json)),
+        Command::Slot(SlotCommand::ReleaseHold { yes, table, .. }) => {
+            ops::release_hold::run(config, table.as_deref(), yes)
+                .await
+                .map(|r| ops::emit(&r, json))
+        }
         Command::Replay(args) => {
             let options = replay_options(args, json);
             replay::run(config, &options)

@@ -1432,6 +1432,82 @@ async fn a_partial_replay_keeps_the_hold_and_says_why() {
     db.cleanup().await;
 }
 
+/// `slot release-hold`: without `--yes` it names the hold and the rows it keeps and changes
+/// nothing; with it, the hold goes (the metric with it) and the sweeper deletes the gap's rows
+/// as confirmed; run again, there is nothing to release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn release_hold_lets_the_sweeper_take_the_gap_and_says_what_it_lets_go() {
+    let db = TestDb::new().await;
+    let http = probe::free_port();
+    let env = with(
+        sweeping_env(&db),
+        &[("OUTBOX_RELAY__HTTP__LISTEN", &format!("127.0.0.1:{http}"))],
+    );
+    let client = db.client().await;
+    let gap = events("order", 4);
+    insert_old(&client, &gap).await;
+    let created = ops(&env, &["slot", "create"]).await;
+    assert_eq!(created.code, 0, "{created}");
+    let mut relay = RelayProcess::start(&env, &format!("{}-release", db.name));
+    wait_for_slot(&db, &mut relay).await;
+    let hold_age = || {
+        let body = probe::http_get(http, "/metrics").map_or_else(String::new, |(_, b)| b);
+        probe::metric(
+            &body,
+            "outbox_relay_sweeper_hold_age_seconds{table=\"public.outbox\"}",
+        )
+    };
+    wait_for(
+        "the hold in the metrics",
+        Duration::from_secs(30),
+        || async { hold_age().is_some() },
+    )
+    .await;
+
+    let refused = ops(&env, &["slot", "release-hold"]).await;
+    assert_eq!(refused.code, 2, "{refused}");
+    assert!(
+        refused.stderr.contains("public.outbox (4 rows kept)"),
+        "{refused}"
+    );
+    let wrong = ops(&env, &["slot", "release-hold", "--yes", "--table", "other"]).await;
+    assert_eq!(wrong.code, 2, "{wrong}");
+    assert!(
+        wrong
+            .stderr
+            .contains("`other` is not a configured outbox table"),
+        "{wrong}"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(rows_left(&db, &gap).await, 4, "swept before the release");
+
+    let released = ops(&env, &["slot", "release-hold", "--yes", "--json"]).await;
+    assert_eq!(released.code, 0, "{released}");
+    let report = released.json();
+    assert_eq!(
+        report["released"][0]["table"], "public.outbox",
+        "{report:#}"
+    );
+    assert_eq!(report["released"][0]["held_rows"], 4, "{report:#}");
+    wait_for(
+        "the sweeper to delete the released gap",
+        Duration::from_secs(60),
+        || async { rows_left(&db, &gap).await == 0 },
+    )
+    .await;
+    wait_for(
+        "the hold to leave the metrics",
+        Duration::from_secs(30),
+        || async { hold_age().is_none() },
+    )
+    .await;
+    let again = ops(&env, &["slot", "release-hold", "--yes"]).await;
+    assert_eq!(again.code, 0, "{again}");
+    assert!(again.stdout.contains("has no sweeper hold"), "{again}");
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
 /// The relay that creates its slot itself (`postgres.create_slot`, a first start on an outbox
 /// that already has rows) holds them too: they were never streamed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,4 +1,5 @@
-//! Operator commands: `check` (pre-flight), `status`, `slot create|drop|advance` and `replay`.
+//! Operator commands: `check` (pre-flight), `status`, `slot create|drop|advance|release-hold`
+//! and `replay`.
 //!
 //! They share the relay's configuration and its control connection. Each command returns a
 //! report that prints for a human ([`std::fmt::Display`]) or as JSON (`serde`), and says
@@ -10,6 +11,7 @@
 
 pub mod check;
 pub mod format;
+pub mod release_hold;
 pub mod replay;
 mod rows;
 pub mod slot;

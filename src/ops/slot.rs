@@ -55,11 +55,20 @@ pub enum SlotError {
     PublicationMissing { publication: String },
     #[error("refusing to drop slot `{slot}` without --yes: the slot's position is lost, and events committed while no slot exists are never relayed")]
     NeedsYes { slot: String },
+    #[error("refusing to release the sweeper hold of slot `{slot}` without --yes: {holds}; once released, the sweeper deletes those rows (the slot never streamed them) when they pass the retention. Re-send the gap first (`outbox-relay replay --since <start of the gap>`)")]
+    ReleaseNeedsYes { slot: String, holds: String },
+    #[error("`{table}` is not a configured outbox table (configured: {configured})")]
+    NotAnOutboxTable { table: String, configured: String },
 }
 
 impl SlotError {
     pub fn is_usage(&self) -> bool {
-        matches!(self, SlotError::NeedsYes { .. })
+        matches!(
+            self,
+            SlotError::NeedsYes { .. }
+                | SlotError::ReleaseNeedsYes { .. }
+                | SlotError::NotAnOutboxTable { .. }
+        )
     }
 }
 

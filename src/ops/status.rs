@@ -11,7 +11,7 @@ use super::{connect, format, OpsError, Report};
 use crate::config::{Config, OutboxConfig};
 use crate::lsn::Lsn;
 use crate::postgres::control::{describe, query_err, quote_ident, sqlstate, Control, SlotInfo};
-use crate::relay::sweeper::hold::{held_rows_sql, Hold, HoldStore, HOLD_TABLE};
+use crate::relay::sweeper::hold::{Hold, HoldStore, HOLD_TABLE};
 
 #[derive(Debug, Serialize)]
 pub struct StatusReport {
@@ -146,17 +146,7 @@ async fn sweeper_holds(control: &Control, config: &Config) -> Result<Vec<HoldSta
     let hold_table = store.relation().unwrap_or(HOLD_TABLE).to_string();
     let mut statuses = Vec::with_capacity(holds.len());
     for hold in holds {
-        let (schema, table) = hold
-            .table
-            .split_once('.')
-            .unwrap_or(("public", &hold.table));
-        let relation = format!("{}.{}", quote_ident(schema), quote_ident(table));
-        let held_rows = control
-            .client()
-            .query_one(&held_rows_sql(&relation, false), &[&hold.below_xid])
-            .await
-            .ok()
-            .map(|r| r.get(0));
+        let held_rows = store.held_rows(control.client(), &hold).await.ok();
         let release_sql = format!(
             "DELETE FROM {hold_table} WHERE slot = '{}'",
             hold.slot.replace('\'', "''")
@@ -456,7 +446,7 @@ fn write_hold(f: &mut fmt::Formatter<'_>, s: &HoldStatus) -> fmt::Result {
         // Armed before a creation that never finished (see `relay::sweeper::hold`).
         writeln!(f, "  the slot's creation did not finish, so every row is kept: run `outbox-relay slot create` again")?;
     }
-    writeln!(f, "  release: `outbox-relay replay --since <start of the gap>` (every row since then, no id or type filter), or by hand: {}", s.release_sql)
+    writeln!(f, "  release: `outbox-relay replay --since <start of the gap>` (every row since then, no id or type filter), or when the gap needs no replay `outbox-relay slot release-hold --yes` (SQL: {})", s.release_sql)
 }
 
 fn describe_holder(holder: Option<&Holder>) -> String {
@@ -626,6 +616,7 @@ mod tests {
                     slot_start: Some(Lsn(0x2000)),
                     armed_at: "2026-01-01 00:00:00+00".into(),
                     reason: "outbox-relay slot create".into(),
+                    age_seconds: 60,
                 },
                 held_rows: Some(7),
                 release_sql:
@@ -639,7 +630,10 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("or by hand: DELETE FROM"), "{text}");
+        assert!(
+            text.contains("`outbox-relay slot release-hold --yes` (SQL: DELETE FROM"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "active in backend 4211 (\"outbox-relay replication\", from 127.0.0.1/32)"

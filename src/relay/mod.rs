@@ -180,7 +180,11 @@ pub async fn run_with_metrics(
         helpers.clone(),
     ));
     if config.outbox.sweeper.enabled {
-        tokio::spawn(crate::relay::sweeper::run(config.clone(), helpers.clone()));
+        tokio::spawn(crate::relay::sweeper::run(
+            config.clone(),
+            metrics.clone(),
+            helpers.clone(),
+        ));
     }
     let result = supervise(&config, &mapping, &metrics, &shutdown, gone_rx).await;
     metrics.set_state(if result.is_ok() {

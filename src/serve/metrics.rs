@@ -144,6 +144,8 @@ pub struct Metrics {
     pub kafka_commit_latency: Histogram,
     /// What Kafka refuses for deployment reasons; kept across sessions.
     blocked: Shared<Blocked>,
+    /// Seconds since each armed sweeper hold was armed, by outbox table (set by the sweeper).
+    sweeper_holds: Labelled<[(&'static str, String); 1], PromGauge>,
     /// Set from [`Metrics::readiness`] at each scrape.
     ready: Gauge,
     /// The `slot` and `publication` labels of `outbox_relay_info`.
@@ -274,6 +276,11 @@ impl Default for Metrics {
                 "1 per reason and topic that Kafka refuses for a deployment reason (a missing ACL or topic, a refused login or topic creation): records wait, /readyz is red.",
                 Shared::default(),
             ),
+            sweeper_holds: r.family(
+                "outbox_relay_sweeper_hold_age_seconds",
+                "Seconds since the sweeper hold on an outbox table was armed (a new slot): its rows committed before the slot are kept until a replay covers them or `outbox-relay slot release-hold` ends it.",
+                Labelled::default(),
+            ),
             ready: r.gauge(
                 "outbox_relay_ready",
                 "1 when /readyz answers 200: streaming, frames arriving, progress not stalled.",
@@ -362,6 +369,18 @@ impl Metrics {
             .0
             .get_or_create(&[("kind", kind)])
             .inc();
+    }
+
+    /// The sweeper holds armed now: `(schema.table, seconds since armed)`; the others' series
+    /// go.
+    pub fn set_sweeper_holds(&self, holds: &[(String, i64)]) {
+        self.sweeper_holds.0.clear();
+        for (table, age) in holds {
+            self.sweeper_holds
+                .0
+                .get_or_create(&[("table", table.clone())])
+                .set(*age);
+        }
     }
 
     /// The slot and publication `outbox_relay_info` names.
@@ -916,6 +935,7 @@ mod tests {
             &"denied",
         );
         m.watch_blocked(blocked);
+        m.set_sweeper_holds(&[("public.outbox".into(), 90)]);
         m
     }
 

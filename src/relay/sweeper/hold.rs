@@ -19,8 +19,8 @@
 //!   type filter, no `--until` before the hold was armed, not a dry run), all acknowledged;
 //! - the sweeper itself, when no row of the table is below `below_xid` any more (nothing left
 //!   to protect: an empty outbox, insert-then-delete, a first start on an empty table);
-//! - the operator: `DELETE FROM outbox_relay_sweeper_hold WHERE slot = '…'` (the gap's rows
-//!   are then swept as confirmed).
+//! - the operator: `outbox-relay slot release-hold --yes` (or `DELETE FROM
+//!   outbox_relay_sweeper_hold WHERE slot = '…'`); the gap's rows are then swept as confirmed.
 //!
 //! A slot created by other means (`pg_create_logical_replication_slot` by hand) arms no hold.
 
@@ -52,6 +52,8 @@ pub struct Hold {
     pub slot_start: Option<Lsn>,
     /// When it was armed (server time, `timestamptz` text).
     pub armed_at: String,
+    /// Seconds since it was armed (server clock).
+    pub age_seconds: i64,
     pub reason: String,
 }
 
@@ -243,6 +245,20 @@ impl HoldStore {
         Ok(rows.iter().map(hold_from_row).collect())
     }
 
+    /// The rows of its table that `hold` keeps now (a scan of the table).
+    pub async fn held_rows(&self, client: &Client, hold: &Hold) -> Result<i64, ControlError> {
+        let (schema, table) = hold
+            .table
+            .split_once('.')
+            .unwrap_or(("public", &hold.table));
+        let relation = format!("{}.{}", quote_ident(schema), quote_ident(table));
+        let row = client
+            .query_one(&held_rows_sql(&relation, false), &[&hold.below_xid])
+            .await
+            .map_err(query_err(format!("counting the rows held in {relation}")))?;
+        Ok(row.get(0))
+    }
+
     /// Deletes `hold` if it is still the one armed (a hold armed again since, with a higher
     /// boundary, stays). Returns whether it was deleted.
     pub async fn release(&self, client: &Client, hold: &Hold) -> Result<bool, ControlError> {
@@ -272,8 +288,8 @@ enum Boundary {
 }
 
 /// The columns every query returns, in [`hold_from_row`]'s order.
-const RETURNED: &str =
-    "h.slot, h.outbox_table, h.below_xid, h.slot_start_lsn::text, h.armed_at::text, h.reason";
+const RETURNED: &str = "h.slot, h.outbox_table, h.below_xid, h.slot_start_lsn::text,
+     h.armed_at::text, h.reason, extract(epoch FROM now() - h.armed_at)::bigint";
 
 fn hold_from_row(row: &tokio_postgres::Row) -> Hold {
     let start: Option<String> = row.get(3);
@@ -284,6 +300,7 @@ fn hold_from_row(row: &tokio_postgres::Row) -> Hold {
         slot_start: start.and_then(|s| s.parse().ok()),
         armed_at: row.get(4),
         reason: row.get(5),
+        age_seconds: row.get(6),
     }
 }
 

@@ -107,6 +107,7 @@
 pub mod hold;
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -115,6 +116,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::postgres::control::{quote_ident, Control, ControlError};
+use crate::serve::metrics::Metrics;
 use hold::{held_rows_sql, Hold, HoldStore};
 
 /// Most marks kept while none is confirmed (the relay is down or far behind). When full, no
@@ -550,7 +552,7 @@ fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> S
 
 /// Runs the sweeper every `outbox.sweeper.interval_ms` until `shutdown`. Errors are logged and
 /// the next round reconnects; they never stop the relay.
-pub async fn run(config: Config, shutdown: CancellationToken) {
+pub async fn run(config: Config, metrics: Arc<Metrics>, shutdown: CancellationToken) {
     let interval = Duration::from_millis(config.outbox.sweeper.interval_ms);
     info!(
         retention_ms = config.outbox.sweeper.retention_ms,
@@ -579,6 +581,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             round = s.tick() => round,
         };
+        if round.is_ok() {
+            show_holds(s, &metrics).await;
+        }
         match round {
             Ok(report) if report.deleted > 0 || !report.dropped.is_empty() => {
                 debug!(deleted = report.deleted, dropped_partitions = report.dropped.len(),
@@ -594,6 +599,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) {
                 sweeper = None;
             }
         }
+    }
+}
+
+/// Shows the slot's holds in `outbox_relay_sweeper_hold_age_seconds` (unchanged when they
+/// cannot be read: the next round tries again).
+async fn show_holds(sweeper: &Sweeper, metrics: &Metrics) {
+    match sweeper.holds.list(sweeper.control.client()).await {
+        Ok(holds) => {
+            let ages: Vec<(String, i64)> = holds
+                .into_iter()
+                .map(|h| (h.table, h.age_seconds))
+                .collect();
+            metrics.set_sweeper_holds(&ages);
+        }
+        Err(e) => debug!(error = %e, "cannot read the sweeper holds for the metrics"),
     }
 }
 
