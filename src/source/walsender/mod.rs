@@ -48,6 +48,10 @@ const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 const READ_CHUNK: usize = 256 * 1024;
 /// How long `close` waits for the server to end the stream.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// What `close` reads and drops before it lets the server's output back up, and how long it
+/// then waits for the server to read the last status update.
+const CLOSE_DISCARD: usize = 16 << 20;
+const CLOSE_BACK_UP: Duration = Duration::from_secs(1);
 /// SQLSTATE object_in_use: the slot is streamed by another backend.
 const SQLSTATE_OBJECT_IN_USE: &str = "55006";
 /// SQLSTATE undefined_object: the slot does not exist.
@@ -773,22 +777,28 @@ impl ReplicationStream {
     }
 
     /// Ends streaming and waits for the server to end it too: CopyDone, then what the server
-    /// still sends is read and dropped up to its ReadyForQuery, then Terminate. The wait is
-    /// what makes the last status update count: the server reads our messages in order, and
-    /// a walsender still sending when the client vanishes dies on the broken pipe, unread
-    /// messages and all (before the wait, half the SIGTERM stops in the tests ended that way;
-    /// a CI run once re-sent 208 events after four stops). Bounded, and errors are irrelevant
-    /// here: the connection may be gone.
+    /// still sends is read and dropped up to its CopyDone (it answers ours after reading
+    /// everything before it), then Terminate. The wait is what makes the last status update
+    /// count: a walsender still sending when the client vanishes dies on the broken pipe,
+    /// unread messages and all (before the wait, half the SIGTERM stops in the tests ended that
+    /// way; a CI run once re-sent 208 events after four stops). A walsender in the middle of one
+    /// big transaction reads nothing while its output flows, so past [`CLOSE_DISCARD`] bytes
+    /// the reading stops, its output backs up, and it reads ours. Bounded; errors are
+    /// irrelevant here: the connection may be gone.
     pub async fn close(&mut self) {
         let mut out = BytesMut::new();
         frontend::copy_done(&mut out);
         if self.conn.send(&out).await.is_ok() {
-            let ended = tokio::time::timeout(CLOSE_WAIT, self.read_to_ready_for_query()).await;
-            if !matches!(ended, Ok(Ok(()))) {
-                tracing::debug!(
+            let deadline = Instant::now() + CLOSE_WAIT;
+            match tokio::time::timeout_at(deadline, self.read_to_stream_end()).await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    tokio::time::sleep_until(deadline.min(Instant::now() + CLOSE_BACK_UP)).await
+                }
+                ended => tracing::debug!(
                     ?ended,
                     "the server did not end the stream; the last status update may be lost"
-                );
+                ),
             }
         }
         out.clear();
@@ -797,13 +807,23 @@ impl ReplicationStream {
         let _ = self.conn.io.shutdown().await;
     }
 
-    /// Reads and drops messages up to ReadyForQuery (the server left COPY mode).
-    async fn read_to_ready_for_query(&mut self) -> Result<(), ReplicationError> {
+    /// Reads and drops messages up to the server's CopyDone (or straight ReadyForQuery): true.
+    /// False once [`CLOSE_DISCARD`] bytes of data were dropped first.
+    async fn read_to_stream_end(&mut self) -> Result<bool, ReplicationError> {
+        let mut dropped = 0;
         loop {
             match backend::Message::parse(&mut self.conn.buf)? {
-                Some(backend::Message::ReadyForQuery(_)) => return Ok(()),
+                Some(backend::Message::CopyDone | backend::Message::ReadyForQuery(_)) => {
+                    return Ok(true)
+                }
                 Some(backend::Message::ErrorResponse(body)) => {
                     return Err(ReplicationError::Server(Box::new(server_error(&body)?)))
+                }
+                Some(backend::Message::CopyData(data)) => {
+                    dropped += data.data().len();
+                    if dropped > CLOSE_DISCARD {
+                        return Ok(false);
+                    }
                 }
                 Some(_) => {}
                 None => self.conn.fill().await?,
