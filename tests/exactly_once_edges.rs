@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::cluster::OwnCluster;
 use common::probe::{free_port, http_get, metric};
 use common::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -30,8 +31,14 @@ fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
 /// debug build) the insert takes about 10 s and the relay publishes some 10,000 rows a second:
 /// about a minute, many times what one 3 s Kafka transaction holds (the main before the
 /// split, 639c6b9, had the broker abort every attempt: 9 in 150 s, nothing delivered), while
-/// the test stays near 90 s beside another test; the issue's 2,000,000 would take minutes.
-const BIG_ROWS: u64 = 500_000;
+/// the test stays near 90 s beside another test. `OUTBOX_TEST_BIG_TXN_ROWS` sets another
+/// size (the issue's 2,000,000 takes minutes; the read deadline grows with it).
+fn big_rows() -> u64 {
+    std::env::var("OUTBOX_TEST_BIG_TXN_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500_000)
+}
 /// `kafka.properties."transaction.timeout.ms"` of that test: a Kafka transaction open longer
 /// is aborted by the broker (it checks every 10 s, its default
 /// `transaction.abort.timed.out.transaction.cleanup.interval.ms`).
@@ -210,7 +217,7 @@ fn vm_rss_kib(pid: u32) -> Option<u64> {
 /// the transaction's size.
 const BIG_RSS_GROWTH_MAX_MIB: u64 = 64;
 
-/// Done-when 1: one PostgreSQL transaction of [`BIG_ROWS`] rows with `transaction.timeout.ms`
+/// Done-when 1: one PostgreSQL transaction of [`big_rows`] rows with `transaction.timeout.ms`
 /// = 3000: the relay splits it across Kafka transactions that each stay well under the
 /// timeout, so the broker aborts none, a read_committed consumer sees every row exactly once,
 /// and the relay's memory stays flat.
@@ -242,13 +249,14 @@ async fn a_transaction_many_kafka_timeouts_long_arrives_once_without_aborts() {
     let baseline_mib = rss.last_mib();
     rss.reset_max();
 
-    let inserted = insert_big_transaction(&db, BIG_ROWS).await;
-    println!("big transaction: {BIG_ROWS} rows inserted and committed in {inserted:?}");
+    let big = big_rows();
+    let inserted = insert_big_transaction(&db, big).await;
+    println!("big transaction: {big} rows inserted and committed in {inserted:?}");
     let reading = Instant::now();
     let tally = read_big(
         &db.topic("order"),
-        BIG_ROWS,
-        Duration::from_secs(150),
+        big,
+        Duration::from_secs(150 * big.div_ceil(500_000)),
         Duration::from_secs(3),
     )
     .await;
@@ -261,7 +269,7 @@ async fn a_transaction_many_kafka_timeouts_long_arrives_once_without_aborts() {
     let log = relay.log_text();
     let splits = log.matches("records of the transaction there)").count();
     println!(
-        "big transaction: all {} of {BIG_ROWS} rows read_committed {:?} after the commit \
+        "big transaction: all {} of {big} rows read_committed {:?} after the commit \
          (read for {:?}), {} duplicates, {} unexpected; {committed:?} Kafka transactions \
          committed, {aborted:?} aborted, {splits} split commits; relay RSS {baseline_mib} MiB \
          before, max {max_mib} MiB while publishing",
@@ -272,7 +280,7 @@ async fn a_transaction_many_kafka_timeouts_long_arrives_once_without_aborts() {
         tally.unexpected
     );
     let said = format!(
-        "{} of {BIG_ROWS} rows read_committed, {aborted:?} Kafka transactions aborted, \
+        "{} of {big} rows read_committed, {aborted:?} Kafka transactions aborted, \
          {splits} split commits; log: {}",
         tally.distinct,
         relay.log.display()
@@ -298,7 +306,7 @@ async fn a_transaction_many_kafka_timeouts_long_arrives_once_without_aborts() {
     assert!(
         max_mib <= baseline_mib + BIG_RSS_GROWTH_MAX_MIB,
         "the relay's RSS grew from {baseline_mib} MiB to {max_mib} MiB while publishing one \
-         transaction of {BIG_ROWS} rows (at most {BIG_RSS_GROWTH_MAX_MIB} MiB of growth allowed)"
+         transaction of {big} rows (at most {BIG_RSS_GROWTH_MAX_MIB} MiB of growth allowed)"
     );
 
     // The slot reaches the transaction's end once its last part committed.
@@ -439,11 +447,18 @@ const NEIGHBOUR_HOLD: Duration = Duration::from_secs(15);
 /// no early confirmation), so a restart is sent again what Kafka already has. A neighbour's
 /// transaction left open on the progress partition holds its stable offset; A and B commit
 /// more (their newer progress records land beyond it), are SIGKILLed and restart while it
-/// is still open. A progress reader that took the stable offset as the end would read their
-/// older values and publish the second batch again: duplicates for read_committed.
+/// is still open; while they are down PostgreSQL crashes (`pg_ctl -m immediate`, on a cluster
+/// of the test's own), so the slots fall back to their last saved positions and the restarts
+/// are sent again even more of what Kafka has. A progress reader that took the stable offset
+/// as the end would read their older values and publish the second batch again: duplicates
+/// for read_committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_neighbour_frozen_mid_commit_on_the_shared_progress_topic_causes_no_duplicates() {
-    let (a_db, b_db) = (TestDb::new().await, TestDb::new().await);
+    let cluster = OwnCluster::new("eos-shared");
+    let (a_db, b_db) = (
+        TestDb::new_on(&cluster.url()).await,
+        TestDb::new_on(&cluster.url()).await,
+    );
     for db in [&a_db, &b_db] {
         // The relay sends status updates at most every third of wal_sender_timeout (10 s on
         // the test cluster): 90 s lets it keep the configured 20 s.
@@ -521,7 +536,20 @@ async fn a_neighbour_frozen_mid_commit_on_the_shared_progress_topic_causes_no_du
 
     a.kill9();
     b.kill9();
-    println!("A and B SIGKILLed with batch 2 in Kafka and not confirmed; restarting");
+    let confirmed = (
+        a_db.confirmed_flush_lsn().await,
+        b_db.confirmed_flush_lsn().await,
+    );
+    cluster.crash();
+    let recovered = (
+        a_db.confirmed_flush_lsn().await,
+        b_db.confirmed_flush_lsn().await,
+    );
+    println!(
+        "A and B SIGKILLed with batch 2 in Kafka and not confirmed, then PostgreSQL crashed: \
+         slots confirmed {:X}/{:X} before the crash, {:X}/{:X} after; restarting",
+        confirmed.0, confirmed.1, recovered.0, recovered.1
+    );
     let mut a = RelayProcess::start(&a_env, &a_log);
     let mut b = RelayProcess::start(&b_env, &b_log);
     // The deliberate hold: the neighbour stays frozen while both restart.

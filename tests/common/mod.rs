@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod acl;
+pub mod cluster;
 pub mod probe;
 
 use std::collections::{HashMap, HashSet};
