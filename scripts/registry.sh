@@ -301,6 +301,18 @@ cds_cache_file() {
     echo "$CACHE_DIR/apicurio-registry-$id.jsa"
 }
 
+# Prints ": " and the first ERROR line and the last "Caused by" of what the
+# JVM logged after byte $1 of the log (a Quarkus start-up failure is a long
+# stack trace whose tail says little), or nothing.
+start_error() {
+    local part first cause
+    part=$(tail -c +"$(($1 + 1))" "$REG_LOG" 2>/dev/null) || return 0
+    first=$(grep -m 1 -E ' (ERROR|FATAL) |^Error|^Exception' <<<"$part" || true)
+    cause=$(grep -E '^Caused by: ' <<<"$part" | tail -n 1 || true)
+    [[ -n $first$cause ]] || return 0
+    printf ': %s' "${first}${first:+${cause:+ / }}${cause}"
+}
+
 cmd_start() {
     local java home port mport pid i offset status cds='' t0
     local -a args
@@ -376,7 +388,7 @@ cmd_start() {
                 [[ -n $cds ]] && rm -f "$cds"
             fi
             rm -f "$REG_PID"
-            die "the registry exited during start-up; log: $REG_LOG"
+            die "the registry exited during start-up$(start_error "$offset"); log: $REG_LOG"
         fi
         status=$(http_status "http://127.0.0.1:$mport/health/ready")
         if [[ $status == 200 && $(http_status "$(base_url "$port")/subjects") == 200 ]]; then
@@ -389,7 +401,7 @@ cmd_start() {
     done
     show_tail "$REG_LOG"
     stop_registry
-    die "the registry did not become ready within ${START_TIMEOUT}s (last health status: $status); log: $REG_LOG"
+    die "the registry did not become ready$(start_error "$offset") within ${START_TIMEOUT}s (last health status: $status); log: $REG_LOG"
 }
 
 stop_registry() {
