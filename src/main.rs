@@ -51,6 +51,40 @@ enum Command {
     /// `outbox-relay-replay: true`. Success is reported only once Kafka acknowledged every
     /// record; any failure exits 1.
     Replay(ReplayArgs),
+    /// Read the dead-letter topic (`dead_letter.topic`).
+    #[command(subcommand)]
+    DeadLetters(DeadLettersCommand),
+}
+
+#[derive(Subcommand)]
+enum DeadLettersCommand {
+    /// List dead letters (reason, event id, original topic or table, error), filtered; reads
+    /// the topic from its beginning to its current end and consumes nothing.
+    List(DeadLettersListArgs),
+}
+
+#[derive(Args)]
+struct DeadLettersListArgs {
+    /// Only this reason: mapping, invalid_topic, too_large or rejected.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Only the dead letter of this event id (the record key).
+    #[arg(long, value_name = "ID")]
+    event_id: Option<String>,
+    /// Only those of this original topic (or, for rows that never became a record, table).
+    #[arg(long)]
+    topic: Option<String>,
+    /// Records timestamped at or after this RFC 3339 time (e.g. 2026-05-01T12:00:00Z).
+    #[arg(long, value_name = "TIME")]
+    since: Option<jiff::Timestamp>,
+    /// Records timestamped before this RFC 3339 time.
+    #[arg(long, value_name = "TIME")]
+    until: Option<jiff::Timestamp>,
+    /// Show at most this many (the counts per reason cover all that match).
+    #[arg(long, value_name = "N")]
+    limit: Option<usize>,
+    #[command(flatten)]
+    out: JsonFlag,
 }
 
 #[derive(Args)]
@@ -214,6 +248,7 @@ async fn operator_command(config: &Config, command: Command) -> ExitCode {
             | SlotCommand::ReleaseHold { out, .. },
         ) => out.json,
         Command::Replay(args) => args.out.json,
+        Command::DeadLetters(DeadLettersCommand::List(args)) => args.out.json,
         Command::Run | Command::Config => false,
     };
     let succeeded = match command {
@@ -236,6 +271,19 @@ async fn operator_command(config: &Config, command: Command) -> ExitCode {
         Command::Replay(args) => {
             let options = replay_options(args, json);
             replay::run(config, &options)
+                .await
+                .map(|r| ops::emit(&r, json))
+        }
+        Command::DeadLetters(DeadLettersCommand::List(args)) => {
+            let filter = ops::dead_letters::Filter {
+                reason: args.reason,
+                event_id: args.event_id,
+                topic: args.topic,
+                since: args.since,
+                until: args.until,
+                limit: args.limit,
+            };
+            ops::dead_letters::list(config, filter)
                 .await
                 .map(|r| ops::emit(&r, json))
         }

@@ -213,7 +213,47 @@ async fn poison_rows_are_dead_lettered_and_the_stream_goes_on() {
     )
     .await;
     assert!(relay.terminate(Duration::from_secs(30)).success());
+
+    // An operator finds them with `dead-letters list`, filtered by reason.
+    let listed = dead_letters_list(&env, &[]);
+    assert_eq!(listed["scanned"], 2, "{listed:#}");
+    assert_eq!(listed["by_reason"]["mapping"], 1, "{listed:#}");
+    assert_eq!(listed["by_reason"]["too_large"], 1, "{listed:#}");
+    let too_large = dead_letters_list(&env, &["--reason", "too_large"]);
+    let letters = too_large["letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 1, "{too_large:#}");
+    assert_eq!(letters[0]["event_id"], too_big.as_str(), "{too_large:#}");
+    assert_eq!(
+        letters[0]["original"],
+        db.topic("order").as_str(),
+        "{too_large:#}"
+    );
+    let by_id = dead_letters_list(&env, &["--event-id", &null_type]);
+    assert_eq!(
+        by_id["letters"][0]["original"], "public.outbox",
+        "{by_id:#}"
+    );
+    let none = dead_letters_list(&env, &["--since", "2999-01-01T00:00:00Z"]);
+    assert_eq!(none["letters"], serde_json::json!([]), "{none:#}");
     db.cleanup().await;
+}
+
+/// `outbox-relay dead-letters list --json ARGS` with the relay's environment; its JSON.
+fn dead_letters_list(env: &[(String, String)], args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["dead-letters", "list", "--json"])
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "dead-letters list {args:?}: {}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,5 +1,5 @@
-//! Operator commands: `check` (pre-flight), `status`, `slot create|drop|advance|release-hold`
-//! and `replay`.
+//! Operator commands: `check` (pre-flight), `status`, `slot create|drop|advance|release-hold`,
+//! `replay` and `dead-letters list`.
 //!
 //! They share the relay's configuration and its control connection. Each command returns a
 //! report that prints for a human ([`std::fmt::Display`]) or as JSON (`serde`), and says
@@ -10,6 +10,7 @@
 //! bound as parameters: nothing the operator types is spliced into SQL text.
 
 pub mod check;
+pub mod dead_letters;
 pub mod format;
 pub mod release_hold;
 pub mod replay;
@@ -43,6 +44,8 @@ pub enum OpsError {
     Slot(#[from] slot::SlotError),
     #[error(transparent)]
     Replay(#[from] replay::ReplayError),
+    #[error("cannot read the dead-letter topic `{topic}`: {problem}")]
+    DeadLetters { topic: String, problem: String },
 }
 
 impl OpsError {

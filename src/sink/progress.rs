@@ -377,7 +377,7 @@ impl rdkafka::ClientContext for QuietEof {
 impl rdkafka::consumer::ConsumerContext for QuietEof {}
 
 /// Drops the producer-only settings that `client_config` adds and a consumer rejects.
-fn consumer_config(mut client: rdkafka::ClientConfig) -> rdkafka::ClientConfig {
+pub(crate) fn consumer_config(mut client: rdkafka::ClientConfig) -> rdkafka::ClientConfig {
     for key in [
         "enable.idempotence",
         "acks",
