@@ -1,7 +1,7 @@
 //! One session: frames from a [`FrameSource`] are decoded, mapped and handed to a
 //! [`RecordSink`]; acknowledgements feed the ledger; the ledger's position is confirmed back to
 //! the source. No I/O of its own: both ends are seams, so every rule here is unit-tested with
-//! fakes (`session_tests`). `rows.rs` turns the WAL's messages into ledger entries and records.
+//! fakes (`tests.rs`). `rows.rs` turns the WAL's messages into ledger entries and records.
 //!
 //! The loop, by priority: shutdown → acknowledgements → a Kafka commit's outcome → a due
 //! confirmation → the status timer → a due Kafka commit → the next frame (only while in-flight
@@ -27,6 +27,8 @@
 //! like empty ones; of a split one, the records already in Kafka are skipped.
 
 mod rows;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;

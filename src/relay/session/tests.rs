@@ -14,10 +14,10 @@ use rdkafka::Timestamp;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
-use super::session::{Session, Settings, Transactions};
-use super::RelayError;
+use super::{Session, Settings, Transactions};
 use crate::relay::ledger::TxnSeq;
+use crate::relay::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
+use crate::relay::RelayError;
 use crate::sink::progress::Progress;
 use std::collections::HashMap;
 
