@@ -480,9 +480,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         }
         let reason = Reason::for_kafka_error(&failure.error);
         let dlq = &self.settings.dead_letter_topic;
-        let record =
-            dead_letter::from_failed(dlq, &failure.message, reason, &rejection.to_string());
-        self.dead_letter(seq, record, &rejection.event_id, &rejection.to_string())
+        let why = rejection.to_string();
+        let record = dead_letter::from_failed(dlq, &failure.message, reason, &why);
+        self.dead_letter(seq, record, &rejection.event_id, &why, false)
             .await
     }
 

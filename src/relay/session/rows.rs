@@ -279,7 +279,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 let reason = Reason::for_kafka_error(&r.error);
                 let dlq = &self.settings.dead_letter_topic;
                 let record = dead_letter::from_record(dlq, &record, reason, &r.to_string());
-                Box::pin(self.dead_letter(seq, record, &event_id, &r.to_string())).await
+                let why = r.to_string();
+                Box::pin(self.dead_letter(seq, record, &event_id, &why, counted)).await
             }
             Err(e) => Err(e.into()),
         }
@@ -300,29 +301,36 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let dlq = &self.settings.dead_letter_topic;
         let why = error.to_string();
         let record = dead_letter::from_row(dlq, relation, tuple, reason, &why, event_id);
-        self.dead_letter(seq, record, event_id.unwrap_or("?"), &why)
+        self.dead_letter(seq, record, event_id.unwrap_or("?"), &why, false)
             .await
     }
 
-    /// Sends a dead letter in place of the event (policy `dead_letter`), or stops.
+    /// Sends a dead letter in place of the event (policy `dead_letter`), or stops. `counted`:
+    /// the event was held, so it already counts for its PostgreSQL transaction (which may be
+    /// over by now) and its dead letter stands in for it there; only its bytes are new.
     pub(super) async fn dead_letter(
         &mut self,
         seq: TxnSeq,
         record: Record,
         event_id: &str,
         why: &str,
+        counted: bool,
     ) -> Result<(), RelayError> {
         if self.settings.dead_letter_policy == DeadLetterPolicy::Stop {
             return Err(RelayError::Poison(format!("event {event_id}: {why}")));
         }
         warn!(event_id, topic = %record.topic, reason = why, "event sent to the dead-letter topic");
-        self.send_or_hold(Held {
+        let dead_letter = Held {
             record,
             seq,
             event_id: event_id.to_string(),
             kind: RecordKind::DeadLetter,
-        })
-        .await
+        };
+        if counted {
+            self.in_flight.sent(dead_letter.record.size());
+            return self.send_now(dead_letter, true).await;
+        }
+        self.send_or_hold(dead_letter).await
     }
 
     /// A record sent or held (`size` bytes): it counts against the in-flight caps and for

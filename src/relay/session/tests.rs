@@ -32,7 +32,7 @@ use crate::mapping::OutboxMapping;
 use crate::mapping::Record;
 use crate::postgres::control::ControlError;
 use crate::serve::metrics::Metrics;
-use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError};
+use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
 use crate::source::pgoutput::encode::encode;
 use crate::source::pgoutput::{
     Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue,
@@ -241,6 +241,8 @@ struct FakeSink {
     auto_ack: bool,
     kafka: Arc<Mutex<Vec<KafkaOp>>>,
     commits: mpsc::UnboundedSender<CommitRequest>,
+    /// An event refused at `send` for good (too large), as librdkafka refuses some at once.
+    refuse: Option<String>,
 }
 
 impl RecordSink for FakeSink {
@@ -251,6 +253,13 @@ impl RecordSink for FakeSink {
         event_id: &str,
         kind: RecordKind,
     ) -> Result<(), PublishError> {
+        if kind == RecordKind::Event && self.refuse.as_deref() == Some(event_id) {
+            return Err(PublishError::Rejected(Box::new(Rejection {
+                topic: record.topic.clone(),
+                event_id: event_id.to_string(),
+                error: KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+            })));
+        }
         let sent = Sent {
             seq,
             event_id: event_id.to_string(),
@@ -387,6 +396,7 @@ impl Rig {
             auto_ack,
             kafka: kafka.clone(),
             commits: commits_tx,
+            refuse: None,
         };
         Rig {
             frames,
@@ -420,6 +430,12 @@ impl Rig {
     ) -> Session<'a, FakeSource, FakeSink, FakeCatalog> {
         let ends = self.ends.take().expect("one session per rig");
         Session::new(settings, mapping, metrics, ends, Lsn(0x100))
+    }
+
+    /// The sink refuses event `id` at `send`, for good.
+    fn refuse_at_send(&mut self, id: &str) {
+        let ends = self.ends.as_mut().expect("before the session starts");
+        ends.sink.refuse = Some(id.to_string());
     }
 
     fn kafka_ops(&self) -> Vec<KafkaOp> {
@@ -1601,6 +1617,64 @@ async fn a_postgres_transaction_older_than_split_after_is_split_across_kafka_tra
         matches!(ops[2..], [KafkaOp::Begin, KafkaOp::Commit { sent: 5, .. }]),
         "{ops:?}"
     );
+}
+
+/// A held event Kafka refuses at once is dead-lettered when sent after the commit; the dead
+/// letter stands in for it, so the next split's progress counts that event once (counting it
+/// twice would have a restart skip an event Kafka does not have).
+#[tokio::test(start_paused = true)]
+async fn a_dead_letter_for_a_held_record_counts_once_in_the_split_progress() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    rig.refuse_at_send(&event_id(2));
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    let (begin, final_lsn) = wal.begin(4);
+    rig.push([Wal::relation(OUTBOX, "outbox"), begin]);
+    rig.push((0..2).map(|n| insert(OUTBOX, Some(&event_id(n)))));
+    let session = rig.session(
+        exactly_once_split(Duration::from_millis(30)),
+        &mapping,
+        &metrics,
+    );
+    let driver = async {
+        let (_, answer) = next_commit(&mut commits).await;
+        // Read while the split commit runs: held, then sent in the next Kafka transaction.
+        rig.read_all((2..4).map(|n| insert(OUTBOX, Some(&event_id(n)))).collect())
+            .await;
+        answer.send(Ok(())).unwrap();
+        let (_, answer) = next_commit(&mut commits).await;
+        answer.send(Ok(())).unwrap();
+        let (commit, end) = wal.commit(final_lsn);
+        rig.push([commit]);
+        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    let kinds: Vec<(String, RecordKind)> = rig
+        .sent()
+        .into_iter()
+        .map(|s| (s.event_id, s.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (event_id(0), RecordKind::Event),
+            (event_id(1), RecordKind::Event),
+            (event_id(2), RecordKind::DeadLetter),
+            (event_id(3), RecordKind::Event),
+        ]
+    );
+    let splits: Vec<u64> = rig
+        .kafka_ops()
+        .into_iter()
+        .filter_map(|op| match op {
+            KafkaOp::Split { records, .. } => Some(records),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(splits, [2, 4], "the split progress values");
 }
 
 #[tokio::test(start_paused = true)]
