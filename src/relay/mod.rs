@@ -16,8 +16,6 @@
 pub mod ledger;
 mod seams;
 mod session;
-#[cfg(test)]
-mod session_tests;
 pub mod slot_watch;
 pub mod sweeper;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use super::{Held, KafkaTxn, OpenTxn, RelationEntry, Session};
+use super::{Held, OpenTxn, RelationEntry, Session};
 use crate::config::DeadLetterPolicy;
 use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
@@ -34,9 +34,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     .observe(Duration::from_micros(read_after_us));
                 let commit_time_ms = commit_time_us / 1000;
                 self.ledger.begin(commit_time_ms)?;
-                let covered = self
-                    .skip_below
-                    .map_or(Covered::Nothing, |p| p.covers(begin.final_lsn));
+                let covered = self.contract.covered(begin.final_lsn);
                 let in_kafka = match covered {
                     Covered::First(n) => n,
                     _ => 0,
@@ -158,14 +156,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         if txn.skip {
             self.metrics.transactions_skipped.fetch_add(1, Relaxed);
         }
-        match &mut self.kafka {
-            KafkaTxn::Open { end, .. } => *end = Some(commit.end_lsn),
-            // Its records (if any) are held: the next Kafka transaction ends with it.
-            KafkaTxn::Committing { .. } | KafkaTxn::Committed { .. } if !self.held.is_empty() => {
-                self.held_end = Some(commit.end_lsn)
-            }
-            _ => {}
-        }
+        self.contract.postgres_committed(commit.end_lsn);
         debug!(end_lsn = %commit.end_lsn, events = txn.events, skipped = txn.skip, "transaction handed to kafka");
         Ok(())
     }
@@ -246,14 +237,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// takes no record then) holds it for the next Kafka transaction. With adaptive batching,
     /// a record that is the only one in flight skips the producer's linger.
     pub(super) async fn send_or_hold(&mut self, record: Held) -> Result<(), RelayError> {
-        if matches!(
-            self.kafka,
-            KafkaTxn::Committing { .. } | KafkaTxn::Committed { .. }
-        ) {
-            self.count_in_flight(&record.record);
-            self.held.push(record);
+        let size = record.record.size();
+        let Some(record) = self.contract.hold(record) else {
+            self.count_in_flight(size);
             return Ok(());
-        }
+        };
         let alone = self.settings.adaptive && self.in_flight.is_empty();
         self.send_now(record, false).await?;
         if alone {
@@ -265,7 +253,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// Sends a record (`counted`: a held one, already counted in flight). An event Kafka
     /// refuses for good is dead-lettered in its place.
     pub(super) async fn send_now(&mut self, held: Held, counted: bool) -> Result<(), RelayError> {
-        self.begin_kafka_txn()?;
+        self.contract.begin(&mut self.sink)?;
         let Held {
             record,
             seq,
@@ -277,12 +265,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             self.in_flight.settled(record.size());
         }
         match sent {
-            Ok(()) if counted => {
-                self.count_in_kafka_txn();
-                Ok(())
-            }
             Ok(()) => {
-                self.count_in_flight(&record);
+                if !counted {
+                    self.count_in_flight(record.size());
+                }
+                self.contract.sent();
                 Ok(())
             }
             Err(PublishError::Rejected(r))
@@ -292,7 +279,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 let reason = Reason::for_kafka_error(&r.error);
                 let dlq = &self.settings.dead_letter_topic;
                 let record = dead_letter::from_record(dlq, &record, reason, &r.to_string());
-                Box::pin(self.dead_letter(seq, record, &event_id, &r.to_string())).await
+                let why = r.to_string();
+                Box::pin(self.dead_letter(seq, record, &event_id, &why, counted)).await
             }
             Err(e) => Err(e.into()),
         }
@@ -313,44 +301,44 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let dlq = &self.settings.dead_letter_topic;
         let why = error.to_string();
         let record = dead_letter::from_row(dlq, relation, tuple, reason, &why, event_id);
-        self.dead_letter(seq, record, event_id.unwrap_or("?"), &why)
+        self.dead_letter(seq, record, event_id.unwrap_or("?"), &why, false)
             .await
     }
 
-    /// Sends a dead letter in place of the event (policy `dead_letter`), or stops.
+    /// Sends a dead letter in place of the event (policy `dead_letter`), or stops. `counted`:
+    /// the event was held, so it already counts for its PostgreSQL transaction (which may be
+    /// over by now) and its dead letter stands in for it there; only its bytes are new.
     pub(super) async fn dead_letter(
         &mut self,
         seq: TxnSeq,
         record: Record,
         event_id: &str,
         why: &str,
+        counted: bool,
     ) -> Result<(), RelayError> {
         if self.settings.dead_letter_policy == DeadLetterPolicy::Stop {
             return Err(RelayError::Poison(format!("event {event_id}: {why}")));
         }
         warn!(event_id, topic = %record.topic, reason = why, "event sent to the dead-letter topic");
-        self.send_or_hold(Held {
+        let dead_letter = Held {
             record,
             seq,
             event_id: event_id.to_string(),
             kind: RecordKind::DeadLetter,
-        })
-        .await
+        };
+        if counted {
+            self.in_flight.sent(dead_letter.record.size());
+            return self.send_now(dead_letter, true).await;
+        }
+        self.send_or_hold(dead_letter).await
     }
 
-    /// A record sent or held: it counts against the in-flight caps and for the open
-    /// PostgreSQL transaction (and, when sent, for the Kafka transaction).
-    pub(super) fn count_in_flight(&mut self, record: &Record) {
-        self.in_flight.sent(record.size());
+    /// A record sent or held (`size` bytes): it counts against the in-flight caps and for
+    /// the open PostgreSQL transaction.
+    pub(super) fn count_in_flight(&mut self, size: usize) {
+        self.in_flight.sent(size);
         if let Some(txn) = &mut self.txn {
             txn.sent += 1;
-        }
-        self.count_in_kafka_txn();
-    }
-
-    fn count_in_kafka_txn(&mut self) {
-        if let KafkaTxn::Open { records, .. } = &mut self.kafka {
-            *records += 1;
         }
     }
 }
