@@ -157,6 +157,9 @@ pub(super) async fn kafka(config: &KafkaConfig, topics: &TopicPlan, items: &mut 
         ));
         return;
     }
+    if let Some(login) = login_item(config) {
+        items.push(login);
+    }
     let admin: AdminClient<Quiet> = match client_config(config).create_with_context(Quiet) {
         Ok(admin) => admin,
         Err(e) => {
@@ -178,8 +181,12 @@ pub(super) async fn kafka(config: &KafkaConfig, topics: &TopicPlan, items: &mut 
         Err(e) => {
             items.push(problem(
                 "kafka brokers",
-                format!("cannot reach Kafka at {} within {} s: {e}", config.brokers, KAFKA_TIMEOUT.as_secs()),
-                "start the brokers or correct kafka.brokers; for TLS or SASL set kafka.security_protocol, kafka.sasl_mechanism, kafka.sasl_username, kafka.sasl_password (or sasl_password_file) and kafka.ssl_ca_file",
+                format!(
+                    "cannot reach Kafka at {} within {} s: {e}",
+                    config.brokers,
+                    KAFKA_TIMEOUT.as_secs()
+                ),
+                unreachable_fix(config),
             ));
             items.push(producer(config));
             return;
@@ -354,6 +361,34 @@ fn topics_item(
         Some(false) => problem("kafka topics", detail, fix.join("\n")),
         None => warning("kafka topics", detail, fix.join("\n")),
     }
+}
+
+/// How the relay logs in with OAUTHBEARER: where its tokens come from (none for the others,
+/// whose user name the brokers line already implies).
+fn login_item(config: &KafkaConfig) -> Option<Item> {
+    if !config.uses_oauthbearer() {
+        return None;
+    }
+    let oauth = &config.oauthbearer;
+    Some(ok(
+        "kafka login",
+        format!(
+            "OAUTHBEARER with OIDC client credentials: client id `{}` at {}{}; librdkafka fetches the token and a new one at 80% of its lifetime",
+            oauth.client_id.as_deref().unwrap_or_default(),
+            oauth.token_endpoint_url.as_deref().unwrap_or_default(),
+            oauth.scope.as_ref().map(|s| format!(", scope `{s}`")).unwrap_or_default(),
+        ),
+    ))
+}
+
+fn unreachable_fix(config: &KafkaConfig) -> String {
+    if config.uses_oauthbearer() {
+        return format!(
+            "start the brokers or correct kafka.brokers; for the login check {}",
+            config.login_fields()
+        );
+    }
+    "start the brokers or correct kafka.brokers; for TLS or SASL set kafka.security_protocol, kafka.sasl_mechanism, kafka.sasl_username, kafka.sasl_password (or sasl_password_file) and kafka.ssl_ca_file".to_string()
 }
 
 /// The producer keeps the delivery guarantee: idempotence on, acks=all, nothing unsafe.
