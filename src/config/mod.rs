@@ -63,7 +63,7 @@ pub use outbox::{
     PARTITION_BY_KEY, TOPIC_PLACEHOLDERS,
 };
 pub use postgres::{
-    FailoverSlot, PostgresConfig, SslMode, TcpKeepalive, DEFAULT_KEEPALIVES_IDLE_MS,
+    FailoverSlot, PostgresAuth, PostgresConfig, SslMode, TcpKeepalive, DEFAULT_KEEPALIVES_IDLE_MS,
     DEFAULT_KEEPALIVES_INTERVAL_MS, DEFAULT_KEEPALIVES_RETRIES, DEFAULT_TCP_USER_TIMEOUT_MS,
     FALLBACK_RECEIVE_TIMEOUT_MS, MAX_STATUS_INTERVAL_MS,
 };
