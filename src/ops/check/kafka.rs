@@ -434,6 +434,32 @@ mod tests {
     use crate::ops::check::Status;
 
     #[test]
+    fn an_oauth_login_is_shown_with_its_endpoint_and_client() {
+        let mut config = KafkaConfig {
+            security_protocol: crate::config::KafkaSecurityProtocol::SaslSsl,
+            sasl_mechanism: Some("OAUTHBEARER".into()),
+            ..KafkaConfig::default()
+        };
+        config.oauthbearer.token_endpoint_url = Some("https://idp.example/token".into());
+        config.oauthbearer.client_id = Some("relay".into());
+        config.oauthbearer.scope = Some("kafka".into());
+        let item = login_item(&config).expect("a kafka login line");
+        assert_eq!(item.status, Status::Ok);
+        for part in [
+            "OAUTHBEARER",
+            "`relay`",
+            "https://idp.example/token",
+            "`kafka`",
+        ] {
+            assert!(item.detail.contains(part), "{}", item.detail);
+        }
+        assert!(unreachable_fix(&config).contains("kafka.oauthbearer"));
+        config.sasl_mechanism = Some("PLAIN".into());
+        assert!(login_item(&config).is_none());
+        assert!(unreachable_fix(&config).contains("kafka.sasl_username"));
+    }
+
+    #[test]
     fn unsafe_producer_settings_are_a_problem() {
         let mut kafka = KafkaConfig::default();
         assert_eq!(producer(&kafka).status, Status::Ok);
