@@ -10,7 +10,9 @@
 #   - deploy/kubernetes: the YAML parses; 2 replicas on one slot; liveness on /healthz and
 #     readiness not on /readyz; terminationGracePeriodSeconds above relay.shutdown_timeout_ms;
 #     every OUTBOX_RELAY__* variable is a real config key; and `outbox-relay config` accepts the
-#     ConfigMap's file with the manifest's variables and the Secret's files.
+#     ConfigMap's file with the manifest's variables and the Secret's files;
+#   - config/managed/*.toml (the managed-service examples): `outbox-relay config` accepts each,
+#     with every key as the example sets it.
 #
 # Works on a fresh Debian/Ubuntu machine: installs promtool (package prometheus) and PyYAML
 # (python3-yaml) when missing (needs root), builds the relay unless OUTBOX_RELAY_BIN names one.
@@ -504,6 +506,40 @@ sys.exit(1 if problems else 0)
 EOF
 }
 check "outbox-relay config accepts the ConfigMap with the manifest's env and Secret" relay_accepts_config
+
+# The managed-service examples (README, "Running on managed services"): the relay accepts
+# each, with the files it names (secrets, CA bundles) made under $WORK, and every key comes
+# out in the effective config as the example sets it.
+managed_example() {
+    local file=$1 dir path
+    dir="$WORK/managed/$(basename "$file" .toml)"
+    mkdir -p "$dir/files"
+    sed -e "s|/run/secrets/|$dir/files/|g" -e "s|/etc/outbox-relay/|$dir/files/|g" \
+        "$file" >"$dir/config.toml"
+    grep -o "$dir/files/[A-Za-z0-9._-]*" "$dir/config.toml" | sort -u | while read -r path; do
+        echo "example-secret" >"$path"
+    done
+    env -i PATH="$PATH" "$RELAY" config --config "$dir/config.toml" >"$dir/effective.toml" || return 1
+    "$PYTHON" - "$dir/effective.toml" "$dir/config.toml" <<'EOF'
+import sys, tomllib
+effective = tomllib.load(open(sys.argv[1], "rb"))
+example = tomllib.load(open(sys.argv[2], "rb"))
+problems = []
+def walk(want, got, path):
+    for key, value in want.items():
+        here = got.get(key) if isinstance(got, dict) else None
+        if isinstance(value, dict):
+            walk(value, here, path + [key])
+        elif here != value and here != "***":
+            problems.append(f"{'.'.join(path + [key])}: example {value!r}, effective {here!r}")
+walk(example, effective, [])
+print("\n".join(problems) or "accepted, every key as the example sets it")
+sys.exit(1 if problems else 0)
+EOF
+}
+for example in config/managed/*.toml; do
+    check "outbox-relay config accepts $example" managed_example "$example"
+done
 
 echo "$passed passed, $failed failed"
 ((failed == 0))

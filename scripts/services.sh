@@ -87,7 +87,9 @@
 #
 # Env file, Kafka: OUTBOX_TEST_KAFKA_BROKERS (PLAINTEXT), the same broker's
 # OUTBOX_TEST_KAFKA_SASL_BROKERS / _SASL_SSL_BROKERS with OUTBOX_TEST_KAFKA_SASL_USER
-# / _PASSWORD; the ACL broker's in the next paragraph.
+# / _PASSWORD, OUTBOX_TEST_KAFKA_OAUTH_BROKERS (SASL_PLAINTEXT, OAUTHBEARER only, any
+# unsecured JWT, alg none, with sub and exp accepted; a session ends when its token
+# expires); the ACL broker's in the next paragraph.
 #
 # Broker with ACLs (kafka-acl-start): OUTBOX_TEST_KAFKA_ACL_BROKERS (host:port,
 # SASL_PLAINTEXT, mechanism PLAIN), OUTBOX_TEST_KAFKA_ACL_ADMIN_USER/_PASSWORD
@@ -231,6 +233,8 @@ write_env() {
         printf 'export OUTBOX_TEST_KAFKA_SASL_SSL_BROKERS=%q\n' "127.0.0.1:$(port_for kafka-sasl-ssl)"
         printf 'export OUTBOX_TEST_KAFKA_SASL_USER=%q\n' "$KAFKA_SASL_USER"
         printf 'export OUTBOX_TEST_KAFKA_SASL_PASSWORD=%q\n' "$KAFKA_SASL_PASSWORD"
+        # The same broker's OAUTHBEARER listener (SASL_PLAINTEXT, unsecured JWTs).
+        printf 'export OUTBOX_TEST_KAFKA_OAUTH_BROKERS=%q\n' "127.0.0.1:$(port_for kafka-oauth)"
         # TLS on the main cluster: the CA that signed its certificate, and one that did not.
         printf 'export OUTBOX_TEST_PG_CA=%q\n' "$RUN_DIR/pg/tls/ca.crt"
         printf 'export OUTBOX_TEST_PG_WRONG_CA=%q\n' "$RUN_DIR/pg/tls/wrong-ca.crt"
@@ -806,7 +810,7 @@ KAFKA_SASL_USER=relay
 KAFKA_SASL_PASSWORD=relay-secret
 
 kafka_write_config() {
-    local port=$1 cport=$2 sport=$3 tport=$4 jaas_plain jaas_scram l m
+    local port=$1 cport=$2 sport=$3 tport=$4 oport=$5 jaas_plain jaas_scram l m
     mkdir -p "$KAFKA_DIR/data" "$KAFKA_DIR/logs"
     # The SASL_SSL listener serves the test CA's certificate (the one PostgreSQL uses).
     pg_make_certs pg
@@ -816,10 +820,17 @@ kafka_write_config() {
     {
         kafka_single_node_properties "$KAFKA_DIR" "$cport"
         cat <<EOF
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,SASL_PLAINTEXT://127.0.0.1:$sport,SASL_SSL://127.0.0.1:$tport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_PLAINTEXT://127.0.0.1:$sport,SASL_SSL://127.0.0.1:$tport
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,SASL_PLAINTEXT://127.0.0.1:$sport,SASL_SSL://127.0.0.1:$tport,OAUTH://127.0.0.1:$oport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_PLAINTEXT://127.0.0.1:$sport,SASL_SSL://127.0.0.1:$tport,OAUTH://127.0.0.1:$oport
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,OAUTH:SASL_PLAINTEXT
 sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+# OAUTH: SASL_PLAINTEXT with OAUTHBEARER only, validated by Kafka's built-in
+# unsecured-JWT validator (alg none; the test's token endpoint issues them). A
+# positive connections.max.reauth.ms makes the broker end a session when its
+# token expires unless the client logged in again with a fresh one.
+listener.name.oauth.sasl.enabled.mechanisms=OAUTHBEARER
+listener.name.oauth.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required unsecuredLoginStringClaim_sub="broker";
+listener.name.oauth.oauthbearer.connections.max.reauth.ms=600000
 ssl.keystore.type=PEM
 ssl.keystore.location=$KAFKA_DIR/server.pem
 inter.broker.listener.name=PLAINTEXT
@@ -962,21 +973,22 @@ kafka_cds_args() {
 }
 
 kafka_start() {
-    local port cport sport tport cp pid i
+    local port cport sport tport oport cp pid i
     port=$(port_for kafka)
     cport=$(port_for kafka-controller)
     sport=$(port_for kafka-sasl)
     tport=$(port_for kafka-sasl-ssl)
+    oport=$(port_for kafka-oauth)
     if pid=$(kafka_pid); then
         log "Kafka already running (pid $pid) on 127.0.0.1:$port"
         return 0
     fi
     cp=$(kafka_classpath)
-    kafka_write_config "$port" "$cport" "$sport" "$tport"
+    kafka_write_config "$port" "$cport" "$sport" "$tport" "$oport"
     kafka_format "$KAFKA_DIR" "$cp" \
         --add-scram "SCRAM-SHA-256=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]" \
         --add-scram "SCRAM-SHA-512=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]"
-    for i in "$port" "$cport" "$sport" "$tport"; do
+    for i in "$port" "$cport" "$sport" "$tport" "$oport"; do
         if port_in_use "$i"; then
             die "port $i (saved in $PORTS_DIR) is taken by another process; stop it or run '$SELF clean'"
         fi

@@ -2,7 +2,8 @@
 # scripts/test-versions.sh: the PostgreSQL version matrix, for CI after the
 # full suite (which scripts/test.sh runs on 15).
 #
-#   scripts/test-versions.sh            core on 14, 16, 17, 18; failover on 17;
+#   scripts/test-versions.sh            core on 14, 16, 17, 18; failover and
+#                                       decoding on a standby on 17;
 #                                       PostgreSQL 13 refused by check and run
 #   scripts/test-versions.sh 14 18      core on those majors only
 #   OUTBOX_VERSIONS_FAILOVER=0 / OUTBOX_VERSIONS_PG13=0   leave those parts out
@@ -16,8 +17,9 @@
 #
 # Duration, measured on the shared 2-core development machine: 55 to 90 s per
 # major for the core (build, PostgreSQL and Kafka start included), about 30 s
-# for the failover tests, 15 to 50 s for the PostgreSQL 13 refusal: about 6
-# minutes in all (the Maven downloads of the server binaries come on top, once).
+# for the failover tests and 15 s for decoding on a standby, 15 to 50 s for
+# the PostgreSQL 13 refusal: about 6 minutes in all (the Maven downloads of the
+# server binaries come on top, once).
 # Exit code: 0 when every part passed; the summary at the end names the others.
 set -euo pipefail
 
@@ -50,9 +52,9 @@ for major in "${majors[@]}"; do
 done
 
 if [[ ${OUTBOX_VERSIONS_FAILOVER:-1} == 1 ]]; then
-    run_part "PostgreSQL 17: failover" \
+    run_part "PostgreSQL 17: failover, decoding on a standby" \
         env OUTBOX_PG_VERSION=17 OUTBOX_RUN_DIR="$BASE/17-failover" \
-        bash scripts/test.sh --test failover -- --test-threads=1
+        bash scripts/test.sh --test failover --test standby -- --test-threads=1
 fi
 
 # PostgreSQL 13: `check` and `run` refuse it with one line. A subshell, so that

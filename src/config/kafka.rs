@@ -14,6 +14,9 @@ use super::topic_creation::TopicCreation;
 use super::validate::check_range;
 use super::ConfigError;
 
+mod oauthbearer;
+pub use oauthbearer::{OauthBearer, OAUTHBEARER};
+
 /// librdkafka holds ~700 bytes per queued record; 20,000 is ~150 ms of a full-speed drain,
 /// far more than a produce round trip, and keeps memory flat (bench/README.md).
 pub const DEFAULT_MAX_IN_FLIGHT_MESSAGES: usize = 20_000;
@@ -54,6 +57,32 @@ pub const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
         "kafka.sasl_password or kafka.sasl_password_file",
     ),
     ("ssl.ca.location", "kafka.ssl_ca_file"),
+    (
+        "sasl.oauthbearer.method",
+        "kafka.sasl_mechanism = \"OAUTHBEARER\"",
+    ),
+    (
+        "sasl.oauthbearer.token.endpoint.url",
+        "kafka.oauthbearer.token_endpoint_url",
+    ),
+    ("sasl.oauthbearer.client.id", "kafka.oauthbearer.client_id"),
+    (
+        "sasl.oauthbearer.client.credentials.client.id",
+        "kafka.oauthbearer.client_id",
+    ),
+    (
+        "sasl.oauthbearer.client.secret",
+        "kafka.oauthbearer.client_secret_file",
+    ),
+    (
+        "sasl.oauthbearer.client.credentials.client.secret",
+        "kafka.oauthbearer.client_secret_file",
+    ),
+    ("sasl.oauthbearer.scope", "kafka.oauthbearer.scope"),
+    (
+        "sasl.oauthbearer.extensions",
+        "kafka.oauthbearer.extensions",
+    ),
     // Derived from the slot in `delivery = "exactly_once"` (fencing depends on it).
     ("transactional.id", "kafka.delivery"),
 ];
@@ -111,7 +140,8 @@ pub struct KafkaConfig {
     /// How to talk to the brokers: `plaintext`, `ssl` (TLS), `sasl_plaintext` (SASL, no TLS) or
     /// `sasl_ssl` (SASL over TLS).
     pub security_protocol: KafkaSecurityProtocol,
-    /// SASL mechanism for the `sasl_*` protocols: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    /// SASL mechanism for the `sasl_*` protocols: `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`
+    /// (with `sasl_username` and a password), or `OAUTHBEARER` (with `[kafka.oauthbearer]`).
     #[serde(with = "unset")]
     pub sasl_mechanism: Option<String>,
     /// SASL user name.
@@ -128,6 +158,8 @@ pub struct KafkaConfig {
     /// Unset (`""` in the file): the system's trusted roots.
     #[serde(with = "unset")]
     pub ssl_ca_file: Option<PathBuf>,
+    /// `[kafka.oauthbearer]`: OIDC client credentials for `sasl_mechanism = "OAUTHBEARER"`.
+    pub oauthbearer: OauthBearer,
     /// `at_least_once` (default: every event at least once, a crash may repeat some) or
     /// `exactly_once` (Kafka transactions plus a progress record: consumers with
     /// `isolation.level=read_committed` see every event exactly once). In `exactly_once`,
@@ -201,8 +233,8 @@ impl KafkaSecurityProtocol {
     }
 }
 
-/// SASL mechanisms librdkafka supports here (built with OpenSSL).
-pub const SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+/// SASL mechanisms librdkafka supports here (built with OpenSSL and libcurl).
+pub const SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", OAUTHBEARER];
 
 /// Kafka batch compression codec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -257,6 +289,7 @@ impl Default for KafkaConfig {
             sasl_password: None,
             sasl_password_file: None,
             ssl_ca_file: None,
+            oauthbearer: OauthBearer::default(),
             delivery: Delivery::AtLeastOnce,
             progress_topic: "outbox-relay.progress".to_string(),
             // A Kafka transaction is committed once this old (what read_committed consumers
@@ -293,6 +326,7 @@ impl fmt::Debug for KafkaConfig {
             .field("sasl_password", &self.sasl_password)
             .field("sasl_password_file", &self.sasl_password_file)
             .field("ssl_ca_file", &self.ssl_ca_file)
+            .field("oauthbearer", &self.oauthbearer)
             .field("delivery", &self.delivery)
             .field("progress_topic", &self.progress_topic)
             .field("transaction_max_ms", &self.transaction_max_ms)
@@ -372,6 +406,12 @@ impl KafkaConfig {
     }
 
     fn validate_security(&self) -> Result<(), ConfigError> {
+        if self.ssl_ca_file.is_some() && !self.security_protocol.uses_tls() {
+            return Err(ConfigError::invalid(
+                "kafka.ssl_ca_file",
+                "is only used with security_protocol = \"ssl\" or \"sasl_ssl\"",
+            ));
+        }
         let sasl = self.security_protocol.uses_sasl();
         let mechanism = self.sasl_mechanism.as_deref().unwrap_or_default();
         if sasl && !SASL_MECHANISMS.contains(&mechanism) {
@@ -383,6 +423,15 @@ impl KafkaConfig {
                     SASL_MECHANISMS.join(", "),
                     self.security_protocol.as_str()
                 ),
+            ));
+        }
+        if self.uses_oauthbearer() {
+            return self.validate_oauthbearer();
+        }
+        if let Some(field) = self.oauthbearer.first_set_field() {
+            return Err(ConfigError::invalid(
+                field,
+                "is only used with sasl_mechanism = \"OAUTHBEARER\"",
             ));
         }
         if sasl && self.sasl_username.is_none() {
@@ -410,13 +459,41 @@ impl KafkaConfig {
             // Fail at start-up, not at the first connection to a broker.
             self.sasl_password()?;
         }
-        if self.ssl_ca_file.is_some() && !self.security_protocol.uses_tls() {
+        Ok(())
+    }
+
+    /// SASL OAUTHBEARER (OIDC client credentials) is how the relay logs in.
+    pub fn uses_oauthbearer(&self) -> bool {
+        self.security_protocol.uses_sasl() && self.sasl_mechanism.as_deref() == Some(OAUTHBEARER)
+    }
+
+    /// Where a refused Kafka login is fixed, for the messages that report one.
+    pub fn login_fields(&self) -> &'static str {
+        if self.uses_oauthbearer() {
+            "kafka.oauthbearer (token_endpoint_url, client_id, client_secret_file, scope): the token endpoint must issue the relay a token (the error quotes its answer) that the brokers accept"
+        } else {
+            "kafka.sasl_username, kafka.sasl_password_file and kafka.sasl_mechanism against the broker's users"
+        }
+    }
+
+    /// OAUTHBEARER: `[kafka.oauthbearer]` complete, and no user name or password (the
+    /// token names the principal).
+    fn validate_oauthbearer(&self) -> Result<(), ConfigError> {
+        let password_fields = [
+            ("kafka.sasl_username", self.sasl_username.is_some()),
+            ("kafka.sasl_password", self.sasl_password.is_some()),
+            (
+                "kafka.sasl_password_file",
+                self.sasl_password_file.is_some(),
+            ),
+        ];
+        if let Some((field, _)) = password_fields.iter().find(|(_, set)| *set) {
             return Err(ConfigError::invalid(
-                "kafka.ssl_ca_file",
-                "is only used with security_protocol = \"ssl\" or \"sasl_ssl\"",
+                *field,
+                "is not used with sasl_mechanism = \"OAUTHBEARER\" (the token names the principal); set [kafka.oauthbearer] instead",
             ));
         }
-        Ok(())
+        self.oauthbearer.validate_used()
     }
 
     /// `properties` with the values of secret keys (containing `password`, `secret`,

@@ -49,9 +49,10 @@ mod validate;
 mod tests;
 
 pub use kafka::{
-    Batching, Compression, Delivery, KafkaConfig, KafkaSecurityProtocol,
+    Batching, Compression, Delivery, KafkaConfig, KafkaSecurityProtocol, OauthBearer,
     DEFAULT_MAX_IN_FLIGHT_MESSAGES, MAX_BATCH_NUM_MESSAGES, MAX_LINGER_MS, MAX_MESSAGE_TIMEOUT_MS,
-    MIN_MAX_IN_FLIGHT_BYTES, MIN_MESSAGE_TIMEOUT_MS, OWNED_KAFKA_PROPERTIES, SASL_MECHANISMS,
+    MIN_MAX_IN_FLIGHT_BYTES, MIN_MESSAGE_TIMEOUT_MS, OAUTHBEARER, OWNED_KAFKA_PROPERTIES,
+    SASL_MECHANISMS,
 };
 pub use layering::ENV_PREFIX;
 pub use outbox::{
@@ -62,7 +63,7 @@ pub use outbox::{
     PARTITION_BY_KEY, TOPIC_PLACEHOLDERS,
 };
 pub use postgres::{
-    FailoverSlot, PostgresConfig, SslMode, TcpKeepalive, DEFAULT_KEEPALIVES_IDLE_MS,
+    FailoverSlot, PostgresAuth, PostgresConfig, SslMode, TcpKeepalive, DEFAULT_KEEPALIVES_IDLE_MS,
     DEFAULT_KEEPALIVES_INTERVAL_MS, DEFAULT_KEEPALIVES_RETRIES, DEFAULT_TCP_USER_TIMEOUT_MS,
     FALLBACK_RECEIVE_TIMEOUT_MS, MAX_STATUS_INTERVAL_MS,
 };

@@ -42,6 +42,15 @@ pub struct PostgresConfig {
     /// at every connect.
     #[serde(with = "unset")]
     pub password_file: Option<PathBuf>,
+    /// How the relay logs in: `password` (default: `password_file`, the URL's password or
+    /// `PGPASSWORD`; none with `trust` or certificates), or `aws_rds_iam` (RDS / Aurora IAM
+    /// database authentication: a token made for every connection from the AWS credentials in
+    /// the environment; TLS required, no password configured).
+    pub auth: PostgresAuth,
+    /// `aws_rds_iam`: the AWS region of the database. Unset (`""`): read from the host name
+    /// (`….<region>.rds.amazonaws.com`), else `AWS_REGION` / `AWS_DEFAULT_REGION`.
+    #[serde(with = "unset")]
+    pub aws_region: Option<String>,
     /// Logical replication slot (pgoutput) the relay consumes: lower-case letters, digits and
     /// `_`, 1 to 63 characters. Its confirmed LSN only advances past rows Kafka acknowledged.
     pub slot: String,
@@ -176,6 +185,14 @@ pub struct TcpKeepalive {
     pub user_timeout: Option<Duration>,
 }
 
+/// `postgres.auth`: where the password comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PostgresAuth {
+    Password,
+    AwsRdsIam,
+}
+
 /// TLS mode towards PostgreSQL, as libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -208,6 +225,8 @@ impl Default for PostgresConfig {
         PostgresConfig {
             url: "postgres://postgres@127.0.0.1:5432/postgres".to_string(),
             password_file: None,
+            auth: PostgresAuth::Password,
+            aws_region: None,
             slot: "outbox_relay".to_string(),
             publication: "outbox_relay_pub".to_string(),
             create_slot: true,
@@ -240,6 +259,8 @@ impl fmt::Debug for PostgresConfig {
         f.debug_struct("PostgresConfig")
             .field("url", &self.redacted_url())
             .field("password_file", &self.password_file)
+            .field("auth", &self.auth)
+            .field("aws_region", &self.aws_region)
             .field("slot", &self.slot)
             .field("publication", &self.publication)
             .field("create_slot", &self.create_slot)
@@ -303,6 +324,51 @@ impl PostgresConfig {
             .map(|p| Secret::new(String::from_utf8_lossy(p).into_owned())))
     }
 
+    /// `aws_rds_iam`: the token is the password, so none may be configured, and RDS takes a
+    /// token only over TLS. The AWS credentials are read at each connect, not here.
+    fn validate_auth(&self, parsed: &tokio_postgres::Config) -> Result<(), ConfigError> {
+        if self.auth != PostgresAuth::AwsRdsIam {
+            if self.aws_region.is_some() {
+                return Err(ConfigError::invalid(
+                    "postgres.aws_region",
+                    "is only used with postgres.auth = \"aws_rds_iam\"",
+                ));
+            }
+            return Ok(());
+        }
+        if self.password_file.is_some() {
+            return Err(ConfigError::invalid(
+                "postgres.password_file",
+                "is not used with postgres.auth = \"aws_rds_iam\" (the password is an IAM token made at each connect)",
+            ));
+        }
+        if parsed.get_password().is_some() {
+            return Err(ConfigError::invalid(
+                "postgres.url",
+                "carries a password, which postgres.auth = \"aws_rds_iam\" does not use: remove it",
+            ));
+        }
+        if self.tls_mode_disabled() {
+            return Err(ConfigError::invalid(
+                "postgres.ssl_mode",
+                "RDS accepts IAM tokens only over TLS: use require, verify-ca or verify-full (verify-full with the RDS CA bundle is best)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// TLS is off, by the key or by the URL's `sslmode` (which applies while the key is left
+    /// at `prefer`).
+    fn tls_mode_disabled(&self) -> bool {
+        let (_, from_url, _) = split_tls_params(&self.url);
+        match self.ssl_mode {
+            SslMode::Prefer => {
+                from_url.as_deref().and_then(SslMode::parse) == Some(SslMode::Disable)
+            }
+            mode => mode == SslMode::Disable,
+        }
+    }
+
     fn parsed_url(&self) -> Result<tokio_postgres::Config, ConfigError> {
         // tokio-postgres knows neither verify-ca nor verify-full: the TLS parameters are ours
         // (see `postgres::tls::TlsSettings::resolve`), the rest is checked by its parser.
@@ -342,6 +408,7 @@ impl PostgresConfig {
                 format!("`{}` names no user", self.redacted_url()),
             ));
         }
+        self.validate_auth(&parsed)?;
         let slot_ok = (1..=MAX_IDENTIFIER_BYTES).contains(&self.slot.len())
             && self
                 .slot
@@ -519,5 +586,49 @@ impl PostgresConfig {
             retries,
             user_timeout: (!user_timeout.is_zero()).then_some(user_timeout),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, ConfigError};
+
+    fn field_of(postgres: &str) -> Option<String> {
+        let text = format!("[postgres]\n{postgres}\n");
+        match Config::from_sources(Some(&text), Vec::new()) {
+            Ok(_) => None,
+            Err(ConfigError::Invalid { field, .. }) => Some(field),
+            Err(other) => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn rds_iam_takes_no_password_and_needs_tls() {
+        let iam = "auth = \"aws_rds_iam\"";
+        let url = "url = \"postgres://relay@db.abc.eu-west-1.rds.amazonaws.com/app\"";
+        assert_eq!(field_of(&format!("{iam}\n{url}")), None);
+        let with_password = "url = \"postgres://relay:pw@db.abc.eu-west-1.rds.amazonaws.com/app\"";
+        assert_eq!(
+            field_of(&format!("{iam}\n{with_password}")).as_deref(),
+            Some("postgres.url")
+        );
+        assert_eq!(
+            field_of(&format!("{iam}\n{url}\npassword_file = \"/run/pw\"")).as_deref(),
+            Some("postgres.password_file")
+        );
+        assert_eq!(
+            field_of(&format!("{iam}\n{url}\nssl_mode = \"disable\"")).as_deref(),
+            Some("postgres.ssl_mode")
+        );
+        let no_tls =
+            "url = \"postgres://relay@db.abc.eu-west-1.rds.amazonaws.com/app?sslmode=disable\"";
+        assert_eq!(
+            field_of(&format!("{iam}\n{no_tls}")).as_deref(),
+            Some("postgres.ssl_mode")
+        );
+        assert_eq!(
+            field_of("aws_region = \"eu-west-1\"").as_deref(),
+            Some("postgres.aws_region")
+        );
     }
 }

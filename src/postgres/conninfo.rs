@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio_postgres::config::Host;
 
 use crate::config::{PostgresConfig, TcpKeepalive};
+use crate::postgres::aws_iam::RdsIamAuth;
 use crate::postgres::tls::TlsSettings;
 
 /// Oldest PostgreSQL the relay supports (`server_version_num`).
@@ -164,6 +165,8 @@ pub struct ConnInfo {
     pub endpoints: Vec<Endpoint>,
     pub user: String,
     password: Option<String>,
+    /// `aws_rds_iam`: the password is a token made per connection instead.
+    iam: Option<RdsIamAuth>,
     pub dbname: String,
     /// The URL's `options` (`-c name=value …`), passed to the server on both connections.
     pub options: Option<String>,
@@ -249,17 +252,36 @@ impl ConnInfo {
                     .map(|p| String::from_utf8_lossy(p).into_owned())
             })
             .or_else(|| std::env::var("PGPASSWORD").ok());
-        Ok(ConnInfo {
+        let iam = RdsIamAuth::from_config(pg).map_err(ConnInfoError::Password)?;
+        if let Some(iam) = &iam {
+            iam.check_hosts(&endpoints)
+                .map_err(ConnInfoError::Password)?;
+        }
+        let mut info = ConnInfo {
             endpoints,
             dbname: config.get_dbname().unwrap_or(&user).to_string(),
             user,
             password,
+            iam,
             options: config.get_options().map(str::to_string),
             tls,
             connect_timeout: Duration::from_millis(pg.connect_timeout_ms),
             keepalive: pg.tcp_keepalive(),
             session_attrs,
-        })
+        };
+        if let Some(first) = info.endpoints.first().cloned() {
+            info.password = info.password_for(&first);
+        }
+        Ok(info)
+    }
+
+    /// The password for a connection to `endpoint`: with `aws_rds_iam` a token made now (each
+    /// connection gets its own, never an expired one), else the configured password.
+    fn password_for(&self, endpoint: &Endpoint) -> Option<String> {
+        match &self.iam {
+            Some(iam) => iam.token(endpoint, &self.user),
+            None => self.password.clone(),
+        }
     }
 
     pub fn password(&self) -> Option<&str> {
@@ -271,6 +293,7 @@ impl ConnInfo {
     pub fn pinned(&self, endpoint: &Endpoint) -> ConnInfo {
         ConnInfo {
             endpoints: vec![endpoint.clone()],
+            password: self.password_for(endpoint),
             ..self.clone()
         }
     }
@@ -301,7 +324,7 @@ impl ConnInfo {
         config.port(endpoint.port);
         config.user(&self.user);
         config.dbname(&self.dbname);
-        if let Some(p) = &self.password {
+        if let Some(p) = self.password_for(endpoint) {
             config.password(p);
         }
         if let Some(o) = &self.options {
@@ -433,6 +456,70 @@ mod tests {
             ..PostgresConfig::default()
         })
         .unwrap()
+    }
+
+    /// One test for every case that sets the AWS variables (the environment is the process's).
+    #[test]
+    fn rds_iam_makes_a_fresh_token_for_every_connection() {
+        use crate::config::PostgresAuth;
+        let iam = |url: &str, region: Option<&str>| {
+            ConnInfo::from_config(&PostgresConfig {
+                url: url.into(),
+                auth: PostgresAuth::AwsRdsIam,
+                aws_region: region.map(str::to_string),
+                ..PostgresConfig::default()
+            })
+        };
+        let url = "postgres://relay@db.abc.eu-west-1.rds.amazonaws.com:5433/app";
+        for name in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"] {
+            std::env::remove_var(name);
+        }
+        let err = iam(url, None).unwrap_err().to_string();
+        assert!(err.contains("AWS_ACCESS_KEY_ID"), "{err}");
+        std::env::set_var("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE");
+        std::env::set_var(
+            "AWS_SECRET_ACCESS_KEY",
+            "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+        );
+        let err = iam("postgres://relay@db.internal:5432/app", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("postgres.aws_region"), "{err}");
+        assert!(iam("postgres://relay@db.internal:5432/app", Some("us-east-2")).is_ok());
+
+        let info = iam(url, None).unwrap();
+        let first = info.password().unwrap().to_string();
+        assert!(
+            first.starts_with(
+                "db.abc.eu-west-1.rds.amazonaws.com:5433/?Action=connect&DBUser=relay&"
+            ),
+            "{first}"
+        );
+        assert!(
+            first.contains("%2Feu-west-1%2Frds-db%2Faws4_request"),
+            "{first}"
+        );
+        // X-Amz-Date has whole seconds: a connection a second later signs anew.
+        std::thread::sleep(Duration::from_millis(1100));
+        let endpoint = info.endpoints[0].clone();
+        let replication = info.pinned(&endpoint);
+        let replication = replication.password().unwrap();
+        assert_ne!(
+            replication, first,
+            "the replication connection reused a token"
+        );
+        std::thread::sleep(Duration::from_millis(1100));
+        let control = info.tokio_config(&endpoint, "outbox-relay");
+        let control = String::from_utf8(control.get_password().unwrap().to_vec()).unwrap();
+        assert_ne!(control, first, "the control connection reused a token");
+        assert_ne!(
+            control, replication,
+            "the control connection reused a token"
+        );
+        assert!(control.contains("X-Amz-Signature="), "{control}");
+        for name in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+            std::env::remove_var(name);
+        }
     }
 
     #[test]

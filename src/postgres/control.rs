@@ -523,15 +523,18 @@ pub struct SlotHolder {
 
 /// Queries the relay itself needs while running (sampling, standby).
 impl Control {
-    /// `None` when the slot does not exist.
+    /// `None` when the slot does not exist. On a standby (decoding there, PostgreSQL 16+)
+    /// the lag is measured from what it replayed: it has no WAL insert position.
     pub async fn sample_slot(&self, slot: &str) -> Result<Option<SlotSample>, ControlError> {
         let row = self
             .client
             .query_opt(
-                "SELECT (pg_current_wal_insert_lsn() - confirmed_flush_lsn)::bigint,
-                        (pg_current_wal_insert_lsn() - restart_lsn)::bigint,
+                "WITH head AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                                           ELSE pg_current_wal_insert_lsn() END AS lsn)
+                 SELECT (head.lsn - confirmed_flush_lsn)::bigint,
+                        (head.lsn - restart_lsn)::bigint,
                         wal_status, confirmed_flush_lsn::text
-                 FROM pg_replication_slots WHERE slot_name = $1",
+                 FROM pg_replication_slots, head WHERE slot_name = $1",
                 &[&slot],
             )
             .await

@@ -80,9 +80,12 @@ impl BlockReason {
     }
 }
 
-/// A login failure not reported again for this long is over (librdkafka reports one at every
-/// reconnect attempt, at most `reconnect.backoff.max.ms`, 10 s by default, apart).
-pub const AUTHENTICATION_EXPIRY: Duration = Duration::from_secs(30);
+/// A login failure not reported again for this long is over. librdkafka fails a login at every
+/// reconnect attempt (at most `reconnect.backoff.max.ms`, 10 s by default, apart) but reports
+/// an identical failure of a broker to the application only once per 30 s, and a failed
+/// OAUTHBEARER token fetch only when its message changes: more than one such period, so that
+/// a refusal that lasts does not blink green between reports.
+pub const AUTHENTICATION_EXPIRY: Duration = Duration::from_secs(75);
 /// A block still in force is logged again this often.
 const LOG_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -96,6 +99,8 @@ pub struct Blocked {
     /// For the fixes: how the relay logs in, and where.
     principal: String,
     brokers: String,
+    /// The settings a refused login is fixed in.
+    login_fields: &'static str,
 }
 
 #[derive(Debug)]
@@ -116,6 +121,7 @@ pub struct Block {
 impl Blocked {
     pub fn new(config: &KafkaConfig) -> Blocked {
         let principal = match &config.sasl_username {
+            _ if config.uses_oauthbearer() => "User:<the token's subject>".to_string(),
             Some(user) if config.security_protocol.uses_sasl() => format!("User:{user}"),
             _ => "User:<the relay's principal>".to_string(),
         };
@@ -124,6 +130,7 @@ impl Blocked {
             any: AtomicBool::new(false),
             principal,
             brokers: config.brokers.clone(),
+            login_fields: config.login_fields(),
         }
     }
 
@@ -220,8 +227,8 @@ impl Blocked {
                 "grant the relay its transactional id `{subject}` (kafka.delivery = \"exactly_once\"): {acls} --operation Write --operation Describe --transactional-id {subject}"
             ),
             BlockReason::Authentication => format!(
-                "Kafka refused the login of {}: check kafka.sasl_username, kafka.sasl_password_file and kafka.sasl_mechanism against the broker's users",
-                self.principal
+                "Kafka refused the login of {}: check {}",
+                self.principal, self.login_fields
             ),
             BlockReason::UnknownTopic => format!(
                 "topic `{subject}` does not exist and the brokers do not create topics: create it (kafka-topics --bootstrap-server {} --create --topic {subject}), or set kafka.topic_creation.enabled = true",

@@ -153,6 +153,10 @@ fn needs(config: &KafkaConfig) -> Vec<Need> {
         if let Some(feature) = sasl_feature(mechanism) {
             needs.push(need("kafka.sasl_mechanism", mechanism, feature));
         }
+        if config.uses_oauthbearer() {
+            // librdkafka's own token fetch (sasl.oauthbearer.method=oidc) needs libcurl.
+            needs.push(need("kafka.sasl_mechanism", mechanism, "oidc"));
+        }
     }
     for (key, value) in &config.properties {
         let oidc = key.trim().eq_ignore_ascii_case("sasl.oauthbearer.method")

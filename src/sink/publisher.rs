@@ -719,7 +719,11 @@ fn set_security(c: &mut ClientConfig, config: &KafkaConfig) {
     if let Some(ca) = config.ssl_ca_file.as_ref().filter(|_| protocol.uses_tls()) {
         c.set("ssl.ca.location", ca.display().to_string());
     }
-    if protocol.uses_sasl() {
+    if config.uses_oauthbearer() {
+        for (key, value) in config.oauthbearer.librdkafka_properties() {
+            c.set(key, value);
+        }
+    } else if protocol.uses_sasl() {
         let password = config.sasl_password().unwrap_or_else(|e| {
             warn!(error = %e, "cannot read kafka.sasl_password_file; authenticating without a password");
             crate::config::Secret::new("")

@@ -157,6 +157,9 @@ pub(super) async fn kafka(config: &KafkaConfig, topics: &TopicPlan, items: &mut 
         ));
         return;
     }
+    if let Some(login) = login_item(config) {
+        items.push(login);
+    }
     let admin: AdminClient<Quiet> = match client_config(config).create_with_context(Quiet) {
         Ok(admin) => admin,
         Err(e) => {
@@ -178,8 +181,12 @@ pub(super) async fn kafka(config: &KafkaConfig, topics: &TopicPlan, items: &mut 
         Err(e) => {
             items.push(problem(
                 "kafka brokers",
-                format!("cannot reach Kafka at {} within {} s: {e}", config.brokers, KAFKA_TIMEOUT.as_secs()),
-                "start the brokers or correct kafka.brokers; for TLS or SASL set kafka.security_protocol, kafka.sasl_mechanism, kafka.sasl_username, kafka.sasl_password (or sasl_password_file) and kafka.ssl_ca_file",
+                format!(
+                    "cannot reach Kafka at {} within {} s: {e}",
+                    config.brokers,
+                    KAFKA_TIMEOUT.as_secs()
+                ),
+                unreachable_fix(config),
             ));
             items.push(producer(config));
             return;
@@ -356,6 +363,34 @@ fn topics_item(
     }
 }
 
+/// How the relay logs in with OAUTHBEARER: where its tokens come from (none for the others,
+/// whose user name the brokers line already implies).
+fn login_item(config: &KafkaConfig) -> Option<Item> {
+    if !config.uses_oauthbearer() {
+        return None;
+    }
+    let oauth = &config.oauthbearer;
+    Some(ok(
+        "kafka login",
+        format!(
+            "OAUTHBEARER with OIDC client credentials: client id `{}` at {}{}; librdkafka fetches the token and a new one at 80% of its lifetime",
+            oauth.client_id.as_deref().unwrap_or_default(),
+            oauth.token_endpoint_url.as_deref().unwrap_or_default(),
+            oauth.scope.as_ref().map(|s| format!(", scope `{s}`")).unwrap_or_default(),
+        ),
+    ))
+}
+
+fn unreachable_fix(config: &KafkaConfig) -> String {
+    if config.uses_oauthbearer() {
+        return format!(
+            "start the brokers or correct kafka.brokers; for the login check {}",
+            config.login_fields()
+        );
+    }
+    "start the brokers or correct kafka.brokers; for TLS or SASL set kafka.security_protocol, kafka.sasl_mechanism, kafka.sasl_username, kafka.sasl_password (or sasl_password_file) and kafka.ssl_ca_file".to_string()
+}
+
 /// The producer keeps the delivery guarantee: idempotence on, acks=all, nothing unsafe.
 fn producer(config: &KafkaConfig) -> Item {
     let unsafe_settings = config.unsafe_properties();
@@ -397,6 +432,32 @@ fn producer(config: &KafkaConfig) -> Item {
 mod tests {
     use super::*;
     use crate::ops::check::Status;
+
+    #[test]
+    fn an_oauth_login_is_shown_with_its_endpoint_and_client() {
+        let mut config = KafkaConfig {
+            security_protocol: crate::config::KafkaSecurityProtocol::SaslSsl,
+            sasl_mechanism: Some("OAUTHBEARER".into()),
+            ..KafkaConfig::default()
+        };
+        config.oauthbearer.token_endpoint_url = Some("https://idp.example/token".into());
+        config.oauthbearer.client_id = Some("relay".into());
+        config.oauthbearer.scope = Some("kafka".into());
+        let item = login_item(&config).expect("a kafka login line");
+        assert_eq!(item.status, Status::Ok);
+        for part in [
+            "OAUTHBEARER",
+            "`relay`",
+            "https://idp.example/token",
+            "`kafka`",
+        ] {
+            assert!(item.detail.contains(part), "{}", item.detail);
+        }
+        assert!(unreachable_fix(&config).contains("kafka.oauthbearer"));
+        config.sasl_mechanism = Some("PLAIN".into());
+        assert!(login_item(&config).is_none());
+        assert!(unreachable_fix(&config).contains("kafka.sasl_username"));
+    }
 
     #[test]
     fn unsafe_producer_settings_are_a_problem() {

@@ -1,0 +1,218 @@
+//! Decoding on a standby (PostgreSQL 16+, issue 22 done-when 4): the relay streams a slot made
+//! on the physical standby of `scripts/services.sh pg-ha-start` while the events are written on
+//! the primary. Five SIGKILLs of the relay lose nothing, and an idle outbox on a busy primary
+//! still advances the standby's slot (the primary's `pg_log_standby_snapshot()` gives the
+//! standby's decoder the running-transactions record it moves on).
+//!
+//! On a major below 16 the test prints why and passes without running;
+//! `scripts/test-versions.sh` runs it on 17 with the failover tests.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio_postgres::NoTls;
+
+const KILLS: usize = 5;
+
+fn pg_major() -> u32 {
+    std::env::var("OUTBOX_TEST_PG_VERSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15)
+}
+
+/// The primary's and the standby's superuser URLs, from a fresh `pg-ha-start`.
+fn start_pair() -> (String, String) {
+    services("pg-ha-reset");
+    let out = Command::new("bash")
+        .arg(env("OUTBOX_TEST_SERVICES"))
+        .arg("pg-ha-start")
+        .output()
+        .expect("run services.sh pg-ha-start");
+    assert!(
+        out.status.success(),
+        "pg-ha-start failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env_file = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let text = std::fs::read_to_string(&env_file).expect("read the env file");
+    let var = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+            .map(|v| v.trim_matches('\'').to_string())
+            .unwrap_or_else(|| panic!("{name} not in {env_file}"))
+    };
+    (
+        var("OUTBOX_TEST_PG_HA_PRIMARY_URL"),
+        var("OUTBOX_TEST_PG_HA_STANDBY_URL"),
+    )
+}
+
+fn with_db(url: &str, db: &str) -> String {
+    format!("{}/{db}", url.rsplit_once('/').unwrap().0)
+}
+
+async fn query_text(url: &str, sql: &str) -> Option<String> {
+    let (c, conn) = tokio_postgres::connect(url, NoTls).await.ok()?;
+    tokio::spawn(conn);
+    let rows = c.simple_query(sql).await.ok()?;
+    rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    })
+}
+
+/// Creates the slot on the standby: creation waits for a running-transactions record from the
+/// primary, which `pg_log_standby_snapshot()` writes at once.
+async fn create_standby_slot(primary: &str, standby: &str, slot: &str) {
+    let create = {
+        let (standby, slot) = (standby.to_string(), slot.to_string());
+        tokio::spawn(async move {
+            query_text(
+                &standby,
+                &format!("SELECT lsn::text FROM pg_create_logical_replication_slot('{slot}', 'pgoutput')"),
+            )
+            .await
+        })
+    };
+    let began = Instant::now();
+    while !create.is_finished() {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "the slot on the standby was not created within 60 s"
+        );
+        let _ = query_text(primary, "SELECT pg_log_standby_snapshot()").await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lsn = create.await.unwrap();
+    assert!(lsn.is_some(), "creating slot {slot} on the standby failed");
+}
+
+/// The slot's confirmed position on `url`, as a number.
+async fn confirmed(url: &str, slot: &str) -> Option<u64> {
+    query_text(
+        url,
+        &format!("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = '{slot}'"),
+    )
+    .await
+    .and_then(|t| t.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_on_a_standby_survives_sigkills_and_advances_while_the_outbox_is_idle() {
+    let major = pg_major();
+    if major < 16 {
+        println!("SKIPPED: decoding on a standby needs PostgreSQL 16+, this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test standby");
+        return;
+    }
+    let (primary_admin, standby_admin) = start_pair();
+    let db = TestDb::new_on(&primary_admin).await;
+    let primary = with_db(&primary_admin, &db.name);
+    let standby = with_db(&standby_admin, &db.name);
+    wait_for(
+        "the database on the standby",
+        Duration::from_secs(30),
+        || async { query_text(&standby, "SELECT 1").await.is_some() },
+    )
+    .await;
+    create_standby_slot(&primary, &standby, &db.slot).await;
+    let env = with(
+        db.relay_env(),
+        &[
+            (
+                "OUTBOX_RELAY__POSTGRES__URL",
+                &format!("{standby}?target_session_attrs=standby"),
+            ),
+            ("OUTBOX_RELAY__POSTGRES__CREATE_SLOT", "false"),
+            ("OUTBOX_RELAY__POSTGRES__CREATE_PUBLICATION", "false"),
+            ("OUTBOX_RELAY__POSTGRES__FAILOVER_SLOT", "false"),
+        ],
+    );
+    let mut client = connect(&primary).await;
+    let mut events = Vec::new();
+    let mut relay = RelayProcess::start(&env, &format!("standby_{}", db.name));
+    // Each round writes on the primary while the relay streams from the standby, then kills
+    // the relay mid-stream and starts the next.
+    for round in 0..=KILLS {
+        for seq in 0..10 {
+            let batch: Vec<Event> = (0..10)
+                .map(|i| Event::new("order", &format!("a{round}"), round, seq * 10 + i))
+                .collect();
+            insert_events(&mut client, &batch, true).await;
+            events.extend(batch);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if round < KILLS {
+            relay.kill9();
+            relay = RelayProcess::start(&env, &format!("standby_{}", db.name));
+        }
+    }
+    expect_all(
+        &format!("decoding on a standby, {KILLS} SIGKILLs"),
+        &[db.topic("order")],
+        &events,
+        Duration::from_secs(90),
+        Duration::ZERO,
+        &relay,
+    )
+    .await;
+
+    // The outbox idles while the primary is busy elsewhere: the standby's slot must still
+    // pass what the primary wrote.
+    client
+        .batch_execute("CREATE TABLE busy (id bigserial PRIMARY KEY, note text)")
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        client
+            .batch_execute("INSERT INTO busy (note) SELECT 'x' FROM generate_series(1, 100)")
+            .await
+            .unwrap();
+    }
+    let target: u64 = query_text(&primary, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    let began = Instant::now();
+    loop {
+        let _ = query_text(&primary, "SELECT pg_log_standby_snapshot()").await;
+        let now = confirmed(&standby, &db.slot).await.unwrap_or(0);
+        if now >= target {
+            println!(
+                "idle outbox: the standby's slot passed the primary's WAL in {:?}",
+                began.elapsed()
+            );
+            break;
+        }
+        if let Some(status) = relay.try_status() {
+            panic!("relay exited with {status}:\n{}", relay.log_text());
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "the standby's slot stayed at {now} below {target} for 60 s while the outbox idled:\n{}",
+            relay.log_text()
+        );
+        client
+            .batch_execute("INSERT INTO busy (note) VALUES ('tick')")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let log = relay.log_text();
+    assert!(
+        !log.contains("cannot sample the slot"),
+        "the slot's lag could not be sampled on the standby:\n{log}"
+    );
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    let _ = query_text(
+        &standby,
+        &format!("SELECT pg_drop_replication_slot('{}')", db.slot),
+    )
+    .await;
+    db.cleanup().await;
+    services("pg-ha-stop");
+}
