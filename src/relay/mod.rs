@@ -34,7 +34,7 @@ use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::mapping::{MappingError, OutboxMapping};
 use crate::postgres::conninfo::ConnInfo;
-use crate::postgres::control::{Control, ControlError, SlotInfo};
+use crate::postgres::control::{alter_failover_command, Control, ControlError, SlotInfo};
 use crate::relay::ledger::LedgerError;
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::progress::ServerHistory;
@@ -518,14 +518,6 @@ async fn enable_failover(sender: &mut WalSender, slot: &str) -> Result<(), Relay
         .into()),
         Err(e) => Err(e.into()),
     }
-}
-
-/// `ALTER_REPLICATION_SLOT "slot" ( FAILOVER true )`.
-pub fn alter_failover_command(slot: &str) -> String {
-    format!(
-        "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
-        crate::postgres::control::quote_ident(slot)
-    )
 }
 
 fn now_ms() -> i64 {
