@@ -82,7 +82,7 @@ pub enum PublishError {
     Progress { topic: String, problem: String },
     /// The progress record says something this database's history contradicts: the relay
     /// cannot tell what Kafka has, so it stops.
-    #[error("kafka.progress_topic `{topic}`: {problem}. Fix: if the transactions since the slot's position are to be published again (read_committed consumers then see some twice), delete this slot's progress: produce a tombstone (null value) with key {key} to `{topic}`; or use a new postgres.slot and re-send what the database committed before it with `outbox-relay replay --since <the time of the restore>`")]
+    #[error("kafka.progress_topic `{topic}`: {problem}. Fix: a tombstone with key {key} to `{topic}`, or a new postgres.slot and `outbox-relay replay`; see docs/operations.md#exactly-once-progress")]
     ProgressDiverged {
         topic: String,
         key: String,

@@ -305,7 +305,7 @@ fn wait_stable(
             return Ok(low);
         }
         if started.elapsed() > READ_TIMEOUT {
-            return Err(format!("an open Kafka transaction holds its stable end at offset {stable}, below its end {high}, for over {READ_TIMEOUT:?} (another relay of this progress topic died or froze mid-commit; the broker aborts it after its transaction.timeout.ms): the progress cannot be read yet, so the session is retried"));
+            return Err(format!("an open Kafka transaction holds its stable end at offset {stable}, below its end {high}, for over {READ_TIMEOUT:?}: retrying; see docs/operations.md#exactly-once-progress"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -382,7 +382,7 @@ pub fn reconcile(
     let written_on = stored.timeline.unwrap_or(server.timeline);
     if written_on == server.timeline {
         return match wal {
-            Some(wal) if wal < at.lsn => Err(format!("the progress value {at} is ahead of the database's WAL ({wal}) on the same timeline {written_on}: the database went back in time (an earlier copy of its data directory was started) and transactions after the copy may have been replaced by new ones at the same positions, so the relay cannot tell which of them Kafka has")),
+            Some(wal) if wal < at.lsn => Err(format!("the progress value {at} is ahead of the database's WAL ({wal}) on the same timeline {written_on}: the database went back in time")),
             _ => Ok(at),
         };
     }

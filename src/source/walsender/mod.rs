@@ -130,7 +130,7 @@ pub enum ReplicationError {
     #[error("TLS handshake with PostgreSQL broke off: {0}")]
     TlsInterrupted(String),
     /// Nothing arrived before the receive deadline: the connection is presumed dead.
-    #[error("no replication frame from PostgreSQL for {waited:?} (receive deadline {limit:?}, from wal_sender_timeout or postgres.receive_timeout_ms): the server answers every status update, so the connection is presumed dead (a network path dropped without FIN or RST)")]
+    #[error("no replication frame from PostgreSQL for {waited:?} (receive deadline {limit:?}): the server answers every status update, so the connection is presumed dead (a path dropped without FIN or RST)")]
     ReceiveTimeout { waited: Duration, limit: Duration },
     /// An explicit receive deadline the server cannot keep: never heals by reconnecting.
     #[error(transparent)]
