@@ -442,8 +442,9 @@ impl Drop for Publisher {
         let producer = self.shared.producer.clone();
         let teardown = move || {
             let _ = poller.thread.join();
-            // Let `self.shared` go first (it is dropped right after this function), so that
-            // librdkafka's destroy runs here and not on the runtime thread. `Shared` holds two
+            // Let `self.shared` and `self.counts` (which holds it too) go first (they are
+            // dropped right after this function), so that librdkafka's destroy runs here and
+            // not on the runtime thread. `Shared` holds two
             // references (its own and its topic handles'); the handles are destroyed before
             // their reference goes, so none is alive at the destroy.
             let waited = Instant::now();
