@@ -22,7 +22,7 @@ use std::fmt::Write;
 
 use bytes::Bytes;
 
-use super::rules::oid;
+use super::fields::oid;
 
 /// How one mapped column's binary value becomes its text-format bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

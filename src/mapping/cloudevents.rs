@@ -29,12 +29,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::payload::{write_base64, write_string};
-use super::rules::{Kind, Role, Rules, Source, Value};
-use super::topic::EventFields;
+use super::fields::{EventFields, FieldReader, Kind, Role, Value};
+use super::headers::HeaderRules;
+use super::payload::{payload_value, write_base64, write_string};
 use super::MappingError;
 use crate::config::{
-    cloudevents_extension_problem, cloudevents_string_problem, Format, OutboxConfig,
+    cloudevents_extension_problem, cloudevents_string_problem, Format, NullPayload, OutboxConfig,
 };
 
 /// The `specversion` attribute.
@@ -174,17 +174,20 @@ impl CloudEvents {
     /// other headers, payload.
     pub(super) fn build(
         &self,
-        rules: &Rules,
-        source: &dyn Source,
+        reader: FieldReader<'_>,
+        header_rules: &HeaderRules,
+        null_payload: NullPayload,
         fields: &EventFields<'_>,
         timestamp_ms: i64,
     ) -> Result<(Option<Bytes>, Headers), MappingError> {
-        let attributes = self.attributes(rules, source, fields, timestamp_ms)?;
-        let other_headers = rules.headers(source, fields.id, None)?;
-        let payload = rules.payload_value(source, fields.id)?;
+        // The extensions' values are the extra columns after the `header_columns`.
+        let first_extension = header_rules.count();
+        let attributes = self.attributes(reader, first_extension, fields, timestamp_ms)?;
+        let other_headers = header_rules.headers(reader, fields.id, None)?;
+        let payload = payload_value(reader, null_payload, fields.id)?;
         let (value, mut headers) = match payload {
             Some(data) if self.structured => {
-                let value = self.structured_event(rules, &attributes, &data, fields.id)?;
+                let value = self.structured_event(reader, &attributes, &data, fields.id)?;
                 let headers = vec![(
                     self.names.content_type.clone(),
                     Bytes::from_static(STRUCTURED_CONTENT_TYPE.as_bytes()),
@@ -208,25 +211,25 @@ impl CloudEvents {
 
     fn attributes<'a>(
         &self,
-        rules: &Rules,
-        source: &dyn Source,
+        reader: FieldReader<'_>,
+        first_extension: usize,
         fields: &EventFields<'a>,
         timestamp_ms: i64,
     ) -> Result<Attributes<'a>, MappingError> {
         let id = fields.id;
-        check_string(rules, Role::Id, id, id, true)?;
-        check_string(rules, Role::Type, id, fields.event_type, true)?;
-        let subject = match source.get(rules, Role::Subject, id)? {
+        check_string(reader, Role::Id, id, id, true)?;
+        check_string(reader, Role::Type, id, fields.event_type, true)?;
+        let subject = match reader.get(Role::Subject, id)? {
             Some(v) => {
-                let text = rules.utf8(&v.bytes, Role::Subject, id)?;
-                check_string(rules, Role::Subject, id, text, true)?;
+                let text = reader.utf8(&v.bytes, Role::Subject, id)?;
+                check_string(reader, Role::Subject, id, text, true)?;
                 Some(v)
             }
             None => None,
         };
         let mut extensions = Vec::with_capacity(self.extensions.len());
         for (i, extension) in self.extensions.iter().enumerate() {
-            let Some(v) = source.extra(rules, rules.extra_headers.len() + i, id)? else {
+            let Some(v) = reader.extra(first_extension + i, id)? else {
                 continue;
             };
             let invalid = |reason: String| MappingError::InvalidValue {
@@ -248,7 +251,7 @@ impl CloudEvents {
             id,
             event_type: fields.event_type,
             time: rfc3339(timestamp_ms)
-                .map_err(|reason| rules.invalid(Role::Timestamp, id, reason))?,
+                .map_err(|reason| reader.invalid(Role::Timestamp, id, reason))?,
             subject,
             extensions,
         })
@@ -292,7 +295,7 @@ impl CloudEvents {
     /// The JSON event format: one object with the attributes and `data` or `data_base64`.
     fn structured_event(
         &self,
-        rules: &Rules,
+        reader: FieldReader<'_>,
         a: &Attributes<'_>,
         data: &Value,
         event_id: &str,
@@ -329,7 +332,7 @@ impl CloudEvents {
             }
             Kind::Text | Kind::Integer if self.content_type_is_json => {
                 if serde_json::from_slice::<serde::de::IgnoredAny>(&data.bytes).is_err() {
-                    return Err(rules.invalid(
+                    return Err(reader.invalid(
                         Role::Payload,
                         event_id,
                         format!(
@@ -342,7 +345,7 @@ impl CloudEvents {
                 out.extend_from_slice(&data.bytes);
             }
             Kind::Text | Kind::Integer => {
-                let payload = rules.utf8(&data.bytes, Role::Payload, event_id)?;
+                let payload = reader.utf8(&data.bytes, Role::Payload, event_id)?;
                 out.extend_from_slice(b",\"data\":");
                 write_string(&mut out, payload);
             }
@@ -354,7 +357,7 @@ impl CloudEvents {
 
 /// A required (`non_empty`) or optional attribute value as the spec's String type.
 fn check_string(
-    rules: &Rules,
+    reader: FieldReader<'_>,
     role: Role,
     event_id: &str,
     value: &str,
@@ -366,14 +369,14 @@ fn check_string(
         _ => "subject",
     };
     if non_empty && value.is_empty() {
-        return Err(rules.invalid(
+        return Err(reader.invalid(
             role,
             event_id,
             format!("CloudEvents attribute `{attribute}` must not be empty"),
         ));
     }
     if let Some(problem) = cloudevents_string_problem(value) {
-        return Err(rules.invalid(
+        return Err(reader.invalid(
             role,
             event_id,
             format!("CloudEvents attribute `{attribute}` {problem}"),

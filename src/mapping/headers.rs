@@ -1,11 +1,12 @@
 //! The record's headers: `id`, `type`, `aggregatetype`, `aggregateid`, then the
 //! `header_columns`, the members of the `headers_column` JSON object, and the tracing context.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::rules::{Role, Rules, Source, Value};
+use super::fields::{FieldReader, Role, Value};
 use super::MappingError;
 
 /// Header names, allocated once and shared by every record.
@@ -28,40 +29,69 @@ impl HeaderNames {
     }
 }
 
-impl Rules {
+/// The header rules of one source: the `header_columns` (their values are the first extra
+/// columns, in this order), the tracing header's name, and the fixed header names.
+#[derive(Debug)]
+pub(super) struct HeaderRules {
+    /// `header_columns`: column → header name.
+    extra: Vec<(String, Arc<str>)>,
+    tracing_header: Arc<str>,
+    names: HeaderNames,
+}
+
+impl HeaderRules {
+    pub(super) fn new(header_columns: &BTreeMap<String, String>, tracing_header: &str) -> Self {
+        HeaderRules {
+            extra: header_columns
+                .iter()
+                .map(|(column, header)| (column.clone(), Arc::from(header.as_str())))
+                .collect(),
+            tracing_header: Arc::from(tracing_header),
+            names: HeaderNames::new(),
+        }
+    }
+
+    /// The `header_columns`' columns, in the order of their extra-column index.
+    pub(super) fn columns(&self) -> impl Iterator<Item = &str> {
+        self.extra.iter().map(|(column, _)| column.as_str())
+    }
+
+    /// How many `header_columns` there are: the extra columns after them are CloudEvents
+    /// extensions.
+    pub(super) fn count(&self) -> usize {
+        self.extra.len()
+    }
+
     /// All headers of one event; `fixed` holds the id, type, aggregate type and aggregate id
     /// (`None` in the CloudEvents formats, whose attributes take their place).
     pub(super) fn headers(
         &self,
-        source: &dyn Source,
+        reader: FieldReader<'_>,
         event_id: &str,
         fixed: Option<[&Value; 4]>,
     ) -> Result<Vec<(Arc<str>, Bytes)>, MappingError> {
-        let mut headers = Vec::with_capacity(4 + self.extra_headers.len());
+        let mut headers = Vec::with_capacity(4 + self.extra.len());
         if let Some([id, event_type, aggregate_type, aggregate_id]) = fixed {
             headers.extend([
-                (self.headers.id.clone(), id.bytes.clone()),
-                (self.headers.event_type.clone(), event_type.bytes.clone()),
+                (self.names.id.clone(), id.bytes.clone()),
+                (self.names.event_type.clone(), event_type.bytes.clone()),
                 (
-                    self.headers.aggregate_type.clone(),
+                    self.names.aggregate_type.clone(),
                     aggregate_type.bytes.clone(),
                 ),
-                (
-                    self.headers.aggregate_id.clone(),
-                    aggregate_id.bytes.clone(),
-                ),
+                (self.names.aggregate_id.clone(), aggregate_id.bytes.clone()),
             ]);
         }
-        for (i, (_, header)) in self.extra_headers.iter().enumerate() {
-            if let Some(v) = source.extra(self, i, event_id)? {
+        for (i, (_, header)) in self.extra.iter().enumerate() {
+            if let Some(v) = reader.extra(i, event_id)? {
                 headers.push((header.clone(), v.bytes));
             }
         }
-        if let Some(v) = source.get(self, Role::Headers, event_id)? {
-            self.json_headers(&v, event_id, &mut headers)?;
+        if let Some(v) = reader.get(Role::Headers, event_id)? {
+            self.json_headers(reader, &v, event_id, &mut headers)?;
         }
-        if let Some(v) = source.get(self, Role::Tracing, event_id)? {
-            self.tracing_headers(&v, event_id, &mut headers)?;
+        if let Some(v) = reader.get(Role::Tracing, event_id)? {
+            self.tracing_headers(reader, &v, event_id, &mut headers)?;
         }
         Ok(headers)
     }
@@ -69,13 +99,14 @@ impl Rules {
     /// One header per member of a JSON object.
     fn json_headers(
         &self,
+        reader: FieldReader<'_>,
         value: &Value,
         event_id: &str,
         headers: &mut Vec<(Arc<str>, Bytes)>,
     ) -> Result<(), MappingError> {
         let object: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(&value.bytes).map_err(|e| {
-                self.invalid(
+                reader.invalid(
                     Role::Headers,
                     event_id,
                     format!("not a JSON object of headers ({e})"),
@@ -95,11 +126,12 @@ impl Rules {
     /// A W3C span context as one header, or a `key=value` list as one header per key.
     fn tracing_headers(
         &self,
+        reader: FieldReader<'_>,
         value: &Value,
         event_id: &str,
         headers: &mut Vec<(Arc<str>, Bytes)>,
     ) -> Result<(), MappingError> {
-        let text = self.utf8(&value.bytes, Role::Tracing, event_id)?;
+        let text = reader.utf8(&value.bytes, Role::Tracing, event_id)?;
         if !text.contains('=') {
             let trimmed = text.trim();
             if !trimmed.is_empty() {
@@ -115,7 +147,7 @@ impl Rules {
                 continue;
             }
             let (name, v) = line.split_once('=').ok_or_else(|| {
-                self.invalid(
+                reader.invalid(
                     Role::Tracing,
                     event_id,
                     format!("line `{line}` of the span context is not key=value"),

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde::de::{Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::rules::{oid, Kind, Role, Rules, Source, Value};
+use super::fields::{oid, Columns, Kind, Role, Source, Value};
 use super::MappingError;
 use crate::source::pgoutput::{Column, Message, Relation, Tuple, TupleValue};
 
@@ -133,11 +133,11 @@ impl<'c> Deserialize<'c> for MemberName<'c> {
 impl Source for MessageSource<'_> {
     fn get(
         &self,
-        rules: &Rules,
+        columns: &Columns,
         role: Role,
         event_id: &str,
     ) -> Result<Option<Value>, MappingError> {
-        match rules.column(role) {
+        match columns.of(role) {
             Some(name) => self.member(name, role == Role::Payload, event_id),
             None => Ok(None),
         }
@@ -145,11 +145,11 @@ impl Source for MessageSource<'_> {
 
     fn extra(
         &self,
-        rules: &Rules,
+        columns: &Columns,
         i: usize,
         event_id: &str,
     ) -> Result<Option<Value>, MappingError> {
-        match rules.extra_column(i) {
+        match columns.extra(i) {
             Some(name) => self.member(name, false, event_id),
             None => Ok(None),
         }

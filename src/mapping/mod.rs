@@ -23,11 +23,14 @@
 //!
 //! In: a [`Relation`] and the [`crate::source::pgoutput::Tuple`]s of its inserts, or a
 //! [`Message`]. Out: an [`OutboxEvent`] (a [`Record`] and the event id) or a [`MappingError`].
-//! `rules.rs` holds the compiled rules and the build order, `table.rs` the binding of a
-//! table's columns ([`BoundTable`]), `message.rs` the table-less outbox of logical messages.
+//! `fields.rs` holds the vocabulary every part shares (roles, values, the `Source`
+//! trait, the configured columns); `rules.rs` the compiled rules and the build order, the one
+//! module that imports the parts; `table.rs` the binding of a table's columns
+//! ([`BoundTable`]), `message.rs` the table-less outbox of logical messages.
 
 mod binary;
 mod cloudevents;
+mod fields;
 mod headers;
 mod message;
 pub mod partition;

@@ -5,41 +5,39 @@
 use base64::Engine;
 use bytes::Bytes;
 
-use super::rules::{Kind, Role, Rules, Source, Value};
-use super::topic::EventFields;
+use super::fields::{EventFields, FieldReader, Kind, Role, Value};
 use super::MappingError;
 use crate::config::{Format, NullPayload};
 
-impl Rules {
-    /// The record value; `None` is a tombstone.
-    pub(super) fn payload(
-        &self,
-        source: &dyn Source,
-        fields: &EventFields<'_>,
-        timestamp_ms: i64,
-    ) -> Result<Option<Bytes>, MappingError> {
-        Ok(match self.payload_value(source, fields.id)? {
-            Some(v) if self.format == Format::Envelope => Some(envelope(fields, timestamp_ms, &v)),
-            Some(v) => Some(v.bytes),
-            None => None,
-        })
-    }
+/// The record value in the `plain` and `envelope` formats; `None` is a tombstone.
+pub(super) fn payload(
+    reader: FieldReader<'_>,
+    format: Format,
+    null_payload: NullPayload,
+    fields: &EventFields<'_>,
+    timestamp_ms: i64,
+) -> Result<Option<Bytes>, MappingError> {
+    Ok(match payload_value(reader, null_payload, fields.id)? {
+        Some(v) if format == Format::Envelope => Some(envelope(fields, timestamp_ms, &v)),
+        Some(v) => Some(v.bytes),
+        None => None,
+    })
+}
 
-    /// The payload field; `None` for a null payload when tombstones are configured, else
-    /// a null payload is an error.
-    pub(super) fn payload_value(
-        &self,
-        source: &dyn Source,
-        event_id: &str,
-    ) -> Result<Option<Value>, MappingError> {
-        match source.get(self, Role::Payload, event_id)? {
-            Some(v) => Ok(Some(v)),
-            None if self.null_payload == NullPayload::Tombstone => Ok(None),
-            None => Err(MappingError::NullPayload {
-                event_id: event_id.to_string(),
-                column: self.column(Role::Payload).unwrap_or_default().to_string(),
-            }),
-        }
+/// The payload field; `None` for a null payload when tombstones are configured, else
+/// a null payload is an error.
+pub(super) fn payload_value(
+    reader: FieldReader<'_>,
+    null_payload: NullPayload,
+    event_id: &str,
+) -> Result<Option<Value>, MappingError> {
+    match reader.get(Role::Payload, event_id)? {
+        Some(v) => Ok(Some(v)),
+        None if null_payload == NullPayload::Tombstone => Ok(None),
+        None => Err(MappingError::NullPayload {
+            event_id: event_id.to_string(),
+            column: reader.column(Role::Payload),
+        }),
     }
 }
 

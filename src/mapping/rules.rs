@@ -1,136 +1,17 @@
 //! One compiled set of rules per source (an outbox table, or the logical messages) and the
-//! record it builds from any [`Source`] of named fields. Each record part has its own file:
-//! [`super::topic`], [`super::timestamp`], [`super::headers`], [`super::payload`].
-
-use std::collections::HashMap;
-use std::sync::Arc;
-
-use bytes::Bytes;
+//! record it builds from any [`Source`] of named fields. The hub of the mapping: each record
+//! part has its own file ([`super::topic`], [`super::timestamp`], [`super::headers`],
+//! [`super::payload`], [`super::cloudevents`]), which knows nothing of `Rules`; the
+//! vocabulary they share is [`super::fields`].
 
 use super::cloudevents::CloudEvents;
-use super::headers::HeaderNames;
-use super::topic::{EventFields, TopicTemplate};
-use super::{MappingError, OutboxEvent, Record, UNKNOWN_ID};
+use super::fields::{Columns, EventFields, FieldReader, Role, Source};
+use super::headers::HeaderRules;
+use super::topic::Topics;
+use super::{payload, timestamp, MappingError, OutboxEvent, Record, UNKNOWN_ID};
 use crate::config::{
     Format, NullPayload, OutboxConfig, PARTITION_BY_AGGREGATE_ID, PARTITION_BY_KEY,
 };
-
-/// Type OIDs whose text form the mapping interprets, or whose binary form it converts
-/// ([`super::binary`]).
-pub(super) mod oid {
-    pub const BOOL: u32 = 16;
-    pub const BYTEA: u32 = 17;
-    pub const NAME: u32 = 19;
-    pub const INT8: u32 = 20;
-    pub const INT2: u32 = 21;
-    pub const INT4: u32 = 23;
-    pub const TEXT: u32 = 25;
-    pub const OID: u32 = 26;
-    pub const JSON: u32 = 114;
-    pub const BPCHAR: u32 = 1042;
-    pub const VARCHAR: u32 = 1043;
-    pub const TIMESTAMP: u32 = 1114;
-    pub const TIMESTAMPTZ: u32 = 1184;
-    pub const UUID: u32 = 2950;
-    pub const JSONB: u32 = 3802;
-}
-
-/// What a mapped column (or message member) is used for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Role {
-    Id,
-    AggregateType,
-    AggregateId,
-    Type,
-    Payload,
-    Key,
-    Timestamp,
-    Headers,
-    Tracing,
-    Topic,
-    Partition,
-    Subject,
-}
-
-impl Role {
-    pub(super) const ALL: [Role; 12] = [
-        Role::Id,
-        Role::AggregateType,
-        Role::AggregateId,
-        Role::Type,
-        Role::Payload,
-        Role::Key,
-        Role::Timestamp,
-        Role::Headers,
-        Role::Tracing,
-        Role::Topic,
-        Role::Partition,
-        Role::Subject,
-    ];
-
-    pub(super) fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The config key naming this role's column, for error messages.
-    pub(super) fn setting(self) -> &'static str {
-        match self {
-            Role::Id => "id_column",
-            Role::AggregateType => "aggregate_type_column",
-            Role::AggregateId => "aggregate_id_column",
-            Role::Type => "type_column",
-            Role::Payload => "payload_column",
-            Role::Key => "key_column",
-            Role::Timestamp => "timestamp_column",
-            Role::Headers => "headers_column",
-            Role::Tracing => "tracing_column",
-            Role::Topic => "topic_column",
-            Role::Partition => "partition_by",
-            Role::Subject => "cloudevents_subject_column",
-        }
-    }
-}
-
-/// How a value's text is read, from its column's type (or its JSON kind in a message).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
-    /// Any other type, `timestamp` and `timestamptz` included: a timestamp column parses
-    /// their ISO text, as it does a text column's.
-    Text,
-    Json,
-    /// Already decoded from `\x…` to the raw bytes.
-    Bytea,
-    Integer,
-}
-
-impl Kind {
-    pub(super) fn of_type(type_oid: u32) -> Kind {
-        match type_oid {
-            oid::BYTEA => Kind::Bytea,
-            oid::JSON | oid::JSONB => Kind::Json,
-            oid::INT2 | oid::INT4 | oid::INT8 => Kind::Integer,
-            _ => Kind::Text,
-        }
-    }
-}
-
-/// One field's value: its bytes (text form, bytea decoded) and how to read them.
-#[derive(Debug, Clone)]
-pub(super) struct Value {
-    pub bytes: Bytes,
-    pub kind: Kind,
-}
-
-/// Where an event's fields come from: a row ([`super::table`]), or a message's JSON object
-/// ([`super::message`]).
-pub(super) trait Source {
-    /// The value of a role's field; `None` when null or when the role is not configured.
-    fn get(&self, rules: &Rules, role: Role, event_id: &str)
-        -> Result<Option<Value>, MappingError>;
-    /// The value of the `i`-th extra column ([`Rules::extra_column`]).
-    fn extra(&self, rules: &Rules, i: usize, event_id: &str)
-        -> Result<Option<Value>, MappingError>;
-}
 
 /// How the partition is chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,20 +27,15 @@ pub(super) struct Rules {
     pub schema: String,
     /// The table name, or the message prefix.
     pub table: String,
-    /// Column (or member) name per [`Role`]; `None` for an optional role not configured.
-    columns: [Option<String>; Role::ALL.len()],
-    pub topic: TopicTemplate,
-    pub topic_overrides: HashMap<String, TopicTemplate>,
+    columns: Columns,
+    topics: Topics,
     /// `plain` or `envelope` (the CloudEvents formats are in `cloudevents`).
-    pub format: Format,
+    format: Format,
     /// The CloudEvents attributes, in the two CloudEvents formats.
-    pub cloudevents: Option<CloudEvents>,
-    pub null_payload: NullPayload,
+    cloudevents: Option<CloudEvents>,
+    null_payload: NullPayload,
     partition_by: PartitionBy,
-    pub tracing_header: Arc<str>,
-    /// `header_columns`: column → header name.
-    pub extra_headers: Vec<(String, Arc<str>)>,
-    pub headers: HeaderNames,
+    headers: HeaderRules,
 }
 
 impl Rules {
@@ -179,7 +55,7 @@ impl Rules {
         } else {
             None
         };
-        let columns = [
+        let by_role = [
             Some(config.id_column.clone()),
             Some(config.aggregate_type_column.clone()),
             Some(config.aggregate_id_column.clone()),
@@ -198,48 +74,50 @@ impl Rules {
                     .unwrap_or_else(|| config.aggregate_id_column.clone())
             }),
         ];
-        let mut topic_overrides = HashMap::with_capacity(config.topic_overrides.len());
-        for (aggregate_type, template) in &config.topic_overrides {
-            topic_overrides.insert(aggregate_type.clone(), TopicTemplate::parse(template)?);
+        let headers = HeaderRules::new(&config.header_columns, &config.tracing_header);
+        // The extra columns: the `header_columns`, then the CloudEvents extensions.
+        let mut extra: Vec<String> = headers.columns().map(str::to_string).collect();
+        if let Some(ce) = &cloudevents {
+            extra.extend(
+                (0..ce.extensions())
+                    .filter_map(|i| ce.extension_column(i))
+                    .map(str::to_string),
+            );
         }
         Ok(Rules {
+            topics: Topics::parse(&config.topic, &config.topic_overrides)?,
             schema,
             table,
-            columns,
-            topic: TopicTemplate::parse(&config.topic)?,
-            topic_overrides,
+            columns: Columns::new(by_role, extra),
             format,
             cloudevents,
             null_payload: config.null_payload,
             partition_by,
-            tracing_header: Arc::from(config.tracing_header.as_str()),
-            extra_headers: config
-                .header_columns
-                .iter()
-                .map(|(column, header)| (column.clone(), Arc::from(header.as_str())))
-                .collect(),
-            headers: HeaderNames::new(),
+            headers,
         })
     }
 
     pub(super) fn column(&self, role: Role) -> Option<&str> {
-        self.columns[role.index()].as_deref()
+        self.columns.of(role)
     }
 
     /// The `i`-th extra column: the `header_columns`, then the CloudEvents extensions.
     pub(super) fn extra_column(&self, i: usize) -> Option<&str> {
-        match self.extra_headers.get(i) {
-            Some((column, _)) => Some(column),
-            None => self
-                .cloudevents
-                .as_ref()?
-                .extension_column(i - self.extra_headers.len()),
-        }
+        self.columns.extra(i)
     }
 
     /// How many extra columns [`Rules::extra_column`] names.
     pub(super) fn extra_columns(&self) -> usize {
-        self.extra_headers.len() + self.cloudevents.as_ref().map_or(0, CloudEvents::extensions)
+        self.columns.extra_len()
+    }
+
+    /// The setting that names the `i`-th extra column, for error messages.
+    pub(super) fn extra_setting(&self, i: usize) -> &'static str {
+        if i < self.headers.count() {
+            "header_columns"
+        } else {
+            "cloudevents_extensions"
+        }
     }
 
     /// The record for one event, its fields read from `source`. Errors are checked in a fixed
@@ -250,45 +128,61 @@ impl Rules {
         source: &dyn Source,
         commit_time_ms: i64,
     ) -> Result<OutboxEvent, MappingError> {
-        let id_value = self.required(source, Role::Id, UNKNOWN_ID)?;
-        let id = self
+        let reader = FieldReader {
+            source,
+            columns: &self.columns,
+        };
+        let id_value = reader.required(Role::Id, UNKNOWN_ID)?;
+        let id = reader
             .utf8(&id_value.bytes, Role::Id, UNKNOWN_ID)?
             .to_string();
-        let aggregate_type = self.required(source, Role::AggregateType, &id)?;
-        let aggregate_id = self.required(source, Role::AggregateId, &id)?;
-        let event_type = self.required(source, Role::Type, &id)?;
+        let aggregate_type = reader.required(Role::AggregateType, &id)?;
+        let aggregate_id = reader.required(Role::AggregateId, &id)?;
+        let event_type = reader.required(Role::Type, &id)?;
         let fields = EventFields {
             id: &id,
-            aggregate_type: self.utf8(&aggregate_type.bytes, Role::AggregateType, &id)?,
-            aggregate_id: self.utf8(&aggregate_id.bytes, Role::AggregateId, &id)?,
-            event_type: self.utf8(&event_type.bytes, Role::Type, &id)?,
+            aggregate_type: reader.utf8(&aggregate_type.bytes, Role::AggregateType, &id)?,
+            aggregate_id: reader.utf8(&aggregate_id.bytes, Role::AggregateId, &id)?,
+            event_type: reader.utf8(&event_type.bytes, Role::Type, &id)?,
             table: &self.table,
             schema: &self.schema,
         };
 
-        let topic = self.topic(source, &fields)?;
+        let topic = self.topics.topic(reader, &fields)?;
         let key = match self.column(Role::Key) {
-            Some(_) => self.required(source, Role::Key, &id)?.bytes,
+            Some(_) => reader.required(Role::Key, &id)?.bytes,
             None => id_value.bytes.clone(),
         };
         let partition_key = match self.partition_by {
             PartitionBy::AggregateId => Some(aggregate_id.bytes.clone()),
             PartitionBy::Key => None,
-            PartitionBy::Column => source.get(self, Role::Partition, &id)?.map(|v| v.bytes),
+            PartitionBy::Column => reader.get(Role::Partition, &id)?.map(|v| v.bytes),
         };
-        let timestamp_ms = match source.get(self, Role::Timestamp, &id)? {
-            Some(v) => self.timestamp_ms(&v, &id)?,
+        let timestamp_ms = match reader.get(Role::Timestamp, &id)? {
+            Some(v) => timestamp::timestamp_ms(reader, &v, &id)?,
             None => commit_time_ms,
         };
         let (payload, headers) = match &self.cloudevents {
-            Some(ce) => ce.build(self, source, &fields, timestamp_ms)?,
+            Some(ce) => ce.build(
+                reader,
+                &self.headers,
+                self.null_payload,
+                &fields,
+                timestamp_ms,
+            )?,
             None => {
-                let headers = self.headers(
-                    source,
+                let headers = self.headers.headers(
+                    reader,
                     &id,
                     Some([&id_value, &event_type, &aggregate_type, &aggregate_id]),
                 )?;
-                let payload = self.payload(source, &fields, timestamp_ms)?;
+                let payload = payload::payload(
+                    reader,
+                    self.format,
+                    self.null_payload,
+                    &fields,
+                    timestamp_ms,
+                )?;
                 (payload, headers)
             }
         };
@@ -305,46 +199,6 @@ impl Rules {
             },
             id,
         })
-    }
-
-    /// A configured field that must not be null.
-    pub(super) fn required(
-        &self,
-        source: &dyn Source,
-        role: Role,
-        event_id: &str,
-    ) -> Result<Value, MappingError> {
-        source
-            .get(self, role, event_id)?
-            .ok_or_else(|| MappingError::NullColumn {
-                event_id: event_id.to_string(),
-                column: self.column(role).unwrap_or_default().to_string(),
-            })
-    }
-
-    pub(super) fn utf8<'b>(
-        &self,
-        bytes: &'b [u8],
-        role: Role,
-        event_id: &str,
-    ) -> Result<&'b str, MappingError> {
-        std::str::from_utf8(bytes).map_err(|_| MappingError::InvalidUtf8 {
-            event_id: event_id.to_string(),
-            column: self.column(role).unwrap_or_default().to_string(),
-        })
-    }
-
-    pub(super) fn invalid(
-        &self,
-        role: Role,
-        event_id: &str,
-        reason: impl Into<String>,
-    ) -> MappingError {
-        MappingError::InvalidValue {
-            event_id: event_id.to_string(),
-            column: self.column(role).unwrap_or_default().to_string(),
-            reason: reason.into(),
-        }
     }
 }
 

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::binary::{self, Decoder};
-use super::rules::{Kind, Role, Rules, Source, Value};
+use super::fields::{Columns, Kind, Role, Source, Value};
+use super::rules::Rules;
 use super::{MappingError, OutboxEvent};
 use crate::source::pgoutput::{Relation, Tuple, TupleValue};
 
@@ -79,12 +80,10 @@ impl BoundTable {
         }
         let extra = (0..rules.extra_columns())
             .map(|i| {
-                let setting = if i < rules.extra_headers.len() {
-                    "header_columns"
-                } else {
-                    "cloudevents_extensions"
-                };
-                find(rules.extra_column(i).unwrap_or_default(), setting)
+                find(
+                    rules.extra_column(i).unwrap_or_default(),
+                    rules.extra_setting(i),
+                )
             })
             .collect::<Result<_, _>>()?;
         Ok(BoundTable {
@@ -155,21 +154,21 @@ impl RowSource<'_> {
 impl Source for RowSource<'_> {
     fn get(
         &self,
-        rules: &Rules,
+        columns: &Columns,
         role: Role,
         event_id: &str,
     ) -> Result<Option<Value>, MappingError> {
-        let column = rules.column(role).unwrap_or_default();
+        let column = columns.of(role).unwrap_or_default();
         self.value(self.bound.slots[role.index()], column, event_id)
     }
 
     fn extra(
         &self,
-        rules: &Rules,
+        columns: &Columns,
         i: usize,
         event_id: &str,
     ) -> Result<Option<Value>, MappingError> {
-        let column = rules.extra_column(i).unwrap_or_default();
+        let column = columns.extra(i).unwrap_or_default();
         self.value(self.bound.extra.get(i).copied(), column, event_id)
     }
 }

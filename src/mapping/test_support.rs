@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 /// Type OIDs of the test columns: the ones the mapping reads, and `timestamptz`.
 pub(super) mod oid {
-    pub(in crate::mapping) use crate::mapping::rules::oid::*;
+    pub(in crate::mapping) use crate::mapping::fields::oid::*;
     pub(in crate::mapping) const TIMESTAMPTZ: u32 = 1184;
 }
 pub(super) use super::{MappingError, MessageRoute, OutboxEvent, OutboxMapping, Record};

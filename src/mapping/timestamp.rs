@@ -5,34 +5,37 @@ use jiff::civil::DateTime;
 use jiff::fmt::temporal::{Pieces, PiecesOffset};
 use jiff::tz::Offset;
 
-use super::rules::{Kind, Role, Rules, Value};
+use super::fields::{FieldReader, Kind, Role, Value};
 use super::MappingError;
 
 /// 1970-01-01 00:00:00, the zero of Kafka timestamps.
 const UNIX_EPOCH: DateTime = DateTime::constant(1970, 1, 1, 0, 0, 0, 0);
 
-impl Rules {
-    pub(super) fn timestamp_ms(&self, value: &Value, event_id: &str) -> Result<i64, MappingError> {
-        let text = self.utf8(&value.bytes, Role::Timestamp, event_id)?;
-        let ms = match value.kind {
-            Kind::Integer => text
-                .trim()
-                .parse::<i64>()
-                .map_err(|_| format!("`{text}` is not an integer of milliseconds")),
-            Kind::Bytea => Err("a bytea value is not a timestamp".to_string()),
-            Kind::Json => Err("a JSON value is not a timestamp".to_string()),
-            Kind::Text => parse_timestamp_ms(text),
-        }
-        .map_err(|reason| self.invalid(Role::Timestamp, event_id, reason))?;
-        if ms < 0 {
-            return Err(self.invalid(
-                Role::Timestamp,
-                event_id,
-                format!("{ms} ms is before 1970, which Kafka timestamps cannot express"),
-            ));
-        }
-        Ok(ms)
+/// The record timestamp from the `timestamp_column` value.
+pub(super) fn timestamp_ms(
+    reader: FieldReader<'_>,
+    value: &Value,
+    event_id: &str,
+) -> Result<i64, MappingError> {
+    let text = reader.utf8(&value.bytes, Role::Timestamp, event_id)?;
+    let ms = match value.kind {
+        Kind::Integer => text
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| format!("`{text}` is not an integer of milliseconds")),
+        Kind::Bytea => Err("a bytea value is not a timestamp".to_string()),
+        Kind::Json => Err("a JSON value is not a timestamp".to_string()),
+        Kind::Text => parse_timestamp_ms(text),
     }
+    .map_err(|reason| reader.invalid(Role::Timestamp, event_id, reason))?;
+    if ms < 0 {
+        return Err(reader.invalid(
+            Role::Timestamp,
+            event_id,
+            format!("{ms} ms is before 1970, which Kafka timestamps cannot express"),
+        ));
+    }
+    Ok(ms)
 }
 
 /// Milliseconds since the Unix epoch of PostgreSQL's ISO text output of `timestamptz`

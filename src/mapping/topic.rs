@@ -2,7 +2,9 @@
 //! overrides. Whether a name is one Kafka accepts is config's rule (`topic_name_problem`),
 //! shared with config validation.
 
-use super::rules::{Role, Rules, Source};
+use std::collections::{BTreeMap, HashMap};
+
+use super::fields::{EventFields, FieldReader, Role};
 use super::MappingError;
 use crate::config::topic_name_problem;
 
@@ -69,51 +71,61 @@ impl TopicTemplate {
         for segment in &self.segments {
             match segment {
                 Segment::Literal(s) => topic.push_str(s),
-                Segment::Field(f) => topic.push_str(event.get(*f)),
+                Segment::Field(f) => topic.push_str(value_of(event, *f)),
             }
         }
         topic
     }
 }
 
-/// The named fields of one event, as topic templates and the envelope read them.
-pub(super) struct EventFields<'a> {
-    pub id: &'a str,
-    pub aggregate_type: &'a str,
-    pub aggregate_id: &'a str,
-    pub event_type: &'a str,
-    pub table: &'a str,
-    pub schema: &'a str,
-}
-
-impl EventFields<'_> {
-    fn get(&self, field: Field) -> &str {
-        match field {
-            Field::Id => self.id,
-            Field::AggregateType => self.aggregate_type,
-            Field::AggregateId => self.aggregate_id,
-            Field::Type => self.event_type,
-            Field::Table => self.table,
-            Field::Schema => self.schema,
-        }
+/// The value of a template field.
+fn value_of<'a>(event: &EventFields<'a>, field: Field) -> &'a str {
+    match field {
+        Field::Id => event.id,
+        Field::AggregateType => event.aggregate_type,
+        Field::AggregateId => event.aggregate_id,
+        Field::Type => event.event_type,
+        Field::Table => event.table,
+        Field::Schema => event.schema,
     }
 }
 
-impl Rules {
+/// The topic template and its per-aggregate-type overrides.
+#[derive(Debug)]
+pub(super) struct Topics {
+    template: TopicTemplate,
+    overrides: HashMap<String, TopicTemplate>,
+}
+
+impl Topics {
+    pub(super) fn parse(
+        template: &str,
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<Self, MappingError> {
+        let mut parsed = HashMap::with_capacity(overrides.len());
+        for (aggregate_type, template) in overrides {
+            parsed.insert(aggregate_type.clone(), TopicTemplate::parse(template)?);
+        }
+        Ok(Topics {
+            template: TopicTemplate::parse(template)?,
+            overrides: parsed,
+        })
+    }
+
     /// `topic_column` if non-null, else the aggregate type's override, else the template;
     /// checked like the broker checks it.
     pub(super) fn topic(
         &self,
-        source: &dyn Source,
+        reader: FieldReader<'_>,
         fields: &EventFields<'_>,
     ) -> Result<String, MappingError> {
         let id = fields.id;
-        let topic = match source.get(self, Role::Topic, id)? {
-            Some(v) => self.utf8(&v.bytes, Role::Topic, id)?.to_string(),
+        let topic = match reader.get(Role::Topic, id)? {
+            Some(v) => reader.utf8(&v.bytes, Role::Topic, id)?.to_string(),
             None => self
-                .topic_overrides
+                .overrides
                 .get(fields.aggregate_type)
-                .unwrap_or(&self.topic)
+                .unwrap_or(&self.template)
                 .render(fields),
         };
         match topic_name_problem(&topic) {

@@ -132,7 +132,7 @@ pub async fn list(config: &Config, filter: Filter) -> Result<ListReport, OpsErro
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true");
-    let client = crate::sink::progress::consumer_config(client);
+    let client = crate::sink::publisher::consumer_config(client);
     let read = tokio::task::spawn_blocking(move || read_all(client, &topic, &filter)).await;
     let failed = |problem: String| OpsError::DeadLetters {
         topic: config.dead_letter.topic.clone(),

@@ -120,6 +120,15 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// `ALTER_REPLICATION_SLOT "slot" ( FAILOVER true )`: the replication command that turns
+/// failover on for an existing slot (PostgreSQL 17+). The relay runs it; `check` prints it.
+pub fn alter_failover_command(slot: &str) -> String {
+    format!(
+        "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
+        quote_ident(slot)
+    )
+}
+
 pub struct Control {
     client: Client,
     /// The host it reached, and what that server said about itself at connect time.

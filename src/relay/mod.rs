@@ -32,7 +32,7 @@ use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::mapping::{MappingError, OutboxMapping};
 use crate::postgres::conninfo::ConnInfo;
-use crate::postgres::control::{Control, ControlError, SlotInfo};
+use crate::postgres::control::{alter_failover_command, Control, ControlError, SlotInfo};
 use crate::relay::ledger::LedgerError;
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::progress::ServerHistory;
@@ -111,9 +111,9 @@ impl std::fmt::Display for Unmapped {
             write!(f, " but a partition of {root}, which is not one either")?;
         }
         if self.dropped {
-            return write!(f, " and no longer exists: most likely a partition of the outbox, detached or dropped before the relay read its rows, in a publication that does not publish via the partition root. The relay stops so that the slot is not confirmed past it. Fix: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true) so that later changes name the outbox itself; the changes already in the slot cannot be mapped: make sure their events are not needed (or re-create them), then `outbox-relay slot advance --to <LSN>` past them");
+            return write!(f, " and no longer exists (a dropped partition?): the relay stops. Fix: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true), then skip past it; see docs/operations.md#unmapped-relation");
         }
-        write!(f, "; the relay stops so that the slot is not confirmed past it. Fix: if its rows are outbox events, configure the table (outbox.table or [[outbox.tables]]; a partitioned outbox by its partitioned table); if not, remove it from the publication: ALTER PUBLICATION {publication} DROP TABLE ... (`outbox-relay check` lists what the publication holds)")
+        write!(f, ": the relay stops. Fix: configure it as an outbox table, or ALTER PUBLICATION {publication} DROP TABLE it; see docs/operations.md#unmapped-relation")
     }
 }
 
@@ -520,14 +520,6 @@ async fn enable_failover(sender: &mut WalSender, slot: &str) -> Result<(), Relay
         .into()),
         Err(e) => Err(e.into()),
     }
-}
-
-/// `ALTER_REPLICATION_SLOT "slot" ( FAILOVER true )`.
-pub fn alter_failover_command(slot: &str) -> String {
-    format!(
-        "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
-        crate::postgres::control::quote_ident(slot)
-    )
 }
 
 fn now_ms() -> i64 {

@@ -5,30 +5,94 @@
 //! [`publisher::Delivery`] reports on a channel. [`window::InFlight`] counts what is sent and
 //! not yet reported, against the in-flight caps. In `kafka.delivery = "exactly_once"` the
 //! producer is transactional and `progress` keeps, per slot, where Kafka stands.
+//!
+//! [`open`] makes a session's producer: idempotent, or transactional with its progress read.
 
 pub mod blocked;
 pub mod dead_letter;
 pub mod kafka_latency;
-mod partition_counts;
 pub mod preflight;
-pub mod progress;
-#[allow(
-    unsafe_code,
-    reason = "FFI: `skip_linger` calls librdkafka's rd_kafka_flush, which rust-rdkafka does not expose without waiting on its events"
-)]
 pub mod publisher;
-#[cfg(test)]
-mod publisher_tests;
-#[allow(
-    unsafe_code,
-    reason = "FFI: cached librdkafka topic handles and rd_kafka_producev, which rust-rdkafka does not expose"
-)]
-mod topic_handles;
-#[cfg(test)]
-mod topic_handles_tests;
 pub mod window;
 
-pub use progress::open;
+pub use publisher::progress;
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tracing::info;
+
+use crate::config::{Delivery as DeliveryMode, KafkaConfig};
+use crate::lsn::Lsn;
+use crate::mapping::partition;
+use blocked::Blocked;
+use progress::{
+    ensure_topic, read_last, reconcile, Progress, ProgressRecord, ServerHistory, SlotIdentity,
+};
+use publisher::{Delivery, PublishError, Publisher};
+
+/// The producer of a session, its delivery reports, and (in `exactly_once`) the end LSN below
+/// which PostgreSQL transactions are already in Kafka.
+pub type OpenedSink = (
+    Publisher,
+    mpsc::UnboundedReceiver<Delivery>,
+    Option<Progress>,
+);
+
+/// Opens the session's producer. In `exactly_once`: the slot's identity is read, the progress
+/// topic made when missing, the transactional producer initialised (fencing older ones), and
+/// then the last committed progress value read. Call only while holding the slot: starting
+/// fences whoever held it before.
+pub async fn open(
+    config: &KafkaConfig,
+    client: &tokio_postgres::Client,
+    slot: &str,
+    blocked: Arc<Blocked>,
+    server: &ServerHistory,
+) -> Result<OpenedSink, PublishError> {
+    if config.delivery == DeliveryMode::AtLeastOnce {
+        let (publisher, deliveries) = Publisher::reporting_blocks(config, blocked)?;
+        return Ok((publisher, deliveries, None));
+    }
+    let identity = SlotIdentity::read(client, slot).await?;
+    let topic = &config.progress_topic;
+    let partitions = ensure_topic(config, &blocked).await?;
+    let key = identity.key();
+    let progress = ProgressRecord {
+        topic: topic.clone(),
+        partition: partition::partition_for_key(&key, partitions),
+        key,
+        timeline: server.timeline,
+    };
+    let partition = progress.partition;
+    let (publisher, deliveries) = Publisher::transactional(
+        config,
+        &identity.transactional_id(),
+        progress.clone(),
+        blocked,
+    )
+    .await?;
+    let last = read_last(config, &progress).await?;
+    let wal = client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .ok()
+        .and_then(|row| row.get::<_, String>(0).parse::<Lsn>().ok());
+    let skip_below = match last {
+        Some(stored) => Some(reconcile(stored, server, wal).map_err(|problem| {
+            PublishError::ProgressDiverged {
+                topic: topic.clone(),
+                key: String::from_utf8_lossy(&progress.key).into_owned(),
+                problem,
+            }
+        })?),
+        None => None,
+    };
+    info!(transactional_id = %identity.transactional_id(), topic = %topic, partition,
+        progress = ?skip_below.map(|p| p.to_string()),
+        "exactly-once: producer initialised; transactions below the progress record are skipped");
+    Ok((publisher, deliveries, skip_below))
+}
 
 /// Identifies a PostgreSQL transaction in the relay's ledger; travels with each record as the
 /// delivery opaque, so that a delivery report says which transaction it settles.

@@ -102,7 +102,7 @@ pub(super) async fn failover(
             format!("slot `{name}` is not a failover slot; `outbox-relay run` turns failover on"),
             format!(
                 "nothing to do, or run `{}` over a replication connection",
-                crate::relay::alter_failover_command(name)
+                crate::postgres::control::alter_failover_command(name)
             ),
         ),
     });

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::postgres::Table;
+use super::outbox_table::Table;
 use super::{ok, problem, warning, Item};
 use crate::config::Config;
 use crate::ops::OpsError;

@@ -39,14 +39,13 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Message, Offset, TopicPartitionList};
-use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::config::{Delivery as DeliveryMode, KafkaConfig};
+use super::client::{client_config, consumer_config};
+use super::delivery::PublishError;
+use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
-use crate::mapping::partition;
 use crate::sink::blocked::{BlockReason, Blocked};
-use crate::sink::publisher::{client_config, Delivery, ProgressRecord, PublishError, Publisher};
 
 /// Who writes the progress: one key (and one transactional id) per slot of a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,67 +99,14 @@ impl SlotIdentity {
     }
 }
 
-/// The producer of a session, its delivery reports, and (in `exactly_once`) the end LSN below
-/// which PostgreSQL transactions are already in Kafka.
-pub type OpenedSink = (
-    Publisher,
-    mpsc::UnboundedReceiver<Delivery>,
-    Option<Progress>,
-);
-
-/// Opens the session's producer. In `exactly_once`: the slot's identity is read, the progress
-/// topic made when missing, the transactional producer initialised (fencing older ones), and
-/// then the last committed progress value read. Call only while holding the slot: starting
-/// fences whoever held it before.
-pub async fn open(
-    config: &KafkaConfig,
-    client: &tokio_postgres::Client,
-    slot: &str,
-    blocked: Arc<Blocked>,
-    server: &ServerHistory,
-) -> Result<OpenedSink, PublishError> {
-    if config.delivery == DeliveryMode::AtLeastOnce {
-        let (publisher, deliveries) = Publisher::reporting_blocks(config, blocked)?;
-        return Ok((publisher, deliveries, None));
-    }
-    let identity = SlotIdentity::read(client, slot).await?;
-    let topic = &config.progress_topic;
-    let partitions = ensure_topic(config, &blocked).await?;
-    let key = identity.key();
-    let progress = ProgressRecord {
-        topic: topic.clone(),
-        partition: partition::partition_for_key(&key, partitions),
-        key,
-        timeline: server.timeline,
-    };
-    let partition = progress.partition;
-    let (publisher, deliveries) = Publisher::transactional(
-        config,
-        &identity.transactional_id(),
-        progress.clone(),
-        blocked,
-    )
-    .await?;
-    let last = read_last(config, &progress).await?;
-    let wal = client
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-        .await
-        .ok()
-        .and_then(|row| row.get::<_, String>(0).parse::<Lsn>().ok());
-    let skip_below = match last {
-        Some(stored) => Some(reconcile(stored, server, wal).map_err(|problem| {
-            PublishError::ProgressDiverged {
-                topic: topic.clone(),
-                key: String::from_utf8_lossy(&progress.key).into_owned(),
-                problem,
-            }
-        })?),
-        None => None,
-    };
-    info!(transactional_id = %identity.transactional_id(), topic = %topic, partition,
-        progress = ?skip_below.map(|p| p.to_string()),
-        "exactly-once: producer initialised; transactions below the progress record are skipped");
-    Ok((publisher, deliveries, skip_below))
+/// The progress record written into every Kafka transaction (`exactly_once`).
+#[derive(Debug, Clone)]
+pub struct ProgressRecord {
+    pub topic: String,
+    pub partition: i32,
+    pub key: Vec<u8>,
+    /// The server's timeline, written into each value.
+    pub timeline: u32,
 }
 
 /// The consumer group of the progress reader (it only assigns; see `read_last`).
@@ -173,7 +119,10 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Creates the progress topic (one partition, compacted) when missing; returns its partition
 /// count.
-async fn ensure_topic(config: &KafkaConfig, blocked: &Blocked) -> Result<i32, PublishError> {
+pub(in crate::sink) async fn ensure_topic(
+    config: &KafkaConfig,
+    blocked: &Blocked,
+) -> Result<i32, PublishError> {
     let topic = config.progress_topic.clone();
     let problem = |p: String| PublishError::Progress {
         topic: topic.clone(),
@@ -250,7 +199,7 @@ async fn partition_count(
 
 /// The last committed progress value for our key: a read_committed consumer reads the key's
 /// partition from the beginning to its end (compaction keeps it short).
-async fn read_last(
+pub(in crate::sink) async fn read_last(
     config: &KafkaConfig,
     progress: &ProgressRecord,
 ) -> Result<Option<Stored>, PublishError> {
@@ -356,7 +305,7 @@ fn wait_stable(
             return Ok(low);
         }
         if started.elapsed() > READ_TIMEOUT {
-            return Err(format!("an open Kafka transaction holds its stable end at offset {stable}, below its end {high}, for over {READ_TIMEOUT:?} (another relay of this progress topic died or froze mid-commit; the broker aborts it after its transaction.timeout.ms): the progress cannot be read yet, so the session is retried"));
+            return Err(format!("an open Kafka transaction holds its stable end at offset {stable}, below its end {high}, for over {READ_TIMEOUT:?}: retrying; see docs/operations.md#exactly-once-progress"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -375,24 +324,6 @@ impl rdkafka::ClientContext for QuietEof {
 }
 
 impl rdkafka::consumer::ConsumerContext for QuietEof {}
-
-/// Drops the producer-only settings that `client_config` adds and a consumer rejects.
-pub(crate) fn consumer_config(mut client: rdkafka::ClientConfig) -> rdkafka::ClientConfig {
-    for key in [
-        "enable.idempotence",
-        "acks",
-        "linger.ms",
-        "batch.num.messages",
-        "compression.type",
-        "message.timeout.ms",
-        "partitioner",
-        "queue.buffering.max.messages",
-        "queue.buffering.max.kbytes",
-    ] {
-        client.remove(key);
-    }
-    client
-}
 
 /// The server's timeline and how it got there, read on the replication connection before
 /// streaming: a progress value written on another timeline is checked against it.
@@ -433,7 +364,7 @@ pub fn reconcile(
     let written_on = stored.timeline.unwrap_or(server.timeline);
     if written_on == server.timeline {
         return match wal {
-            Some(wal) if wal < at.lsn => Err(format!("the progress value {at} is ahead of the database's WAL ({wal}) on the same timeline {written_on}: the database went back in time (an earlier copy of its data directory was started) and transactions after the copy may have been replaced by new ones at the same positions, so the relay cannot tell which of them Kafka has")),
+            Some(wal) if wal < at.lsn => Err(format!("the progress value {at} is ahead of the database's WAL ({wal}) on the same timeline {written_on}: the database went back in time")),
             _ => Ok(at),
         };
     }

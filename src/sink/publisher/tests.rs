@@ -8,7 +8,7 @@ use rdkafka::producer::DefaultProducerContext;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::timeout;
 
-use super::publisher::{Delivery, Publisher};
+use super::{Delivery, Publisher};
 use crate::config::KafkaConfig;
 use crate::mapping::Record;
 

@@ -15,8 +15,8 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, ProducerContext};
 use rdkafka::{ClientContext, Offset, Timestamp, TopicPartitionList};
 
-use super::publisher::{Delivery, Publisher};
 use super::topic_handles::TopicHandles;
+use super::{Delivery, Publisher};
 use crate::config::KafkaConfig;
 use crate::mapping::partition::partition_for_key;
 use crate::mapping::Record;

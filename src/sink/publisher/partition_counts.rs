@@ -12,25 +12,28 @@
 //! other topics go on meanwhile.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::Producer;
 use rdkafka::Timestamp;
 use tracing::{info, warn};
 
-use super::blocked::BlockReason;
-use super::publisher::{owned_headers, Delivery, DeliveryFailure, Shared, DEAD_LETTER_BIT};
-use super::TxnSeq;
+use super::delivery::{owned_headers, Delivery, DeliveryFailure, DEAD_LETTER_BIT};
+use super::producer::Shared;
+use crate::config::TopicCreation;
 use crate::mapping::{partition, Record};
+use crate::sink::blocked::BlockReason;
+use crate::sink::TxnSeq;
 
 /// Partition counts of the topics written to, and the records waiting for one.
 #[derive(Default)]
-pub(super) struct Topics {
+struct Topics {
     /// Partition count per topic with the time it was read, for `Record::partition_key`.
     counts: HashMap<String, (i32, Instant)>,
     /// Records of topics whose count is being read for the first time, in send order.
@@ -39,15 +42,8 @@ pub(super) struct Topics {
     refreshing: HashSet<String>,
 }
 
-impl Topics {
-    /// Some record still waits for its topic's partition count.
-    pub(super) fn any_waiting(&self) -> bool {
-        !self.waiting.is_empty()
-    }
-}
-
 /// A record that waits for its topic's partition count.
-pub(super) struct Waiting {
+struct Waiting {
     record: Record,
     opaque: usize,
 }
@@ -71,7 +67,41 @@ const BLOCK_GRACE: Duration = Duration::from_secs(2);
 /// Per CreateTopics request.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 
-impl Shared {
+/// The gate of every topic the publisher writes to: partition counts, the records waiting
+/// for one, and the admin client that creates missing topics. Produces through [`Shared`].
+pub(super) struct PartitionCounts {
+    shared: Arc<Shared>,
+    topics: Mutex<Topics>,
+    /// `kafka.topic_creation`, and the settings of the admin client that creates topics.
+    creation: TopicCreation,
+    admin_config: ClientConfig,
+    admin: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
+}
+
+impl PartitionCounts {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        creation: TopicCreation,
+        admin_config: ClientConfig,
+    ) -> Self {
+        PartitionCounts {
+            shared,
+            topics: Mutex::default(),
+            creation,
+            admin_config,
+            admin: Mutex::new(None),
+        }
+    }
+
+    fn topics(&self) -> MutexGuard<'_, Topics> {
+        self.topics.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Some record still waits for its topic's partition count.
+    pub(super) fn any_waiting(&self) -> bool {
+        !self.topics().waiting.is_empty()
+    }
+
     /// The record's partition (`Some(None)`: the partitioner hashes the key), or `None` when
     /// the record was queued to wait for its topic's partition count.
     pub(super) fn route(self: &Arc<Self>, record: &Record, opaque: usize) -> Option<Option<i32>> {
@@ -136,14 +166,16 @@ impl Shared {
                 warned = true;
             }
             tokio::select! {
-                _ = self.stop.cancelled() => return,
+                _ = self.shared.stop.cancelled() => return,
                 _ = tokio::time::sleep(pause) => {}
             }
             pause = (pause * 2).min(METADATA_RETRY_MAX);
         };
         if let Ok(count) = outcome {
-            self.blocked.clear(BlockReason::UnknownTopic, &topic);
-            self.blocked.clear(BlockReason::TopicCreation, &topic);
+            self.shared.blocked.clear(BlockReason::UnknownTopic, &topic);
+            self.shared
+                .blocked
+                .clear(BlockReason::TopicCreation, &topic);
             self.topics()
                 .counts
                 .insert(topic.clone(), (count, Instant::now()));
@@ -169,7 +201,7 @@ impl Shared {
             Some(BlockReason::Authentication) | None => {}
             Some(reason) => {
                 if waited >= BLOCK_GRACE {
-                    self.blocked.block(reason, topic, error);
+                    self.shared.blocked.block(reason, topic, error);
                 }
                 return Ok(());
             }
@@ -186,7 +218,7 @@ impl Shared {
         if !unreachable && waited >= METADATA_WAIT {
             return Err(error.clone());
         }
-        if waited >= self.message_timeout {
+        if waited >= self.shared.message_timeout {
             return Err(KafkaError::MessageProduction(
                 RDKafkaErrorCode::MessageTimedOut,
             ));
@@ -225,7 +257,9 @@ impl Shared {
                     "created the topic (kafka.topic_creation)"),
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((_, code)) if report => {
-                    self.blocked.block(BlockReason::TopicCreation, topic, &code);
+                    self.shared
+                        .blocked
+                        .block(BlockReason::TopicCreation, topic, &code);
                 }
                 Err((_, code)) => {
                     warn!(topic, error = %code, "the brokers refused to create the topic; trying again")
@@ -252,7 +286,7 @@ impl Shared {
     /// only once empty, so a record sent meanwhile still lines up behind them.
     async fn release_waiting(&self, topic: &str, outcome: Result<i32, KafkaError>) {
         loop {
-            if self.stop.is_cancelled() {
+            if self.shared.stop.is_cancelled() {
                 return;
             }
             let next = {
@@ -271,7 +305,11 @@ impl Shared {
                 (Some(_), Err(error)) => Err(error.clone()),
             };
             let result = match partition {
-                Ok(partition) => self.produce(&next.record, next.opaque, partition).await,
+                Ok(partition) => {
+                    self.shared
+                        .produce(&next.record, next.opaque, partition)
+                        .await
+                }
                 Err(error) => Err(error),
             };
             if let Err(error) = result {
@@ -295,7 +333,7 @@ impl Shared {
     /// One metadata request for `topic` (which creates it when the brokers auto-create
     /// topics). librdkafka's request blocks its caller, so it runs on the blocking pool.
     async fn fetch_count(&self, topic: &str, timeout: Duration) -> Result<i32, KafkaError> {
-        let producer = self.producer.clone();
+        let producer = self.shared.producer.clone();
         let name = topic.to_string();
         let fetched = tokio::task::spawn_blocking(move || {
             producer.client().fetch_metadata(Some(&name), timeout)
@@ -321,7 +359,8 @@ impl Shared {
     /// Reports a record that never reached librdkafka as a failed delivery, as librdkafka
     /// would have: the session then decides (dead letter, or restart from the slot).
     fn fail(&self, waiting: Waiting, error: KafkaError) {
-        self.doomed
+        self.shared
+            .doomed
             .store(true, std::sync::atomic::Ordering::Release);
         let record = &waiting.record;
         warn!(topic = %record.topic, error = %error, "a record waiting for its topic's partition count failed");
@@ -336,7 +375,7 @@ impl Shared {
             -1,
             Some(owned_headers(record)),
         );
-        let _ = self.deliveries.send(Delivery {
+        let _ = self.shared.deliveries.send(Delivery {
             seq: (waiting.opaque & !DEAD_LETTER_BIT) as TxnSeq,
             dead_letter: waiting.opaque & DEAD_LETTER_BIT != 0,
             bytes: record.size(),

@@ -1,0 +1,263 @@
+//! What comes back from the producer: a [`Delivery`] per record, reported through a channel by
+//! [`DeliveryReporter`] (librdkafka's callbacks, on the poller thread), and the publisher's
+//! errors. The delivery opaque carries the transaction's sequence number, with
+//! [`DEAD_LETTER_BIT`] for dead letters.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::ProducerContext;
+use rdkafka::ClientContext;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::mapping::Record;
+use crate::sink::blocked::{BlockReason, Blocked};
+use crate::sink::kafka_latency::KafkaLatency;
+use crate::sink::TxnSeq;
+
+/// Marks a dead-letter record in the delivery opaque (transaction numbers never get there).
+pub(super) const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);
+/// The opaque of a progress record (`exactly_once`): its delivery is not reported, since it
+/// is no event; a failure shows in the transaction's commit instead.
+pub(super) const PROGRESS_OPAQUE: usize = usize::MAX;
+
+/// What Kafka said about one record.
+#[derive(Debug)]
+pub struct Delivery {
+    pub seq: TxnSeq,
+    /// The record was a dead letter (sent with `send_dead_letter`).
+    pub dead_letter: bool,
+    /// Key + payload bytes of the record, to release from the in-flight count.
+    pub bytes: usize,
+    pub result: Result<(), DeliveryFailure>,
+}
+
+/// A record Kafka did not take, with the record itself so it can be dead-lettered.
+#[derive(Debug)]
+pub struct DeliveryFailure {
+    pub error: KafkaError,
+    pub message: OwnedMessage,
+}
+
+/// A record Kafka refused, named by topic and event id (never by payload).
+#[derive(Debug)]
+pub struct Rejection {
+    pub topic: String,
+    pub event_id: String,
+    pub error: KafkaError,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "event {} for topic `{}`: {}",
+            self.event_id, self.topic, self.error
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("cannot create the Kafka producer: {0}")]
+    Create(#[source] KafkaError),
+    #[error("Kafka refused the record: {0}")]
+    Rejected(Box<Rejection>),
+    #[error("the Kafka producer hit a fatal error: {0}; it will be recreated")]
+    Fatal(String),
+    /// A Kafka transaction (`exactly_once`) could not be initialised, begun or committed.
+    /// Nothing of it is visible to read_committed consumers; the session restarts from the
+    /// slot and the progress record.
+    #[error("kafka transaction: cannot {what}: {error}")]
+    Transaction {
+        what: &'static str,
+        #[source]
+        error: KafkaError,
+    },
+    /// The progress record (`exactly_once`) could not be read, or its topic made.
+    #[error("kafka.progress_topic `{topic}`: {problem}")]
+    Progress { topic: String, problem: String },
+    /// The progress record says something this database's history contradicts: the relay
+    /// cannot tell what Kafka has, so it stops.
+    #[error("kafka.progress_topic `{topic}`: {problem}. Fix: a tombstone with key {key} to `{topic}`, or a new postgres.slot and `outbox-relay replay`; see docs/operations.md#exactly-once-progress")]
+    ProgressDiverged {
+        topic: String,
+        key: String,
+        problem: String,
+    },
+}
+
+impl PublishError {
+    /// Transient errors heal by restarting from the slot; the others are about the record, or
+    /// a setting. Deployment errors ([`BlockReason`]: a missing ACL) are transient: the
+    /// session is retried with back-off until the operator fixed them.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            PublishError::Create(_) | PublishError::Fatal(_) | PublishError::Progress { .. } => {
+                true
+            }
+            PublishError::Rejected(r) => !is_permanent(&r.error),
+            PublishError::ProgressDiverged { .. } => false,
+            // Fenced is transient too: the relay that fenced us holds the slot, so the next
+            // session waits as a standby.
+            PublishError::Transaction { error, .. } => !matches!(
+                error.rdkafka_error_code(),
+                Some(
+                    RDKafkaErrorCode::InvalidTransactionTimeout
+                        | RDKafkaErrorCode::UnsupportedVersion
+                        | RDKafkaErrorCode::UnsupportedForMessageFormat
+                )
+            ),
+        }
+    }
+}
+
+/// Errors that no retry of the same record will heal: the record itself is wrong for Kafka.
+/// A missing ACL is not one of them: it is the deployment's, and heals once granted
+/// ([`BlockReason`]).
+pub fn is_permanent(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::MessageBatchTooLarge
+        )
+    )
+}
+
+/// Receives librdkafka callbacks on its polling thread and forwards deliveries.
+pub struct DeliveryReporter {
+    deliveries: mpsc::UnboundedSender<Delivery>,
+    errors_logged: Mutex<ErrorLog>,
+    latency: Arc<KafkaLatency>,
+    blocked: Arc<Blocked>,
+}
+
+impl DeliveryReporter {
+    /// Forwards deliveries to `deliveries`, keeping what Kafka refuses in `blocked`.
+    pub(super) fn new(deliveries: mpsc::UnboundedSender<Delivery>, blocked: Arc<Blocked>) -> Self {
+        DeliveryReporter {
+            deliveries,
+            errors_logged: Mutex::new(ErrorLog::default()),
+            latency: Arc::default(),
+            blocked,
+        }
+    }
+
+    /// Kafka's share of the latency, per broker (librdkafka's statistics).
+    pub(super) fn latency(&self) -> Arc<KafkaLatency> {
+        self.latency.clone()
+    }
+}
+
+/// librdkafka reports a broker that is down every few tens of milliseconds: one line per
+/// [`ERROR_LOG_INTERVAL`] says it, with how many were not logged.
+#[derive(Default)]
+struct ErrorLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+impl ClientContext for DeliveryReporter {
+    // Only the latency is read, straight from the JSON: rust-rdkafka's full `Statistics`
+    // (every partition of every topic) is not needed.
+    fn stats_raw(&self, json: &[u8]) {
+        if let Err(e) = self.latency.update(json) {
+            debug!(error = %e, "cannot read librdkafka's statistics");
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        // Broker connection problems are reported here; librdkafka retries by itself.
+        // Cluster-wide refusals come here, with no topic: a refused login, no
+        // IDEMPOTENT_WRITE for the idempotent producer.
+        if let Some(block @ (BlockReason::Authentication | BlockReason::ClusterAuthorization)) =
+            BlockReason::of(&error)
+        {
+            self.blocked.block(block, "", &format!("{error}: {reason}"));
+        }
+        let mut log = self
+            .errors_logged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if log.last.is_some_and(|at| at.elapsed() < ERROR_LOG_INTERVAL) {
+            log.suppressed += 1;
+            return;
+        }
+        let suppressed = std::mem::take(&mut log.suppressed);
+        log.last = Some(Instant::now());
+        warn!(error = %error, reason, suppressed,
+            "kafka client error; the producer keeps retrying");
+    }
+}
+
+impl ProducerContext for DeliveryReporter {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+        if seq == PROGRESS_OPAQUE {
+            return;
+        }
+        let (bytes, result) = match result {
+            Ok(m) => {
+                self.blocked.delivered(m.topic());
+                (m.payload_len() + m.key_len(), Ok(()))
+            }
+            Err((error, m)) => {
+                if let Some(reason) = BlockReason::of(error) {
+                    self.blocked.block(reason, m.topic(), error);
+                }
+                (
+                    m.payload_len() + m.key_len(),
+                    Err(DeliveryFailure {
+                        error: error.clone(),
+                        message: m.detach(),
+                    }),
+                )
+            }
+        };
+        // The receiver is gone only when the pipeline has been torn down: nothing to tell.
+        let _ = self.deliveries.send(Delivery {
+            seq: (seq & !DEAD_LETTER_BIT) as TxnSeq,
+            dead_letter: seq & DEAD_LETTER_BIT != 0,
+            bytes,
+            result,
+        });
+    }
+}
+
+impl DeliveryFailure {
+    /// The failure as a rejection: topic and event id (the key), without the payload.
+    pub fn rejection(&self) -> Rejection {
+        Rejection {
+            topic: self.message.topic().to_string(),
+            event_id: self
+                .message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .unwrap_or_default(),
+            error: self.error.clone(),
+        }
+    }
+}
+
+pub(super) fn owned_headers(record: &Record) -> OwnedHeaders {
+    record.headers.iter().fold(
+        OwnedHeaders::new_with_capacity(record.headers.len()),
+        |h, (k, v)| {
+            h.insert(Header {
+                key: k,
+                value: Some(&v[..]),
+            })
+        },
+    )
+}

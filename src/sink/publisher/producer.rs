@@ -1,0 +1,88 @@
+//! The producer every part of the publisher sends through: librdkafka's producer, its topic
+//! handles, and the channel failed records are reported on. [`Shared`] is held by the
+//! [`Publisher`](super::Publisher) and by the background partition-count readers.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::BaseProducer;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::delivery::{Delivery, DeliveryReporter};
+use super::topic_handles::TopicHandles;
+use crate::mapping::Record;
+use crate::sink::blocked::Blocked;
+
+/// The producer and what every sender needs: shared by the publisher and its background
+/// partition-count readers.
+pub(super) struct Shared {
+    pub(super) producer: Arc<BaseProducer<DeliveryReporter>>,
+    /// What records are produced through, so that librdkafka need not look their topic up
+    /// by name. It holds a producer reference of its own and destroys its topic handles
+    /// before dropping it, as librdkafka's destroy requires.
+    pub(super) handles: TopicHandles<DeliveryReporter>,
+    /// Where failures of records that never reached librdkafka are reported.
+    pub(super) deliveries: mpsc::UnboundedSender<Delivery>,
+    /// How long a record may wait for its topic's partition count while the brokers cannot
+    /// be reached: librdkafka's own `message.timeout.ms` for records in its queue.
+    pub(super) message_timeout: Duration,
+    /// Cancelled when the publisher goes: background readers stop.
+    pub(super) stop: CancellationToken,
+    /// What Kafka refuses for deployment reasons (missing ACLs, topics), shared with the
+    /// metrics; records it stops wait.
+    pub(super) blocked: Arc<Blocked>,
+    /// A record of the open Kafka transaction failed before librdkafka saw it
+    /// (`exactly_once`): the transaction must abort, never commit.
+    pub(super) doomed: AtomicBool,
+    /// A `skip_linger` runs.
+    pub(super) skipping_linger: AtomicBool,
+}
+
+/// How long a record waits for room in a full librdkafka queue before it is refused.
+const QUEUE_FULL_WAIT: Duration = Duration::from_secs(1);
+
+impl Shared {
+    /// Waits (1 ms steps, on the runtime's timer) while `busy` holds; fails as a timed-out
+    /// message at `give_up` or when the publisher goes.
+    pub(super) async fn wait_while(
+        &self,
+        give_up: Instant,
+        busy: impl Fn() -> bool,
+    ) -> Result<(), KafkaError> {
+        while busy() {
+            if Instant::now() >= give_up || self.stop.is_cancelled() {
+                return Err(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::MessageTimedOut,
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
+
+    /// Hands one record to librdkafka, waiting out a full queue on the runtime's timer.
+    pub(super) async fn produce(
+        &self,
+        record: &Record,
+        opaque: usize,
+        partition: Option<i32>,
+    ) -> Result<(), KafkaError> {
+        let give_up = Instant::now() + QUEUE_FULL_WAIT;
+        loop {
+            match self.handles.send(record, partition, opaque) {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
+                    if Instant::now() < give_up =>
+                {
+                    // Our in-flight cap sits below librdkafka's queue limit, so this is rare:
+                    // give the polling thread a moment to drain callbacks.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
