@@ -1243,6 +1243,10 @@ cmd_start() {
 cmd_stop() {
     kafka_stop || true
     kafka_acl_stop || true
+    # The schema registry (scripts/registry.sh) keeps its state in this run dir too.
+    if [[ -f $RUN_DIR/registry/registry.pid ]]; then
+        bash "$SCRIPT_DIR/registry.sh" stop || true
+    fi
     cmd_ha_stop
     pg_stop_cluster pg-replica || true
     pg_stop_cluster pg || true
