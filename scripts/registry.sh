@@ -103,50 +103,10 @@ ensure_dirs() {
     mkdir -p "$PORTS_DIR" "$REG_DIR"
 }
 
-# Serialises start/stop/clean of this state dir. fd 9 is closed for the JVM
-# so that the lock dies with this script.
-take_lock() {
-    exec 9>"$REG_DIR/.lock"
-    if command -v flock >/dev/null 2>&1; then
-        flock -w 300 9 || die "could not lock $REG_DIR/.lock within 300 s"
-    fi
-}
-
-# ------------------------------------------------------------------- ports
-
-port_in_use() {
-    local port=$1
-    if command -v ss >/dev/null 2>&1; then
-        [[ -n $(ss -Htln "sport = :$port" 2>/dev/null) ]]
-    else
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
-    fi
-}
-
-# Prints the port saved under NAME, picking and saving a free one first if
-# there is none: from 15000-31999 (below Linux's ephemeral range, as
-# scripts/services.sh does), and none that another saved name holds.
-port_for() {
-    local name=$1 file="$PORTS_DIR/$1" port other taken i
-    if [[ -s $file ]]; then
-        cat "$file"
-        return
-    fi
-    for ((i = 0; i < 500; i++)); do
-        port=$((15000 + (RANDOM * 32768 + RANDOM) % 17000))
-        taken=0
-        for other in "$PORTS_DIR"/*; do
-            [[ -s $other ]] && [[ $(cat "$other") == "$port" ]] && taken=1
-        done
-        ((taken)) && continue
-        port_in_use "$port" && continue
-        echo "$port" >"$file.tmp.$$"
-        mv -f "$file.tmp.$$" "$file"
-        echo "$port"
-        return
-    done
-    die "found no free port for $name"
-}
+# The run dir's lock and its ports (port_for, port_in_use): scripts/ports.sh.
+# shellcheck source=scripts/ports.sh
+source "$SCRIPT_DIR/ports.sh"
+take_lock() { lock_dir "$REG_DIR"; }
 
 saved_port() {
     [[ -s $PORTS_DIR/$1 ]] || return 1

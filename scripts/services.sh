@@ -162,51 +162,10 @@ ensure_run_dir() {
     mkdir -p "$PORTS_DIR"
 }
 
-# Serialises the commands that change state (tests may call kafka-stop and
-# kafka-start from several threads). fd 9 is closed for every long-lived
-# child (postgres, java) so that the lock dies with this script.
-take_lock() {
-    exec 9>"$RUN_DIR/.lock"
-    if command -v flock >/dev/null 2>&1; then
-        flock -w 300 9 || die "could not lock $RUN_DIR/.lock within 300 s"
-    fi
-}
-
-# ------------------------------------------------------------------- ports
-
-port_in_use() {
-    local port=$1
-    if command -v ss >/dev/null 2>&1; then
-        [[ -n $(ss -Htln "sport = :$port" 2>/dev/null) ]]
-    else
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
-    fi
-}
-
-# Prints the port saved under NAME, picking and saving a free one first if
-# there is none. Ports come from 15000-31999: below Linux's ephemeral range
-# (32768+), so an outgoing connection cannot grab the port of a broker that
-# is stopped for a while.
-port_for() {
-    local name=$1 file="$PORTS_DIR/$1" port other taken i
-    if [[ -s $file ]]; then
-        cat "$file"
-        return
-    fi
-    for ((i = 0; i < 500; i++)); do
-        port=$((15000 + (RANDOM * 32768 + RANDOM) % 17000))
-        taken=0
-        for other in "$PORTS_DIR"/*; do
-            [[ -s $other ]] && [[ $(cat "$other") == "$port" ]] && taken=1
-        done
-        ((taken)) && continue
-        port_in_use "$port" && continue
-        echo "$port" >"$file"
-        echo "$port"
-        return
-    done
-    die "found no free port for $name"
-}
+# The run dir's lock and its ports (port_for, port_in_use): scripts/ports.sh.
+# shellcheck source=scripts/ports.sh
+source "$SCRIPT_DIR/ports.sh"
+take_lock() { lock_dir "$RUN_DIR"; }
 
 # ---------------------------------------------------------------- env file
 

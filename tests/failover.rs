@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::cluster::HaPair;
 use common::*;
 use tokio::sync::Mutex;
 use tokio_postgres::NoTls;
@@ -39,37 +40,9 @@ fn skip_unless_17(test: &str) -> bool {
     false
 }
 
-/// The pg-ha pair's URLs after a fresh `pg-ha-reset` + `pg-ha-start`.
-struct Pair {
-    primary: String,
-    standby: String,
-}
-
-fn fresh_pair() -> Pair {
-    services("pg-ha-reset");
-    let out = Command::new("bash")
-        .arg(env("OUTBOX_TEST_SERVICES"))
-        .arg("pg-ha-start")
-        .env("OUTBOX_PG_HA_SLOT_SYNC", "manual")
-        .output()
-        .expect("run services.sh pg-ha-start");
-    assert!(
-        out.status.success(),
-        "pg-ha-start failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let env_file = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let text = std::fs::read_to_string(&env_file).expect("read the env file");
-    let var = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
-            .map(|v| v.trim_matches('\'').to_string())
-            .unwrap_or_else(|| panic!("{name} not in {env_file}"))
-    };
-    Pair {
-        primary: var("OUTBOX_TEST_PG_HA_PRIMARY_URL"),
-        standby: var("OUTBOX_TEST_PG_HA_STANDBY_URL"),
-    }
+/// A fresh pg-ha pair whose failover slots are synced only when a test says so.
+fn fresh_pair() -> HaPair {
+    HaPair::fresh(&[("OUTBOX_PG_HA_SLOT_SYNC", "manual")])
 }
 
 /// `postgres://user@h1:p1,h2:p2/db?target_session_attrs=…` from single-host URLs.
@@ -211,7 +184,7 @@ fn with_db(url: &str, db: &str) -> String {
 }
 
 /// Makes the standby's copy of the slot synced and persistent (manual slot sync).
-async fn sync_slot(pair: &Pair, db: &TestDb) {
+async fn sync_slot(pair: &HaPair, db: &TestDb) {
     let primary = with_db(&pair.primary, &db.name);
     let standby = with_db(&pair.standby, &db.name);
     let sql = format!(

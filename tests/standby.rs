@@ -9,9 +9,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::cluster::HaPair;
 use common::*;
 use tokio_postgres::NoTls;
 
@@ -22,33 +22,6 @@ fn pg_major() -> u32 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(15)
-}
-
-/// The primary's and the standby's superuser URLs, from a fresh `pg-ha-start`.
-fn start_pair() -> (String, String) {
-    services("pg-ha-reset");
-    let out = Command::new("bash")
-        .arg(env("OUTBOX_TEST_SERVICES"))
-        .arg("pg-ha-start")
-        .output()
-        .expect("run services.sh pg-ha-start");
-    assert!(
-        out.status.success(),
-        "pg-ha-start failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let env_file = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let text = std::fs::read_to_string(&env_file).expect("read the env file");
-    let var = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
-            .map(|v| v.trim_matches('\'').to_string())
-            .unwrap_or_else(|| panic!("{name} not in {env_file}"))
-    };
-    (
-        var("OUTBOX_TEST_PG_HA_PRIMARY_URL"),
-        var("OUTBOX_TEST_PG_HA_STANDBY_URL"),
-    )
 }
 
 fn with_db(url: &str, db: &str) -> String {
@@ -108,7 +81,10 @@ async fn a_relay_on_a_standby_survives_sigkills_and_advances_while_the_outbox_is
         println!("SKIPPED: decoding on a standby needs PostgreSQL 16+, this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test standby");
         return;
     }
-    let (primary_admin, standby_admin) = start_pair();
+    let HaPair {
+        primary: primary_admin,
+        standby: standby_admin,
+    } = HaPair::fresh(&[]);
     let db = TestDb::new_on(&primary_admin).await;
     let primary = with_db(&primary_admin, &db.name);
     let standby = with_db(&standby_admin, &db.name);

@@ -1,6 +1,43 @@
-//! A PostgreSQL cluster of a test's own, for tests that crash, stop or restore it.
+//! A PostgreSQL cluster of a test's own, for tests that crash, stop or restore it; and the
+//! primary/standby pair of `services.sh pg-ha-start`.
 
-use super::{env, random_name};
+use super::{env, random_name, services};
+
+/// The pg-ha pair's superuser URLs after a fresh `pg-ha-reset` + `pg-ha-start` with `extra`
+/// in its environment (e.g. `OUTBOX_PG_HA_SLOT_SYNC`).
+pub struct HaPair {
+    pub primary: String,
+    pub standby: String,
+}
+
+impl HaPair {
+    pub fn fresh(extra: &[(&str, &str)]) -> HaPair {
+        services("pg-ha-reset");
+        let out = std::process::Command::new("bash")
+            .arg(env("OUTBOX_TEST_SERVICES"))
+            .arg("pg-ha-start")
+            .envs(extra.iter().copied())
+            .output()
+            .expect("run services.sh pg-ha-start");
+        assert!(
+            out.status.success(),
+            "pg-ha-start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let env_file = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let text = std::fs::read_to_string(&env_file).expect("read the env file");
+        let var = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+                .map(|v| v.trim_matches('\'').to_string())
+                .unwrap_or_else(|| panic!("{name} not in {env_file}"))
+        };
+        HaPair {
+            primary: var("OUTBOX_TEST_PG_HA_PRIMARY_URL"),
+            standby: var("OUTBOX_TEST_PG_HA_STANDBY_URL"),
+        }
+    }
+}
 
 /// A PostgreSQL cluster of the test's own (wal_level = logical), made with the server binaries
 /// of this run (`OUTBOX_TEST_PG_SERVER_BIN`) under the run dir, on a port of its own: a test

@@ -1,0 +1,50 @@
+# shellcheck shell=bash
+# scripts/ports.sh: the run dir's lock and its saved loopback ports, shared by
+# scripts/services.sh and scripts/registry.sh (sourced; both keep their ports
+# in the same $PORTS_DIR, so they never pick the same one). The sourcing
+# script defines PORTS_DIR and die().
+
+# Serialises the commands that change the state under DIR ($1). fd 9 is closed
+# for every long-lived child (postgres, java) so that the lock dies with the
+# script that took it.
+lock_dir() {
+    exec 9>"$1/.lock"
+    if command -v flock >/dev/null 2>&1; then
+        flock -w 300 9 || die "could not lock $1/.lock within 300 s"
+    fi
+}
+
+port_in_use() {
+    local port=$1
+    if command -v ss >/dev/null 2>&1; then
+        [[ -n $(ss -Htln "sport = :$port" 2>/dev/null) ]]
+    else
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
+    fi
+}
+
+# Prints the port saved under NAME, picking and saving a free one first if
+# there is none. Ports come from 15000-31999: below Linux's ephemeral range
+# (32768+), so an outgoing connection cannot grab the port of a service that
+# is stopped for a while; and none that another saved name holds.
+port_for() {
+    local name=$1 file="$PORTS_DIR/$1" port other taken i
+    if [[ -s $file ]]; then
+        cat "$file"
+        return
+    fi
+    for ((i = 0; i < 500; i++)); do
+        port=$((15000 + (RANDOM * 32768 + RANDOM) % 17000))
+        taken=0
+        for other in "$PORTS_DIR"/*; do
+            [[ -s $other ]] && [[ $(cat "$other") == "$port" ]] && taken=1
+        done
+        ((taken)) && continue
+        port_in_use "$port" && continue
+        echo "$port" >"$file.tmp.$$"
+        mv -f "$file.tmp.$$" "$file"
+        echo "$port"
+        return
+    done
+    die "found no free port for $name"
+}
