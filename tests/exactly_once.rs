@@ -64,6 +64,23 @@ async fn write_with_rollbacks(
     (committed, rolled_back)
 }
 
+/// Waits until the relay's log (shared by the test's relays) says `sessions` sessions began
+/// streaming; fails if the relay exits.
+async fn wait_streaming(relay: &mut RelayProcess, sessions: usize) {
+    let began = std::time::Instant::now();
+    while relay.log_text().matches("streaming from the slot").count() < sessions {
+        if let Some(status) = relay.try_status() {
+            panic!("relay exited with {status}:\n{}", relay.log_text());
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "session {sessions} did not start streaming within 60 s:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_ten_times_read_committed_sees_each_event_exactly_once() {
     let db = TestDb::new().await;
@@ -75,23 +92,28 @@ async fn sigkill_ten_times_read_committed_sees_each_event_exactly_once() {
         "OUTBOX_RELAY__RELAY__CONFIRM_DELAY_MS".into(),
         "1500".into(),
     ));
-    let mut relay = RelayProcess::start(&env, "eos-sigkill");
+    let log_name = format!("eos-sigkill-{}", db.name);
+    let mut relay = RelayProcess::start(&env, &log_name);
     wait_for_slot(&db, &mut relay).await;
 
-    // About 12 s of writing (≈ 116 transactions per writer, 100 ms apart), so that events
-    // flow through all ten kills (≈ 11 s): once a fast relay has caught up with writers that
-    // are done, a restart has nothing to skip and the test proves nothing.
+    // About 30 s of writing (≈ 116 transactions per writer, 250 ms apart), so that events
+    // flow through all ten kills: once a fast relay has caught up with writers that are done,
+    // a restart has nothing to skip and the test proves nothing.
     let writer_db = db.clone();
     let writing = tokio::spawn(async move {
-        write_with_rollbacks(&writer_db, 8, 20_000, Duration::from_millis(100)).await
+        write_with_rollbacks(&writer_db, 8, 20_000, Duration::from_millis(250)).await
     });
     for kill in 1..=10 {
-        let wait = rand::thread_rng().gen_range(300..1800);
+        // Each kill lands while a session streams: one killed while it still sets up its
+        // producer (a fenced predecessor's transaction is being aborted; seconds on a loaded
+        // machine) commits nothing, and a restart after it has nothing to skip.
+        wait_streaming(&mut relay, kill).await;
+        let wait = rand::thread_rng().gen_range(300..1500);
         tokio::time::sleep(Duration::from_millis(wait)).await;
         relay.kill9();
-        eprintln!("kill {kill}: SIGKILL after {wait} ms");
+        eprintln!("kill {kill}: SIGKILL {wait} ms into streaming");
         tokio::time::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..300))).await;
-        relay = RelayProcess::start(&env, "eos-sigkill");
+        relay = RelayProcess::start(&env, &log_name);
     }
     let (committed, rolled_back) = writing.await.unwrap();
     assert_eq!(committed.len(), 20_000);
