@@ -78,34 +78,16 @@ MIN_JAVA=21
 log() { printf '[registry] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-# Prints the last lines of each existing file given, to stderr.
-show_tail() {
-    local f
-    for f in "$@"; do
-        if [[ -s $f ]]; then
-            printf -- '----- last lines of %s -----\n' "$f" >&2
-            tail -n 40 "$f" >&2 || true
-            printf -- '----- end of %s -----\n' "$f" >&2
-        fi
-    done
-}
-
 # ---------------------------------------------------------------- state dir
 
 ensure_dirs() {
-    if [[ ! -d $RUN_DIR ]]; then
-        mkdir -p "$RUN_DIR"
-        : >"$MARKER"
-    fi
-    # Same marker as scripts/services.sh: its `clean` deletes only a run dir
-    # that one of these scripts made.
-    [[ -f $MARKER ]] || [[ -z $(ls -A "$RUN_DIR") ]] && : >"$MARKER"
-    mkdir -p "$PORTS_DIR" "$REG_DIR"
+    make_run_dir
+    mkdir -p "$REG_DIR"
 }
 
-# The run dir's lock and its ports (port_for, port_in_use): scripts/ports.sh.
-# shellcheck source=scripts/ports.sh
-source "$SCRIPT_DIR/ports.sh"
+# The run dir's marker, lock and ports, and show_tail: scripts/run-dir.sh.
+# shellcheck source=scripts/run-dir.sh
+source "$SCRIPT_DIR/run-dir.sh"
 take_lock() { lock_dir "$REG_DIR"; }
 
 saved_port() {

@@ -138,33 +138,16 @@ PG_START_TIMEOUT=${OUTBOX_PG_START_TIMEOUT:-60}
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-# Prints the last lines of each existing file given, to stderr.
-show_tail() {
-    local f
-    for f in "$@"; do
-        if [[ -s $f ]]; then
-            printf -- '----- last lines of %s -----\n' "$f" >&2
-            tail -n 40 "$f" >&2 || true
-            printf -- '----- end of %s -----\n' "$f" >&2
-        fi
-    done
-}
-
 # ---------------------------------------------------------------- state dir
 
 ensure_run_dir() {
-    if [[ ! -d $RUN_DIR ]]; then
-        mkdir -p "$RUN_DIR"
-        : >"$MARKER"
-    fi
-    [[ -f $MARKER ]] || [[ -z $(ls -A "$RUN_DIR") ]] && : >"$MARKER"
+    make_run_dir
     chmod 755 "$RUN_DIR" 2>/dev/null || true
-    mkdir -p "$PORTS_DIR"
 }
 
-# The run dir's lock and its ports (port_for, port_in_use): scripts/ports.sh.
-# shellcheck source=scripts/ports.sh
-source "$SCRIPT_DIR/ports.sh"
+# The run dir's marker, lock and ports, and show_tail: scripts/run-dir.sh.
+# shellcheck source=scripts/run-dir.sh
+source "$SCRIPT_DIR/run-dir.sh"
 take_lock() { lock_dir "$RUN_DIR"; }
 
 # ---------------------------------------------------------------- env file

@@ -1,8 +1,32 @@
 # shellcheck shell=bash
-# scripts/ports.sh: the run dir's lock and its saved loopback ports, shared by
-# scripts/services.sh and scripts/registry.sh (sourced; both keep their ports
-# in the same $PORTS_DIR, so they never pick the same one). The sourcing
-# script defines PORTS_DIR and die().
+# scripts/run-dir.sh: the run dir that scripts/services.sh and scripts/registry.sh
+# share (sourced by both): its marker, its lock, its saved loopback ports (both
+# keep them in the same $PORTS_DIR, so they never pick the same one) and the
+# log tails they print on a failure. The sourcing script defines RUN_DIR,
+# MARKER, PORTS_DIR, log() and die().
+
+# Prints the last lines of each existing file given, to stderr.
+show_tail() {
+    local f
+    for f in "$@"; do
+        if [[ -s $f ]]; then
+            printf -- '----- last lines of %s -----\n' "$f" >&2
+            tail -n 40 "$f" >&2 || true
+            printf -- '----- end of %s -----\n' "$f" >&2
+        fi
+    done
+}
+
+# Creates the run dir with its marker (`services.sh clean` deletes only a run
+# dir that carries it), and the ports dir.
+make_run_dir() {
+    if [[ ! -d $RUN_DIR ]]; then
+        mkdir -p "$RUN_DIR"
+        : >"$MARKER"
+    fi
+    [[ -f $MARKER ]] || [[ -z $(ls -A "$RUN_DIR") ]] && : >"$MARKER"
+    mkdir -p "$PORTS_DIR"
+}
 
 # Serialises the commands that change the state under DIR ($1). fd 9 is closed
 # for every long-lived child (postgres, java) so that the lock dies with the
