@@ -317,18 +317,7 @@ async fn binary_mode_stops_on_a_column_it_cannot_convert() {
     );
     let env = relay_env(&db, &slot, &toml, true);
     let mut relay = RelayProcess::start(&env, &format!("{slot}-numeric"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = relay.try_status() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the relay kept running with an unconvertible column:\n{}",
-            relay.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let status = probe::wait_exit(&mut relay, Duration::from_secs(30));
     let log = relay.log_text();
     assert!(!status.success(), "{log}");
     for part in [

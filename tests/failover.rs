@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::HaPair;
+use common::cluster::{query_text, with_db, HaPair};
 use common::*;
 use tokio::sync::Mutex;
 use tokio_postgres::NoTls;
@@ -166,21 +166,6 @@ async fn insert_and_commit(c: &mut tokio_postgres::Client, batch: &[Event]) -> R
         .await
         .map_err(|_| false)?;
     Ok(row.get::<_, i64>(0) as u64)
-}
-
-/// Runs `sql` on `url` (a fresh connection).
-async fn query_text(url: &str, sql: &str) -> Option<String> {
-    let (c, conn) = tokio_postgres::connect(url, NoTls).await.ok()?;
-    tokio::spawn(conn);
-    let rows = c.simple_query(sql).await.ok()?;
-    rows.iter().find_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-        _ => None,
-    })
-}
-
-fn with_db(url: &str, db: &str) -> String {
-    format!("{}/{db}", url.rsplit_once('/').unwrap().0)
 }
 
 /// Makes the standby's copy of the slot synced and persistent (manual slot sync).

@@ -242,14 +242,7 @@ struct ConsumerProcess {
 
 impl ConsumerProcess {
     fn start(binary: &Path, args: &[String], name: &str) -> ConsumerProcess {
-        let dir = repo_path("target/test-logs");
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join(format!("{name}.log"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
+        let (log, file) = test_log(name);
         let child = Command::new(binary)
             .args(args)
             .env("INBOX_LOG", "info,inbox_consumer=debug,rdkafka=warn")

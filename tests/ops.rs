@@ -1556,18 +1556,7 @@ async fn a_receive_timeout_under_half_the_wal_sender_timeout_is_refused() {
         &[("OUTBOX_RELAY__POSTGRES__RECEIVE_TIMEOUT_MS", "2000")],
     );
     let mut relay = RelayProcess::start(&env, &format!("{}-receive", db.name));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = relay.try_status() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the relay kept running:\n{}",
-            relay.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let status = probe::wait_exit(&mut relay, Duration::from_secs(30));
     assert_eq!(status.code(), Some(1), "{}", relay.log_text());
     let log = relay.log_text();
     for part in [

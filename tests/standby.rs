@@ -11,9 +11,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::HaPair;
+use common::cluster::{query_text, with_db, HaPair};
 use common::*;
-use tokio_postgres::NoTls;
 
 const KILLS: usize = 5;
 
@@ -22,20 +21,6 @@ fn pg_major() -> u32 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(15)
-}
-
-fn with_db(url: &str, db: &str) -> String {
-    format!("{}/{db}", url.rsplit_once('/').unwrap().0)
-}
-
-async fn query_text(url: &str, sql: &str) -> Option<String> {
-    let (c, conn) = tokio_postgres::connect(url, NoTls).await.ok()?;
-    tokio::spawn(conn);
-    let rows = c.simple_query(sql).await.ok()?;
-    rows.iter().find_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-        _ => None,
-    })
 }
 
 /// Creates the slot on the standby: creation waits for a running-transactions record from the

@@ -3,6 +3,24 @@
 
 use super::{env, random_name, services};
 
+/// `url` with its database replaced by `db`.
+pub fn with_db(url: &str, db: &str) -> String {
+    format!("{}/{db}", url.rsplit_once('/').unwrap().0)
+}
+
+/// Runs `sql` on `url` (a fresh connection); the first column of the first row, as text.
+pub async fn query_text(url: &str, sql: &str) -> Option<String> {
+    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .ok()?;
+    tokio::spawn(conn);
+    let rows = c.simple_query(sql).await.ok()?;
+    rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    })
+}
+
 /// The pg-ha pair's superuser URLs after a fresh `pg-ha-reset` + `pg-ha-start` with `extra`
 /// in its environment (e.g. `OUTBOX_PG_HA_SLOT_SYNC`).
 pub struct HaPair {

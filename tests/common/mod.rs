@@ -460,8 +460,8 @@ impl Drop for RelayProcess {
     }
 }
 
-/// `outbox-relay run` with `env`, its output appended to `target/test-logs/<name>.log`.
-fn relay_command(env: &[(String, String)], name: &str) -> (Command, PathBuf) {
+/// `target/test-logs/<name>.log`, opened for appending: where a child process of a test writes.
+pub fn test_log(name: &str) -> (PathBuf, std::fs::File) {
     let dir = repo_path("target/test-logs");
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join(format!("{name}.log"));
@@ -470,6 +470,12 @@ fn relay_command(env: &[(String, String)], name: &str) -> (Command, PathBuf) {
         .append(true)
         .open(&log)
         .unwrap();
+    (log, file)
+}
+
+/// `outbox-relay run` with `env`, its output appended to `target/test-logs/<name>.log`.
+fn relay_command(env: &[(String, String)], name: &str) -> (Command, PathBuf) {
+    let (log, file) = test_log(name);
     let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
     command
         .arg("run")
