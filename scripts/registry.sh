@@ -197,13 +197,6 @@ registry_home() {
     echo "$home"
 }
 
-alive() {
-    local state
-    [[ -r /proc/$1/stat ]] || return 1
-    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n $state && $state != Z && $state != X ]]
-}
-
 # Prints the pid of this state dir's registry if it runs (the pid file's
 # process, checked to be our JVM: not a recycled pid).
 registry_pid() {
@@ -347,26 +340,12 @@ cmd_start() {
 }
 
 stop_registry() {
-    local pid i cds_target
+    local pid cds_target
     if ! pid=$(registry_pid); then
         rm -f "$REG_PID"
         return 0
     fi
-    log "stopping the registry (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
-        alive "$pid" || break
-        sleep 0.1
-    done
-    if alive "$pid"; then
-        log "registry still running after ${STOP_TIMEOUT}s: SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-        for ((i = 0; i < 100; i++)); do
-            alive "$pid" || break
-            sleep 0.1
-        done
-        rm -f "$REG_DIR/registry.jsa" # maybe half written
-    fi
+    stop_process "$pid" "the registry" "$STOP_TIMEOUT" || rm -f "$REG_DIR/registry.jsa" # maybe half written
     rm -f "$REG_PID"
     printf -- '===== %s: stopped =====\n' "$(date -u +%FT%TZ)" >>"$REG_LOG"
     # Keep a class archive the JVM wrote at exit for the next state dir.

@@ -2,7 +2,7 @@
 # scripts/run-dir.sh: the run dir that scripts/services.sh and scripts/registry.sh
 # share (sourced by both): its marker, its lock, its saved loopback ports (both
 # keep them in the same $PORTS_DIR, so they never pick the same one) and the
-# log tails they print on a failure. The sourcing script defines RUN_DIR,
+# log tails they print on a failure, and how they stop their processes. The sourcing script defines RUN_DIR,
 # MARKER, PORTS_DIR, log() and die().
 
 # Prints the last lines of each existing file given, to stderr.
@@ -71,4 +71,33 @@ port_for() {
         return
     done
     die "found no free port for $name"
+}
+
+# True while PID exists and is not a zombie.
+alive() {
+    local state
+    [[ -r /proc/$1/stat ]] || return 1
+    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [[ -n $state && $state != Z && $state != X ]]
+}
+
+# Stops process PID ($1, named $2 in messages): SIGTERM, up to $3 seconds for it
+# to exit, then SIGKILL. Returns 1 when it had to be killed (files it writes at
+# exit may be half written).
+stop_process() {
+    local pid=$1 name=$2 timeout=$3 i
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < timeout * 10; i++)); do
+        alive "$pid" || return 0
+        sleep 0.1
+    done
+    alive "$pid" || return 0
+    log "$name still running after ${timeout}s: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        alive "$pid" || break
+        sleep 0.1
+    done
+    return 1
 }

@@ -739,14 +739,6 @@ kafka_pid() {
     echo "$pid"
 }
 
-# True while PID exists and is not a zombie.
-alive() {
-    local state
-    [[ -r /proc/$1/stat ]] || return 1
-    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n $state && $state != Z && $state != X ]]
-}
-
 # Test credentials for the broker's SASL listeners (PLAIN and SCRAM alike).
 KAFKA_SASL_USER=relay
 KAFKA_SASL_PASSWORD=relay-secret
@@ -1000,26 +992,12 @@ kafka_stop() {
 
 # Stops the broker of state dir $1 (named $2 in messages), if it runs.
 kafka_stop_dir() {
-    local dir=$1 name=$2 pid i
+    local dir=$1 name=$2 pid
     if ! pid=$(kafka_pid "$dir"); then
         rm -f "$dir/kafka.pid"
         return 0
     fi
-    log "stopping $name (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < KAFKA_STOP_TIMEOUT * 10; i++)); do
-        alive "$pid" || break
-        sleep 0.1
-    done
-    if alive "$pid"; then
-        log "$name still running after ${KAFKA_STOP_TIMEOUT}s: SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-        for ((i = 0; i < 100; i++)); do
-            alive "$pid" || break
-            sleep 0.1
-        done
-        rm -f "$dir/kafka.jsa" # maybe half written
-    fi
+    stop_process "$pid" "$name" "$KAFKA_STOP_TIMEOUT" || rm -f "$dir/kafka.jsa" # maybe half written
     rm -f "$dir/kafka.pid"
     if [[ -s $dir/kafka.jsa && -s $dir/cds.target ]]; then
         local target
