@@ -8,8 +8,8 @@
 #   scripts/test-versions.sh 14 18      core on those majors only
 #   OUTBOX_VERSIONS_FAILOVER=0 / OUTBOX_VERSIONS_PG13=0   leave those parts out
 #
-# "Core" is tests/relay_e2e.rs (exactly once in commit order, rollbacks,
-# SIGKILLs with zero missing, idle WAL advance) and tests/ops.rs (operator
+# "Core" is tests/integration/relay_e2e.rs (exactly once in commit order, rollbacks,
+# SIGKILLs with zero missing, idle WAL advance) and tests/integration/ops.rs (operator
 # commands). Each major runs scripts/test.sh in its own state dir,
 # ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-versions}/<major>, one after another (one
 # Kafka at a time). Server binaries other than Debian's 15 come from Maven
@@ -48,13 +48,13 @@ run_part() {
 for major in "${majors[@]}"; do
     run_part "PostgreSQL $major: relay_e2e, ops" \
         env OUTBOX_PG_VERSION="$major" OUTBOX_RUN_DIR="$BASE/$major" \
-        bash scripts/test.sh --test relay_e2e --test ops
+        bash scripts/test.sh --test integration -- relay_e2e:: ops::
 done
 
 if [[ ${OUTBOX_VERSIONS_FAILOVER:-1} == 1 ]]; then
     run_part "PostgreSQL 17: failover, decoding on a standby" \
         env OUTBOX_PG_VERSION=17 OUTBOX_RUN_DIR="$BASE/17-failover" \
-        bash scripts/test.sh --test failover --test standby -- --test-threads=1
+        bash scripts/test.sh --test integration -- --test-threads=1 failover:: standby::
 fi
 
 # PostgreSQL 13: `check` and `run` refuse it with one line. A subshell, so that

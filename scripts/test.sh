@@ -4,10 +4,12 @@
 #
 #   scripts/test.sh                       all tests
 #   scripts/test.sh some_filter           only tests whose name contains it
-#   scripts/test.sh --test e2e            cargo options go before `--`...
-#   scripts/test.sh --test e2e -- --nocapture
+#   scripts/test.sh --test integration relay_e2e::
+#                                         one area of the integration tests
+#                                         (cargo options go before `--`...)
+#   scripts/test.sh --test integration -- relay_e2e:: --nocapture
 #                                         ...test-binary options after it
-#   OUTBOX_PG_VERSION=17 scripts/test.sh --test relay_e2e
+#   OUTBOX_PG_VERSION=17 scripts/test.sh --test integration relay_e2e::
 #                                         against another PostgreSQL major
 #                                         (14, 15, 16, 17, 18; default 15)
 #

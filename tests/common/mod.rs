@@ -709,7 +709,7 @@ where
     }
 }
 
-// ---- helpers for tests/ops.rs (operator commands) ----
+// ---- helpers for tests/integration/ops.rs (operator commands) ----
 
 impl TestDb {
     /// Like [`TestDb::new`], on another cluster: `admin_url` is that cluster's superuser URL
@@ -739,7 +739,7 @@ impl TestDb {
     }
 }
 
-// ---- helpers for tests/routing.rs (outbox routing) ----
+// ---- helpers for tests/integration/routing.rs (outbox routing) ----
 
 /// Creates `topic` with `partitions` partitions (replication factor 1), then waits until the
 /// broker's metadata shows all of them, so a relay started afterwards sees the final count.
@@ -931,7 +931,7 @@ pub async fn read_ids_committed(
     read_ids(topics, 1, ids, timeout, settle).await
 }
 
-// ---- helpers for the sweeper tests (tests/routing.rs, tests/partitions.rs) ----
+// ---- helpers for the sweeper tests (tests/integration/routing.rs, tests/integration/partitions.rs) ----
 
 /// Moves the slot's confirmed position to exactly `to` (once the WAL is flushed that far).
 pub async fn advance_slot(db: &TestDb, to: Lsn) {
@@ -982,7 +982,7 @@ pub async fn mark_after(sweeper: &mut Sweeper, client: &Client, ids: &[String]) 
     panic!("a transaction older than xid {newest} kept running for 10 s");
 }
 
-// ---- helpers for the exactly-once tests (tests/exactly_once.rs, tests/exclusive.rs) ----
+// ---- helpers for the exactly-once tests (tests/integration/exactly_once.rs, tests/exclusive.rs) ----
 
 /// The relay's environment in exactly-once mode, with a progress topic of the test's own.
 pub fn exactly_once_env(db: &TestDb) -> Vec<(String, String)> {

@@ -3,13 +3,11 @@
 //! several outbox tables and logical messages through one slot, insert-then-delete, and the
 //! retention sweeper.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use outbox_relay::config::Config;
 use outbox_relay::mapping::partition::partition_for_key;
 use outbox_relay::postgres::control::Control;

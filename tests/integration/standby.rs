@@ -7,12 +7,10 @@
 //! On a major below 16 the test prints why and passes without running;
 //! `scripts/test-versions.sh` runs it on 17 with the failover tests.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::cluster::{query_text, with_db, HaPair};
-use common::*;
+use crate::common::cluster::{query_text, with_db, HaPair};
+use crate::common::*;
 
 const KILLS: usize = 5;
 
@@ -63,7 +61,7 @@ async fn confirmed(url: &str, slot: &str) -> Option<u64> {
 async fn a_relay_on_a_standby_survives_sigkills_and_advances_while_the_outbox_is_idle() {
     let major = pg_major();
     if major < 16 {
-        println!("SKIPPED: decoding on a standby needs PostgreSQL 16+, this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test standby");
+        println!("SKIPPED: decoding on a standby needs PostgreSQL 16+, this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test integration standby::");
         return;
     }
     let HaPair {

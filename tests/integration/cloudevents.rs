@@ -4,13 +4,11 @@
 //! live records, records sent again by `outbox-relay replay`, and a row that cannot be an event
 //! (dead-lettered with the reason).
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use crate::common::*;
 use base64::Engine;
-use common::*;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");

@@ -6,14 +6,12 @@
 //! (2026-01, 2026-02) and a DEFAULT; its primary key includes the partition key, as
 //! PostgreSQL requires.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use outbox_relay::config::Config;
 use outbox_relay::postgres::control::Control;
 use outbox_relay::relay::sweeper::Sweeper;

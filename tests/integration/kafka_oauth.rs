@@ -8,8 +8,6 @@
 //! `/readyz` red, `outbox_relay_kafka_blocked{reason="authentication"}`, a log line naming
 //! `kafka.oauthbearer`), and the events wait for it to be fixed: none is lost or dead-lettered.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -17,10 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::common::probe::{free_port, http_get};
+use crate::common::*;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
-use common::probe::{free_port, http_get};
-use common::*;
 
 /// Lifetime of each token: librdkafka fetches the next at 80% of it, and the broker ends a
 /// session whose token expired. Not shorter: a connection made with a token near its end

@@ -2,13 +2,11 @@
 //! consumer sees every committed event exactly once through SIGKILLs, a standby taking over
 //! (with the old relay frozen and woken as a zombie), and the operator's slot commands.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::cluster::OwnCluster;
-use common::*;
+use crate::common::cluster::OwnCluster;
+use crate::common::*;
 use rand::Rng;
 
 fn ids(events: &[Event]) -> Vec<String> {

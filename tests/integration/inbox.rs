@@ -3,14 +3,12 @@
 //! event exactly once. The relay's duplicates (at-least-once) and the consumer's re-reads after
 //! a kill are absorbed by the inbox.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -207,7 +205,7 @@ async fn inbox_consumer_applies_every_event_once_while_relay_and_consumer_are_ki
 }
 
 /// The example binary. `cargo test --all-targets` (what scripts/test.sh runs) builds it next to
-/// the relay binary; a narrower `cargo test --test inbox` does not, so it is built here when
+/// the relay binary; a narrower `cargo test --test integration inbox::` does not, so it is built here when
 /// missing or older than its source.
 fn consumer_binary() -> PathBuf {
     let relay = PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay"));

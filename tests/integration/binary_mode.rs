@@ -4,12 +4,10 @@
 //! range-partitioned outbox; and a mapped column of a type it cannot convert stops the relay
 //! with the fix, before anything is confirmed.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// Columns beyond the migration's (`id uuid`, `aggregatetype`/`aggregateid`/`type text`,
 /// `payload jsonb`, `created_at timestamptz`): one per type binary mode converts.

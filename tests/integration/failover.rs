@@ -6,8 +6,6 @@
 //! PostgreSQL 17+ (failover slots); on an older major they print why and pass without running.
 //! `scripts/test-versions.sh` runs them on 17. They share that one pair, so they take a lock.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
@@ -15,8 +13,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::{query_text, with_db, HaPair};
-use common::*;
+use crate::common::cluster::{query_text, with_db, HaPair};
+use crate::common::*;
 use tokio::sync::Mutex;
 use tokio_postgres::NoTls;
 
@@ -34,7 +32,7 @@ fn pg_major() -> u32 {
 fn skip_unless_17(test: &str) -> bool {
     let major = pg_major();
     if major < 17 {
-        println!("SKIPPED {test}: needs PostgreSQL 17+ (failover slots), this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test failover");
+        println!("SKIPPED {test}: needs PostgreSQL 17+ (failover slots), this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test integration failover::");
         return true;
     }
     false

@@ -1,12 +1,10 @@
 //! Production hardening against the real services: metrics and health, dead letters, the stop
 //! policy, hot standby, a slot dropped under the relay, and strict configuration.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::probe::{free_port, http_get, metric, wait_exit};
-use common::*;
+use crate::common::probe::{free_port, http_get, metric, wait_exit};
+use crate::common::*;
 
 async fn wait_ready(port: u16, relay: &mut RelayProcess, timeout: Duration) -> Duration {
     let began = Instant::now();

@@ -2,8 +2,6 @@
 //! without a FIN/RST, Kafka unreachable at start, and a runtime thread that must keep
 //! answering through both.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,9 +10,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::common::probe::{free_port, http_get};
+use crate::common::*;
 use bytes::Bytes;
-use common::probe::{free_port, http_get};
-use common::*;
 use outbox_relay::config::KafkaConfig;
 use outbox_relay::mapping::Record;
 use outbox_relay::sink::publisher::Publisher;

@@ -1,11 +1,9 @@
 //! The relay end to end against the real PostgreSQL and Kafka started by `scripts/test.sh`.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use outbox_relay::lsn::Lsn;
 use rand::Rng;
 

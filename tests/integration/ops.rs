@@ -1,13 +1,11 @@
 //! The operator commands (`check`, `status`, `slot …`, `replay`) against the real PostgreSQL and
 //! Kafka: each test has its own database, slot and topics, and runs the `outbox-relay` binary.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");

@@ -4,15 +4,13 @@
 //! and a record whose topic does not exist yet. Each must end with every event exactly once
 //! for a read_committed consumer.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::OwnCluster;
-use common::probe::{free_port, http_get, metric};
-use common::*;
+use crate::common::cluster::OwnCluster;
+use crate::common::probe::{free_port, http_get, metric};
+use crate::common::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};

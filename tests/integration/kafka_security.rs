@@ -8,16 +8,14 @@
 //! and resumes by itself once the operator acts. Records of other topics keep flowing
 //! meanwhile (at-least-once).
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::acl::{transactional_id, AclBroker};
-use common::probe::{free_port, http_get};
-use common::*;
+use crate::common::acl::{transactional_id, AclBroker};
+use crate::common::probe::{free_port, http_get};
+use crate::common::*;
 use tokio_postgres::Client;
 
 /// How soon `/readyz` must turn red once a record is blocked (issue 19, done-when 1).
