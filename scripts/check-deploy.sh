@@ -3,7 +3,7 @@
 #
 #   - deploy/prometheus: `promtool check rules`, `promtool test rules` (a firing and a
 #     non-firing case per alert), `promtool check config` of the example configuration;
-#   - every metric named in the rules and the dashboard is one src/serve/metrics.rs serves;
+#   - every metric named in the rules and the dashboard is one src/serve/metrics/mod.rs serves;
 #   - every alert has a summary, a description and a runbook_url whose anchor is a heading of
 #     docs/operations.md;
 #   - deploy/grafana/outbox-relay.json is valid JSON and every panel query parses as PromQL;
@@ -123,9 +123,9 @@ EOF
 }
 check "every alert has a firing and a non-firing test" alerts_tested
 
-# Metric names used by the rules and the dashboard are served by src/serve/metrics.rs.
+# Metric names used by the rules and the dashboard are served by src/serve/metrics/mod.rs.
 metric_names_real() {
-    "$PYTHON" - src/serve/metrics.rs "$RULES" "$DASHBOARD" <<'EOF'
+    "$PYTHON" - src/serve/metrics/mod.rs "$RULES" "$DASHBOARD" <<'EOF'
 import re, sys
 src = open(sys.argv[1]).read()
 served = set(re.findall(r'"(outbox_relay_[a-z_]+)', src))
@@ -136,7 +136,7 @@ for h in re.findall(r'\.histogram\(\s*"(outbox_relay_[a-z_]+)"', src):
 bad = []
 for path in sys.argv[2:]:
     used = set(re.findall(r'\b(outbox_relay_[a-z_]+)', open(path).read()))
-    bad += [f"{path}: {m} is not served by src/serve/metrics.rs" for m in sorted(used - served)]
+    bad += [f"{path}: {m} is not served by src/serve/metrics/mod.rs" for m in sorted(used - served)]
 print("\n".join(bad) or f"served: {', '.join(sorted(served))}")
 sys.exit(1 if bad else 0)
 EOF
