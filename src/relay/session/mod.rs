@@ -119,6 +119,26 @@ pub(super) struct Held {
     pub seq: TxnSeq,
     pub event_id: String,
     pub kind: RecordKind,
+    /// The row it was mapped from (events only), for the row image of its dead letter should
+    /// Kafka refuse it at once. Dropped once the record is handed over.
+    pub row: Option<Box<SourceRow>>,
+}
+
+/// An event's row as the stream delivered it.
+pub(super) struct SourceRow {
+    pub relation: Arc<Relation>,
+    pub tuple: pgoutput::Tuple,
+    pub commit_time_ms: i64,
+}
+
+impl SourceRow {
+    pub fn as_row(&self) -> dead_letter::Row<'_> {
+        dead_letter::Row {
+            relation: &self.relation,
+            tuple: &self.tuple,
+            commit_time_ms: Some(self.commit_time_ms),
+        }
+    }
 }
 
 /// A relation from the stream, and its outbox binding when it is an outbox table or a
