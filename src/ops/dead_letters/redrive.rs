@@ -10,6 +10,7 @@
 //! started, so the dead letters it writes itself wait for the next run.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -77,6 +78,9 @@ struct Run<'a> {
     again: Vec<(Record, Letter)>,
     report: RedriveReport,
     pause: Option<Duration>,
+    /// Set while the walk runs: the consumer whose group is committed.
+    consumer: Option<Arc<BaseConsumer>>,
+    last_commit: Instant,
 }
 
 /// `dead-letters redrive`.
@@ -214,6 +218,8 @@ impl<'a> Run<'a> {
             again: Vec::new(),
             report: RedriveReport::new(&config.dead_letter.topic, &options.group, options.dry_run),
             pause,
+            consumer: None,
+            last_commit: Instant::now(),
         })
     }
 
@@ -224,35 +230,30 @@ impl<'a> Run<'a> {
         progress: &mut Progress,
     ) -> Result<(), String> {
         let mut open = starts.clone();
-        let mut consumer = Some(consumer);
-        let mut last_commit = Instant::now();
+        let consumer = Arc::new(consumer);
+        self.consumer = Some(consumer.clone());
         let outcome = loop {
             if open.is_empty() || self.limit_reached() {
                 break Ok(());
             }
-            let (c, mut o) = (consumer.take(), std::mem::take(&mut open));
-            let (c, o, chunk) = tokio::task::spawn_blocking(move || {
-                let chunk = c.as_ref().map(|c| read_chunk(c, &mut o));
-                (c, o, chunk)
+            let (c, mut o) = (consumer.clone(), std::mem::take(&mut open));
+            let (o, chunk) = tokio::task::spawn_blocking(move || {
+                let chunk = read_chunk(&c, &mut o);
+                (o, chunk)
             })
             .await
             .map_err(|e| e.to_string())?;
-            (consumer, open) = (c, o);
+            open = o;
             let letters = match chunk {
-                Some(Ok(letters)) => letters,
-                Some(Err(e)) => break Err(e),
-                None => break Err("the consumer went away".into()),
+                Ok(letters) => letters,
+                Err(e) => break Err(e),
             };
             if let Err(e) = self.handle_chunk(letters, progress).await {
                 break Err(e);
             }
-            if last_commit.elapsed() >= COMMIT_INTERVAL {
-                consumer = self.commit(consumer).await;
-                last_commit = Instant::now();
-            }
         };
         let waited = self.finish(progress).await;
-        self.commit(consumer).await;
+        self.commit().await;
         outcome.and(waited)
     }
 
@@ -274,6 +275,9 @@ impl<'a> Run<'a> {
             self.report.scanned += 1;
             self.handle(letter).await?;
             progress.update(self.report.scanned);
+            if self.last_commit.elapsed() >= COMMIT_INTERVAL {
+                self.commit().await;
+            }
         }
         Ok(())
     }
@@ -433,22 +437,23 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// Commits what is due (nothing in a dry run); hands the consumer back.
-    async fn commit(&mut self, consumer: Option<BaseConsumer>) -> Option<BaseConsumer> {
-        let consumer = consumer?;
+    /// Commits what is due (nothing in a dry run).
+    async fn commit(&mut self) {
+        self.last_commit = Instant::now();
+        let Some(consumer) = self.consumer.clone() else {
+            return;
+        };
         let previous = self.positions.committed();
         let due = self.positions.due();
         if self.options.dry_run || due.is_empty() {
-            return Some(consumer);
+            return;
         }
         let topic = self.config.dead_letter.topic.clone();
         let offsets = due.clone();
-        let (consumer, result) = tokio::task::spawn_blocking(move || {
-            let result = commit_offsets(&consumer, &topic, &offsets);
-            (consumer, result)
-        })
-        .await
-        .ok()?;
+        let result =
+            tokio::task::spawn_blocking(move || commit_offsets(&consumer, &topic, &offsets))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
         if let Err(e) = result {
             self.positions.uncommit(&due, &previous);
             self.report
@@ -456,7 +461,6 @@ impl<'a> Run<'a> {
                 .push(format!("cannot commit the redrive group's offsets: {e}"));
         }
         self.report.committed = self.positions.committed();
-        Some(consumer)
     }
 }
 

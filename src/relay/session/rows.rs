@@ -335,6 +335,16 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         if self.settings.dead_letter_policy == DeadLetterPolicy::Stop {
             return Err(RelayError::Poison(format!("event {event_id}: {why}")));
         }
+        if let Some(breaker) = &mut self.breaker {
+            if !breaker.admit(tokio::time::Instant::now()) {
+                self.metrics.dead_letter_breaker_trips.fetch_add(1, Relaxed);
+                return Err(RelayError::Breaker(format!(
+                    "event {event_id} would be the dead letter number {} within a minute (dead_letter.max_per_minute = {}): {why}",
+                    breaker.max() + 1,
+                    breaker.max()
+                )));
+            }
+        }
         warn!(event_id, topic = %record.topic, reason = why, "event sent to the dead-letter topic");
         let dead_letter = Held {
             record,
