@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::probe::wait_exit;
 use common::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
@@ -295,4 +296,80 @@ async fn redrive_delivers_poison_rows_once_after_the_fix_even_when_killed_halfwa
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redrive_delivers_deleted_rows_of_the_insert_then_delete_pattern() {
     redrive_after_the_fix(true).await;
+}
+
+/// Six unroutable rows, one transaction each, against a breaker of 3 a minute: the relay
+/// stops with exit 1, three dead letters sent, and the slot confirmed up to the third
+/// transaction but not into the fourth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_breaker_stops_the_relay_before_confirming_the_transaction_that_tripped_it() {
+    let db = TestDb::new().await;
+    let dlq = format!("{}.dlq", db.topic_prefix);
+    let mut client = db.client().await;
+    client
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN aggregatetype DROP NOT NULL")
+        .await
+        .unwrap();
+    db.create_slot().await;
+    let mut before_commit = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        let id = uuid::Uuid::new_v4().to_string();
+        let tx = client.transaction().await.unwrap();
+        tx.execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1::text::uuid, NULL, 'b', 'Bad', '{}')",
+            &[&id],
+        )
+        .await
+        .unwrap();
+        let lsn: i64 = tx
+            .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+            .await
+            .unwrap()
+            .get(0);
+        tx.commit().await.unwrap();
+        before_commit.push(lsn as u64);
+        ids.push(id);
+    }
+    let env = with(
+        db.relay_env(),
+        &[
+            ("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq),
+            ("OUTBOX_RELAY__DEAD_LETTER__MAX_PER_MINUTE", "3"),
+            ("OUTBOX_RELAY__DEAD_LETTER__ON_BREAKER", "stop"),
+        ],
+    );
+    let mut relay = RelayProcess::start(&env, "dead_letters_breaker");
+    let status = wait_exit(&mut relay, Duration::from_secs(60));
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("dead-letter breaker tripped") && log.contains(&ids[3]),
+        "{log}"
+    );
+    let confirmed = db.confirmed_flush_lsn().await;
+    assert!(
+        confirmed > before_commit[2],
+        "the three dead-lettered transactions are confirmed ({confirmed:#x} <= {:#x})",
+        before_commit[2]
+    );
+    assert!(
+        confirmed <= before_commit[3],
+        "slot confirmed {confirmed:#x}, into the transaction that tripped the breaker (commit after {:#x})",
+        before_commit[3]
+    );
+    let dead = read_ids(
+        std::slice::from_ref(&dlq),
+        1,
+        &ids[..3],
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    )
+    .await;
+    let mut keys: Vec<String> = dead.iter().map(|r| r.key_str()).collect();
+    keys.sort();
+    let mut expected = ids[..3].to_vec();
+    expected.sort();
+    assert_eq!(keys, expected, "exactly the first three dead-lettered");
+    db.cleanup().await;
 }
