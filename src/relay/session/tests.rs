@@ -747,7 +747,9 @@ async fn the_breaker_stops_the_session_before_confirming_the_transaction_that_tr
     let mut rig = Rig::new(true);
     let (end_b, _) = three_poison_txns(&mut rig);
     let session = rig.session(breaker(BreakerPolicy::Stop), &mapping, &metrics);
-    let result = session.run(&rig.shutdown).await;
+    let result = tokio::time::timeout(Duration::from_secs(30), session.run(&rig.shutdown))
+        .await
+        .expect("the session did not stop");
     assert!(matches!(result, Err(RelayError::Breaker(_))), "{result:?}");
     assert_eq!(result.unwrap_err().exit_code(), 1);
     assert_eq!(
