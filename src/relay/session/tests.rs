@@ -207,6 +207,8 @@ struct Sent {
     kind: RecordKind,
     topic: String,
     bytes: usize,
+    /// The row image header of a dead letter (`outbox-relay.dlq.row`).
+    row: Option<String>,
 }
 
 /// What the sink did with Kafka transactions, in order (exactly-once).
@@ -266,6 +268,11 @@ impl RecordSink for FakeSink {
             kind,
             topic: record.topic.clone(),
             bytes: record.size(),
+            row: record
+                .headers
+                .iter()
+                .find(|(k, _)| &**k == crate::sink::dead_letter::HEADER_ROW)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned()),
         };
         if self.auto_ack {
             let _ = self.deliveries.send(ok(&sent));
@@ -1737,6 +1744,19 @@ async fn a_dead_letter_for_a_held_record_counts_once_in_the_split_progress() {
     };
     let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
     result.unwrap();
+    let dead = rig
+        .sent()
+        .into_iter()
+        .find(|s| s.kind == RecordKind::DeadLetter);
+    let row = dead
+        .and_then(|d| d.row)
+        .expect("the dead letter carries the row image");
+    let image: serde_json::Value = serde_json::from_str(&row).unwrap();
+    assert_eq!(
+        image["columns"]["id"],
+        event_id(2),
+        "the held row travelled with it"
+    );
     let kinds: Vec<(String, RecordKind)> = rig
         .sent()
         .into_iter()
