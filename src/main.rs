@@ -61,6 +61,31 @@ enum DeadLettersCommand {
     /// List dead letters (reason, event id, original topic or table, error), filtered; reads
     /// the topic from its beginning to its current end and consumes nothing.
     List(DeadLettersListArgs),
+    /// Send dead letters back: those of a mapping reason are mapped again with the current
+    /// configuration, those Kafka refused are re-sent to their topic as they were.
+    ///
+    /// Reads from the position of its consumer group (--group), which is committed only once
+    /// Kafka acknowledged what was sent: an interrupted redrive resumes, a finished one run
+    /// again sends nothing. Records still unmappable are dead-lettered again with their
+    /// redrive count raised; past --max-redrives a dead letter is left and reported. Exit 1
+    /// when Kafka did not take a record (run it again).
+    Redrive(DeadLettersRedriveArgs),
+}
+
+#[derive(Args)]
+struct DeadLettersRedriveArgs {
+    #[command(flatten)]
+    select: DeadLettersListArgs,
+    /// Decide and report, but send and commit nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Leave a dead letter that was redriven this many times already.
+    #[arg(long, value_name = "N", default_value_t = ops::dead_letters::DEFAULT_MAX_REDRIVES)]
+    max_redrives: u32,
+    /// The consumer group holding the redrive's position. Filters pass over the dead letters
+    /// they do not select; redrive those later with another group.
+    #[arg(long, default_value = ops::dead_letters::REDRIVE_GROUP)]
+    group: String,
 }
 
 #[derive(Args)]
@@ -80,7 +105,7 @@ struct DeadLettersListArgs {
     /// Records timestamped before this RFC 3339 time.
     #[arg(long, value_name = "TIME")]
     until: Option<jiff::Timestamp>,
-    /// Show at most this many (the counts per reason cover all that match).
+    /// Show (redrive: send) at most this many; the counts per reason cover all that match.
     #[arg(long, value_name = "N")]
     limit: Option<usize>,
     #[command(flatten)]
@@ -249,6 +274,7 @@ async fn operator_command(config: &Config, command: Command) -> ExitCode {
         ) => out.json,
         Command::Replay(args) => args.out.json,
         Command::DeadLetters(DeadLettersCommand::List(args)) => args.out.json,
+        Command::DeadLetters(DeadLettersCommand::Redrive(args)) => args.select.out.json,
         Command::Run | Command::Config => false,
     };
     let succeeded = match command {
@@ -275,15 +301,19 @@ async fn operator_command(config: &Config, command: Command) -> ExitCode {
                 .map(|r| ops::emit(&r, json))
         }
         Command::DeadLetters(DeadLettersCommand::List(args)) => {
-            let filter = ops::dead_letters::Filter {
-                reason: args.reason,
-                event_id: args.event_id,
-                topic: args.topic,
-                since: args.since,
-                until: args.until,
-                limit: args.limit,
+            ops::dead_letters::list(config, dead_letter_filter(args))
+                .await
+                .map(|r| ops::emit(&r, json))
+        }
+        Command::DeadLetters(DeadLettersCommand::Redrive(args)) => {
+            let options = ops::dead_letters::RedriveOptions {
+                filter: dead_letter_filter(args.select),
+                dry_run: args.dry_run,
+                max_redrives: args.max_redrives,
+                group: args.group,
+                progress: !json && std::io::stderr().is_terminal(),
             };
-            ops::dead_letters::list(config, filter)
+            ops::dead_letters::redrive(config, options)
                 .await
                 .map(|r| ops::emit(&r, json))
         }
@@ -293,6 +323,17 @@ async fn operator_command(config: &Config, command: Command) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(ops::EXIT_FAILURE),
         Err(e) => report_error(&e, json),
+    }
+}
+
+fn dead_letter_filter(args: DeadLettersListArgs) -> ops::dead_letters::Filter {
+    ops::dead_letters::Filter {
+        reason: args.reason,
+        event_id: args.event_id,
+        topic: args.topic,
+        since: args.since,
+        until: args.until,
+        limit: args.limit,
     }
 }
 

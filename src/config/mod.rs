@@ -69,7 +69,9 @@ pub use postgres::{
 };
 pub use rules::{remove_params, split_tls_params, topic_name_problem, MAX_TOPIC_CHARS};
 pub use secret::{Secret, REDACTED};
-pub use sections::{DeadLetterConfig, DeadLetterPolicy, HttpConfig, LogFormat, RelayConfig};
+pub use sections::{
+    BreakerPolicy, DeadLetterConfig, DeadLetterPolicy, HttpConfig, LogFormat, RelayConfig,
+};
 pub use topic_creation::{TopicCreation, TopicCreationGroup, TopicSpec};
 
 /// A configuration problem. Every message is one line naming the file, variable or field.

@@ -47,7 +47,30 @@ pub struct DeadLetterConfig {
     pub policy: DeadLetterPolicy,
     /// The dead-letter topic.
     pub topic: String,
+    /// The dead-letter breaker: more dead letters than this within a sliding minute trip it
+    /// (`on_breaker` says what then). 0 turns it off (the default: what a normal rate is
+    /// depends on the outbox; set it from `outbox_relay_events_dead_lettered_total`).
+    pub max_per_minute: u32,
+    /// What a tripped breaker does: `stop` ends the relay (exit 1) with the slot confirmed up
+    /// to the last transaction before the one that tripped it; `unready` keeps the slot and
+    /// the position, reads nothing more and turns `/readyz` red until the relay is restarted.
+    pub on_breaker: BreakerPolicy,
 }
+
+/// What a tripped dead-letter breaker does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerPolicy {
+    Stop,
+    Unready,
+}
+
+impl BreakerPolicy {
+    pub const NAMES: &'static [&'static str] = &["stop", "unready"];
+}
+
+/// `dead_letter.max_per_minute` by default: off.
+pub const DEFAULT_DEAD_LETTER_MAX_PER_MINUTE: u32 = 0;
 
 /// What to do with a row that cannot be published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -98,6 +121,8 @@ impl Default for DeadLetterConfig {
         DeadLetterConfig {
             policy: DeadLetterPolicy::DeadLetter,
             topic: "outbox.dlq".to_string(),
+            max_per_minute: DEFAULT_DEAD_LETTER_MAX_PER_MINUTE,
+            on_breaker: BreakerPolicy::Stop,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Operator commands: `check` (pre-flight), `status`, `slot create|drop|advance|release-hold`,
-//! `replay` and `dead-letters list`.
+//! `replay` and `dead-letters list|redrive`.
 //!
 //! They share the relay's configuration and its control connection. Each command returns a
 //! report that prints for a human ([`std::fmt::Display`]) or as JSON (`serde`), and says

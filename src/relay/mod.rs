@@ -13,6 +13,7 @@
 //! - this module: connecting a session, restarting it after transient errors (at-least-once:
 //!   resume from the slot), waiting as a standby while another relay holds the slot.
 
+pub mod breaker;
 pub mod ledger;
 mod seams;
 mod session;
@@ -69,6 +70,10 @@ pub enum RelayError {
     Delivery(Box<Rejection>),
     #[error("stopped on an event that cannot be published (dead_letter.policy = stop); the slot is not confirmed past it: {0}")]
     Poison(String),
+    /// More dead letters in a minute than `dead_letter.max_per_minute`: the slot is not
+    /// confirmed past the transaction of the one that tripped the breaker.
+    #[error("the dead-letter breaker tripped: {0}; the slot is not confirmed past this event. Fix the producer or the configuration (see `outbox-relay dead-letters list`), then restart; see docs/operations.md#dead-letter-breaker")]
+    Breaker(String),
     /// An insert from a relation that is not a configured outbox table (nor a partition of
     /// one): never skipped, because the slot would be confirmed past it.
     #[error("{0}")]
@@ -136,6 +141,7 @@ impl RelayError {
             self,
             RelayError::Unmapped(_)
                 | RelayError::Poison(_)
+                | RelayError::Breaker(_)
                 | RelayError::Mapping(_)
                 | RelayError::Decode(_)
                 | RelayError::Protocol(_)

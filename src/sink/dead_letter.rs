@@ -4,6 +4,13 @@
 //!
 //! The value keeps the original: the Kafka record's payload when there was one, or the row's
 //! columns as JSON when the row could not become a record at all. Headers say why.
+//!
+//! What `dead-letters redrive` needs travels along (all additive, so older dead letters stay
+//! readable): the row image (`{"table", "columns", "types", "commit_time_ms"}`) is the value
+//! of a row dead letter, and the header `outbox-relay.dlq.row` of a record Kafka refused
+//! while the relay still held the row; the original partition (or partition key) in headers;
+//! a too-large payload up to [`MAX_KEPT_PAYLOAD_BYTES`] is kept, so it can be re-sent once
+//! the limit is raised.
 
 use std::sync::Arc;
 
@@ -22,6 +29,22 @@ pub const HEADER_ERROR: &str = "outbox-relay.dlq.error";
 pub const HEADER_ORIGINAL_TOPIC: &str = "outbox-relay.dlq.original-topic";
 pub const HEADER_TABLE: &str = "outbox-relay.dlq.table";
 pub const HEADER_OMITTED: &str = "outbox-relay.dlq.omitted";
+/// The row image (JSON) of a record-level dead letter, when the relay still had the row.
+pub const HEADER_ROW: &str = "outbox-relay.dlq.row";
+/// The partition the refused record was produced to (decimal).
+pub const HEADER_ORIGINAL_PARTITION: &str = "outbox-relay.dlq.original-partition";
+/// The bytes the refused record's partition was to be chosen from (the aggregate id).
+pub const HEADER_PARTITION_KEY: &str = "outbox-relay.dlq.partition-key";
+/// How often the event was redriven (decimal): on redriven records and on their dead letters.
+pub const HEADER_REDRIVES: &str = "outbox-relay.redrive-count";
+/// The prefix of every header the relay adds to a dead letter (a redrive removes them).
+pub const HEADER_PREFIX: &str = "outbox-relay.dlq.";
+
+/// A too-large payload up to this size is kept in its dead letter (the dead-letter topic
+/// usually has the broker's default limit, 1 MB); a larger one is left out and noted.
+pub const MAX_KEPT_PAYLOAD_BYTES: usize = 512 * 1024;
+/// A row image larger than this is not added as a header to a record-level dead letter.
+const MAX_ROW_HEADER_BYTES: usize = 256 * 1024;
 
 /// Why an event was dead-lettered, as a short stable code (the `reason` header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +86,55 @@ fn header(name: &str, value: impl Into<Bytes>) -> (Arc<str>, Bytes) {
     (Arc::from(name), value.into())
 }
 
+/// The row an event came from, as the relay read it.
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    pub relation: &'a Relation,
+    pub tuple: &'a Tuple,
+    /// Its transaction's commit time (the record timestamp a re-mapping uses).
+    pub commit_time_ms: Option<i64>,
+}
+
+impl Row<'_> {
+    pub fn table(&self) -> String {
+        format!("{}.{}", self.relation.namespace, self.relation.name)
+    }
+
+    /// `{"table", "columns", "types", "commit_time_ms"}`, and the columns left out (too big).
+    fn image(&self) -> (serde_json::Value, Vec<String>) {
+        let mut columns = serde_json::Map::new();
+        let mut types = serde_json::Map::new();
+        let mut omitted = Vec::new();
+        for (i, column) in self.relation.columns.iter().enumerate() {
+            let value = match self.tuple.get(i) {
+                Some(TupleValue::Text(b)) | Some(TupleValue::Binary(b))
+                    if b.len() > MAX_COLUMN_BYTES =>
+                {
+                    omitted.push(format!("{} ({} bytes)", column.name, b.len()));
+                    serde_json::Value::Null
+                }
+                Some(TupleValue::Text(b)) => String::from_utf8_lossy(b).into_owned().into(),
+                Some(TupleValue::Binary(b)) => {
+                    omitted.push(format!("{} (binary)", column.name));
+                    format!("<{} bytes of binary>", b.len()).into()
+                }
+                Some(TupleValue::Null) | Some(TupleValue::UnchangedToast) | None => {
+                    serde_json::Value::Null
+                }
+            };
+            columns.insert(column.name.clone(), value);
+            types.insert(column.name.clone(), column.type_oid.into());
+        }
+        let image = serde_json::json!({
+            "table": self.table(),
+            "columns": columns,
+            "types": types,
+            "commit_time_ms": self.commit_time_ms,
+        });
+        (image, omitted)
+    }
+}
+
 /// A dead letter for a row that never became a record: its columns as a JSON object.
 pub fn from_row(
     topic: &str,
@@ -72,30 +144,27 @@ pub fn from_row(
     error: &str,
     event_id: Option<&str>,
 ) -> Record {
-    let mut columns = serde_json::Map::new();
-    let mut omitted = Vec::new();
-    for (i, column) in relation.columns.iter().enumerate() {
-        let value = match tuple.get(i) {
-            Some(TupleValue::Text(b)) | Some(TupleValue::Binary(b))
-                if b.len() > MAX_COLUMN_BYTES =>
-            {
-                omitted.push(format!("{} ({} bytes)", column.name, b.len()));
-                serde_json::Value::Null
-            }
-            Some(TupleValue::Text(b)) => String::from_utf8_lossy(b).into_owned().into(),
-            Some(TupleValue::Binary(b)) => format!("<{} bytes of binary>", b.len()).into(),
-            Some(TupleValue::Null) | Some(TupleValue::UnchangedToast) | None => {
-                serde_json::Value::Null
-            }
-        };
-        columns.insert(column.name.clone(), value);
-    }
-    let table = format!("{}.{}", relation.namespace, relation.name);
-    let value = serde_json::json!({ "table": table, "columns": columns });
+    let row = Row {
+        relation,
+        tuple,
+        commit_time_ms: None,
+    };
+    from_row_image(topic, row, reason, error, event_id)
+}
+
+/// [`from_row`], with the commit time in the row image.
+pub fn from_row_image(
+    topic: &str,
+    row: Row<'_>,
+    reason: Reason,
+    error: &str,
+    event_id: Option<&str>,
+) -> Record {
+    let (value, omitted) = row.image();
     let mut headers = vec![
         header(HEADER_REASON, reason.code()),
         header(HEADER_ERROR, error.to_string()),
-        header(HEADER_TABLE, table),
+        header(HEADER_TABLE, row.table()),
     ];
     if let Some(id) = event_id {
         headers.push(header("id", id.to_string()));
@@ -114,11 +183,39 @@ pub fn from_row(
     }
 }
 
+/// Adds the row image of a record-level dead letter as a header, unless it is too big.
+pub fn with_row(dead: &mut Record, row: Row<'_>) {
+    let (image, omitted) = row.image();
+    let image = image.to_string();
+    if image.len() > MAX_ROW_HEADER_BYTES {
+        dead.headers.push(header(
+            HEADER_OMITTED,
+            format!("row ({} bytes)", image.len()),
+        ));
+        return;
+    }
+    if !omitted.is_empty() {
+        dead.headers.push(header(
+            HEADER_OMITTED,
+            format!("row: {}", omitted.join(", ")),
+        ));
+    }
+    dead.headers.push(header(HEADER_ROW, image));
+}
+
 /// A dead letter for a record Kafka refused before sending (e.g. too large for the producer).
 pub fn from_record(topic: &str, record: &Record, reason: Reason, error: &str) -> Record {
     let mut dead = record.clone();
     dead.topic = topic.to_string();
     dead.partition = None;
+    dead.partition_key = None;
+    if let Some(partition) = record.partition {
+        dead.headers
+            .push(header(HEADER_ORIGINAL_PARTITION, partition.to_string()));
+    }
+    if let Some(key) = &record.partition_key {
+        dead.headers.push(header(HEADER_PARTITION_KEY, key.clone()));
+    }
     annotate(&mut dead, reason, error, &record.topic);
     dead
 }
@@ -141,14 +238,22 @@ pub fn from_failed(topic: &str, message: &OwnedMessage, reason: Reason, error: &
         timestamp_ms: message.timestamp().to_millis(),
         ..Record::default()
     };
+    if message.partition() >= 0 {
+        dead.headers.push(header(
+            HEADER_ORIGINAL_PARTITION,
+            message.partition().to_string(),
+        ));
+    }
     annotate(&mut dead, reason, error, message.topic());
     dead
 }
 
-/// Adds the reason headers; a payload that was too large is left out (it would be refused
-/// again) and its size noted.
+/// Adds the reason headers; a payload that was too large is kept for a redrive up to
+/// [`MAX_KEPT_PAYLOAD_BYTES`], a larger one left out (it would be refused again) and its size
+/// noted.
 fn annotate(dead: &mut Record, reason: Reason, error: &str, original_topic: &str) {
-    if reason == Reason::TooLarge {
+    let big = |p: &Bytes| p.len() > MAX_KEPT_PAYLOAD_BYTES;
+    if reason == Reason::TooLarge && dead.payload.as_ref().is_some_and(big) {
         if let Some(payload) = dead.payload.take() {
             dead.headers.push(header(
                 HEADER_OMITTED,
@@ -236,7 +341,7 @@ mod tests {
         let record = Record {
             topic: "orders".into(),
             key: Bytes::from_static(b"e3"),
-            payload: Some(Bytes::from(vec![b'x'; 10])),
+            payload: Some(Bytes::from(vec![b'x'; MAX_KEPT_PAYLOAD_BYTES + 1])),
             headers: vec![header("id", Bytes::from_static(b"e3"))],
             timestamp_ms: Some(5),
             partition: Some(2),
@@ -252,5 +357,38 @@ mod tests {
         );
         assert_eq!(header_value(&r, "id"), Some(&b"e3"[..]));
         assert_eq!(header_value(&r, HEADER_REASON), Some(&b"too_large"[..]));
+        assert_eq!(header_value(&r, HEADER_ORIGINAL_PARTITION), Some(&b"2"[..]));
+    }
+
+    #[test]
+    fn a_too_large_payload_that_fits_the_dead_letter_is_kept_with_the_row() {
+        let record = Record {
+            topic: "orders".into(),
+            key: Bytes::from_static(b"e4"),
+            payload: Some(Bytes::from(vec![b'x'; 2000])),
+            partition_key: Some(Bytes::from_static(b"agg-1")),
+            ..Record::default()
+        };
+        let mut r = from_record("dlq", &record, Reason::TooLarge, "too large");
+        assert_eq!(r.payload, record.payload, "kept for a redrive");
+        assert_eq!(r.partition_key, None);
+        assert_eq!(header_value(&r, HEADER_PARTITION_KEY), Some(&b"agg-1"[..]));
+        let tuple = Tuple(vec![
+            TupleValue::Text(Bytes::from_static(b"e4")),
+            TupleValue::Text(Bytes::from_static(b"order")),
+            TupleValue::Null,
+        ]);
+        let row = Row {
+            relation: &relation(),
+            tuple: &tuple,
+            commit_time_ms: Some(7),
+        };
+        with_row(&mut r, row);
+        let image: serde_json::Value =
+            serde_json::from_slice(header_value(&r, HEADER_ROW).unwrap()).unwrap();
+        assert_eq!(image["table"], "public.outbox");
+        assert_eq!(image["columns"]["aggregatetype"], "order");
+        assert_eq!(image["types"]["id"], 25);
+        assert_eq!(image["commit_time_ms"], 7);
     }
 }

@@ -11,6 +11,7 @@ mod common;
 
 mod binary_mode;
 mod cloudevents;
+mod dead_letters;
 mod exactly_once;
 mod exactly_once_edges;
 mod failover;

@@ -21,7 +21,7 @@
 //! bar; `report` says what happened. This file is the command that runs them in order.
 
 mod holds;
-mod progress;
+pub(crate) mod progress;
 mod rebuild;
 mod report;
 mod select;

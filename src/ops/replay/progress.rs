@@ -9,12 +9,12 @@ const TEMPLATE: &str = "[{bar:24}] {pos}/{len} {percent:>3}%  {rate}  ETA {eta}"
 const REFRESH_HZ: u8 = 4;
 
 /// The bar, or nothing when it is off or there is nothing to count.
-pub(super) struct Progress {
+pub(crate) struct Progress {
     bar: Option<ProgressBar>,
 }
 
 impl Progress {
-    pub(super) fn new(enabled: bool, total: u64) -> Progress {
+    pub(crate) fn new(enabled: bool, total: u64) -> Progress {
         if !enabled || total == 0 {
             return Progress { bar: None };
         }
@@ -27,14 +27,14 @@ impl Progress {
     }
 
     /// `done` records so far (acknowledged, or mapped in a dry run).
-    pub(super) fn update(&mut self, done: u64) {
+    pub(crate) fn update(&mut self, done: u64) {
         if let Some(bar) = &self.bar {
             bar.set_position(done);
         }
     }
 
     /// Removes the bar before the report is printed.
-    pub(super) fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }

@@ -33,9 +33,10 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{Config, DeadLetterPolicy, Delivery as DeliveryMode};
+use crate::config::{BreakerPolicy, Config, DeadLetterPolicy, Delivery as DeliveryMode};
 use crate::lsn::Lsn;
 use crate::mapping::{BoundTable, OutboxMapping, Record};
+use crate::relay::breaker::Breaker;
 use crate::relay::ledger::{Ledger, TxnSeq};
 use crate::relay::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 use crate::relay::{now_ms, RelayError};
@@ -57,6 +58,9 @@ pub struct Settings {
     pub max_in_flight_bytes: usize,
     pub dead_letter_policy: DeadLetterPolicy,
     pub dead_letter_topic: String,
+    /// `dead_letter.max_per_minute` (0: no breaker) and what tripping it does.
+    pub dead_letter_max_per_minute: u32,
+    pub on_breaker: BreakerPolicy,
     pub shutdown_timeout: Duration,
     /// Status updates (asking for a reply) at least this often.
     pub status_interval: Duration,
@@ -78,6 +82,8 @@ impl Settings {
             max_in_flight_bytes: config.kafka.max_in_flight_bytes,
             dead_letter_policy: config.dead_letter.policy,
             dead_letter_topic: config.dead_letter.topic.clone(),
+            dead_letter_max_per_minute: config.dead_letter.max_per_minute,
+            on_breaker: config.dead_letter.on_breaker,
             shutdown_timeout: Duration::from_millis(config.relay.shutdown_timeout_ms),
             status_interval,
             confirm_delay: Duration::from_millis(config.relay.confirm_delay_ms),
@@ -119,6 +125,26 @@ pub(super) struct Held {
     pub seq: TxnSeq,
     pub event_id: String,
     pub kind: RecordKind,
+    /// The row it was mapped from (events only), for the row image of its dead letter should
+    /// Kafka refuse it at once. Dropped once the record is handed over.
+    pub row: Option<Box<SourceRow>>,
+}
+
+/// An event's row as the stream delivered it.
+pub(super) struct SourceRow {
+    pub relation: Arc<Relation>,
+    pub tuple: pgoutput::Tuple,
+    pub commit_time_ms: i64,
+}
+
+impl SourceRow {
+    pub fn as_row(&self) -> dead_letter::Row<'_> {
+        dead_letter::Row {
+            relation: &self.relation,
+            tuple: &self.tuple,
+            commit_time_ms: Some(self.commit_time_ms),
+        }
+    }
 }
 
 /// A relation from the stream, and its outbox binding when it is an outbox table or a
@@ -146,6 +172,9 @@ enum Phase {
         deadline: Instant,
         error: RelayError,
     },
+    /// The dead-letter breaker tripped (`on_breaker = unready`): read nothing more, let what
+    /// was sent be acknowledged and confirmed, keep the slot, wait for shutdown.
+    Blocked,
     /// The loop has ended (its result taken): `finish` closes the session.
     Closing,
 }
@@ -172,6 +201,8 @@ pub struct Session<'a, S, K, C> {
     phase: Phase,
     /// When an acknowledgement counts: at once, or once its Kafka transaction commits.
     contract: Contract,
+    /// `dead_letter.max_per_minute`, when set.
+    breaker: Option<Breaker>,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -189,7 +220,6 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             settings.max_in_flight_bytes,
         );
         Session {
-            settings,
             mapping,
             metrics,
             source: ends.source,
@@ -205,6 +235,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             confirm_due: None,
             phase: Phase::Streaming,
             contract,
+            breaker: Breaker::new(settings.dead_letter_max_per_minute),
+            settings,
         }
     }
 
@@ -234,7 +266,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             } else {
                 tokio::select! {
                     biased;
-                    _ = shutdown.cancelled(), if matches!(self.phase, Phase::Streaming) => {
+                    _ = shutdown.cancelled(), if matches!(self.phase, Phase::Streaming | Phase::Blocked) => {
                         self.start_draining();
                         Ok(())
                     }
@@ -279,6 +311,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     }
 
     fn start_draining(&mut self) {
+        if let Phase::Blocked = self.phase {
+            // The transaction that tripped the breaker is not finished (nor confirmed): the
+            // next start reads it again.
+            self.txn = None;
+        }
         self.metrics.set_state(RelayState::Draining);
         info!(
             in_flight = self.in_flight.messages(),
@@ -311,6 +348,14 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         if !error.drains_before_stopping() {
             return Some(Err(error));
         }
+        if matches!(error, RelayError::Breaker(_))
+            && self.settings.on_breaker == BreakerPolicy::Unready
+        {
+            warn!(error = %error, "holding the relay: nothing more is read, /readyz is red (dead_letter.on_breaker = unready); restart it once fixed");
+            self.metrics.dead_letter_breaker_open.store(1, Relaxed);
+            self.phase = Phase::Blocked;
+            return None;
+        }
         self.start_stopping(error);
         None
     }
@@ -328,14 +373,14 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     fn end(&mut self) -> Result<(), RelayError> {
         match std::mem::replace(&mut self.phase, Phase::Closing) {
             Phase::Stopping { error, .. } => Err(error),
-            Phase::Streaming | Phase::Draining { .. } | Phase::Closing => Ok(()),
+            Phase::Streaming | Phase::Draining { .. } | Phase::Blocked | Phase::Closing => Ok(()),
         }
     }
 
     fn drain_deadline(&self) -> Option<Instant> {
         match self.phase {
             Phase::Draining { deadline } | Phase::Stopping { deadline, .. } => Some(deadline),
-            Phase::Streaming | Phase::Closing => None,
+            Phase::Streaming | Phase::Blocked | Phase::Closing => None,
         }
     }
 
@@ -344,7 +389,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     fn is_drained(&self) -> bool {
         let settled = self.contract.is_settled(self.reading());
         match self.phase {
-            Phase::Streaming => false,
+            Phase::Streaming | Phase::Blocked => false,
             Phase::Draining { .. } => self.txn.is_none() && self.in_flight.is_empty() && settled,
             Phase::Stopping { .. } => self.in_flight.is_empty() && settled,
             Phase::Closing => true,
@@ -382,7 +427,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         match self.phase {
             Phase::Streaming => room,
             Phase::Draining { .. } => room && self.txn.is_some(),
-            Phase::Stopping { .. } | Phase::Closing => false,
+            Phase::Stopping { .. } | Phase::Blocked | Phase::Closing => false,
         }
     }
 

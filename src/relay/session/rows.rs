@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use super::{Held, OpenTxn, RelationEntry, Session};
+use super::{Held, OpenTxn, RelationEntry, Session, SourceRow};
 use crate::config::DeadLetterPolicy;
 use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
@@ -80,7 +80,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 }
                 let event = self.mapping.message_event(&message, commit_time_ms);
                 let (relation, tuple) = mapping::message_as_row(&message);
-                self.publish_event(event, &relation, &tuple).await?;
+                self.publish_event(event, Arc::new(relation), tuple).await?;
             }
             MessageRoute::NonTransactional { rejected_total } => warn!(
                 prefix = %message.prefix, lsn = %message.lsn, rejected_total,
@@ -194,7 +194,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             })));
         };
         let event = bound.to_event(&insert.tuple, commit_time_ms);
-        self.publish_event(event, &relation, &insert.tuple).await
+        self.publish_event(event, relation, insert.tuple).await
     }
 
     pub(super) fn open_txn(&mut self) -> Result<&mut OpenTxn, RelayError> {
@@ -209,10 +209,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     pub(super) async fn publish_event(
         &mut self,
         event: Result<OutboxEvent, MappingError>,
-        relation: &Relation,
-        tuple: &Tuple,
+        relation: Arc<Relation>,
+        tuple: Tuple,
     ) -> Result<(), RelayError> {
         let txn = self.open_txn()?;
+        let commit_time_ms = txn.commit_time_ms;
         txn.events += 1;
         // A split transaction's first records are in Kafka already.
         if txn.skip_left > 0 {
@@ -222,13 +223,25 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let seq = self.ledger.record_sent()?;
         let event = match event {
             Ok(event) => event,
-            Err(e) => return self.dead_letter_unmapped(seq, &e, relation, tuple).await,
+            Err(e) => {
+                let row = SourceRow {
+                    relation,
+                    tuple,
+                    commit_time_ms,
+                };
+                return self.dead_letter_unmapped(seq, &e, &row).await;
+            }
         };
         self.send_or_hold(Held {
             record: event.record,
             seq,
             event_id: event.id,
             kind: RecordKind::Event,
+            row: Some(Box::new(SourceRow {
+                relation,
+                tuple,
+                commit_time_ms,
+            })),
         })
         .await
     }
@@ -259,6 +272,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             seq,
             event_id,
             kind,
+            row,
         } = held;
         let sent = self.sink.send(&record, seq, &event_id, kind).await;
         if counted && sent.is_err() {
@@ -278,7 +292,10 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 self.metrics.count_delivery_error(&r.error);
                 let reason = Reason::for_kafka_error(&r.error);
                 let dlq = &self.settings.dead_letter_topic;
-                let record = dead_letter::from_record(dlq, &record, reason, &r.to_string());
+                let mut record = dead_letter::from_record(dlq, &record, reason, &r.to_string());
+                if let Some(row) = &row {
+                    dead_letter::with_row(&mut record, row.as_row());
+                }
                 let why = r.to_string();
                 Box::pin(self.dead_letter(seq, record, &event_id, &why, counted)).await
             }
@@ -290,8 +307,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         &mut self,
         seq: TxnSeq,
         error: &MappingError,
-        relation: &Relation,
-        tuple: &Tuple,
+        row: &SourceRow,
     ) -> Result<(), RelayError> {
         let reason = match error {
             MappingError::InvalidTopic { .. } => Reason::InvalidTopic,
@@ -300,7 +316,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let event_id = error.event_id();
         let dlq = &self.settings.dead_letter_topic;
         let why = error.to_string();
-        let record = dead_letter::from_row(dlq, relation, tuple, reason, &why, event_id);
+        let record = dead_letter::from_row_image(dlq, row.as_row(), reason, &why, event_id);
         self.dead_letter(seq, record, event_id.unwrap_or("?"), &why, false)
             .await
     }
@@ -319,12 +335,23 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         if self.settings.dead_letter_policy == DeadLetterPolicy::Stop {
             return Err(RelayError::Poison(format!("event {event_id}: {why}")));
         }
+        if let Some(breaker) = &mut self.breaker {
+            if !breaker.admit(tokio::time::Instant::now()) {
+                self.metrics.dead_letter_breaker_trips.fetch_add(1, Relaxed);
+                return Err(RelayError::Breaker(format!(
+                    "event {event_id} would be the dead letter number {} within a minute (dead_letter.max_per_minute = {}): {why}",
+                    breaker.max() + 1,
+                    breaker.max()
+                )));
+            }
+        }
         warn!(event_id, topic = %record.topic, reason = why, "event sent to the dead-letter topic");
         let dead_letter = Held {
             record,
             seq,
             event_id: event_id.to_string(),
             kind: RecordKind::DeadLetter,
+            row: None,
         };
         if counted {
             self.in_flight.sent(dead_letter.record.size());

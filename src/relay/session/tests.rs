@@ -26,7 +26,7 @@ use crate::relay::RelayError;
 use crate::sink::progress::Progress;
 use std::collections::HashMap;
 
-use crate::config::{DeadLetterPolicy, OutboxConfig};
+use crate::config::{BreakerPolicy, DeadLetterPolicy, OutboxConfig};
 use crate::lsn::Lsn;
 use crate::mapping::OutboxMapping;
 use crate::mapping::Record;
@@ -207,6 +207,8 @@ struct Sent {
     kind: RecordKind,
     topic: String,
     bytes: usize,
+    /// The row image header of a dead letter (`outbox-relay.dlq.row`).
+    row: Option<String>,
 }
 
 /// What the sink did with Kafka transactions, in order (exactly-once).
@@ -266,6 +268,11 @@ impl RecordSink for FakeSink {
             kind,
             topic: record.topic.clone(),
             bytes: record.size(),
+            row: record
+                .headers
+                .iter()
+                .find(|(k, _)| &**k == crate::sink::dead_letter::HEADER_ROW)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned()),
         };
         if self.auto_ack {
             let _ = self.deliveries.send(ok(&sent));
@@ -510,6 +517,8 @@ fn settings() -> Settings {
         max_in_flight_bytes: 1 << 30,
         dead_letter_policy: DeadLetterPolicy::DeadLetter,
         dead_letter_topic: DLQ.into(),
+        dead_letter_max_per_minute: 0,
+        on_breaker: BreakerPolicy::Stop,
         shutdown_timeout: Duration::from_secs(5),
         // Long: confirmations in these tests come from acknowledgements, not the timer.
         status_interval: Duration::from_secs(60),
@@ -716,6 +725,89 @@ async fn poison_records_are_dead_lettered_under_policy_dead_letter() {
             .events_dead_lettered
             .load(std::sync::atomic::Ordering::Relaxed),
         2
+    );
+}
+
+/// Settings with a breaker of 2 dead letters a minute.
+fn breaker(on_breaker: BreakerPolicy) -> Settings {
+    Settings {
+        dead_letter_max_per_minute: 2,
+        on_breaker,
+        ..settings()
+    }
+}
+
+/// Three unroutable rows, one transaction each: the third trips a breaker of 2.
+fn three_poison_txns(rig: &mut Rig) -> (Lsn, Lsn) {
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (a, _) = wal.txn(OUTBOX, &[None]);
+    let (b, end_b) = wal.txn(OUTBOX, &[None]);
+    let (c, end_c) = wal.txn(OUTBOX, &[Some(&event_id(9)), None]);
+    rig.push(a.into_iter().chain(b).chain(c));
+    (end_b, end_c)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_stops_the_session_before_confirming_the_transaction_that_tripped_it() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let (end_b, _) = three_poison_txns(&mut rig);
+    let session = rig.session(breaker(BreakerPolicy::Stop), &mapping, &metrics);
+    let result = tokio::time::timeout(Duration::from_secs(30), session.run(&rig.shutdown))
+        .await
+        .expect("the session did not stop");
+    assert!(matches!(result, Err(RelayError::Breaker(_))), "{result:?}");
+    assert_eq!(result.unwrap_err().exit_code(), 1);
+    assert_eq!(
+        rig.max_flush(),
+        end_b,
+        "confirmed up to the last good transaction"
+    );
+    let dead = rig
+        .sent()
+        .iter()
+        .filter(|s| s.kind == RecordKind::DeadLetter)
+        .count();
+    assert_eq!(dead, 2, "the third dead letter was sent");
+    assert_eq!(
+        metrics
+            .dead_letter_breaker_trips
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unready_breaker_holds_the_slot_reads_nothing_more_and_stops_cleanly() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let (end_b, _) = three_poison_txns(&mut rig);
+    let mut wal = Wal::new();
+    let (later, _) = wal.txn(OUTBOX, &[Some(&event_id(10))]);
+    let session = rig.session(breaker(BreakerPolicy::Unready), &mapping, &metrics);
+    let driver = async {
+        rig.until("the breaker holds", |_| {
+            metrics
+                .dead_letter_breaker_open
+                .load(std::sync::atomic::Ordering::Relaxed)
+                == 1
+        })
+        .await;
+        let sent = rig.sent().len();
+        rig.push(later);
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        assert_eq!(rig.sent().len(), sent, "read on while the breaker holds");
+        assert!(!rig.log.lock().unwrap().closed, "gave up the slot");
+        assert!(metrics.readiness(Duration::from_secs(3600)).is_err());
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        rig.max_flush(),
+        end_b,
+        "confirmed past the tripping transaction"
     );
 }
 
@@ -1652,6 +1744,19 @@ async fn a_dead_letter_for_a_held_record_counts_once_in_the_split_progress() {
     };
     let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
     result.unwrap();
+    let dead = rig
+        .sent()
+        .into_iter()
+        .find(|s| s.kind == RecordKind::DeadLetter);
+    let row = dead
+        .and_then(|d| d.row)
+        .expect("the dead letter carries the row image");
+    let image: serde_json::Value = serde_json::from_str(&row).unwrap();
+    assert_eq!(
+        image["columns"]["id"],
+        event_id(2),
+        "the held row travelled with it"
+    );
     let kinds: Vec<(String, RecordKind)> = rig
         .sent()
         .into_iter()

@@ -102,6 +102,9 @@ pub struct Metrics {
 
     pub events_published: Counter,
     pub events_dead_lettered: Counter,
+    /// The dead-letter breaker: times it tripped, and 1 while it holds the relay (unready).
+    pub dead_letter_breaker_trips: Counter,
+    pub dead_letter_breaker_open: Gauge,
     /// A running total the mapping keeps (stored, not counted here).
     pub messages_rejected: Counter,
     pub reconnects: Counter,
@@ -165,6 +168,14 @@ impl Default for Metrics {
             events_dead_lettered: r.counter(
                 "outbox_relay_events_dead_lettered_total",
                 "Events sent to the dead-letter topic.",
+            ),
+            dead_letter_breaker_trips: r.counter(
+                "outbox_relay_dead_letter_breaker_trips_total",
+                "Times more dead letters than dead_letter.max_per_minute arrived within a minute.",
+            ),
+            dead_letter_breaker_open: r.gauge(
+                "outbox_relay_dead_letter_breaker_open",
+                "1 while the tripped dead-letter breaker holds the relay (on_breaker = unready): nothing is read, /readyz is red.",
             ),
             messages_rejected: r.counter(
                 "outbox_relay_messages_rejected_total",
@@ -400,6 +411,9 @@ impl Metrics {
     pub fn readiness(&self, staleness: Duration) -> Result<(), String> {
         if let Some(blocked) = self.blocked.get() {
             blocked.readiness()?;
+        }
+        if self.dead_letter_breaker_open.load(Relaxed) > 0 {
+            return Err("the dead-letter breaker tripped (dead_letter.max_per_minute): nothing is read until the relay is restarted; see the logs".into());
         }
         let state = self.state();
         if state != RelayState::Streaming {

@@ -1,16 +1,30 @@
-//! `dead-letters list`: what the dead-letter topic holds, filtered, without consuming it.
+//! `dead-letters list` and `dead-letters redrive`.
 //!
-//! Reads every partition of `dead_letter.topic` from its beginning to the end it had when the
-//! command started (read_committed: a dead letter of an exactly-once transaction that was
-//! aborted is not one), commits nothing, and prints each record's reason, event id, original
-//! topic or table and error; then a count per reason. `redrive` is not built yet.
+//! `list` reads every partition of `dead_letter.topic` from its beginning to the end it had
+//! when the command started (read_committed: a dead letter of an exactly-once transaction that
+//! was aborted is not one), commits nothing, and prints each record's reason, event id,
+//! original topic or table and error; then a count per reason.
+//!
+//! `redrive` (`redrive.rs`) reads from its consumer group's position, decides per dead letter
+//! (`plan.rs`: map the row image again with `remap.rs`, or re-send the refused record),
+//! sends, and commits the group only over what Kafka acknowledged (`positions.rs`);
+//! `report.rs` says what it did.
+
+mod plan;
+mod positions;
+mod redrive;
+mod remap;
+mod report;
+
+pub use redrive::{redrive, RedriveOptions, DEFAULT_MAX_REDRIVES, REDRIVE_GROUP};
+pub use report::RedriveReport;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
@@ -22,7 +36,7 @@ use crate::sink::dead_letter::{HEADER_ERROR, HEADER_ORIGINAL_TOPIC, HEADER_REASO
 /// wants a group).
 pub const DEAD_LETTERS_GROUP: &str = "outbox-relay-dead-letters";
 /// Per metadata and watermark request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the whole read may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -197,7 +211,7 @@ fn read_all(
             continue;
         }
         report.scanned += 1;
-        let letter = dead_letter(&message);
+        let letter = dead_letter(&plan::Letter::from_message(&message));
         if filter.matches(&letter) {
             let reason = letter.reason.clone().unwrap_or_else(|| "?".into());
             *report.by_reason.entry(reason).or_default() += 1;
@@ -210,7 +224,7 @@ fn read_all(
 }
 
 /// Every partition's (low, high) watermarks when the read starts.
-fn partition_ends(
+pub(super) fn partition_ends(
     consumer: &BaseConsumer,
     topic: &str,
 ) -> Result<BTreeMap<i32, (i64, i64)>, String> {
@@ -238,24 +252,17 @@ fn partition_ends(
     Ok(ends)
 }
 
-fn dead_letter<M: Message>(message: &M) -> DeadLetter {
-    let header = |name: &str| {
-        message.headers().and_then(|h| {
-            h.iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        })
-    };
+fn dead_letter(letter: &plan::Letter) -> DeadLetter {
+    let header = |name: &str| letter.header(name);
     DeadLetter {
-        partition: message.partition(),
-        offset: message.offset(),
-        timestamp_ms: message.timestamp().to_millis(),
+        partition: letter.partition,
+        offset: letter.offset,
+        timestamp_ms: letter.timestamp_ms,
         reason: header(HEADER_REASON),
-        event_id: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+        event_id: letter.event_id(),
         original: header(HEADER_ORIGINAL_TOPIC).or_else(|| header(HEADER_TABLE)),
         error: header(HEADER_ERROR),
-        payload_bytes: message.payload().map_or(0, <[u8]>::len),
+        payload_bytes: letter.payload.as_ref().map_or(0, |p| p.len()),
     }
 }
 

@@ -1,0 +1,336 @@
+//! What a redrive does with one dead letter. Pure: the dead letter and the current mapping
+//! in, an [`Action`] out.
+//!
+//! | reason | with | redriven as |
+//! |---|---|---|
+//! | `mapping`, `invalid_topic`, `schema` | a row image | mapped again with the current configuration |
+//! | `too_large`, `rejected` (and the above without a row image, when Kafka refused the record) | the original record | re-sent to the original topic and partition as it was |
+//!
+//! Every redriven record carries `outbox-relay.redrive-count`, one more than its dead
+//! letter's; at `--max-redrives` the dead letter is left. One the current configuration still
+//! cannot map is dead-lettered again, with the count raised and the new error.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rdkafka::message::{Headers, Message};
+
+use super::remap::{check_complete, Remap, RowImage};
+use crate::mapping::{OutboxMapping, Record};
+use crate::sink::dead_letter::{
+    HEADER_ERROR, HEADER_OMITTED, HEADER_ORIGINAL_PARTITION, HEADER_ORIGINAL_TOPIC,
+    HEADER_PARTITION_KEY, HEADER_PREFIX, HEADER_REASON, HEADER_REDRIVES, HEADER_ROW, HEADER_TABLE,
+};
+
+/// One record of the dead-letter topic, owned.
+#[derive(Debug, Clone)]
+pub(super) struct Letter {
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp_ms: Option<i64>,
+    pub key: Bytes,
+    pub payload: Option<Bytes>,
+    pub headers: Vec<(Arc<str>, Bytes)>,
+}
+
+impl Letter {
+    pub(super) fn from_message<M: Message>(m: &M) -> Letter {
+        let headers = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        let value = Bytes::copy_from_slice(h.value.unwrap_or_default());
+                        (Arc::from(h.key), value)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Letter {
+            partition: m.partition(),
+            offset: m.offset(),
+            timestamp_ms: m.timestamp().to_millis(),
+            key: Bytes::copy_from_slice(m.key().unwrap_or_default()),
+            payload: m.payload().map(Bytes::copy_from_slice),
+            headers,
+        }
+    }
+
+    /// The last value of header `name`, as text.
+    pub(super) fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(k, _)| &**k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+
+    fn all(&self, name: &str) -> Vec<String> {
+        self.headers
+            .iter()
+            .filter(|(k, _)| &**k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .collect()
+    }
+
+    /// Times redriven so far.
+    pub(super) fn redrives(&self) -> u32 {
+        self.header(HEADER_REDRIVES)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub(super) fn event_id(&self) -> String {
+        String::from_utf8_lossy(&self.key).into_owned()
+    }
+}
+
+/// How a record was redriven.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum How {
+    Remapped,
+    Resent,
+}
+
+#[derive(Debug)]
+pub(super) enum Action {
+    Send(Record, How),
+    /// Still unmappable: a new dead letter (count raised) stands in for it.
+    DeadLetterAgain(Record),
+    /// Not redriven; why.
+    Leave(String),
+}
+
+/// What to do with `letter`.
+pub(super) fn plan(letter: &Letter, mapping: &OutboxMapping, dlq: &str, max: u32) -> Action {
+    let count = letter.redrives();
+    if count >= max {
+        return Action::Leave(format!(
+            "redriven {count} times already (--max-redrives {max})"
+        ));
+    }
+    let reason = letter.header(HEADER_REASON).unwrap_or_default();
+    let original = letter.header(HEADER_ORIGINAL_TOPIC);
+    let remappable = matches!(reason.as_str(), "mapping" | "invalid_topic" | "schema");
+    if remappable {
+        if let Some((image, in_value)) = row_image(letter) {
+            return remap(letter, &image, in_value, mapping, dlq, count);
+        }
+    }
+    match (reason.as_str(), original) {
+        ("too_large" | "rejected" | "invalid_topic" | "schema", Some(topic)) => {
+            resend(letter, &topic, count)
+        }
+        ("", _) => Action::Leave("it has no reason header: not a dead letter of the relay".into()),
+        (reason, _) => Action::Leave(format!("reason `{reason}` without a row image to map")),
+    }
+}
+
+/// The row image: the value of a row dead letter (`true`), or the `row` header.
+fn row_image(letter: &Letter) -> Option<(Bytes, bool)> {
+    let is_row_letter =
+        letter.header(HEADER_ORIGINAL_TOPIC).is_none() && letter.header(HEADER_TABLE).is_some();
+    if is_row_letter {
+        return letter.payload.clone().map(|p| (p, true));
+    }
+    letter
+        .headers
+        .iter()
+        .rev()
+        .find(|(k, _)| &**k == HEADER_ROW)
+        .map(|(_, v)| (v.clone(), false))
+}
+
+fn remap(
+    letter: &Letter,
+    image: &[u8],
+    in_value: bool,
+    mapping: &OutboxMapping,
+    dlq: &str,
+    count: u32,
+) -> Action {
+    let mapped = check_complete(in_value, &letter.all(HEADER_OMITTED))
+        .and_then(|()| RowImage::parse(image))
+        .and_then(|row| row.map(mapping, letter.timestamp_ms.unwrap_or_default()));
+    match mapped {
+        Ok(event) => {
+            let mut record = event.record;
+            set_count(&mut record.headers, count + 1);
+            Action::Send(record, How::Remapped)
+        }
+        Err(Remap::Failed(why)) => Action::DeadLetterAgain(again(letter, dlq, None, &why)),
+        Err(Remap::Unusable(why)) => Action::Leave(why),
+    }
+}
+
+fn resend(letter: &Letter, topic: &str, count: u32) -> Action {
+    if letter.payload.is_none() {
+        if let Some(what) = letter
+            .all(HEADER_OMITTED)
+            .into_iter()
+            .find(|o| o.starts_with("payload"))
+        {
+            return Action::Leave(format!("its dead letter left out the {what}"));
+        }
+    }
+    let mut headers: Vec<_> = letter
+        .headers
+        .iter()
+        .filter(|(k, _)| !k.starts_with(HEADER_PREFIX) && &**k != HEADER_REDRIVES)
+        .cloned()
+        .collect();
+    set_count(&mut headers, count + 1);
+    let record = Record {
+        topic: topic.to_string(),
+        key: letter.key.clone(),
+        payload: letter.payload.clone(),
+        headers,
+        timestamp_ms: letter.timestamp_ms,
+        partition: letter
+            .header(HEADER_ORIGINAL_PARTITION)
+            .and_then(|p| p.parse().ok()),
+        partition_key: letter
+            .headers
+            .iter()
+            .find(|(k, _)| &**k == HEADER_PARTITION_KEY)
+            .map(|(_, v)| v.clone()),
+    };
+    Action::Send(record, How::Resent)
+}
+
+/// The dead letter again, for `dlq`, with the redrive count raised and the new error (and
+/// reason, for a record Kafka refused on the redrive).
+pub(super) fn again(letter: &Letter, dlq: &str, reason: Option<&str>, why: &str) -> Record {
+    let replaced = |k: &str| {
+        k == HEADER_ERROR || k == HEADER_REDRIVES || (reason.is_some() && k == HEADER_REASON)
+    };
+    let mut headers: Vec<_> = letter
+        .headers
+        .iter()
+        .filter(|(k, _)| !replaced(k))
+        .cloned()
+        .collect();
+    if let Some(reason) = reason {
+        headers.push((Arc::from(HEADER_REASON), Bytes::from(reason.to_string())));
+    }
+    headers.push((Arc::from(HEADER_ERROR), Bytes::from(why.to_string())));
+    set_count(&mut headers, letter.redrives() + 1);
+    Record {
+        topic: dlq.to_string(),
+        key: letter.key.clone(),
+        payload: letter.payload.clone(),
+        headers,
+        timestamp_ms: letter.timestamp_ms,
+        ..Record::default()
+    }
+}
+
+fn set_count(headers: &mut Vec<(Arc<str>, Bytes)>, count: u32) {
+    headers.retain(|(k, _)| &**k != HEADER_REDRIVES);
+    headers.push((Arc::from(HEADER_REDRIVES), Bytes::from(count.to_string())));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OutboxConfig;
+
+    fn h(k: &str, v: &str) -> (Arc<str>, Bytes) {
+        (Arc::from(k), Bytes::from(v.to_string()))
+    }
+
+    fn letter(headers: Vec<(Arc<str>, Bytes)>, payload: Option<&str>) -> Letter {
+        Letter {
+            partition: 0,
+            offset: 3,
+            timestamp_ms: Some(1000),
+            key: Bytes::from_static(b"e-1"),
+            payload: payload.map(|p| Bytes::from(p.to_string())),
+            headers,
+        }
+    }
+
+    fn mapping() -> OutboxMapping {
+        let config = OutboxConfig {
+            topic_column: Some("topic".into()),
+            ..OutboxConfig::default()
+        };
+        OutboxMapping::new(&config).unwrap()
+    }
+
+    fn row(topic: &str) -> String {
+        serde_json::json!({"table": "public.outbox", "columns": {"id": "e-1",
+            "aggregatetype": "order", "aggregateid": "a-1", "type": "T", "payload": "{}",
+            "topic": topic}})
+        .to_string()
+    }
+
+    fn value(r: &Record, name: &str) -> Option<String> {
+        r.headers
+            .iter()
+            .rev()
+            .find(|(k, _)| &**k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+
+    #[test]
+    fn a_refused_record_is_resent_as_it_was_without_the_dead_letter_headers() {
+        let l = letter(
+            vec![
+                h("id", "e-1"),
+                h(HEADER_REDRIVES, "1"),
+                h(HEADER_REASON, "too_large"),
+                h(HEADER_ORIGINAL_TOPIC, "orders"),
+                h(HEADER_ORIGINAL_PARTITION, "2"),
+            ],
+            Some("big"),
+        );
+        let Action::Send(r, How::Resent) = plan(&l, &mapping(), "dlq", 3) else {
+            panic!("resent");
+        };
+        assert_eq!((r.topic.as_str(), r.partition), ("orders", Some(2)));
+        assert_eq!(r.payload.as_deref(), Some(&b"big"[..]));
+        assert_eq!(value(&r, HEADER_REDRIVES).as_deref(), Some("2"));
+        assert_eq!(value(&r, "id").as_deref(), Some("e-1"));
+        assert!(r.headers.iter().all(|(k, _)| !k.starts_with(HEADER_PREFIX)));
+    }
+
+    #[test]
+    fn a_mapping_dead_letter_is_mapped_again_or_dead_lettered_again() {
+        let headers = vec![
+            h(HEADER_REASON, "invalid_topic"),
+            h(HEADER_TABLE, "public.outbox"),
+        ];
+        let fixed = letter(headers.clone(), Some(&row("orders")));
+        let Action::Send(r, How::Remapped) = plan(&fixed, &mapping(), "dlq", 3) else {
+            panic!("remapped");
+        };
+        assert_eq!(r.topic, "orders");
+        assert_eq!(value(&r, HEADER_REDRIVES).as_deref(), Some("1"));
+        let still_bad = letter(headers, Some(&row("bad topic!")));
+        let Action::DeadLetterAgain(d) = plan(&still_bad, &mapping(), "dlq", 3) else {
+            panic!("dead-lettered again");
+        };
+        assert_eq!(d.topic, "dlq");
+        assert_eq!(value(&d, HEADER_REDRIVES).as_deref(), Some("1"));
+        assert_eq!(value(&d, HEADER_REASON).as_deref(), Some("invalid_topic"));
+        assert_eq!(d.payload, still_bad.payload, "the row image travels on");
+    }
+
+    #[test]
+    fn past_max_redrives_or_without_its_payload_a_dead_letter_is_left() {
+        let mut l = letter(
+            vec![
+                h(HEADER_REASON, "too_large"),
+                h(HEADER_ORIGINAL_TOPIC, "orders"),
+                h(HEADER_OMITTED, "payload (2000000 bytes)"),
+            ],
+            None,
+        );
+        assert!(matches!(plan(&l, &mapping(), "dlq", 3), Action::Leave(_)));
+        l.payload = Some(Bytes::from_static(b"x"));
+        l.headers.push(h(HEADER_REDRIVES, "3"));
+        assert!(matches!(plan(&l, &mapping(), "dlq", 3), Action::Leave(_)));
+        assert!(matches!(plan(&l, &mapping(), "dlq", 4), Action::Send(..)));
+    }
+}

@@ -1,0 +1,477 @@
+//! `dead-letters redrive`: sends dead letters back where they belong (see `plan.rs` for
+//! what happens to each), and remembers how far it got in its own consumer group.
+//!
+//! The group's committed offset per partition covers only dead letters that are dealt with:
+//! their redriven record (or their new dead letter) acknowledged by Kafka, or passed over by
+//! the filters, or left. It is committed in order and contiguously (`positions.rs`), every
+//! [`COMMIT_INTERVAL`] and at the end, so an interrupted redrive resumes where the last commit
+//! stood (sending again at most what was acknowledged since: at-least-once's window) and a
+//! finished one, run again, sends nothing. Each run reads up to the end the topic had when it
+//! started, so the dead letters it writes itself wait for the next run.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::plan::{again, plan, Action, How, Letter};
+use super::positions::Positions;
+use super::report::RedriveReport;
+use super::{dead_letter, partition_ends, Filter, REQUEST_TIMEOUT};
+use crate::config::Config;
+use crate::mapping::{OutboxMapping, Record};
+use crate::ops::replay::progress::Progress;
+use crate::ops::OpsError;
+use crate::sink::dead_letter::Reason;
+use crate::sink::publisher::{self, Delivery, Publisher};
+use crate::sink::window::InFlight;
+
+/// The consumer group whose committed offsets say how far redrives got.
+pub const REDRIVE_GROUP: &str = "outbox-relay-dead-letters-redrive";
+/// `--max-redrives`: a dead letter redriven this often is left.
+pub const DEFAULT_MAX_REDRIVES: u32 = 3;
+/// How often acknowledged progress is committed.
+const COMMIT_INTERVAL: Duration = Duration::from_millis(200);
+/// Dead letters read per turn.
+const CHUNK: usize = 100;
+/// Records in flight at most.
+const MAX_IN_FLIGHT: usize = 1000;
+/// How long the end waits for acknowledgements beyond `kafka.message_timeout_ms`.
+const ACK_GRACE: Duration = Duration::from_secs(10);
+/// A test aid: milliseconds to wait after each record sent, so that a test can interrupt a
+/// redrive halfway. Unset in production.
+const PAUSE_ENV: &str = "OUTBOX_RELAY_REDRIVE_PAUSE_MS";
+
+#[derive(Debug, Clone)]
+pub struct RedriveOptions {
+    /// Which dead letters; `limit`: redrive at most so many (the rest wait for the next run).
+    pub filter: Filter,
+    /// Decide and report, send and commit nothing.
+    pub dry_run: bool,
+    pub max_redrives: u32,
+    pub group: String,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// A record in flight, and the dead letter it stands for.
+struct Sent {
+    letter: Letter,
+    /// `None`: the record is the dead letter again.
+    how: Option<How>,
+    topic: String,
+}
+
+struct Run<'a> {
+    config: &'a Config,
+    options: &'a RedriveOptions,
+    mapping: OutboxMapping,
+    publisher: Option<(Publisher, tokio::sync::mpsc::UnboundedReceiver<Delivery>)>,
+    window: InFlight,
+    in_flight: BTreeMap<u64, Sent>,
+    next_seq: u64,
+    positions: Positions,
+    /// Dead letters to write for records Kafka refused on the redrive.
+    again: Vec<(Record, Letter)>,
+    report: RedriveReport,
+    pause: Option<Duration>,
+    /// Set while the walk runs: the consumer whose group is committed.
+    consumer: Option<Arc<BaseConsumer>>,
+    last_commit: Instant,
+}
+
+/// `dead-letters redrive`.
+pub async fn redrive(config: &Config, options: RedriveOptions) -> Result<RedriveReport, OpsError> {
+    let topic = config.dead_letter.topic.clone();
+    let failed = |problem: String| OpsError::DeadLetters {
+        topic: topic.clone(),
+        problem,
+    };
+    let mut client = crate::sink::publisher::client_config(&config.kafka);
+    client
+        .set("group.id", &options.group)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true");
+    let client = crate::sink::publisher::consumer_config(client);
+    let t = topic.clone();
+    let opened = tokio::task::spawn_blocking(move || open(client, &t))
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .map_err(failed)?;
+    let Some((consumer, starts, total)) = opened else {
+        return Ok(RedriveReport::new(&topic, &options.group, options.dry_run));
+    };
+    let mut run = Run::new(config, &options, &starts)?;
+    let mut progress = Progress::new(options.progress, total);
+    let result = run.walk(consumer, &starts, &mut progress).await;
+    progress.clear();
+    if let Err(problem) = result {
+        run.report.failures.push(problem);
+    }
+    Ok(run.report)
+}
+
+/// The consumer assigned from the group's committed offsets (or each partition's beginning),
+/// and each open partition's end; `None` when there is nothing to read.
+type Opened = Option<(BaseConsumer, BTreeMap<i32, (i64, i64)>, u64)>;
+
+fn open(client: rdkafka::ClientConfig, topic: &str) -> Result<Opened, String> {
+    let consumer: BaseConsumer = client
+        .create()
+        .map_err(|e| format!("cannot create a consumer: {e}"))?;
+    let ends = partition_ends(&consumer, topic)?;
+    let mut asked = TopicPartitionList::new();
+    for &p in ends.keys() {
+        asked.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(asked, REQUEST_TIMEOUT)
+        .map_err(|e| format!("cannot read the redrive group's offsets: {e}"))?;
+    let mut starts = BTreeMap::new();
+    let mut assignment = TopicPartitionList::new();
+    let mut total = 0;
+    for (&p, &(low, high)) in &ends {
+        let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => o.max(low),
+            _ => low,
+        };
+        if at < high {
+            assignment
+                .add_partition_offset(topic, p, Offset::Offset(at))
+                .map_err(|e| e.to_string())?;
+            starts.insert(p, (at, high));
+            total += (high - at) as u64;
+        }
+    }
+    if starts.is_empty() {
+        return Ok(None);
+    }
+    consumer.assign(&assignment).map_err(|e| e.to_string())?;
+    Ok(Some((consumer, starts, total)))
+}
+
+/// Up to [`CHUNK`] dead letters below each partition's end; `open` loses the partitions read
+/// to their end.
+fn read_chunk(
+    consumer: &BaseConsumer,
+    open: &mut BTreeMap<i32, (i64, i64)>,
+) -> Result<Vec<Letter>, String> {
+    let mut letters = Vec::new();
+    while letters.len() < CHUNK && !open.is_empty() {
+        let message = match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => m,
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                open.remove(&p);
+                continue;
+            }
+            Some(Err(e)) => return Err(format!("cannot read it: {e}")),
+            None if letters.is_empty() => continue,
+            None => break,
+        };
+        let Some(&(_, end)) = open.get(&message.partition()) else {
+            continue;
+        };
+        if message.offset() + 1 >= end {
+            open.remove(&message.partition());
+        }
+        if message.offset() < end {
+            letters.push(Letter::from_message(&message));
+        }
+    }
+    Ok(letters)
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        config: &'a Config,
+        options: &'a RedriveOptions,
+        starts: &BTreeMap<i32, (i64, i64)>,
+    ) -> Result<Run<'a>, OpsError> {
+        let publisher = match options.dry_run {
+            true => None,
+            false => Some(Publisher::new(&config.kafka)?),
+        };
+        let mut positions = Positions::default();
+        for (&p, &(at, _)) in starts {
+            positions.start(p, at);
+        }
+        let pause = std::env::var(PAUSE_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis);
+        Ok(Run {
+            mapping: OutboxMapping::new(&config.outbox)?,
+            window: InFlight::new(
+                config.kafka.max_in_flight_messages.clamp(1, MAX_IN_FLIGHT),
+                config.kafka.max_in_flight_bytes,
+            ),
+            config,
+            options,
+            publisher,
+            in_flight: BTreeMap::new(),
+            next_seq: 0,
+            positions,
+            again: Vec::new(),
+            report: RedriveReport::new(&config.dead_letter.topic, &options.group, options.dry_run),
+            pause,
+            consumer: None,
+            last_commit: Instant::now(),
+        })
+    }
+
+    async fn walk(
+        &mut self,
+        consumer: BaseConsumer,
+        starts: &BTreeMap<i32, (i64, i64)>,
+        progress: &mut Progress,
+    ) -> Result<(), String> {
+        let mut open = starts.clone();
+        let consumer = Arc::new(consumer);
+        self.consumer = Some(consumer.clone());
+        let outcome = loop {
+            if open.is_empty() || self.limit_reached() {
+                break Ok(());
+            }
+            let (c, mut o) = (consumer.clone(), std::mem::take(&mut open));
+            let (o, chunk) = tokio::task::spawn_blocking(move || {
+                let chunk = read_chunk(&c, &mut o);
+                (o, chunk)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            open = o;
+            let letters = match chunk {
+                Ok(letters) => letters,
+                Err(e) => break Err(e),
+            };
+            if let Err(e) = self.handle_chunk(letters, progress).await {
+                break Err(e);
+            }
+        };
+        let waited = self.finish(progress).await;
+        self.commit().await;
+        outcome.and(waited)
+    }
+
+    fn limit_reached(&self) -> bool {
+        let acted =
+            self.report.redriven + self.report.dead_lettered_again + self.in_flight.len() as u64;
+        self.options.filter.limit.is_some_and(|n| acted >= n as u64)
+    }
+
+    async fn handle_chunk(
+        &mut self,
+        letters: Vec<Letter>,
+        progress: &mut Progress,
+    ) -> Result<(), String> {
+        for letter in letters {
+            if self.limit_reached() {
+                break;
+            }
+            self.report.scanned += 1;
+            self.handle(letter).await?;
+            progress.update(self.report.scanned);
+            if self.last_commit.elapsed() >= COMMIT_INTERVAL {
+                self.commit().await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(&mut self, letter: Letter) -> Result<(), String> {
+        let (partition, offset) = (letter.partition, letter.offset);
+        if !self.options.filter.matches(&dead_letter(&letter)) {
+            self.report.not_selected += 1;
+            self.positions.handled(partition, offset, false);
+            return Ok(());
+        }
+        let dlq = &self.config.dead_letter.topic;
+        let action = plan(&letter, &self.mapping, dlq, self.options.max_redrives);
+        let (record, how) = match action {
+            Action::Leave(why) => {
+                self.report.leave(&letter, why);
+                self.positions.handled(partition, offset, false);
+                return Ok(());
+            }
+            Action::Send(record, how) => (record, Some(how)),
+            Action::DeadLetterAgain(record) => (record, None),
+        };
+        if self.publisher.is_none() {
+            self.report.acknowledged(&record.topic, how);
+            return Ok(());
+        }
+        self.send(record, letter, how).await?;
+        self.positions.handled(partition, offset, true);
+        if let Some(pause) = self.pause {
+            tokio::time::sleep(pause).await;
+        }
+        Ok(())
+    }
+
+    /// Waits for room in the window, then hands the record over.
+    async fn send(
+        &mut self,
+        record: Record,
+        letter: Letter,
+        how: Option<How>,
+    ) -> Result<(), String> {
+        while !self.window.has_room() {
+            self.next_delivery().await?;
+        }
+        self.drain_ready()?;
+        self.send_again().await?;
+        let Some((publisher, _)) = &self.publisher else {
+            return Ok(());
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        publisher
+            .send(&record, seq, &letter.event_id())
+            .await
+            .map_err(|e| e.to_string())?;
+        self.window.sent(record.size());
+        let topic = record.topic;
+        self.in_flight.insert(seq, Sent { letter, how, topic });
+        Ok(())
+    }
+
+    async fn next_delivery(&mut self) -> Result<(), String> {
+        let Some((_, deliveries)) = &mut self.publisher else {
+            return Ok(());
+        };
+        match deliveries.recv().await {
+            Some(delivery) => self.delivered(delivery),
+            None => Err("the Kafka producer went away".into()),
+        }
+    }
+
+    fn drain_ready(&mut self) -> Result<(), String> {
+        while let Some(Ok(delivery)) = self.publisher.as_mut().map(|(_, d)| d.try_recv()) {
+            self.delivered(delivery)?;
+        }
+        Ok(())
+    }
+
+    /// An acknowledgement moves the position; a permanent refusal is dead-lettered again
+    /// (kept in flight until that one is acknowledged); anything else stops the redrive.
+    fn delivered(&mut self, delivery: Delivery) -> Result<(), String> {
+        self.window.settled(delivery.bytes);
+        let Some(sent) = self.in_flight.remove(&delivery.seq) else {
+            return Ok(());
+        };
+        let failure = match delivery.result {
+            Ok(()) => {
+                self.report.acknowledged(&sent.topic, sent.how);
+                self.positions
+                    .acknowledged(sent.letter.partition, sent.letter.offset);
+                return Ok(());
+            }
+            Err(failure) => failure,
+        };
+        let rejection = failure.rejection().to_string();
+        if sent.how.is_none() || !publisher::is_permanent(&failure.error) {
+            return Err(format!("Kafka did not take a record: {rejection}"));
+        }
+        let reason = Reason::for_kafka_error(&failure.error).code();
+        let record = again(
+            &sent.letter,
+            &self.config.dead_letter.topic,
+            Some(reason),
+            &rejection,
+        );
+        self.again.push((record, sent.letter));
+        Ok(())
+    }
+
+    /// Sends the dead letters of records Kafka refused on the redrive.
+    async fn send_again(&mut self) -> Result<(), String> {
+        for (record, letter) in std::mem::take(&mut self.again) {
+            let Some((publisher, _)) = &self.publisher else {
+                return Ok(());
+            };
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            publisher
+                .send(&record, seq, &letter.event_id())
+                .await
+                .map_err(|e| e.to_string())?;
+            self.window.sent(record.size());
+            let topic = record.topic;
+            self.in_flight.insert(
+                seq,
+                Sent {
+                    letter,
+                    how: None,
+                    topic,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits for every record in flight; librdkafka reports each within
+    /// `kafka.message_timeout_ms`.
+    async fn finish(&mut self, progress: &mut Progress) -> Result<(), String> {
+        let deadline = Instant::now()
+            + Duration::from_millis(self.config.kafka.message_timeout_ms)
+            + ACK_GRACE;
+        while !self.in_flight.is_empty() {
+            self.send_again().await?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "{} records got no answer from Kafka within kafka.message_timeout_ms",
+                    self.in_flight.len()
+                ));
+            }
+            match tokio::time::timeout(left, self.next_delivery()).await {
+                Ok(result) => result?,
+                Err(_) => continue,
+            }
+            progress.update(self.report.scanned);
+        }
+        Ok(())
+    }
+
+    /// Commits what is due (nothing in a dry run).
+    async fn commit(&mut self) {
+        self.last_commit = Instant::now();
+        let Some(consumer) = self.consumer.clone() else {
+            return;
+        };
+        let previous = self.positions.committed();
+        let due = self.positions.due();
+        if self.options.dry_run || due.is_empty() {
+            return;
+        }
+        let topic = self.config.dead_letter.topic.clone();
+        let offsets = due.clone();
+        let result =
+            tokio::task::spawn_blocking(move || commit_offsets(&consumer, &topic, &offsets))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+        if let Err(e) = result {
+            self.positions.uncommit(&due, &previous);
+            self.report
+                .failures
+                .push(format!("cannot commit the redrive group's offsets: {e}"));
+        }
+        self.report.committed = self.positions.committed();
+    }
+}
+
+fn commit_offsets(consumer: &BaseConsumer, topic: &str, due: &[(i32, i64)]) -> Result<(), String> {
+    let mut offsets = TopicPartitionList::new();
+    for &(partition, offset) in due {
+        offsets
+            .add_partition_offset(topic, partition, Offset::Offset(offset))
+            .map_err(|e| e.to_string())?;
+    }
+    consumer
+        .commit(&offsets, CommitMode::Sync)
+        .map_err(|e| e.to_string())
+}
