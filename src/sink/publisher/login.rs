@@ -269,3 +269,11 @@ pub fn producer<C: ProducerContext>(
     }
     Ok(producer)
 }
+
+/// The relay's producers report deliveries through their own context; this one is for a
+/// producer that only needs to log in (tests, tools).
+impl ProducerContext for LoginContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
