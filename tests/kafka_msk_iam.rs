@@ -100,8 +100,10 @@ fn context(tokens: &Arc<CountingTokens>) -> LoginContext {
 async fn send(producer: &FutureProducer<LoginContext>, topic: &str, n: usize) {
     let key = format!("k{n}");
     let record = FutureRecord::to(topic).key(&key).payload("msk-iam");
-    if let Err((e, _)) = producer.send(record, TIMEOUT).await {
-        panic!("record {n} not delivered: {e}");
+    match tokio::time::timeout(TIMEOUT, producer.send(record, TIMEOUT)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err((e, _))) => panic!("record {n} not delivered: {e}"),
+        Err(_) => panic!("record {n} not delivered in {TIMEOUT:?}: no login?"),
     }
 }
 
