@@ -11,10 +11,3 @@ pub mod msk;
 pub mod sigv4;
 
 pub use credentials::{AwsCredentials, CredentialsError, CredentialsProvider};
-
-/// `AWS_REGION`, else `AWS_DEFAULT_REGION`, as every AWS SDK reads them.
-pub fn region_from_env() -> Option<String> {
-    ["AWS_REGION", "AWS_DEFAULT_REGION"]
-        .iter()
-        .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
-}
