@@ -20,6 +20,7 @@
 //! HTTP endpoints), `ops` (the operator commands, which reuse the same mapping and sink so that
 //! a replayed record equals the live one), `lsn` (WAL positions).
 
+pub mod aws;
 pub mod config;
 pub mod lsn;
 pub mod mapping;

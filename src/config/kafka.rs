@@ -14,7 +14,9 @@ use super::topic_creation::TopicCreation;
 use super::validate::check_range;
 use super::ConfigError;
 
+mod aws_msk_iam;
 mod oauthbearer;
+pub use aws_msk_iam::{AwsMskIam, AWS_MSK_IAM};
 pub use oauthbearer::{OauthBearer, OAUTHBEARER};
 
 /// librdkafka holds ~700 bytes per queued record; 20,000 is ~150 ms of a full-speed drain,
@@ -141,7 +143,9 @@ pub struct KafkaConfig {
     /// `sasl_ssl` (SASL over TLS).
     pub security_protocol: KafkaSecurityProtocol,
     /// SASL mechanism for the `sasl_*` protocols: `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`
-    /// (with `sasl_username` and a password), or `OAUTHBEARER` (with `[kafka.oauthbearer]`).
+    /// (with `sasl_username` and a password), `OAUTHBEARER` (with `[kafka.oauthbearer]`), or
+    /// `AWS_MSK_IAM` (Amazon MSK IAM access control, `sasl_ssl` only: tokens signed with the
+    /// default AWS credential chain; `[kafka.aws_msk_iam]`).
     #[serde(with = "unset")]
     pub sasl_mechanism: Option<String>,
     /// SASL user name.
@@ -160,6 +164,8 @@ pub struct KafkaConfig {
     pub ssl_ca_file: Option<PathBuf>,
     /// `[kafka.oauthbearer]`: OIDC client credentials for `sasl_mechanism = "OAUTHBEARER"`.
     pub oauthbearer: OauthBearer,
+    /// `[kafka.aws_msk_iam]`: the region for `sasl_mechanism = "AWS_MSK_IAM"`.
+    pub aws_msk_iam: AwsMskIam,
     /// `at_least_once` (default: every event at least once, a crash may repeat some) or
     /// `exactly_once` (Kafka transactions plus a progress record: consumers with
     /// `isolation.level=read_committed` see every event exactly once). In `exactly_once`,
@@ -234,7 +240,13 @@ impl KafkaSecurityProtocol {
 }
 
 /// SASL mechanisms librdkafka supports here (built with OpenSSL and libcurl).
-pub const SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", OAUTHBEARER];
+pub const SASL_MECHANISMS: &[&str] = &[
+    "PLAIN",
+    "SCRAM-SHA-256",
+    "SCRAM-SHA-512",
+    OAUTHBEARER,
+    AWS_MSK_IAM,
+];
 
 /// Kafka batch compression codec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -290,6 +302,7 @@ impl Default for KafkaConfig {
             sasl_password_file: None,
             ssl_ca_file: None,
             oauthbearer: OauthBearer::default(),
+            aws_msk_iam: AwsMskIam::default(),
             delivery: Delivery::AtLeastOnce,
             progress_topic: "outbox-relay.progress".to_string(),
             // A Kafka transaction is committed once this old (what read_committed consumers
@@ -327,6 +340,7 @@ impl fmt::Debug for KafkaConfig {
             .field("sasl_password_file", &self.sasl_password_file)
             .field("ssl_ca_file", &self.ssl_ca_file)
             .field("oauthbearer", &self.oauthbearer)
+            .field("aws_msk_iam", &self.aws_msk_iam)
             .field("delivery", &self.delivery)
             .field("progress_topic", &self.progress_topic)
             .field("transaction_max_ms", &self.transaction_max_ms)
@@ -425,6 +439,15 @@ impl KafkaConfig {
                 ),
             ));
         }
+        if self.uses_aws_msk_iam() {
+            return self.validate_aws_msk_iam();
+        }
+        if let Some(field) = self.aws_msk_iam.first_set_field() {
+            return Err(ConfigError::invalid(
+                field,
+                "is only used with sasl_mechanism = \"AWS_MSK_IAM\"",
+            ));
+        }
         if self.uses_oauthbearer() {
             return self.validate_oauthbearer();
         }
@@ -467,13 +490,51 @@ impl KafkaConfig {
         self.security_protocol.uses_sasl() && self.sasl_mechanism.as_deref() == Some(OAUTHBEARER)
     }
 
+    /// Amazon MSK IAM: the relay signs OAUTHBEARER tokens with AWS credentials.
+    pub fn uses_aws_msk_iam(&self) -> bool {
+        self.security_protocol.uses_sasl() && self.sasl_mechanism.as_deref() == Some(AWS_MSK_IAM)
+    }
+
     /// Where a refused Kafka login is fixed, for the messages that report one.
     pub fn login_fields(&self) -> &'static str {
-        if self.uses_oauthbearer() {
+        if self.uses_aws_msk_iam() {
+            "the AWS credentials (the error names the source tried) and their IAM policy: kafka-cluster:Connect (and WriteData, DescribeTopic, CreateTopic as used) on the cluster, for the region kafka.aws_msk_iam.region or the brokers' names"
+        } else if self.uses_oauthbearer() {
             "kafka.oauthbearer (token_endpoint_url, client_id, client_secret_file, scope): the token endpoint must issue the relay a token (the error quotes its answer) that the brokers accept"
         } else {
             "kafka.sasl_username, kafka.sasl_password_file and kafka.sasl_mechanism against the broker's users"
         }
+    }
+
+    /// AWS_MSK_IAM: over TLS, a region, no user name, password or `[kafka.oauthbearer]`.
+    fn validate_aws_msk_iam(&self) -> Result<(), ConfigError> {
+        if !self.security_protocol.uses_tls() {
+            return Err(ConfigError::invalid(
+                "kafka.security_protocol",
+                "must be \"sasl_ssl\" with sasl_mechanism = \"AWS_MSK_IAM\" (MSK's IAM listener, port 9098, is TLS only)",
+            ));
+        }
+        let unused = [
+            ("kafka.sasl_username", self.sasl_username.is_some()),
+            ("kafka.sasl_password", self.sasl_password.is_some()),
+            (
+                "kafka.sasl_password_file",
+                self.sasl_password_file.is_some(),
+            ),
+        ];
+        if let Some((field, _)) = unused.iter().find(|(_, set)| *set) {
+            return Err(ConfigError::invalid(
+                *field,
+                "is not used with sasl_mechanism = \"AWS_MSK_IAM\" (the AWS credentials name the principal)",
+            ));
+        }
+        if let Some(field) = self.oauthbearer.first_set_field() {
+            return Err(ConfigError::invalid(
+                field,
+                "is only used with sasl_mechanism = \"OAUTHBEARER\"",
+            ));
+        }
+        self.aws_msk_iam.validate_used(&self.brokers)
     }
 
     /// OAUTHBEARER: `[kafka.oauthbearer]` complete, and no user name or password (the

@@ -3,60 +3,22 @@
 //! valid 15 minutes for opening connections. It is made afresh for every connection, from
 //! the credentials in the environment, so a reconnect never presents an expired one.
 //!
-//! The signing follows AWS Signature Version 4 (query-string form), with HMAC-SHA256 and
-//! SHA-256 from OpenSSL, which the relay links already.
+//! The signing is [`crate::aws::sigv4`]'s; the credentials come from the default AWS chain
+//! ([`crate::aws::credentials`]), shared with the MSK login.
 
-use std::fmt;
+use std::sync::Arc;
 
 use jiff::Timestamp;
-use openssl::hash::MessageDigest;
-use openssl::pkey::PKey;
-use openssl::sign::Signer;
 use tokio_postgres::config::Host;
 
+use crate::aws::credentials::{AwsCredentials, CredentialsProvider};
+use crate::aws::sigv4::{presigned_query, Presign};
 use crate::config::{PostgresAuth, PostgresConfig};
 use crate::postgres::conninfo::Endpoint;
 
 /// How long a token may be used to open a connection (RDS accepts at most 15 minutes).
 const TOKEN_LIFETIME_S: u32 = 900;
 const SERVICE: &str = "rds-db";
-
-/// AWS credentials: an access key and, for temporary ones, the session token.
-#[derive(Clone, PartialEq, Eq)]
-pub struct AwsCredentials {
-    pub access_key_id: String,
-    pub secret_access_key: String,
-    pub session_token: Option<String>,
-}
-
-impl fmt::Debug for AwsCredentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AwsCredentials")
-            .field("access_key_id", &self.access_key_id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl AwsCredentials {
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` (optional), as
-    /// every AWS SDK reads them first.
-    pub fn from_env() -> Result<AwsCredentials, String> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        match (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) {
-            (Some(access_key_id), Some(secret_access_key)) => Ok(AwsCredentials {
-                access_key_id,
-                secret_access_key,
-                session_token: var("AWS_SESSION_TOKEN"),
-            }),
-            _ => Err(
-                "postgres.auth = \"aws_rds_iam\" needs AWS credentials in the environment: \
-                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
-                 ones)"
-                    .into(),
-            ),
-        }
-    }
-}
 
 /// What a token is made for: the server as the client names it, the user and the region.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,9 +31,9 @@ pub struct TokenRequest<'a> {
 
 /// `postgres.auth = "aws_rds_iam"`, resolved (at each session): the credentials and the
 /// regions that may apply.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RdsIamAuth {
-    credentials: AwsCredentials,
+    credentials: Arc<CredentialsProvider>,
     configured_region: Option<String>,
     env_region: Option<String>,
 }
@@ -82,13 +44,15 @@ impl RdsIamAuth {
         if pg.auth != PostgresAuth::AwsRdsIam {
             return Ok(None);
         }
-        let env_region = ["AWS_REGION", "AWS_DEFAULT_REGION"]
-            .iter()
-            .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()));
+        let credentials = CredentialsProvider::shared();
+        // Fail at start-up, naming the source and its fix, not at the first connection.
+        credentials
+            .credentials()
+            .map_err(|e| format!("postgres.auth = \"aws_rds_iam\": {e}"))?;
         Ok(Some(RdsIamAuth {
-            credentials: AwsCredentials::from_env()?,
+            env_region: credentials.env().region().map(str::to_string),
+            credentials,
             configured_region: pg.aws_region.clone(),
-            env_region,
         }))
     }
 
@@ -121,7 +85,8 @@ impl RdsIamAuth {
     }
 
     /// A fresh token for `user` at `endpoint`, signed now; `None` for a host
-    /// [`RdsIamAuth::check_hosts`] refuses.
+    /// [`RdsIamAuth::check_hosts`] refuses, or without credentials (logged: the server
+    /// then refuses the login, and the session is retried).
     pub fn token(&self, endpoint: &Endpoint, user: &str) -> Option<String> {
         let Host::Tcp(host) = &endpoint.host else {
             return None;
@@ -132,7 +97,13 @@ impl RdsIamAuth {
             user,
             region: self.region_for(host)?,
         };
-        Some(auth_token(&request, &self.credentials, Timestamp::now()))
+        match self.credentials.credentials() {
+            Ok(fetched) => Some(auth_token(&request, &fetched.credentials, Timestamp::now())),
+            Err(error) => {
+                tracing::warn!(%error, "postgres.auth = \"aws_rds_iam\": no token for this connection");
+                None
+            }
+        }
     }
 }
 
@@ -152,77 +123,18 @@ pub fn auth_token(
     credentials: &AwsCredentials,
     now: Timestamp,
 ) -> String {
-    let amz_date = now.strftime("%Y%m%dT%H%M%SZ").to_string();
-    let date = &amz_date[..8];
-    let scope = format!("{date}/{}/{SERVICE}/aws4_request", request.region);
-    let mut query = vec![
-        ("Action", "connect".to_string()),
-        ("DBUser", request.user.to_string()),
-        ("X-Amz-Algorithm", "AWS4-HMAC-SHA256".to_string()),
-        (
-            "X-Amz-Credential",
-            format!("{}/{scope}", credentials.access_key_id),
-        ),
-        ("X-Amz-Date", amz_date.clone()),
-        ("X-Amz-Expires", TOKEN_LIFETIME_S.to_string()),
-        ("X-Amz-SignedHeaders", "host".to_string()),
-    ];
-    if let Some(token) = &credentials.session_token {
-        query.push(("X-Amz-Security-Token", token.clone()));
-    }
-    query.sort();
-    let query: Vec<String> = query
-        .iter()
-        .map(|(key, value)| format!("{}={}", uri_encode(key), uri_encode(value)))
-        .collect();
-    let query = query.join("&");
     let host = format!("{}:{}", request.host, request.port);
-    let canonical_request = format!(
-        "GET\n/\n{query}\nhost:{host}\n\nhost\n{}",
-        hex::encode(openssl::sha::sha256(b""))
-    );
-    let string_to_sign = format!(
-        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-        hex::encode(openssl::sha::sha256(canonical_request.as_bytes()))
-    );
-    let key = signing_key(
-        &credentials.secret_access_key,
-        date,
-        request.region,
-        SERVICE,
-    );
-    let signature = hex::encode(hmac(&key, string_to_sign.as_bytes()));
-    format!("{host}/?{query}&X-Amz-Signature={signature}")
-}
-
-/// SigV4's derived key: the secret, then the date, region, service and `aws4_request`.
-fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> Vec<u8> {
-    let mut key = hmac(format!("AWS4{secret}").as_bytes(), date.as_bytes());
-    for part in [region, service, "aws4_request"] {
-        key = hmac(&key, part.as_bytes());
-    }
-    key
-}
-
-fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
-    // HMAC-SHA256 takes any key and message: OpenSSL fails here only without memory.
-    let key = PKey::hmac(key).expect("an HMAC key");
-    let mut signer = Signer::new(MessageDigest::sha256(), &key).expect("an HMAC-SHA256 signer");
-    signer.update(data).expect("HMAC update");
-    signer.sign_to_vec().expect("HMAC result")
-}
-
-/// SigV4's URI encoding: every byte but `A-Z a-z 0-9 - _ . ~` as `%XX` (upper-case hex).
-fn uri_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+    let presign = Presign {
+        host: &host,
+        service: SERVICE,
+        region: request.region,
+        params: vec![
+            ("Action", "connect".to_string()),
+            ("DBUser", request.user.to_string()),
+        ],
+        expires_s: TOKEN_LIFETIME_S,
+    };
+    format!("{host}/?{}", presigned_query(&presign, credentials, now))
 }
 
 #[cfg(test)]
@@ -235,40 +147,18 @@ mod tests {
         text.parse().unwrap()
     }
 
-    /// AWS's published example of the derived signing key ("Signature Version 4: examples of
-    /// how to derive a signing key": 20120215, us-east-1, iam).
-    #[test]
-    fn signing_key_matches_aws_published_example() {
-        let key = signing_key(SECRET, "20120215", "us-east-1", "iam");
-        assert_eq!(
-            hex::encode(key),
-            "f4780e2d9f65fa895f9c67b32ce1baf0b0d8a43505a000a1a9e090d414db404d"
-        );
-    }
-
-    // The expected tokens were computed independently with Python's hmac and hashlib:
+    // The expected tokens were produced once by botocore's own generate_db_auth_token
+    // (botocore 1.44.8), its clock frozen (datetime.utcnow / now patched in botocore.auth):
     //
-    //   def h(k, m): return hmac.new(k, m.encode(), hashlib.sha256).digest()
-    //   q = {"Action": "connect", "DBUser": user, "X-Amz-Algorithm": "AWS4-HMAC-SHA256",
-    //        "X-Amz-Credential": f"{akid}/{date}/{region}/rds-db/aws4_request",
-    //        "X-Amz-Date": amzdate, "X-Amz-Expires": "900", "X-Amz-SignedHeaders": "host"}
-    //   (plus "X-Amz-Security-Token" when given)
-    //   enc = lambda s: urllib.parse.quote(s, safe="-_.~")
-    //   cq = "&".join(f"{enc(k)}={enc(v)}" for k, v in sorted(q.items()))
-    //   creq = "\n".join(["GET", "/", cq, f"host:{host}:{port}", "", "host",
-    //                     hashlib.sha256(b"").hexdigest()])
-    //   sts = "\n".join(["AWS4-HMAC-SHA256", amzdate, f"{date}/{region}/rds-db/aws4_request",
-    //                    hashlib.sha256(creq.encode()).hexdigest()])
-    //   key = h(h(h(h(("AWS4" + secret).encode(), date), region), "rds-db"), "aws4_request")
-    //   token = f"{host}:{port}/?{cq}&X-Amz-Signature=" + hmac.new(key, sts.encode(),
-    //                                                             hashlib.sha256).hexdigest()
+    //   client = botocore.session.Session().create_client("rds", region_name=region,
+    //       aws_access_key_id=akid, aws_secret_access_key=SECRET, aws_session_token=token)
+    //   client.generate_db_auth_token(host, port, user, region)
+    //
+    // (The signatures also equal those of an earlier hand-written hashlib/hmac computation;
+    // botocore lists X-Amz-Security-Token after X-Amz-SignedHeaders.)
     #[test]
     fn token_matches_an_independent_sigv4_computation() {
-        let credentials = AwsCredentials {
-            access_key_id: "AKIDEXAMPLE".into(),
-            secret_access_key: SECRET.into(),
-            session_token: None,
-        };
+        let credentials = AwsCredentials::new("AKIDEXAMPLE", SECRET, None);
         let request = TokenRequest {
             host: "mydb.abc123.us-east-1.rds.amazonaws.com",
             port: 5432,
@@ -283,11 +173,7 @@ mod tests {
 
     #[test]
     fn temporary_credentials_sign_their_session_token_and_odd_users_are_encoded() {
-        let credentials = AwsCredentials {
-            access_key_id: "ASIAEXAMPLE".into(),
-            secret_access_key: SECRET.into(),
-            session_token: Some("FQoGZXIvYXdzE+/token=".into()),
-        };
+        let credentials = AwsCredentials::new("ASIAEXAMPLE", SECRET, Some("FQoGZXIvYXdzE+/token="));
         let request = TokenRequest {
             host: "mydb.abc123.eu-west-1.rds.amazonaws.com",
             port: 5433,
@@ -296,7 +182,7 @@ mod tests {
         };
         assert_eq!(
             auth_token(&request, &credentials, at("2024-12-31T23:59:59Z")),
-            "mydb.abc123.eu-west-1.rds.amazonaws.com:5433/?Action=connect&DBUser=relay%20user&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=ASIAEXAMPLE%2F20241231%2Feu-west-1%2Frds-db%2Faws4_request&X-Amz-Date=20241231T235959Z&X-Amz-Expires=900&X-Amz-Security-Token=FQoGZXIvYXdzE%2B%2Ftoken%3D&X-Amz-SignedHeaders=host&X-Amz-Signature=77d56cde3cc2305ffd8df5a82d0163bc407c2af83d034fd0083d1d3ae87e3b00"
+            "mydb.abc123.eu-west-1.rds.amazonaws.com:5433/?Action=connect&DBUser=relay%20user&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=ASIAEXAMPLE%2F20241231%2Feu-west-1%2Frds-db%2Faws4_request&X-Amz-Date=20241231T235959Z&X-Amz-Expires=900&X-Amz-SignedHeaders=host&X-Amz-Security-Token=FQoGZXIvYXdzE%2B%2Ftoken%3D&X-Amz-Signature=77d56cde3cc2305ffd8df5a82d0163bc407c2af83d034fd0083d1d3ae87e3b00"
         );
     }
 

@@ -18,6 +18,7 @@ mod failover;
 mod hardening;
 mod inbox;
 mod kafka_faults;
+mod kafka_msk_iam;
 mod kafka_oauth;
 mod kafka_security;
 mod network;

@@ -11,7 +11,6 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use rdkafka::admin::AdminClient;
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 
 use super::kafka::TopicPlan;
@@ -19,6 +18,7 @@ use super::{ok, problem, warning, Item};
 use crate::config::{Config, Delivery};
 use crate::sink::blocked::{BlockReason, Blocked};
 use crate::sink::publisher::client_config;
+use crate::sink::publisher::login::{admin_client, KafkaLogin, LoginContext};
 
 const CHECK: &str = "kafka access";
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,7 +29,11 @@ pub(super) async fn access_item(config: &Config, plan: &TopicPlan) -> Item {
     let mut client = client_config(&config.kafka);
     // Asking for a topic by name must not create it.
     client.set("allow.auto.create.topics", "false");
-    let admin: AdminClient<DefaultClientContext> = match client.create() {
+    let login = KafkaLogin::from_config(&config.kafka);
+    let context = LoginContext {
+        login: login.clone(),
+    };
+    let admin = match admin_client(&client, context, &login) {
         Ok(admin) => admin,
         Err(e) => {
             return warning(
@@ -92,7 +96,7 @@ fn topics_to_check(config: &Config, plan: &TopicPlan) -> BTreeSet<String> {
 /// The topics among `names` whose metadata Kafka refuses for lack of an ACL (missing ones are
 /// the `kafka topics` item's).
 fn refused_topics(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &AdminClient<LoginContext>,
     names: &BTreeSet<String>,
 ) -> Result<Vec<String>, String> {
     let mut refused = Vec::new();

@@ -19,6 +19,7 @@ use crate::ops::rows::{created_at_column, match_walsender_output, OutboxTable};
 use crate::postgres::control::{quote_ident, Control};
 use crate::sink::preflight::{self, Build};
 use crate::sink::publisher::client_config;
+use crate::sink::publisher::login::{admin_client, KafkaLogin, LoggedInAdmin};
 
 /// How long each Kafka request of the check may take.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -160,7 +161,8 @@ pub(super) async fn kafka(config: &KafkaConfig, topics: &TopicPlan, items: &mut 
     if let Some(login) = login_item(config) {
         items.push(login);
     }
-    let admin: AdminClient<Quiet> = match client_config(config).create_with_context(Quiet) {
+    let login = KafkaLogin::from_config(config);
+    let admin = match admin_client(&client_config(config), Quiet, &login) {
         Ok(admin) => admin,
         Err(e) => {
             let refused = preflight::explain(&e, config, &build);
@@ -287,7 +289,7 @@ async fn exactly_once_item(
     }
 }
 
-async fn fetch_metadata(admin: &Arc<AdminClient<Quiet>>) -> Result<Metadata, String> {
+async fn fetch_metadata(admin: &Arc<LoggedInAdmin<Quiet>>) -> Result<Metadata, String> {
     let admin = admin.clone();
     // All topics, never named ones: asking for a named topic may auto-create it.
     tokio::task::spawn_blocking(move || admin.inner().fetch_metadata(None, KAFKA_TIMEOUT))

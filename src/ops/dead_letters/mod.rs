@@ -147,7 +147,8 @@ pub async fn list(config: &Config, filter: Filter) -> Result<ListReport, OpsErro
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true");
     let client = crate::sink::publisher::consumer_config(client);
-    let read = tokio::task::spawn_blocking(move || read_all(client, &topic, &filter)).await;
+    let login = crate::sink::publisher::KafkaLogin::from_config(&config.kafka);
+    let read = tokio::task::spawn_blocking(move || read_all(client, &login, &topic, &filter)).await;
     let failed = |problem: String| OpsError::DeadLetters {
         topic: config.dead_letter.topic.clone(),
         problem,
@@ -157,11 +158,15 @@ pub async fn list(config: &Config, filter: Filter) -> Result<ListReport, OpsErro
 
 fn read_all(
     client: rdkafka::ClientConfig,
+    login: &crate::sink::publisher::KafkaLogin,
     topic: &str,
     filter: &Filter,
 ) -> Result<ListReport, String> {
-    let consumer: BaseConsumer = client
-        .create()
+    // AWS_MSK_IAM: the consumer logs in with the relay's tokens.
+    let context = crate::sink::publisher::LoginContext {
+        login: login.clone(),
+    };
+    let consumer = crate::sink::publisher::login::consumer(&client, context, login)
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
     let ends = partition_ends(&consumer, topic)?;
     let mut report = ListReport {
@@ -225,7 +230,7 @@ fn read_all(
 
 /// Every partition's (low, high) watermarks when the read starts.
 pub(super) fn partition_ends(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<crate::sink::publisher::LoginContext>,
     topic: &str,
 ) -> Result<BTreeMap<i32, (i64, i64)>, String> {
     let metadata = consumer

@@ -79,7 +79,7 @@ struct Run<'a> {
     report: RedriveReport,
     pause: Option<Duration>,
     /// Set while the walk runs: the consumer whose group is committed.
-    consumer: Option<Arc<BaseConsumer>>,
+    consumer: Option<Arc<DeadLetterConsumer>>,
     last_commit: Instant,
 }
 
@@ -97,8 +97,9 @@ pub async fn redrive(config: &Config, options: RedriveOptions) -> Result<Redrive
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true");
     let client = crate::sink::publisher::consumer_config(client);
+    let login = publisher::KafkaLogin::from_config(&config.kafka);
     let t = topic.clone();
-    let opened = tokio::task::spawn_blocking(move || open(client, &t))
+    let opened = tokio::task::spawn_blocking(move || open(client, &login, &t))
         .await
         .map_err(|e| failed(e.to_string()))?
         .map_err(failed)?;
@@ -117,11 +118,20 @@ pub async fn redrive(config: &Config, options: RedriveOptions) -> Result<Redrive
 
 /// The consumer assigned from the group's committed offsets (or each partition's beginning),
 /// and each open partition's end; `None` when there is nothing to read.
-type Opened = Option<(BaseConsumer, BTreeMap<i32, (i64, i64)>, u64)>;
+type Opened = Option<(DeadLetterConsumer, BTreeMap<i32, (i64, i64)>, u64)>;
 
-fn open(client: rdkafka::ClientConfig, topic: &str) -> Result<Opened, String> {
-    let consumer: BaseConsumer = client
-        .create()
+/// The redrive's consumer: it logs in with the relay's tokens (AWS_MSK_IAM).
+type DeadLetterConsumer = BaseConsumer<publisher::LoginContext>;
+
+fn open(
+    client: rdkafka::ClientConfig,
+    login: &publisher::KafkaLogin,
+    topic: &str,
+) -> Result<Opened, String> {
+    let context = publisher::LoginContext {
+        login: login.clone(),
+    };
+    let consumer = publisher::login::consumer(&client, context, login)
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
     let ends = partition_ends(&consumer, topic)?;
     let mut asked = TopicPartitionList::new();
@@ -157,7 +167,7 @@ fn open(client: rdkafka::ClientConfig, topic: &str) -> Result<Opened, String> {
 /// Up to [`CHUNK`] dead letters below each partition's end; `open` loses the partitions read
 /// to their end.
 fn read_chunk(
-    consumer: &BaseConsumer,
+    consumer: &DeadLetterConsumer,
     open: &mut BTreeMap<i32, (i64, i64)>,
 ) -> Result<Vec<Letter>, String> {
     let mut letters = Vec::new();
@@ -225,7 +235,7 @@ impl<'a> Run<'a> {
 
     async fn walk(
         &mut self,
-        consumer: BaseConsumer,
+        consumer: DeadLetterConsumer,
         starts: &BTreeMap<i32, (i64, i64)>,
         progress: &mut Progress,
     ) -> Result<(), String> {
@@ -464,7 +474,11 @@ impl<'a> Run<'a> {
     }
 }
 
-fn commit_offsets(consumer: &BaseConsumer, topic: &str, due: &[(i32, i64)]) -> Result<(), String> {
+fn commit_offsets(
+    consumer: &DeadLetterConsumer,
+    topic: &str,
+    due: &[(i32, i64)],
+) -> Result<(), String> {
     let mut offsets = TopicPartitionList::new();
     for &(partition, offset) in due {
         offsets

@@ -61,7 +61,11 @@ fn set_security(c: &mut ClientConfig, config: &KafkaConfig) {
     if let Some(ca) = config.ssl_ca_file.as_ref().filter(|_| protocol.uses_tls()) {
         c.set("ssl.ca.location", ca.display().to_string());
     }
-    if config.uses_oauthbearer() {
+    if config.uses_aws_msk_iam() {
+        // librdkafka asks the client context for each token (`generate_oauth_token`): see
+        // `login`. Method `default` is that callback (not the built-in OIDC fetch).
+        c.set("sasl.mechanism", "OAUTHBEARER");
+    } else if config.uses_oauthbearer() {
         for (key, value) in config.oauthbearer.librdkafka_properties() {
             c.set(key, value);
         }

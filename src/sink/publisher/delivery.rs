@@ -18,6 +18,8 @@ use crate::sink::blocked::{BlockReason, Blocked};
 use crate::sink::kafka_latency::KafkaLatency;
 use crate::sink::TxnSeq;
 
+use super::login::KafkaLogin;
+
 /// Marks a dead-letter record in the delivery opaque (transaction numbers never get there).
 pub(super) const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);
 /// The opaque of a progress record (`exactly_once`): its delivery is not reported, since it
@@ -138,16 +140,23 @@ pub struct DeliveryReporter {
     errors_logged: Mutex<ErrorLog>,
     latency: Arc<KafkaLatency>,
     blocked: Arc<Blocked>,
+    login: KafkaLogin,
 }
 
 impl DeliveryReporter {
-    /// Forwards deliveries to `deliveries`, keeping what Kafka refuses in `blocked`.
-    pub(super) fn new(deliveries: mpsc::UnboundedSender<Delivery>, blocked: Arc<Blocked>) -> Self {
+    /// Forwards deliveries to `deliveries`, keeping what Kafka refuses in `blocked`; logs
+    /// in with `login`'s tokens if it makes them.
+    pub(super) fn new(
+        deliveries: mpsc::UnboundedSender<Delivery>,
+        blocked: Arc<Blocked>,
+        login: KafkaLogin,
+    ) -> Self {
         DeliveryReporter {
             deliveries,
             errors_logged: Mutex::new(ErrorLog::default()),
             latency: Arc::default(),
             blocked,
+            login,
         }
     }
 
@@ -168,6 +177,15 @@ struct ErrorLog {
 const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl ClientContext for DeliveryReporter {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.login.generate()
+    }
+
     // Only the latency is read, straight from the JSON: rust-rdkafka's full `Statistics`
     // (every partition of every topic) is not needed.
     fn stats_raw(&self, json: &[u8]) {

@@ -16,6 +16,12 @@
 
 mod client;
 mod delivery;
+pub mod login;
+#[allow(
+    unsafe_code,
+    reason = "FFI: rd_kafka_oauthbearer_set_token for the admin client, whose rust-rdkafka wrapper never delivers the token request (fede1024/rust-rdkafka#757)"
+)]
+mod login_ffi;
 mod partition_counts;
 mod producer;
 pub mod progress;
@@ -51,6 +57,7 @@ pub use delivery::{
     is_permanent, Delivery, DeliveryFailure, DeliveryReporter, PublishError, Rejection,
 };
 use delivery::{DEAD_LETTER_BIT, PROGRESS_OPAQUE};
+pub use login::{admin_client, KafkaLogin, LoginContext};
 use partition_counts::PartitionCounts;
 use producer::Shared;
 use progress::{progress_value, Progress, ProgressRecord};
@@ -163,7 +170,8 @@ impl Publisher {
         blocked: Arc<Blocked>,
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let reporter = DeliveryReporter::new(tx.clone(), blocked.clone());
+        let login = KafkaLogin::from_config(config);
+        let reporter = DeliveryReporter::new(tx.clone(), blocked.clone(), login.clone());
         if !config.properties.contains_key("statistics.interval.ms") {
             client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
         }
@@ -191,6 +199,7 @@ impl Publisher {
             shared.clone(),
             config.topic_creation.clone(),
             admin_config(config),
+            login,
         ));
         Ok((
             Publisher {

@@ -15,8 +15,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+
+use super::login::{admin_client, KafkaLogin, LoggedInAdmin, LoginContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
@@ -75,7 +76,8 @@ pub(super) struct PartitionCounts {
     /// `kafka.topic_creation`, and the settings of the admin client that creates topics.
     creation: TopicCreation,
     admin_config: ClientConfig,
-    admin: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
+    login: KafkaLogin,
+    admin: Mutex<Option<Arc<LoggedInAdmin<LoginContext>>>>,
 }
 
 impl PartitionCounts {
@@ -83,12 +85,14 @@ impl PartitionCounts {
         shared: Arc<Shared>,
         creation: TopicCreation,
         admin_config: ClientConfig,
+        login: KafkaLogin,
     ) -> Self {
         PartitionCounts {
             shared,
             topics: Mutex::default(),
             creation,
             admin_config,
+            login,
             admin: Mutex::new(None),
         }
     }
@@ -269,7 +273,7 @@ impl PartitionCounts {
     }
 
     /// The admin client that creates topics, made on first use.
-    fn admin(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
+    fn admin(&self) -> Result<Arc<LoggedInAdmin<LoginContext>>, KafkaError> {
         let mut admin = self
             .admin
             .lock()
@@ -277,7 +281,10 @@ impl PartitionCounts {
         if let Some(admin) = admin.as_ref() {
             return Ok(admin.clone());
         }
-        let created: Arc<AdminClient<DefaultClientContext>> = Arc::new(self.admin_config.create()?);
+        let context = LoginContext {
+            login: self.login.clone(),
+        };
+        let created = Arc::new(admin_client(&self.admin_config, context, &self.login)?);
         *admin = Some(created.clone());
         Ok(created)
     }

@@ -34,8 +34,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -43,6 +42,7 @@ use tracing::{info, warn};
 
 use super::client::{client_config, consumer_config};
 use super::delivery::PublishError;
+use super::login::{self, admin_client, KafkaLogin, LoggedInAdmin, LoginContext};
 use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
 use crate::sink::blocked::{BlockReason, Blocked};
@@ -128,9 +128,12 @@ pub(in crate::sink) async fn ensure_topic(
         topic: topic.clone(),
         problem: p,
     };
-    let admin: Arc<AdminClient<DefaultClientContext>> = Arc::new(
-        client_config(config)
-            .create()
+    let login = KafkaLogin::from_config(config);
+    let context = LoginContext {
+        login: login.clone(),
+    };
+    let admin = Arc::new(
+        admin_client(&client_config(config), context, &login)
             .map_err(|e| problem(format!("cannot create an admin client: {e}")))?,
     );
     if let Some(count) = partition_count(&admin, &topic).await? {
@@ -177,7 +180,7 @@ pub(in crate::sink) async fn ensure_topic(
 /// blocks, so it runs on the blocking pool; it asks for all topics, since asking for one by
 /// name may auto-create it, uncompacted.
 async fn partition_count(
-    admin: &Arc<AdminClient<DefaultClientContext>>,
+    admin: &Arc<LoggedInAdmin<LoginContext>>,
     topic: &str,
 ) -> Result<Option<i32>, PublishError> {
     let problem = |p: String| PublishError::Progress {
@@ -215,7 +218,8 @@ pub(in crate::sink) async fn read_last(
         .set("auto.offset.reset", "earliest");
     let progress = progress.clone();
     let topic = progress.topic.clone();
-    tokio::task::spawn_blocking(move || read_last_blocking(client, &progress))
+    let login = KafkaLogin::from_config(config);
+    tokio::task::spawn_blocking(move || read_last_blocking(client, &login, &progress))
         .await
         .map_err(|e| PublishError::Progress {
             topic: topic.clone(),
@@ -226,13 +230,12 @@ pub(in crate::sink) async fn read_last(
 
 fn read_last_blocking(
     client: rdkafka::ClientConfig,
+    login: &KafkaLogin,
     progress: &ProgressRecord,
 ) -> Result<Option<Stored>, String> {
     let (topic, partition) = (progress.topic.as_str(), progress.partition);
-    let high = true_end(&client, topic, partition)?;
-    let consumer: BaseConsumer<QuietEof> = consumer_config(client)
-        .create_with_context(QuietEof)
-        .map_err(|e| format!("cannot create a consumer: {e}"))?;
+    let high = true_end(&client, login, topic, partition)?;
+    let consumer = quiet_consumer(client, login)?;
     let low = wait_stable(&consumer, topic, partition, high)?;
     if high <= low {
         return Ok(None);
@@ -274,12 +277,15 @@ fn read_last_blocking(
 
 /// The partition's true end, open transactions included: a read_uncommitted consumer's high
 /// watermark (a read_committed one sees only the last stable offset).
-fn true_end(client: &rdkafka::ClientConfig, topic: &str, partition: i32) -> Result<i64, String> {
+fn true_end(
+    client: &rdkafka::ClientConfig,
+    login: &KafkaLogin,
+    topic: &str,
+    partition: i32,
+) -> Result<i64, String> {
     let mut client = client.clone();
     client.set("isolation.level", "read_uncommitted");
-    let consumer: BaseConsumer<QuietEof> = consumer_config(client)
-        .create_with_context(QuietEof)
-        .map_err(|e| format!("cannot create a consumer: {e}"))?;
+    let consumer = quiet_consumer(client, login)?;
     let (_, high) = consumer
         .fetch_watermarks(topic, partition, ADMIN_TIMEOUT)
         .map_err(|e| format!("cannot read its offsets: {e}"))?;
@@ -313,9 +319,31 @@ fn wait_stable(
 
 /// The reader's client context: reaching the end of the partition is how it knows it is
 /// done, not an error to log.
-struct QuietEof;
+struct QuietEof {
+    login: KafkaLogin,
+}
+
+fn quiet_consumer(
+    client: rdkafka::ClientConfig,
+    login: &KafkaLogin,
+) -> Result<BaseConsumer<QuietEof>, String> {
+    let context = QuietEof {
+        login: login.clone(),
+    };
+    login::consumer(&consumer_config(client), context, login)
+        .map_err(|e| format!("cannot create a consumer: {e}"))
+}
 
 impl rdkafka::ClientContext for QuietEof {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.login.generate()
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if !matches!(error, KafkaError::PartitionEOF(_)) {
             warn!(error = %error, reason, "kafka client error while reading the progress record");

@@ -1,0 +1,310 @@
+//! The default AWS credential chain, in the order AWS's SDKs document it (the Java and PHP
+//! developer guides, "default credential provider chain"): the first source that is set up
+//! answers, and the chain stops there.
+//!
+//! 1. environment: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`;
+//! 2. web identity (EKS IRSA): `AWS_WEB_IDENTITY_TOKEN_FILE` and `AWS_ROLE_ARN`, exchanged
+//!    at STS (`AssumeRoleWithWebIdentity`, an unsigned POST);
+//! 3. the shared profile files (`~/.aws/credentials`, `~/.aws/config`; `AWS_PROFILE`,
+//!    `AWS_SHARED_CREDENTIALS_FILE`, `AWS_CONFIG_FILE`): static keys;
+//! 4. ECS / EKS Pod Identity container credentials (`AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`
+//!    or `_FULL_URI`, with `AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE]`);
+//! 5. EC2 instance metadata, IMDSv2 (`AWS_EC2_METADATA_SERVICE_ENDPOINT`,
+//!    `AWS_EC2_METADATA_DISABLED`).
+//!
+//! A source that is set up but fails (an unreadable token file, STS refusing the role) is an
+//! error naming that source and its fix; it does not fall through to the next one, which
+//! would log in as someone else. Temporary credentials are kept until
+//! [`REFRESH_BEFORE_EXPIRY`] before their expiration, then fetched again.
+//!
+//! This is a small client of its own rather than `aws-config`: that crate brings the STS,
+//! SSO and SSO-OIDC SDKs, the Smithy runtime and its own HTTP stack (about 150 crates more to
+//! build); the five sources here need one HTTP client and a page of parsing each.
+
+mod http;
+mod profile;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use crate::config::Secret;
+
+/// Temporary credentials are fetched again this long before they expire (AWS's SDKs use 5
+/// to 15 minutes; a token signed with them must stay valid for its own 15 minutes' use).
+pub const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(5 * 60);
+
+/// AWS credentials: an access key and, for temporary ones, the session token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AwsCredentials {
+    pub access_key_id: String,
+    pub secret_access_key: Secret,
+    pub session_token: Option<Secret>,
+}
+
+impl fmt::Debug for AwsCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AwsCredentials")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AwsCredentials {
+    pub fn new(access_key_id: &str, secret: &str, session_token: Option<&str>) -> AwsCredentials {
+        AwsCredentials {
+            access_key_id: access_key_id.to_string(),
+            secret_access_key: Secret::new(secret),
+            session_token: session_token.map(Secret::new),
+        }
+    }
+}
+
+/// Credentials as a source gave them, with where from and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    pub credentials: AwsCredentials,
+    /// `None`: long-term keys.
+    pub expires: Option<Timestamp>,
+    /// The source, for logs and errors (`environment`, `web identity`, …).
+    pub from: &'static str,
+}
+
+/// Why no credentials: the source that failed and the fix, or that none is set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialsError {
+    #[error("AWS credentials from {from}: {message}; {fix}")]
+    Source {
+        from: &'static str,
+        message: String,
+        fix: &'static str,
+    },
+    #[error(
+        "no AWS credentials found (tried: environment AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; \
+         web identity AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN; profile `{profile}` in \
+         {files}; ECS AWS_CONTAINER_CREDENTIALS_*_URI; EC2 instance metadata: {imds}): give the \
+         relay one of them, e.g. an IAM role for its pod (IRSA), task or instance"
+    )]
+    NotFound {
+        profile: String,
+        files: String,
+        imds: String,
+    },
+}
+
+impl CredentialsError {
+    fn source(from: &'static str, message: impl Into<String>, fix: &'static str) -> Self {
+        CredentialsError::Source {
+            from,
+            message: message.into(),
+            fix,
+        }
+    }
+}
+
+/// The environment the chain reads: a snapshot of the process's (or a test's) variables.
+#[derive(Debug, Clone, Default)]
+pub struct Env {
+    vars: HashMap<String, String>,
+}
+
+impl Env {
+    pub fn process() -> Env {
+        Env {
+            vars: std::env::vars().collect(),
+        }
+    }
+
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Env {
+        Env {
+            vars: pairs
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// The variable, unless unset or blank.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.vars
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.trim().is_empty())
+    }
+
+    fn home(&self) -> Option<PathBuf> {
+        self.get("HOME").map(PathBuf::from)
+    }
+
+    pub fn region(&self) -> Option<&str> {
+        self.get("AWS_REGION")
+            .or_else(|| self.get("AWS_DEFAULT_REGION"))
+    }
+}
+
+/// 1. `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`.
+fn from_environment(env: &Env) -> Result<Option<Fetched>, CredentialsError> {
+    let from = "environment";
+    match (
+        env.get("AWS_ACCESS_KEY_ID"),
+        env.get("AWS_SECRET_ACCESS_KEY"),
+    ) {
+        (None, None) => Ok(None),
+        (Some(id), Some(secret)) => Ok(Some(Fetched {
+            credentials: AwsCredentials::new(id, secret, env.get("AWS_SESSION_TOKEN")),
+            expires: None,
+            from,
+        })),
+        _ => Err(CredentialsError::source(
+            from,
+            "only one of AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY is set",
+            "set both, or neither to use the next source",
+        )),
+    }
+}
+
+/// The chain, run once: the first source set up answers (async: three sources are HTTP).
+pub async fn resolve(env: &Env) -> Result<Fetched, CredentialsError> {
+    if let Some(found) = from_environment(env)? {
+        return Ok(found);
+    }
+    if let Some(found) = http::web_identity(env).await? {
+        return Ok(found);
+    }
+    let profile = profile::Profile::locate(env);
+    if let Some(found) = profile.credentials()? {
+        return Ok(found);
+    }
+    if let Some(found) = http::container(env).await? {
+        return Ok(found);
+    }
+    let imds = match http::instance_metadata(env).await? {
+        http::Imds::Found(found) => return Ok(found),
+        http::Imds::Unavailable(why) => why,
+    };
+    Err(CredentialsError::NotFound {
+        profile: profile.name,
+        files: profile.files,
+        imds,
+    })
+}
+
+/// The chain with its cache: credentials are kept until [`REFRESH_BEFORE_EXPIRY`] before
+/// they expire. Safe to call from any thread, async or not (a fetch runs on a thread of its
+/// own).
+#[derive(Debug)]
+pub struct CredentialsProvider {
+    /// `None`: the process's environment, read at each fetch.
+    env: Option<Env>,
+    cached: Mutex<Option<Fetched>>,
+}
+
+impl CredentialsProvider {
+    /// A provider reading `env` (tests; the relay uses [`CredentialsProvider::shared`]).
+    pub fn new(env: Env) -> CredentialsProvider {
+        CredentialsProvider {
+            env: Some(env),
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// The process's provider, shared by the RDS and MSK logins (one cache, one fetch).
+    pub fn shared() -> Arc<CredentialsProvider> {
+        static SHARED: OnceLock<Arc<CredentialsProvider>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| {
+                Arc::new(CredentialsProvider {
+                    env: None,
+                    cached: Mutex::new(None),
+                })
+            })
+            .clone()
+    }
+
+    /// The environment a fetch reads now.
+    pub fn env(&self) -> Env {
+        self.env.clone().unwrap_or_else(Env::process)
+    }
+
+    /// Credentials valid for at least [`REFRESH_BEFORE_EXPIRY`] more, from the cache or
+    /// fetched now. If a refresh fails while the cached ones are still valid, those are
+    /// used (and the failure logged); the next call tries again.
+    pub fn credentials(&self) -> Result<Fetched, CredentialsError> {
+        let now = Timestamp::now();
+        let cached = self.lock().clone();
+        if let Some(cached) = &cached {
+            if fresh(cached, now, REFRESH_BEFORE_EXPIRY) {
+                return Ok(cached.clone());
+            }
+        }
+        match self.fetch() {
+            Ok(fetched) => {
+                tracing::debug!(from = fetched.from, expires = ?fetched.expires, "fetched AWS credentials");
+                *self.lock() = Some(fetched.clone());
+                Ok(fetched)
+            }
+            Err(error) => match cached.filter(|c| fresh(c, now, Duration::ZERO)) {
+                Some(still_valid) => {
+                    tracing::warn!(%error, "cannot refresh the AWS credentials; using the current ones until they expire");
+                    Ok(still_valid)
+                }
+                None => Err(error),
+            },
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Fetched>> {
+        self.cached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs the chain on a thread with its own runtime: callers include librdkafka's
+    /// threads and tokio's, where blocking on a runtime of the caller's is not allowed.
+    fn fetch(&self) -> Result<Fetched, CredentialsError> {
+        let env = self.env();
+        let runner = std::thread::Builder::new()
+            .name("aws-credentials".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| {
+                        CredentialsError::source(
+                            "the chain",
+                            e.to_string(),
+                            "check the process's limits (threads, file descriptors)",
+                        )
+                    })?;
+                runtime.block_on(resolve(&env))
+            });
+        match runner {
+            Ok(handle) => handle.join().unwrap_or_else(|_| {
+                Err(CredentialsError::source(
+                    "the chain",
+                    "the fetch panicked",
+                    "report a bug",
+                ))
+            }),
+            Err(e) => Err(CredentialsError::source(
+                "the chain",
+                format!("cannot start a thread: {e}"),
+                "check the process's thread limit",
+            )),
+        }
+    }
+}
+
+/// Valid for at least `margin` more at `now` (long-term keys always are).
+fn fresh(fetched: &Fetched, now: Timestamp, margin: Duration) -> bool {
+    let margin = jiff::SignedDuration::try_from(margin).unwrap_or(jiff::SignedDuration::ZERO);
+    fetched
+        .expires
+        .is_none_or(|expires| now.checked_add(margin).is_ok_and(|t| t < expires))
+}
