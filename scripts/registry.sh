@@ -20,6 +20,9 @@
 #              starts the registry first if it is not running (and stops it
 #              again afterwards)
 #   clean      stop it and delete its state (schemas, logs)
+#   python     print the path of a python with Confluent's client library
+#              (confluent-kafka[avro] from PyPI, in a venv in the cache dir
+#              below; made on first use) for scripts/registry/consume.py
 #
 # State lives in ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-run}/registry (the same
 # run dir as scripts/services.sh; ports are saved in its ports/ beside the
@@ -468,6 +471,27 @@ cmd_selftest() {
     ((fail == 0))
 }
 
+# ----------------------------------------------------------------- python
+
+# The venv's python, made (and confluent-kafka installed into it) on first use.
+cmd_python() {
+    local venv="$CACHE_DIR/registry-python" req='confluent-kafka[avro]==2.16.1' t0=$SECONDS
+    if [[ -x $venv/bin/python && -f $venv/.complete ]] && grep -qxF "$req" "$venv/.complete"; then
+        echo "$venv/bin/python"
+        return
+    fi
+    command -v python3 >/dev/null 2>&1 || die "python3 not found (apt-get install python3 python3-venv)"
+    mkdir -p "$CACHE_DIR"
+    rm -rf "$venv"
+    python3 -m venv "$venv" >&2 || die "python3 -m venv failed (apt-get install python3-venv)"
+    log "installing $req into $venv (once)"
+    "$venv/bin/pip" install -q --disable-pip-version-check "$req" >&2 ||
+        die "pip could not install $req"
+    echo "$req" >"$venv/.complete"
+    log "python ready in $((SECONDS - t0)) s"
+    echo "$venv/bin/python"
+}
+
 # ------------------------------------------------------------------- main
 
 usage() { sed -n '2,/^set -euo/p' "$SELF" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -512,6 +536,7 @@ main() {
         rm -f "$PORTS_DIR/registry" "$PORTS_DIR/registry-management"
         log "removed $REG_DIR"
         ;;
+    python) cmd_python ;;
     -h | --help | help) usage ;;
     *)
         usage >&2

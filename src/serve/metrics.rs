@@ -28,6 +28,7 @@ use rdkafka::error::KafkaError;
 use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
 use crate::sink::blocked::Blocked;
+use crate::sink::schema::RegistryHealth;
 use crate::sink::kafka_latency::{BrokerLatency, KafkaLatency, Quantiles};
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
@@ -144,6 +145,8 @@ pub struct Metrics {
     pub kafka_commit_latency: Histogram,
     /// What Kafka refuses for deployment reasons; kept across sessions.
     blocked: Shared<Blocked>,
+    /// The subjects the schema registry gives no schema for now (`[outbox.serialization]`).
+    schema_registry: Shared<RegistryHealth>,
     /// Seconds since each armed sweeper hold was armed, by outbox table (set by the sweeper).
     sweeper_holds: Labelled<[(&'static str, String); 1], PromGauge>,
     /// Set from [`Metrics::readiness`] at each scrape.
@@ -276,6 +279,11 @@ impl Default for Metrics {
                 "1 per reason and topic that Kafka refuses for a deployment reason (a missing ACL or topic, a refused login or topic creation): records wait, /readyz is red.",
                 Shared::default(),
             ),
+            schema_registry: r.family(
+                "outbox_relay_schema_registry_blocked",
+                "1 per subject the schema registry gives no schema for now (down, refusing the login, or no such subject): its records wait, /readyz is red.",
+                Shared::default(),
+            ),
             sweeper_holds: r.family(
                 "outbox_relay_sweeper_hold_age_seconds",
                 "Seconds since the sweeper hold on an outbox table was armed (a new slot): its rows committed before the slot are kept until a replay covers them or `outbox-relay slot release-hold` ends it.",
@@ -319,6 +327,11 @@ impl Metrics {
     /// Shows (and makes `/readyz` depend on) what `blocked` holds, from now on.
     pub fn watch_blocked(&self, blocked: Arc<Blocked>) {
         self.blocked.set(blocked);
+    }
+
+    /// Shows (and makes `/readyz` depend on) what the schema registry refuses, from now on.
+    pub fn watch_registry(&self, health: Arc<RegistryHealth>) {
+        self.schema_registry.set(health);
     }
 
     /// The registry of Kafka blocks the sessions report to (set with `watch_blocked`; a
@@ -405,6 +418,9 @@ impl Metrics {
     pub fn readiness(&self, staleness: Duration) -> Result<(), String> {
         if let Some(blocked) = self.blocked.get() {
             blocked.readiness()?;
+        }
+        if let Some(registry) = self.schema_registry.get() {
+            registry.readiness()?;
         }
         let state = self.state();
         if state != RelayState::Streaming {
@@ -702,6 +718,21 @@ impl EncodeMetric for Shared<Blocked> {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
         for block in self.get().map_or_else(Vec::new, |b| b.current()) {
             let labels = [("reason", block.reason.name()), ("topic", &block.subject)];
+            ConstGauge::new(1i64).encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
+/// `outbox_relay_schema_registry_blocked`: 1 per subject without a schema now.
+impl EncodeMetric for Shared<RegistryHealth> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (subject, _) in self.get().map_or_else(Vec::new, |h| h.current()) {
+            let labels = [("subject", subject.as_str())];
             ConstGauge::new(1i64).encode(encoder.encode_family(&labels)?)?;
         }
         Ok(())

@@ -20,6 +20,7 @@
 mod contract;
 mod exactly_once;
 mod rows;
+mod serialize;
 #[cfg(test)]
 mod tests;
 
@@ -69,6 +70,8 @@ pub struct Settings {
     /// `kafka.batching = "adaptive"` (at-least-once): a record sent while no other is in
     /// flight skips the producer's linger, so that a trickle is not delayed by it.
     pub adaptive: bool,
+    /// `[outbox.serialization]` on: values are encoded and framed before they are sent.
+    pub serializer: Option<Arc<crate::sink::schema::Serializer>>,
 }
 
 impl Settings {
@@ -93,6 +96,7 @@ impl Settings {
                 }
             }),
             adaptive: config.kafka.adaptive_batching(),
+            serializer: None,
         }
     }
 }
@@ -172,6 +176,8 @@ pub struct Session<'a, S, K, C> {
     phase: Phase,
     /// When an acknowledgement counts: at once, or once its Kafka transaction commits.
     contract: Contract,
+    /// The shutdown signal `run` was given: a record waiting for the schema registry gives up.
+    shutdown: CancellationToken,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -205,6 +211,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             confirm_due: None,
             phase: Phase::Streaming,
             contract,
+            shutdown: CancellationToken::new(),
         }
     }
 
@@ -220,6 +227,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// about the stream's content (an unmapped relation, a poison event) first lets the records
     /// sent before it be acknowledged, so that the slot stops right before the bad transaction.
     pub async fn run(mut self, shutdown: &CancellationToken) -> Result<(), RelayError> {
+        self.shutdown = shutdown.clone();
         let mut feedback = tokio::time::interval(self.settings.status_interval);
         feedback.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let result = loop {

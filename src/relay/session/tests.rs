@@ -517,6 +517,7 @@ fn settings() -> Settings {
         publication: "outbox_relay_pub".into(),
         transactions: None,
         adaptive: false,
+        serializer: None,
     }
 }
 
