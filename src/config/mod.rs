@@ -70,11 +70,11 @@ pub use postgres::{
 };
 pub use rules::{remove_params, split_tls_params, topic_name_problem, MAX_TOPIC_CHARS};
 pub use secret::{Secret, REDACTED};
+pub use sections::{DeadLetterConfig, DeadLetterPolicy, HttpConfig, LogFormat, RelayConfig};
 pub use serialization::{
     SchemaVersion, SerializationConfig, SerializationFormat, SubjectStrategy,
     DEFAULT_LATEST_TTL_MS, DEFAULT_RECORD_NAME_HEADER, DEFAULT_REGISTRY_TIMEOUT_MS,
 };
-pub use sections::{DeadLetterConfig, DeadLetterPolicy, HttpConfig, LogFormat, RelayConfig};
 pub use topic_creation::{TopicCreation, TopicCreationGroup, TopicSpec};
 
 /// A configuration problem. Every message is one line naming the file, variable or field.

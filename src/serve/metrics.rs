@@ -28,8 +28,8 @@ use rdkafka::error::KafkaError;
 use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
 use crate::sink::blocked::Blocked;
-use crate::sink::schema::RegistryHealth;
 use crate::sink::kafka_latency::{BrokerLatency, KafkaLatency, Quantiles};
+use crate::sink::schema::RegistryHealth;
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;

@@ -16,7 +16,11 @@ pub(super) async fn registry(config: &Config, topics: &TopicPlan, items: &mut Ve
         Ok(Some(serializer)) => serializer,
         Ok(None) => return,
         Err(e) => {
-            items.push(problem(CHECK, e.to_string(), "fix outbox.serialization's secret files"));
+            items.push(problem(
+                CHECK,
+                e.to_string(),
+                "fix outbox.serialization's secret files",
+            ));
             return;
         }
     };
@@ -46,7 +50,10 @@ pub(super) async fn registry(config: &Config, topics: &TopicPlan, items: &mut Ve
     }
     for subject in subjects {
         match serializer.verify(&subject).await {
-            Ok(id) => items.push(ok(CHECK, format!("subject `{subject}`: schema id {id} parses"))),
+            Ok(id) => items.push(ok(
+                CHECK,
+                format!("subject `{subject}`: schema id {id} parses"),
+            )),
             Err(e) => items.push(problem(CHECK, format!("subject `{subject}`: {e}"), fix(&e))),
         }
     }

@@ -23,8 +23,8 @@ impl AvroSchema {
 
     /// The Avro binary body of `payload` (JSON text); the error says why it does not fit.
     pub fn encode(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
-        let json: serde_json::Value = serde_json::from_slice(payload)
-            .map_err(|e| format!("the payload is not JSON: {e}"))?;
+        let json: serde_json::Value =
+            serde_json::from_slice(payload).map_err(|e| format!("the payload is not JSON: {e}"))?;
         let value = Value::from(json)
             .resolve(&self.0)
             .map_err(|e| format!("the payload does not match the Avro schema: {e}"))?;

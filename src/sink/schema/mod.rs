@@ -198,13 +198,16 @@ impl Serializer {
                 ),
             });
         }
-        let schema = AvroSchema::parse(&registered.schema).map_err(|reason| {
-            RegistryError::BadSchema {
+        let schema =
+            AvroSchema::parse(&registered.schema).map_err(|reason| RegistryError::BadSchema {
                 subject: subject.to_string(),
                 reason,
-            }
-        })?;
-        tracing::info!(subject, schema_id = registered.id, "schema fetched from the registry");
+            })?;
+        tracing::info!(
+            subject,
+            schema_id = registered.id,
+            "schema fetched from the registry"
+        );
         Ok(Cached {
             id: registered.id,
             schema,
