@@ -91,6 +91,8 @@ ensure_dirs() {
 # The run dir's marker, lock and ports, and show_tail: scripts/run-dir.sh.
 # shellcheck source=scripts/run-dir.sh
 source "$SCRIPT_DIR/run-dir.sh"
+# shellcheck source=scripts/apt-install.sh
+source "$SCRIPT_DIR/apt-install.sh"
 take_lock() { lock_dir "$REG_DIR"; }
 
 saved_port() {
@@ -480,10 +482,15 @@ cmd_python() {
         echo "$venv/bin/python"
         return
     fi
-    command -v python3 >/dev/null 2>&1 || die "python3 not found (apt-get install python3 python3-venv)"
+    command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
     mkdir -p "$CACHE_DIR"
     rm -rf "$venv"
-    python3 -m venv "$venv" >&2 || die "python3 -m venv failed (apt-get install python3-venv)"
+    if ! python3 -m venv "$venv" >&2; then
+        # Debian's python3 has no venv (ensurepip) without python3-venv.
+        rm -rf "$venv"
+        apt_install python3-venv
+        python3 -m venv "$venv" >&2 || die "python3 -m venv failed after installing python3-venv"
+    fi
     log "installing $req into $venv (once)"
     "$venv/bin/pip" install -q --disable-pip-version-check "$req" >&2 ||
         die "pip could not install $req"
