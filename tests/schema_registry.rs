@@ -98,6 +98,14 @@ async fn write_in_batches(db: &TestDb, events: &[Event], batch: usize) {
     }
 }
 
+/// Requests to the shared registry whose path ends with `path` (its access log has one line
+/// per request).
+fn registry_requests(path: &str) -> usize {
+    let log = std::fs::read_to_string(format!("{}/registry/registry.log", run_dir())).unwrap();
+    let needle = format!("{path}\"");
+    log.lines().filter(|l| l.contains(&needle)).count()
+}
+
 /// Every received value is framed with `schema_id`.
 fn assert_framed(received: &[Received], schema_id: u32) {
     for r in received {
@@ -156,6 +164,12 @@ async fn avro_events_arrive_framed_and_a_stock_deserializer_decodes_each() {
     )
     .await;
     assert_framed(&received, schema_id);
+    // The schema is cached: one lookup for the subject, not one per record.
+    let lookups = registry_requests(&format!("/subjects/{topic}-value/versions/latest"));
+    assert_eq!(
+        lookups, 1,
+        "registry lookups of the subject for 1,000 events"
+    );
 
     let decoded = decode_with_confluent(&url, &topic, sent.len());
     assert_eq!(decoded.len(), sent.len(), "one decoded record per event");
@@ -372,5 +386,67 @@ async fn sigkill_five_times_with_avro_loses_nothing() {
         );
     }
     relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
+/// `check` asks the registry for the subject of every topic the outbox's rows map to: a
+/// registered one is ok, a missing one a problem naming the fix; without the registry, a
+/// problem saying it is unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_verifies_the_subjects_against_the_registry() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    register(&url, &db.topic("order")).await;
+    let mut client = db.client().await;
+    insert_events(&mut client, &events(1, "order"), true).await;
+    insert_events(&mut client, &events(1, "customer"), true).await;
+    let items = |env: Vec<(String, String)>| async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["check", "--json"])
+            .envs(env)
+            .env_remove("OUTBOX_RELAY_CONFIG")
+            .output()
+            .await
+            .expect("run outbox-relay check");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "check --json: {e}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        report["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["check"] == "schema registry")
+            .map(|i| {
+                (
+                    i["status"].as_str().unwrap().to_string(),
+                    i["detail"].to_string(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let found = items(avro_env(&db, &url, &[])).await;
+    let order = format!("subject `{}-value`", db.topic("order"));
+    let customer = format!("subject `{}-value`", db.topic("customer"));
+    assert!(
+        found.iter().any(|(s, d)| s == "ok" && d.contains(&order)),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|(s, d)| s == "problem" && d.contains(&customer) && d.contains("404")),
+        "{found:?}"
+    );
+    let down = items(avro_env(&db, "http://127.0.0.1:1/apis/ccompat/v7", &[])).await;
+    assert!(
+        !down.is_empty()
+            && down
+                .iter()
+                .all(|(s, d)| s == "problem" && d.contains("unreachable")),
+        "{down:?}"
+    );
     db.cleanup().await;
 }

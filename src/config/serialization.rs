@@ -237,3 +237,113 @@ impl SerializationConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, ConfigError};
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::from_sources(Some(toml), env)
+    }
+
+    fn field_of(result: Result<Config, ConfigError>) -> String {
+        match result {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("expected an invalid field, got {other:?}"),
+        }
+    }
+
+    const AVRO: &str =
+        "[outbox.serialization]\nformat = \"avro\"\nregistry_url = \"http://r:8081\"\n";
+
+    #[test]
+    fn avro_with_a_registry_is_accepted_and_off_by_default() {
+        let config = load(AVRO, &[]).unwrap();
+        assert!(config.outbox.serialization.enabled());
+        assert!(!load("", &[]).unwrap().outbox.serialization.enabled());
+        let from_env = load(
+            "",
+            &[
+                ("OUTBOX_RELAY__OUTBOX__SERIALIZATION__FORMAT", "avro"),
+                (
+                    "OUTBOX_RELAY__OUTBOX__SERIALIZATION__REGISTRY_URL",
+                    "http://r",
+                ),
+                ("OUTBOX_RELAY__OUTBOX__SERIALIZATION__SCHEMA_VERSION", "3"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            from_env.outbox.serialization.version(),
+            super::SchemaVersion::Pinned(3)
+        );
+    }
+
+    #[test]
+    fn bad_settings_name_their_key() {
+        let cases = [
+            (
+                "[outbox.serialization]\nformat = \"protobuf\"\n",
+                "outbox.serialization.format",
+            ),
+            (
+                "[outbox.serialization]\nformat = \"avro\"\n",
+                "outbox.serialization.registry_url",
+            ),
+            (
+                &format!("{AVRO}schema_version = \"newest\"\n"),
+                "outbox.serialization.schema_version",
+            ),
+            (
+                &format!("{AVRO}auto_register = true\n"),
+                "outbox.serialization.schema_file",
+            ),
+            (
+                &format!("{AVRO}registry_username = \"u\"\n"),
+                "outbox.serialization.registry_password_file",
+            ),
+            (
+                &format!("{AVRO}registry_username = \"u\"\nregistry_password_file = \"/p\"\nregistry_token_file = \"/t\"\n"),
+                "outbox.serialization.registry_token_file",
+            ),
+            (
+                &format!("{AVRO}latest_ttl_ms = 0\n"),
+                "outbox.serialization.latest_ttl_ms",
+            ),
+        ];
+        for (toml, field) in cases {
+            assert_eq!(field_of(load(toml, &[])), field, "{toml}");
+        }
+    }
+
+    #[test]
+    fn structured_cloudevents_and_envelopes_are_refused_with_a_serialization_format() {
+        let structured = format!("[outbox]\nformat = \"cloudevents_structured\"\n{AVRO}");
+        assert_eq!(field_of(load(&structured, &[])), "outbox.format");
+        let table =
+            format!("[outbox]\n[[outbox.tables]]\ntable = \"b\"\nformat = \"envelope\"\n{AVRO}");
+        assert_eq!(field_of(load(&table, &[])), "outbox.tables[0].format");
+        let binary = format!("[outbox]\nformat = \"cloudevents_binary\"\n{AVRO}");
+        assert!(load(&binary, &[]).is_ok());
+    }
+
+    #[test]
+    fn the_secret_is_read_from_its_file_and_never_printed() {
+        let path = std::env::temp_dir().join(format!("registry-secret-{}", std::process::id()));
+        std::fs::write(&path, "s3cret\n").unwrap();
+        let config = load(
+            &format!(
+                "{AVRO}registry_username = \"u\"\nregistry_password_file = \"{}\"\n",
+                path.display()
+            ),
+            &[],
+        )
+        .unwrap();
+        let secret = config.outbox.serialization.read_secret().unwrap().unwrap();
+        assert_eq!(secret.expose(), "s3cret");
+        assert_eq!(format!("{secret:?}"), "***");
+        assert!(!config.to_redacted_toml().contains("s3cret"));
+        std::fs::remove_file(path).unwrap();
+    }
+}

@@ -251,3 +251,107 @@ impl Serializer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCHEMA: &str = r#"{"type":"record","name":"E","fields":[{"name":"n","type":"long"}]}"#;
+
+    /// A serializer whose registry does not answer (port 1), with `subject` cached as id 9.
+    fn serializer(strategy: SubjectStrategy, cached: &str) -> Arc<Serializer> {
+        let config = SerializationConfig {
+            format: SerializationFormat::Avro,
+            registry_url: "http://127.0.0.1:1".into(),
+            subject_strategy: strategy,
+            schema_version: "2".into(),
+            request_timeout_ms: 2_000,
+            ..SerializationConfig::default()
+        };
+        let s = Serializer::new(&config).unwrap().unwrap();
+        s.cache.lock().unwrap().insert(
+            cached.to_string(),
+            Arc::new(Cached {
+                id: 9,
+                schema: AvroSchema::parse(SCHEMA).unwrap(),
+                fetched: Instant::now(),
+            }),
+        );
+        s
+    }
+
+    fn record(topic: &str, payload: Option<&str>, headers: &[(&str, &str)]) -> Record {
+        Record {
+            topic: topic.into(),
+            payload: payload.map(|p| Bytes::from(p.to_string())),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (Arc::from(*k), Bytes::from(v.to_string())))
+                .collect(),
+            ..Record::default()
+        }
+    }
+
+    #[test]
+    fn subjects_follow_confluents_strategies() {
+        let r = record("orders", Some("{}"), &[("type", "OrderPlaced")]);
+        let subject = |s| serializer(s, "x").subject_for(&r).unwrap();
+        assert_eq!(subject(SubjectStrategy::Topic), "orders-value");
+        assert_eq!(subject(SubjectStrategy::Record), "OrderPlaced");
+        assert_eq!(subject(SubjectStrategy::TopicRecord), "orders-OrderPlaced");
+        let nameless = record("orders", Some("{}"), &[]);
+        let err = serializer(SubjectStrategy::Record, "x")
+            .subject_for(&nameless)
+            .unwrap_err();
+        assert!(
+            matches!(&err, SerializeError::Payload(m) if m.contains("no header `type`")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cached_schema_frames_the_value_and_sets_the_content_type() {
+        let s = serializer(SubjectStrategy::Topic, "orders-value");
+        let mut r = record(
+            "orders",
+            Some(r#"{"n": 3}"#),
+            &[("content-type", "application/json"), ("ce_type", "T")],
+        );
+        s.serialize(&mut r).await.unwrap();
+        assert_eq!(r.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 6][..]));
+        assert_eq!(&r.headers[0].1[..], b"application/avro");
+        assert_eq!(&r.headers[1].1[..], b"T");
+
+        let mut tombstone = record("orders", None, &[]);
+        s.serialize(&mut tombstone).await.unwrap();
+        assert_eq!(tombstone.payload, None);
+    }
+
+    #[tokio::test]
+    async fn a_bad_payload_is_the_records_fault_and_a_silent_registry_is_not() {
+        let s = serializer(SubjectStrategy::Topic, "orders-value");
+        let mut bad = record("orders", Some(r#"{"n": "x"}"#), &[]);
+        match s.serialize(&mut bad).await {
+            Err(SerializeError::Payload(why)) => {
+                assert!(
+                    why.contains("subject `orders-value` (schema id 9)"),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(bad.payload.as_deref(), Some(&br#"{"n": "x"}"#[..]));
+
+        let mut uncached = record("users", Some(r#"{"n": 1}"#), &[]);
+        match s.serialize(&mut uncached).await {
+            Err(SerializeError::Registry { subject, error }) => {
+                assert_eq!(subject, "users-value");
+                assert!(
+                    matches!(error, RegistryError::Unreachable { .. }),
+                    "{error}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
