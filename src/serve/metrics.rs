@@ -966,6 +966,9 @@ mod tests {
             &"denied",
         );
         m.watch_blocked(blocked);
+        let registry = Arc::new(RegistryHealth::new("http://registry"));
+        registry.block("orders-value", &"connection refused");
+        m.watch_registry(registry);
         m.set_sweeper_holds(&[("public.outbox".into(), 90)]);
         m
     }
