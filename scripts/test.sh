@@ -92,7 +92,7 @@ cleanup() {
         fi
         log "stopping services"
         bash "$SERVICES" stop || true
-        bash "$REGISTRY" stop || true
+        # services.sh stops the shared registry; the outage test's own one is here.
         OUTBOX_RUN_DIR="$OUTBOX_RUN_DIR/registry-outage" bash "$REGISTRY" stop || true
         log "service logs kept in $OUTBOX_RUN_DIR"
     fi
@@ -103,8 +103,6 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 if [[ ${OUTBOX_KEEP_STATE:-0} != 1 ]]; then
-    # A registry left running by an interrupted run holds files in the run dir.
-    bash "$REGISTRY" stop || true
     bash "$SERVICES" clean
 fi
 services_started=1
