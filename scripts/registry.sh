@@ -20,6 +20,9 @@
 #              starts the registry first if it is not running (and stops it
 #              again afterwards)
 #   clean      stop it and delete its state (schemas, logs)
+#   python     print the path of a python with Confluent's client library
+#              (confluent-kafka[avro] from PyPI, in a venv in the cache dir
+#              below; made on first use) for scripts/registry/consume.py
 #
 # State lives in ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-run}/registry (the same
 # run dir as scripts/services.sh; ports are saved in its ports/ beside the
@@ -88,6 +91,8 @@ ensure_dirs() {
 # The run dir's marker, lock and ports, and show_tail: scripts/run-dir.sh.
 # shellcheck source=scripts/run-dir.sh
 source "$SCRIPT_DIR/run-dir.sh"
+# shellcheck source=scripts/apt-install.sh
+source "$SCRIPT_DIR/apt-install.sh"
 take_lock() { lock_dir "$REG_DIR"; }
 
 saved_port() {
@@ -468,6 +473,32 @@ cmd_selftest() {
     ((fail == 0))
 }
 
+# ----------------------------------------------------------------- python
+
+# The venv's python, made (and confluent-kafka installed into it) on first use.
+cmd_python() {
+    local venv="$CACHE_DIR/registry-python" req='confluent-kafka[avro]==2.16.1' t0=$SECONDS
+    if [[ -x $venv/bin/python && -f $venv/.complete ]] && grep -qxF "$req" "$venv/.complete"; then
+        echo "$venv/bin/python"
+        return
+    fi
+    command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
+    mkdir -p "$CACHE_DIR"
+    rm -rf "$venv"
+    if ! python3 -m venv "$venv" >&2; then
+        # Debian's python3 has no venv (ensurepip) without python3-venv.
+        rm -rf "$venv"
+        apt_install python3-venv
+        python3 -m venv "$venv" >&2 || die "python3 -m venv failed after installing python3-venv"
+    fi
+    log "installing $req into $venv (once)"
+    "$venv/bin/pip" install -q --disable-pip-version-check "$req" >&2 ||
+        die "pip could not install $req"
+    echo "$req" >"$venv/.complete"
+    log "python ready in $((SECONDS - t0)) s"
+    echo "$venv/bin/python"
+}
+
 # ------------------------------------------------------------------- main
 
 usage() { sed -n '2,/^set -euo/p' "$SELF" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -512,6 +543,7 @@ main() {
         rm -f "$PORTS_DIR/registry" "$PORTS_DIR/registry-management"
         log "removed $REG_DIR"
         ;;
+    python) cmd_python ;;
     -h | --help | help) usage ;;
     *)
         usage >&2

@@ -28,6 +28,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 SERVICES="$ROOT/scripts/services.sh"
+REGISTRY="$ROOT/scripts/registry.sh"
 export OUTBOX_RUN_DIR=${OUTBOX_RUN_DIR:-/tmp/outbox-relay-test}
 
 log() { printf '[test.sh] %s\n' "$*" >&2; }
@@ -93,6 +94,8 @@ cleanup() {
         fi
         log "stopping services"
         bash "$SERVICES" stop || true
+        # services.sh stops the shared registry; the outage test's own one is here.
+        OUTBOX_RUN_DIR="$OUTBOX_RUN_DIR/registry-outage" bash "$REGISTRY" stop || true
         log "service logs kept in $OUTBOX_RUN_DIR"
     fi
     exit "$rc"
@@ -119,6 +122,21 @@ bash "$SERVICES" pg-replica-start >/dev/null || {
 # shellcheck disable=SC1090 # written at run time by services.sh
 source "$env_file"
 log "services up in $((SECONDS - start_time))s (PostgreSQL $OUTBOX_TEST_PG_VERSION); env: $env_file"
+# The Schema Registry (tests/integration/schema_registry.rs) and the Python consumer with
+# Confluent's deserializers that checks what the relay wrote (both cached after
+# the first run).
+start_time=$SECONDS
+bash "$REGISTRY" start >/dev/null || {
+    log "the schema registry failed to start (log: $OUTBOX_RUN_DIR/registry/registry.log)"
+    exit 1
+}
+bash "$REGISTRY" python >/dev/null || {
+    log "could not install the Python consumer for the schema registry tests"
+    exit 1
+}
+# shellcheck disable=SC1091 # written at run time by registry.sh
+source "$OUTBOX_RUN_DIR/registry/env"
+log "schema registry up in $((SECONDS - start_time))s: $OUTBOX_TEST_REGISTRY_URL"
 
 set +e
 # --no-fail-fast: a failing test binary does not hide the results of the others.

@@ -42,6 +42,7 @@ mod postgres;
 mod rules;
 mod secret;
 mod sections;
+mod serialization;
 mod topic_creation;
 mod validate;
 
@@ -71,6 +72,10 @@ pub use rules::{remove_params, split_tls_params, topic_name_problem, MAX_TOPIC_C
 pub use secret::{Secret, REDACTED};
 pub use sections::{
     BreakerPolicy, DeadLetterConfig, DeadLetterPolicy, HttpConfig, LogFormat, RelayConfig,
+};
+pub use serialization::{
+    SchemaVersion, SerializationConfig, SerializationFormat, SubjectStrategy,
+    DEFAULT_LATEST_TTL_MS, DEFAULT_RECORD_NAME_HEADER, DEFAULT_REGISTRY_TIMEOUT_MS,
 };
 pub use topic_creation::{TopicCreation, TopicCreationGroup, TopicSpec};
 
@@ -152,6 +157,7 @@ impl Config {
         let env = layering::env_vars()?;
         let config = Config::build(&origin, text.as_deref(), env)?;
         config.postgres.password()?;
+        config.outbox.serialization.read_secret()?;
         if config.kafka.allow_unsafe_kafka_settings {
             for (key, value, reason) in config.kafka.unsafe_properties() {
                 tracing::warn!(

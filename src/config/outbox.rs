@@ -155,6 +155,8 @@ pub struct OutboxConfig {
     pub tables: Vec<OutboxTableConfig>,
     /// `[outbox.sweeper]`: deletes old, already confirmed rows.
     pub sweeper: SweeperConfig,
+    /// `[outbox.serialization]`: values encoded per a Schema Registry's schema (off by default).
+    pub serialization: super::serialization::SerializationConfig,
 }
 
 /// The record format (`outbox.format`).
@@ -294,6 +296,7 @@ impl Default for OutboxConfig {
             message_prefix: None,
             tables: Vec::new(),
             sweeper: SweeperConfig::default(),
+            serialization: Default::default(),
         }
     }
 }
@@ -397,7 +400,17 @@ impl OutboxConfig {
                 "must not contain a NUL character",
             ));
         }
-        self.sweeper.validate()
+        self.sweeper.validate()?;
+        self.validate_serialization()
+    }
+
+    /// `[outbox.serialization]` against the record format of every table and of messages.
+    fn validate_serialization(&self) -> Result<(), ConfigError> {
+        let mut formats = vec![("outbox".to_string(), self.format)];
+        for (i, entry) in self.tables.iter().enumerate() {
+            formats.push((format!("outbox.tables[{i}]"), entry.resolve(self).format));
+        }
+        self.serialization.validate(&formats)
     }
 
     /// The mapping keys; `path` is `outbox` or `outbox.tables[i]` for the error's field.
@@ -634,6 +647,7 @@ impl OutboxTableConfig {
             message_prefix: base.message_prefix.clone(),
             tables: Vec::new(),
             sweeper: base.sweeper.clone(),
+            serialization: base.serialization.clone(),
         }
     }
 }

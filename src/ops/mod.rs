@@ -46,6 +46,9 @@ pub enum OpsError {
     Replay(#[from] replay::ReplayError),
     #[error("cannot read the dead-letter topic `{topic}`: {problem}")]
     DeadLetters { topic: String, problem: String },
+    /// `[outbox.serialization]`'s password or token file cannot be read.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 impl OpsError {

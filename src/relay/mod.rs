@@ -82,6 +82,9 @@ pub enum RelayError {
     SlotGone(#[from] SlotGone),
     #[error("replication stream out of order: {0}")]
     Protocol(String),
+    /// Shut down while records waited for the schema registry (they are sent again on restart).
+    #[error("stopped while waiting for the schema registry: {0}")]
+    SchemaRegistry(String),
     #[error("cannot listen on http.listen `{addr}`: {source}")]
     Http {
         addr: String,
@@ -130,6 +133,7 @@ impl RelayError {
             RelayError::Replication(e) => e.is_transient(),
             RelayError::Publish(e) => e.is_transient(),
             RelayError::Delivery(r) => !publisher::is_permanent(&r.error),
+            RelayError::SchemaRegistry(_) => true,
             _ => false,
         }
     }
@@ -173,6 +177,15 @@ pub async fn run_with_metrics(
     let librdkafka = crate::sink::preflight::check(&config.kafka).await?;
     info!(librdkafka = %librdkafka.describe(), "the Kafka settings are valid for this librdkafka");
     metrics.watch_blocked(Arc::new(crate::sink::blocked::Blocked::new(&config.kafka)));
+    let serializer = crate::sink::schema::Serializer::new(&config.outbox.serialization)
+        .map_err(|e| RelayError::SchemaRegistry(e.to_string()))?;
+    if let Some(serializer) = &serializer {
+        metrics.watch_registry(serializer.health());
+    }
+    let mapping = Mapped {
+        mapping: &mapping,
+        serializer,
+    };
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();
     start_http(&config, &metrics, &helpers).await?;
@@ -232,7 +245,7 @@ async fn start_http(
 /// never dropped on shutdown: it drains and confirms itself, and only then returns.
 async fn supervise(
     config: &Config,
-    mapping: &OutboxMapping,
+    mapping: &Mapped<'_>,
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
     mut gone: mpsc::Receiver<SlotGone>,
@@ -279,7 +292,7 @@ async fn supervise(
 /// Connects a session (unless shutdown comes first) and runs it to its end.
 async fn run_session(
     config: &Config,
-    mapping: &OutboxMapping,
+    mapping: &Mapped<'_>,
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
     slot_seen: &mut bool,
@@ -290,6 +303,13 @@ async fn run_session(
     };
     *slot_seen = true;
     session.run(shutdown).await
+}
+
+/// The mapping and the serializer of every session (the serializer's schema cache outlives
+/// them).
+struct Mapped<'a> {
+    mapping: &'a OutboxMapping,
+    serializer: Option<Arc<crate::sink::schema::Serializer>>,
 }
 
 /// Exponential backoff between sessions.
@@ -387,7 +407,7 @@ fn wants_failover(config: &Config, control: &Control) -> Result<bool, ControlErr
 /// connection is pinned to it (and checks the attributes again).
 async fn connect<'a>(
     config: &Config,
-    mapping: &'a OutboxMapping,
+    mapping: &Mapped<'a>,
     metrics: &'a Metrics,
     slot_seen: bool,
 ) -> Result<Session<'a, ReplicationStream, Publisher, Control>, RelayError> {
@@ -412,7 +432,7 @@ async fn connect<'a>(
             &pg.slot,
             &pg.publication,
             Lsn::ZERO,
-            mapping.messages_enabled(),
+            mapping.mapping.messages_enabled(),
             pg.binary,
         )
         .await?;
@@ -456,14 +476,15 @@ async fn connect<'a>(
     metrics.set_lsns(start, start);
     metrics.set_receive_timeout(stream.receive_timeout());
     metrics.set_state(RelayState::Streaming);
-    let settings = Settings::from_config(config, status_interval);
+    let mut settings = Settings::from_config(config, status_interval);
+    settings.serializer = mapping.serializer.clone();
     let ends = Ends {
         source: stream,
         sink: publisher,
         deliveries,
         catalog: control,
     };
-    Ok(Session::new(settings, mapping, metrics, ends, start).skipping_below(progress))
+    Ok(Session::new(settings, mapping.mapping, metrics, ends, start).skipping_below(progress))
 }
 
 /// Exactly-once: the server's timeline and its history, which a progress value written on

@@ -57,6 +57,8 @@ pub enum Reason {
     TooLarge,
     /// Kafka refused the record for another permanent reason.
     Rejected,
+    /// The payload does not fit its subject's schema (`[outbox.serialization]`).
+    Schema,
 }
 
 impl Reason {
@@ -78,6 +80,7 @@ impl Reason {
             Reason::InvalidTopic => "invalid_topic",
             Reason::TooLarge => "too_large",
             Reason::Rejected => "rejected",
+            Reason::Schema => "schema",
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod dead_letter;
 pub mod kafka_latency;
 pub mod preflight;
 pub mod publisher;
+pub mod schema;
 pub mod window;
 
 pub use publisher::progress;

@@ -26,4 +26,5 @@ mod ops;
 mod partitions;
 mod relay_e2e;
 mod routing;
+mod schema_registry;
 mod standby;

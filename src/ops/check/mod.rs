@@ -12,6 +12,7 @@ mod kafka;
 mod outbox_table;
 mod postgres;
 mod publication;
+mod schema;
 
 use std::fmt;
 
@@ -100,6 +101,7 @@ pub async fn run(config: &Config) -> CheckReport {
     let topics = TopicPlan::find(control.as_ref(), config, &tables, &mut items).await;
     kafka::kafka(&config.kafka, &topics, &mut items).await;
     items.push(access::access_item(config, &topics).await);
+    schema::registry(config, &topics, &mut items).await;
     let problems = count(&items, Status::Problem);
     let warnings = count(&items, Status::Warning);
     CheckReport {

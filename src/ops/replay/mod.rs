@@ -188,7 +188,7 @@ pub async fn run(config: &Config, options: &ReplayOptions) -> Result<ReplayRepor
     let mut sender = if options.dry_run {
         None
     } else {
-        Some(Sender::new(&config.kafka)?)
+        Some(Sender::new(config)?)
     };
     let stopped = walk.rows(&tx, &sources, sender.as_mut()).await.err();
     let _ = tx.rollback().await;

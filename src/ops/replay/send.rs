@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::progress::Progress;
-use crate::config::KafkaConfig;
+use crate::config::Config;
 use crate::mapping::OutboxEvent;
 use crate::ops::OpsError;
 use crate::sink::publisher::{Delivery, Publisher};
+use crate::sink::schema::Serializer;
 use crate::sink::window::InFlight;
 
 /// Most records in flight during a replay (`kafka.max_in_flight_messages` if lower): a replay
@@ -28,6 +29,8 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
 pub(super) struct Sender {
     publisher: Publisher,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
+    /// `[outbox.serialization]`: values encoded as the live relay encodes them.
+    serializer: Option<std::sync::Arc<Serializer>>,
     window: InFlight,
     pub(super) sent: u64,
     pub(super) acknowledged: u64,
@@ -36,11 +39,14 @@ pub(super) struct Sender {
 }
 
 impl Sender {
-    pub(super) fn new(kafka: &KafkaConfig) -> Result<Sender, OpsError> {
+    pub(super) fn new(config: &Config) -> Result<Sender, OpsError> {
+        let kafka = &config.kafka;
         let (publisher, deliveries) = Publisher::new(kafka)?;
+        let serializer = Serializer::new(&config.outbox.serialization)?;
         Ok(Sender {
             publisher,
             deliveries,
+            serializer,
             window: InFlight::new(
                 kafka.max_in_flight_messages.clamp(1, MAX_IN_FLIGHT),
                 kafka.max_in_flight_bytes,
@@ -72,12 +78,21 @@ impl Sender {
         if self.failed > 0 {
             return Err("Kafka did not acknowledge a record (see the failures)".into());
         }
+        let mut record = std::borrow::Cow::Borrowed(&event.record);
+        if let Some(serializer) = &self.serializer {
+            // A replay is run by hand: a payload the schema refuses, or a registry that
+            // gives no schema, stops it with the reason (nothing is dead-lettered).
+            serializer
+                .serialize(record.to_mut())
+                .await
+                .map_err(|e| format!("event {}: {e}", event.id))?;
+        }
         self.publisher
-            .send(&event.record, self.sent, &event.id)
+            .send(&record, self.sent, &event.id)
             .await
             .map_err(|e| e.to_string())?;
         self.sent += 1;
-        self.window.sent(event.record.size());
+        self.window.sent(record.size());
         Ok(())
     }
 

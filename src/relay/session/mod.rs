@@ -20,6 +20,7 @@
 mod contract;
 mod exactly_once;
 mod rows;
+mod serialize;
 #[cfg(test)]
 mod tests;
 
@@ -73,6 +74,8 @@ pub struct Settings {
     /// `kafka.batching = "adaptive"` (at-least-once): a record sent while no other is in
     /// flight skips the producer's linger, so that a trickle is not delayed by it.
     pub adaptive: bool,
+    /// `[outbox.serialization]` on: values are encoded and framed before they are sent.
+    pub serializer: Option<Arc<crate::sink::schema::Serializer>>,
 }
 
 impl Settings {
@@ -99,6 +102,7 @@ impl Settings {
                 }
             }),
             adaptive: config.kafka.adaptive_batching(),
+            serializer: None,
         }
     }
 }
@@ -203,6 +207,8 @@ pub struct Session<'a, S, K, C> {
     contract: Contract,
     /// `dead_letter.max_per_minute`, when set.
     breaker: Option<Breaker>,
+    /// The shutdown signal `run` was given: a record waiting for the schema registry gives up.
+    shutdown: CancellationToken,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -215,11 +221,13 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         start: Lsn,
     ) -> Self {
         let contract = Contract::new(settings.transactions);
+        let breaker = Breaker::new(settings.dead_letter_max_per_minute);
         let in_flight = InFlight::new(
             settings.max_in_flight_messages,
             settings.max_in_flight_bytes,
         );
         Session {
+            settings,
             mapping,
             metrics,
             source: ends.source,
@@ -235,8 +243,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             confirm_due: None,
             phase: Phase::Streaming,
             contract,
-            breaker: Breaker::new(settings.dead_letter_max_per_minute),
-            settings,
+            breaker,
+            shutdown: CancellationToken::new(),
         }
     }
 
@@ -252,6 +260,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// about the stream's content (an unmapped relation, a poison event) first lets the records
     /// sent before it be acknowledged, so that the slot stops right before the bad transaction.
     pub async fn run(mut self, shutdown: &CancellationToken) -> Result<(), RelayError> {
+        self.shutdown = shutdown.clone();
         let mut feedback = tokio::time::interval(self.settings.status_interval);
         feedback.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let result = loop {

@@ -221,7 +221,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             return Ok(());
         }
         let seq = self.ledger.record_sent()?;
-        let event = match event {
+        let mut event = match event {
             Ok(event) => event,
             Err(e) => {
                 let row = SourceRow {
@@ -232,6 +232,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 return self.dead_letter_unmapped(seq, &e, &row).await;
             }
         };
+        if let Err(why) = self.serialize(&mut event.record).await? {
+            let dlq = &self.settings.dead_letter_topic;
+            let record = dead_letter::from_record(dlq, &event.record, Reason::Schema, &why);
+            return self.dead_letter(seq, record, &event.id, &why, false).await;
+        }
         self.send_or_hold(Held {
             record: event.record,
             seq,

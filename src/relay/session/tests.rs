@@ -526,6 +526,7 @@ fn settings() -> Settings {
         publication: "outbox_relay_pub".into(),
         transactions: None,
         adaptive: false,
+        serializer: None,
     }
 }
 
@@ -1825,4 +1826,54 @@ fn fake_wal_is_well_formed() {
     assert_eq!(frames.len(), 4);
     let (_, end2) = wal.txn(OUTBOX, &[]);
     assert!(end2 > end);
+}
+
+/// `[outbox.serialization]` with a registry that does not answer: the record waits, nothing
+/// is sent or confirmed past it, status updates go on (the walsender hears from the relay),
+/// the block shows; shutdown ends the session with the block's error (sent again on restart).
+#[tokio::test(start_paused = true)]
+async fn a_registry_that_gives_no_schema_blocks_the_record_and_confirms_nothing_past_it() {
+    use crate::config::{SerializationConfig, SerializationFormat};
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (txn, end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    rig.push(txn);
+    let serializer = crate::sink::schema::Serializer::new(&SerializationConfig {
+        format: SerializationFormat::Avro,
+        registry_url: "http://127.0.0.1:1".into(),
+        request_timeout_ms: 100,
+        ..SerializationConfig::default()
+    })
+    .unwrap()
+    .unwrap();
+    let health = serializer.health();
+    let settings = Settings {
+        serializer: Some(serializer),
+        ..settings()
+    };
+    let session = rig.session(settings, &mapping, &metrics);
+    let driver = async {
+        rig.until("blocked", |_| health.readiness().is_err()).await;
+        let updates = rig.log.lock().unwrap().flushes.len();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            rig.sent().is_empty(),
+            "sent while the registry gave no schema"
+        );
+        assert!(rig.max_flush() < end, "confirmed past the waiting record");
+        assert!(
+            rig.log.lock().unwrap().flushes.len() > updates,
+            "no status update while blocked"
+        );
+        let why = health.readiness().unwrap_err();
+        assert!(why.contains("outbox.event.order-value"), "{why}");
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    assert!(
+        matches!(&result, Err(RelayError::SchemaRegistry(why)) if why.contains("unreachable")),
+        "{result:?}"
+    );
 }

@@ -16,6 +16,7 @@ use prometheus_client::registry::{Metric, Registry};
 
 use crate::sink::blocked::Blocked;
 use crate::sink::kafka_latency::{BrokerLatency, KafkaLatency, Quantiles};
+use crate::sink::schema::RegistryHealth;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -279,6 +280,21 @@ impl EncodeMetric for Shared<Blocked> {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
         for block in self.get().map_or_else(Vec::new, |b| b.current()) {
             let labels = [("reason", block.reason.name()), ("topic", &block.subject)];
+            ConstGauge::new(1i64).encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
+/// `outbox_relay_schema_registry_blocked`: 1 per subject without a schema now.
+impl EncodeMetric for Shared<RegistryHealth> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (subject, _) in self.get().map_or_else(Vec::new, |h| h.current()) {
+            let labels = [("subject", subject.as_str())];
             ConstGauge::new(1i64).encode(encoder.encode_family(&labels)?)?;
         }
         Ok(())

@@ -24,6 +24,7 @@ use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
 use crate::sink::blocked::Blocked;
 use crate::sink::kafka_latency::KafkaLatency;
+use crate::sink::schema::RegistryHealth;
 
 mod kinds;
 
@@ -142,6 +143,8 @@ pub struct Metrics {
     pub kafka_commit_latency: Histogram,
     /// What Kafka refuses for deployment reasons; kept across sessions.
     blocked: Shared<Blocked>,
+    /// The subjects the schema registry gives no schema for now (`[outbox.serialization]`).
+    schema_registry: Shared<RegistryHealth>,
     /// Seconds since each armed sweeper hold was armed, by outbox table (set by the sweeper).
     sweeper_holds: Labelled<[(&'static str, String); 1], PromGauge>,
     /// Set from [`Metrics::readiness`] at each scrape.
@@ -282,6 +285,11 @@ impl Default for Metrics {
                 "1 per reason and topic that Kafka refuses for a deployment reason (a missing ACL or topic, a refused login or topic creation): records wait, /readyz is red.",
                 Shared::default(),
             ),
+            schema_registry: r.family(
+                "outbox_relay_schema_registry_blocked",
+                "1 per subject the schema registry gives no schema for now (down, refusing the login, or no such subject): its records wait, /readyz is red.",
+                Shared::default(),
+            ),
             sweeper_holds: r.family(
                 "outbox_relay_sweeper_hold_age_seconds",
                 "Seconds since the sweeper hold on an outbox table was armed (a new slot): its rows committed before the slot are kept until a replay covers them or `outbox-relay slot release-hold` ends it.",
@@ -325,6 +333,11 @@ impl Metrics {
     /// Shows (and makes `/readyz` depend on) what `blocked` holds, from now on.
     pub fn watch_blocked(&self, blocked: Arc<Blocked>) {
         self.blocked.set(blocked);
+    }
+
+    /// Shows (and makes `/readyz` depend on) what the schema registry refuses, from now on.
+    pub fn watch_registry(&self, health: Arc<RegistryHealth>) {
+        self.schema_registry.set(health);
     }
 
     /// The registry of Kafka blocks the sessions report to (set with `watch_blocked`; a
@@ -411,6 +424,9 @@ impl Metrics {
     pub fn readiness(&self, staleness: Duration) -> Result<(), String> {
         if let Some(blocked) = self.blocked.get() {
             blocked.readiness()?;
+        }
+        if let Some(registry) = self.schema_registry.get() {
+            registry.readiness()?;
         }
         if self.dead_letter_breaker_open.load(Relaxed) > 0 {
             return Err("the dead-letter breaker tripped (dead_letter.max_per_minute): nothing is read until the relay is restarted; see the logs".into());
@@ -630,6 +646,9 @@ mod tests {
             &"denied",
         );
         m.watch_blocked(blocked);
+        let registry = Arc::new(RegistryHealth::new("http://registry"));
+        registry.block("orders-value", &"connection refused");
+        m.watch_registry(registry);
         m.set_sweeper_holds(&[("public.outbox".into(), 90)]);
         m
     }

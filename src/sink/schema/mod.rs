@@ -1,0 +1,357 @@
+//! Schema Registry serialization (`[outbox.serialization]`): a record's JSON value encoded
+//! per its subject's schema and framed in Confluent's wire format, between the mapping and
+//! the producer.
+//!
+//! | part | file | I/O |
+//! |---|---|---|
+//! | the frame: magic byte, schema id, Protobuf message indexes | `wire.rs` | none |
+//! | JSON → Avro binary | `avro.rs` | none |
+//! | the registry's REST API | `registry.rs` | HTTP |
+//! | subjects, the schema cache, what blocks | here, `health.rs` | through `registry.rs` |
+//!
+//! Two kinds of failure, never mixed up: a payload the schema refuses is the record's fault
+//! ([`SerializeError::Payload`]: dead-lettered, reason `schema`); a registry that is down,
+//! refuses the login or lacks the subject is the deployment's ([`SerializeError::Registry`]:
+//! the record waits and is retried, [`RegistryHealth`] turns `/readyz` red, the slot is not
+//! confirmed past it). Once a subject's schema is cached no record waits for the registry:
+//! a pinned version is kept for good, `latest` is asked again after `latest_ttl_ms`.
+
+mod avro;
+mod health;
+pub mod registry;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::config::{
+    ConfigError, SchemaVersion, SerializationConfig, SerializationFormat, SubjectStrategy,
+};
+use crate::mapping::Record;
+pub use avro::AvroSchema;
+pub use health::RegistryHealth;
+use registry::{RegistryClient, RegistryError};
+
+/// Why a record could not be serialized.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SerializeError {
+    /// The payload does not fit the schema (or names no record): dead-letter it.
+    #[error("{0}")]
+    Payload(String),
+    /// No schema from the registry now: the record waits.
+    #[error("subject `{subject}`: {error}")]
+    Registry {
+        subject: String,
+        error: RegistryError,
+    },
+}
+
+/// A subject's schema as used now.
+#[derive(Debug)]
+struct Cached {
+    id: u32,
+    schema: AvroSchema,
+    fetched: Instant,
+}
+
+/// Serializes record values; shared by every session (the cache outlives them).
+#[derive(Debug)]
+pub struct Serializer {
+    config: SerializationConfig,
+    client: RegistryClient,
+    cache: Mutex<HashMap<String, Arc<Cached>>>,
+    health: Arc<RegistryHealth>,
+}
+
+impl Serializer {
+    /// `None` when `format = "none"`. Reads the password or token file.
+    pub fn new(config: &SerializationConfig) -> Result<Option<Arc<Serializer>>, ConfigError> {
+        if !config.enabled() {
+            return Ok(None);
+        }
+        let client = RegistryClient::new(config, config.read_secret()?);
+        let health = Arc::new(RegistryHealth::new(client.url()));
+        Ok(Some(Arc::new(Serializer {
+            config: config.clone(),
+            client,
+            cache: Mutex::default(),
+            health,
+        })))
+    }
+
+    /// What blocks now, for `/readyz` and the metrics.
+    pub fn health(&self) -> Arc<RegistryHealth> {
+        self.health.clone()
+    }
+
+    pub fn format(&self) -> SerializationFormat {
+        self.config.format
+    }
+
+    /// The record's subject under the configured strategy.
+    pub fn subject_for(&self, record: &Record) -> Result<String, SerializeError> {
+        let record_name = || {
+            let header = &self.config.record_name_header;
+            record
+                .headers
+                .iter()
+                .find(|(name, _)| &**name == header)
+                .and_then(|(_, v)| std::str::from_utf8(v).ok())
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| {
+                    SerializeError::Payload(format!(
+                        "the record has no header `{header}` naming its record (outbox.serialization.record_name_header)"
+                    ))
+                })
+        };
+        Ok(match self.config.subject_strategy {
+            SubjectStrategy::Topic => format!("{}-value", record.topic),
+            SubjectStrategy::Record => record_name()?.to_string(),
+            SubjectStrategy::TopicRecord => format!("{}-{}", record.topic, record_name()?),
+        })
+    }
+
+    /// Encodes and frames the record's value in place (a tombstone stays null), and sets a
+    /// CloudEvents `content-type` header to the format's media type.
+    pub async fn serialize(&self, record: &mut Record) -> Result<(), SerializeError> {
+        let Some(payload) = &record.payload else {
+            return Ok(());
+        };
+        let subject = self.subject_for(record)?;
+        let cached = self
+            .schema(&subject)
+            .await
+            .map_err(|error| SerializeError::Registry {
+                subject: subject.clone(),
+                error,
+            })?;
+        self.health.clear(&subject);
+        let body = cached.schema.encode(payload).map_err(|reason| {
+            SerializeError::Payload(format!(
+                "subject `{subject}` (schema id {}): {reason}",
+                cached.id
+            ))
+        })?;
+        record.payload = Some(wire::frame(cached.id, &body));
+        for (name, value) in &mut record.headers {
+            if &**name == "content-type" {
+                *value = Bytes::from_static(self.config.format.content_type().as_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    /// The subject's schema: from the cache while fresh, else from the registry.
+    async fn schema(&self, subject: &str) -> Result<Arc<Cached>, RegistryError> {
+        let ttl = Duration::from_millis(self.config.latest_ttl_ms);
+        let version = self.config.version();
+        if let Some(cached) = self.cached(subject) {
+            if version != SchemaVersion::Latest || cached.fetched.elapsed() < ttl {
+                return Ok(cached);
+            }
+        }
+        let fetched = self.fetch(subject, version).await?;
+        let cached = Arc::new(fetched);
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(subject.to_string(), cached.clone());
+        Ok(cached)
+    }
+
+    fn cached(&self, subject: &str) -> Option<Arc<Cached>> {
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(subject)
+            .cloned()
+    }
+
+    /// Asks the registry (registering `schema_file` first when the subject is missing and
+    /// `auto_register` is on) and parses what it holds.
+    async fn fetch(&self, subject: &str, version: SchemaVersion) -> Result<Cached, RegistryError> {
+        let registered = match self.client.version(subject, version).await {
+            Err(RegistryError::NotFound { .. }) if self.config.auto_register => {
+                let text = self.schema_file()?;
+                let id = self
+                    .client
+                    .register(subject, &text, self.config.format.schema_type())
+                    .await?;
+                registry::Registered {
+                    id,
+                    schema: text,
+                    schema_type: None,
+                }
+            }
+            other => other?,
+        };
+        let kind = registered.schema_type.as_deref().unwrap_or("AVRO");
+        if kind != self.config.format.schema_type() {
+            return Err(RegistryError::BadSchema {
+                subject: subject.to_string(),
+                reason: format!(
+                    "it is a {kind} schema, and outbox.serialization.format is {}",
+                    SerializationFormat::NAMES[self.config.format as usize]
+                ),
+            });
+        }
+        let schema =
+            AvroSchema::parse(&registered.schema).map_err(|reason| RegistryError::BadSchema {
+                subject: subject.to_string(),
+                reason,
+            })?;
+        tracing::info!(
+            subject,
+            schema_id = registered.id,
+            "schema fetched from the registry"
+        );
+        Ok(Cached {
+            id: registered.id,
+            schema,
+            fetched: Instant::now(),
+        })
+    }
+
+    fn schema_file(&self) -> Result<String, RegistryError> {
+        let path = self.config.schema_file.clone().unwrap_or_default();
+        std::fs::read_to_string(&path).map_err(|e| RegistryError::SchemaFile {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// For `check`: the registry answers.
+    pub async fn verify_reachable(&self) -> Result<(), RegistryError> {
+        self.client.subjects().await.map(drop)
+    }
+
+    /// For `check`: the subject's schema is there and parses. Bypasses the cache. Never
+    /// registers: with `auto_register` a missing subject is checked against `schema_file`.
+    pub async fn verify(&self, subject: &str) -> Result<u32, RegistryError> {
+        match self.client.version(subject, self.config.version()).await {
+            Err(RegistryError::NotFound { .. }) if self.config.auto_register => {
+                AvroSchema::parse(&self.schema_file()?).map_err(|reason| {
+                    RegistryError::BadSchema {
+                        subject: subject.to_string(),
+                        reason: format!("schema_file: {reason}"),
+                    }
+                })?;
+                Ok(0)
+            }
+            Err(e) => Err(e),
+            Ok(registered) => AvroSchema::parse(&registered.schema)
+                .map(|_| registered.id)
+                .map_err(|reason| RegistryError::BadSchema {
+                    subject: subject.to_string(),
+                    reason,
+                }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCHEMA: &str = r#"{"type":"record","name":"E","fields":[{"name":"n","type":"long"}]}"#;
+
+    /// A serializer whose registry does not answer (port 1), with `subject` cached as id 9.
+    fn serializer(strategy: SubjectStrategy, cached: &str) -> Arc<Serializer> {
+        let config = SerializationConfig {
+            format: SerializationFormat::Avro,
+            registry_url: "http://127.0.0.1:1".into(),
+            subject_strategy: strategy,
+            schema_version: "2".into(),
+            request_timeout_ms: 2_000,
+            ..SerializationConfig::default()
+        };
+        let s = Serializer::new(&config).unwrap().unwrap();
+        s.cache.lock().unwrap().insert(
+            cached.to_string(),
+            Arc::new(Cached {
+                id: 9,
+                schema: AvroSchema::parse(SCHEMA).unwrap(),
+                fetched: Instant::now(),
+            }),
+        );
+        s
+    }
+
+    fn record(topic: &str, payload: Option<&str>, headers: &[(&str, &str)]) -> Record {
+        Record {
+            topic: topic.into(),
+            payload: payload.map(|p| Bytes::from(p.to_string())),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (Arc::from(*k), Bytes::from(v.to_string())))
+                .collect(),
+            ..Record::default()
+        }
+    }
+
+    #[test]
+    fn subjects_follow_confluents_strategies() {
+        let r = record("orders", Some("{}"), &[("type", "OrderPlaced")]);
+        let subject = |s| serializer(s, "x").subject_for(&r).unwrap();
+        assert_eq!(subject(SubjectStrategy::Topic), "orders-value");
+        assert_eq!(subject(SubjectStrategy::Record), "OrderPlaced");
+        assert_eq!(subject(SubjectStrategy::TopicRecord), "orders-OrderPlaced");
+        let nameless = record("orders", Some("{}"), &[]);
+        let err = serializer(SubjectStrategy::Record, "x")
+            .subject_for(&nameless)
+            .unwrap_err();
+        assert!(
+            matches!(&err, SerializeError::Payload(m) if m.contains("no header `type`")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cached_schema_frames_the_value_and_sets_the_content_type() {
+        let s = serializer(SubjectStrategy::Topic, "orders-value");
+        let mut r = record(
+            "orders",
+            Some(r#"{"n": 3}"#),
+            &[("content-type", "application/json"), ("ce_type", "T")],
+        );
+        s.serialize(&mut r).await.unwrap();
+        assert_eq!(r.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 6][..]));
+        assert_eq!(&r.headers[0].1[..], b"application/avro");
+        assert_eq!(&r.headers[1].1[..], b"T");
+
+        let mut tombstone = record("orders", None, &[]);
+        s.serialize(&mut tombstone).await.unwrap();
+        assert_eq!(tombstone.payload, None);
+    }
+
+    #[tokio::test]
+    async fn a_bad_payload_is_the_records_fault_and_a_silent_registry_is_not() {
+        let s = serializer(SubjectStrategy::Topic, "orders-value");
+        let mut bad = record("orders", Some(r#"{"n": "x"}"#), &[]);
+        match s.serialize(&mut bad).await {
+            Err(SerializeError::Payload(why)) => {
+                assert!(
+                    why.contains("subject `orders-value` (schema id 9)"),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(bad.payload.as_deref(), Some(&br#"{"n": "x"}"#[..]));
+
+        let mut uncached = record("users", Some(r#"{"n": 1}"#), &[]);
+        match s.serialize(&mut uncached).await {
+            Err(SerializeError::Registry { subject, error }) => {
+                assert_eq!(subject, "users-value");
+                assert!(
+                    matches!(error, RegistryError::Unreachable { .. }),
+                    "{error}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The Schema Registry's Confluent-compatible REST API: the few calls the serializer makes.
+//! The I/O edge of serialization; what it returns is parsed by the pure encoders.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::{SchemaVersion, Secret, SerializationConfig};
+
+/// Why the registry gave no schema. Every one is a deployment problem: records wait.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error("schema registry {url} unreachable: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("schema registry refused the relay's credentials (HTTP {status}): check outbox.serialization.registry_username / registry_password_file / registry_token_file")]
+    Unauthorized { status: u16 },
+    #[error("schema registry has no {what} (HTTP 404: {body}): register the schema, or set outbox.serialization.auto_register = true with schema_file")]
+    NotFound { what: String, body: String },
+    #[error("schema registry answered HTTP {status}: {body}")]
+    Failed { status: u16, body: String },
+    #[error("the registry's schema for subject `{subject}` cannot be used: {reason}; register a valid one")]
+    BadSchema { subject: String, reason: String },
+    #[error("cannot read outbox.serialization.schema_file `{path}`: {reason}")]
+    SchemaFile { path: String, reason: String },
+}
+
+/// A schema as the registry holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Registered {
+    pub id: u32,
+    pub schema: String,
+    #[serde(rename = "schemaType", default)]
+    pub schema_type: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct IdOnly {
+    id: u32,
+}
+
+/// The registry's base URL and how the relay logs in.
+#[derive(Debug, Clone)]
+pub struct RegistryClient {
+    http: reqwest::Client,
+    base: String,
+    username: Option<String>,
+    secret: Option<Secret>,
+}
+
+const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
+
+impl RegistryClient {
+    pub fn new(config: &SerializationConfig, secret: Option<Secret>) -> RegistryClient {
+        let timeout = Duration::from_millis(config.request_timeout_ms);
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .build()
+            .unwrap_or_default();
+        RegistryClient {
+            http,
+            base: config.registry_url.trim_end_matches('/').to_string(),
+            username: config.registry_username.clone(),
+            secret,
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// The subject's schema at `version`.
+    pub async fn version(
+        &self,
+        subject: &str,
+        version: SchemaVersion,
+    ) -> Result<Registered, RegistryError> {
+        let v = match version {
+            SchemaVersion::Latest => "latest".to_string(),
+            SchemaVersion::Pinned(n) => n.to_string(),
+        };
+        let path = format!("/subjects/{}/versions/{v}", encode(subject));
+        let what = format!("version {v} of subject `{subject}`");
+        let body = self.send(self.http.get(self.at(&path)), &what).await?;
+        serde_json::from_str(&body).map_err(|e| self.garbled(e))
+    }
+
+    /// Registers `schema` under `subject` (the registry answers with the id it already has
+    /// when the schema is there).
+    pub async fn register(
+        &self,
+        subject: &str,
+        schema: &str,
+        schema_type: &str,
+    ) -> Result<u32, RegistryError> {
+        let path = format!("/subjects/{}/versions", encode(subject));
+        let body = serde_json::json!({ "schema": schema, "schemaType": schema_type });
+        let request = self
+            .http
+            .post(self.at(&path))
+            .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
+            .body(body.to_string());
+        let answer = self.send(request, &format!("subject `{subject}`")).await?;
+        serde_json::from_str::<IdOnly>(&answer)
+            .map(|r| r.id)
+            .map_err(|e| self.garbled(e))
+    }
+
+    /// Every subject (for `check`).
+    pub async fn subjects(&self) -> Result<Vec<String>, RegistryError> {
+        let body = self
+            .send(self.http.get(self.at("/subjects")), "subject list")
+            .await?;
+        serde_json::from_str(&body).map_err(|e| self.garbled(e))
+    }
+
+    fn at(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn garbled(&self, e: serde_json::Error) -> RegistryError {
+        RegistryError::Failed {
+            status: 200,
+            body: format!("unexpected answer: {e}"),
+        }
+    }
+
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<String, RegistryError> {
+        let request = match (&self.username, &self.secret) {
+            (Some(user), secret) => request.basic_auth(user, secret.as_ref().map(Secret::expose)),
+            (None, Some(token)) => request.bearer_auth(token.expose()),
+            (None, None) => request,
+        };
+        let response = request
+            .header(reqwest::header::ACCEPT, CONTENT_TYPE)
+            .send()
+            .await
+            .map_err(|e| RegistryError::Unreachable {
+                url: self.base.clone(),
+                reason: error_chain(&e),
+            })?;
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap_or_default();
+        match status {
+            200..=299 => Ok(body),
+            401 | 403 => Err(RegistryError::Unauthorized { status }),
+            404 => Err(RegistryError::NotFound {
+                what: what.to_string(),
+                body: shorten(&body),
+            }),
+            _ => Err(RegistryError::Failed {
+                status,
+                body: shorten(&body),
+            }),
+        }
+    }
+}
+
+/// A subject in a URL path: `/` and the other reserved characters percent-encoded.
+fn encode(subject: &str) -> String {
+    let mut out = String::with_capacity(subject.len());
+    for b in subject.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn shorten(body: &str) -> String {
+    body.chars().take(300).collect()
+}
+
+/// The error and its causes on one line (reqwest's own message says only "error sending
+/// request").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_percent_encoded_in_paths() {
+        assert_eq!(encode("orders-value"), "orders-value");
+        assert_eq!(encode("dev.outbox.Order"), "dev.outbox.Order");
+        assert_eq!(encode("a/b c"), "a%2Fb%20c");
+    }
+}

@@ -1,0 +1,450 @@
+//! Schema Registry serialization (`[outbox.serialization]`, issue 23) against a real registry:
+//! Apicurio Registry's Confluent-compatible API, started by `scripts/registry.sh` (here if it
+//! does not run yet), and a stock consumer (Python `confluent-kafka`'s `AvroDeserializer`,
+//! `scripts/registry/consume.py`) reading what the relay wrote.
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::common::probe::{free_port, http_get, metric};
+use crate::common::*;
+use outbox_relay::config::{SerializationConfig, SerializationFormat};
+use outbox_relay::sink::schema::registry::RegistryClient;
+use outbox_relay::sink::schema::wire;
+
+/// The schema of [`Event`]'s payload: `{"seq", "note", "writer"}`.
+const EVENT_SCHEMA: &str = r#"{"type":"record","name":"Event","namespace":"dev.outbox.test",
+  "fields":[{"name":"seq","type":"long"},{"name":"note","type":"string"},
+  {"name":"writer","type":"long"}]}"#;
+
+/// `scripts/registry.sh` with the run dir `run_dir`; its stdout.
+fn registry_script(run_dir: &str, command: &str) -> String {
+    let out = Command::new("bash")
+        .arg(repo_path("scripts/registry.sh"))
+        .arg(command)
+        .env("OUTBOX_RUN_DIR", run_dir)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/registry.sh");
+    assert!(out.status.success(), "scripts/registry.sh {command} failed");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn run_dir() -> String {
+    std::env::var("OUTBOX_RUN_DIR").unwrap_or_else(|_| "/tmp/outbox-relay-run".into())
+}
+
+/// The shared registry's ccompat URL (started when it does not run).
+fn registry_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| registry_script(&run_dir(), "start"))
+        .clone()
+}
+
+/// A python with confluent-kafka (installed on first use).
+fn python() -> String {
+    static PYTHON: OnceLock<String> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| registry_script(&run_dir(), "python"))
+        .clone()
+}
+
+fn client(url: &str) -> RegistryClient {
+    let config = SerializationConfig {
+        format: SerializationFormat::Avro,
+        registry_url: url.to_string(),
+        ..SerializationConfig::default()
+    };
+    RegistryClient::new(&config, None)
+}
+
+/// Registers the event schema under `<topic>-value`; its id.
+async fn register(url: &str, topic: &str) -> u32 {
+    client(url)
+        .register(&format!("{topic}-value"), EVENT_SCHEMA, "AVRO")
+        .await
+        .expect("register the event schema")
+}
+
+fn avro_env(db: &TestDb, url: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env = with(
+        db.relay_env(),
+        &[
+            ("OUTBOX_RELAY__OUTBOX__SERIALIZATION__FORMAT", "avro"),
+            ("OUTBOX_RELAY__OUTBOX__SERIALIZATION__REGISTRY_URL", url),
+        ],
+    );
+    env = with(
+        env,
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &db.topic("dlq"))],
+    );
+    with(env, extra)
+}
+
+fn events(n: usize, aggregate: &str) -> Vec<Event> {
+    (0..n)
+        .map(|i| Event::new(aggregate, &format!("a{}", i % 7), 0, i))
+        .collect()
+}
+
+async fn write_in_batches(db: &TestDb, events: &[Event], batch: usize) {
+    let mut client = db.client().await;
+    for chunk in events.chunks(batch) {
+        insert_events(&mut client, chunk, true).await;
+    }
+}
+
+/// Requests to the shared registry whose path ends with `path` (its access log has one line
+/// per request).
+fn registry_requests(path: &str) -> usize {
+    let log = std::fs::read_to_string(format!("{}/registry/registry.log", run_dir())).unwrap();
+    let needle = format!("{path}\"");
+    log.lines().filter(|l| l.contains(&needle)).count()
+}
+
+/// Every received value is framed with `schema_id`.
+fn assert_framed(received: &[Received], schema_id: u32) {
+    for r in received {
+        let value = r.payload.as_deref().expect("a value");
+        assert_eq!(
+            wire::schema_id(value),
+            Some(schema_id),
+            "record {} is not framed with schema id {schema_id}: {:?}",
+            r.key_str(),
+            &value[..value.len().min(16)]
+        );
+    }
+}
+
+/// Decodes `topic` with Confluent's AvroDeserializer: key → decoded value.
+fn decode_with_confluent(
+    url: &str,
+    topic: &str,
+    count: usize,
+) -> HashMap<String, serde_json::Value> {
+    let out = Command::new(python())
+        .arg(repo_path("scripts/registry/consume.py"))
+        .args([&brokers(), url, topic, &count.to_string(), "120"])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run consume.py");
+    assert!(out.status.success(), "consume.py failed");
+    let mut decoded = HashMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        let key = row["key"].as_str().unwrap().to_string();
+        decoded.insert(key, row["value"].clone());
+    }
+    decoded
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn avro_events_arrive_framed_and_a_stock_deserializer_decodes_each() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    let schema_id = register(&url, &topic).await;
+    let mut relay = RelayProcess::start(&avro_env(&db, &url, &[]), "registry_avro");
+    wait_for_slot(&db, &mut relay).await;
+
+    let sent = events(1_000, "order");
+    write_in_batches(&db, &sent, 100).await;
+    let (received, _) = expect_all(
+        "avro",
+        std::slice::from_ref(&topic),
+        &sent,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    assert_framed(&received, schema_id);
+    // The schema is cached: one lookup for the subject, not one per record.
+    let lookups = registry_requests(&format!("/subjects/{topic}-value/versions/latest"));
+    assert_eq!(
+        lookups, 1,
+        "registry lookups of the subject for 1,000 events"
+    );
+
+    let decoded = decode_with_confluent(&url, &topic, sent.len());
+    assert_eq!(decoded.len(), sent.len(), "one decoded record per event");
+    for event in &sent {
+        let original: serde_json::Value = serde_json::from_str(&event.payload).unwrap();
+        assert_eq!(
+            decoded.get(&event.id),
+            Some(&original),
+            "event {} decodes to its original content",
+            event.id
+        );
+    }
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payload_that_breaks_the_schema_is_dead_lettered_and_its_neighbours_arrive() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    let schema_id = register(&url, &topic).await;
+    let mut relay = RelayProcess::start(&avro_env(&db, &url, &[]), "registry_bad_payload");
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut sent = events(5, "order");
+    sent[2].payload = r#"{"seq": "two", "note": "x", "writer": 0}"#.into();
+    write_in_batches(&db, &sent, 5).await;
+    let good: Vec<Event> = sent
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, e)| e.clone())
+        .collect();
+    let (received, _) = expect_all(
+        "neighbours",
+        std::slice::from_ref(&topic),
+        &good,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    assert_eq!(received.len(), 4, "only the four neighbours on the topic");
+    assert_framed(&received, schema_id);
+
+    let dead = read_ids(
+        &[db.topic("dlq")],
+        1,
+        &[sent[2].id.clone()],
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "one dead letter:\n{}", relay.log_text());
+    let letter = &dead[0];
+    assert_eq!(letter.header("outbox-relay.dlq.reason"), Some("schema"));
+    let error = letter.header("outbox-relay.dlq.error").unwrap();
+    assert!(error.contains(&format!("{topic}-value")), "{error}");
+    assert!(error.contains("Avro schema"), "{error}");
+    // The dead letter keeps the original payload, unencoded.
+    assert_eq!(letter.payload.as_deref(), Some(sent[2].payload.as_bytes()));
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
+/// The registry down for 20 s mid-stream: the relay waits (with `latest_ttl_ms` short, it
+/// asks the registry again within a second, as a relay picking up a new version would),
+/// `/readyz` is red meanwhile; nothing is dead-lettered, nothing lost. Its own registry, so
+/// that the outage does not hit the other tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_registry_outage_blocks_and_loses_nothing() {
+    let own_dir = format!("{}/registry-outage", run_dir());
+    let url = registry_script(&own_dir, "start");
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    let schema_id = register(&url, &topic).await;
+    let port = free_port();
+    let env = avro_env(
+        &db,
+        &url,
+        &[
+            ("OUTBOX_RELAY__OUTBOX__SERIALIZATION__LATEST_TTL_MS", "500"),
+            (
+                "OUTBOX_RELAY__OUTBOX__SERIALIZATION__REQUEST_TIMEOUT_MS",
+                "2000",
+            ),
+            ("OUTBOX_RELAY__HTTP__LISTEN", &format!("127.0.0.1:{port}")),
+        ],
+    );
+    let mut relay = RelayProcess::start(&env, "registry_outage");
+    wait_for_slot(&db, &mut relay).await;
+    let ready = || http_get(port, "/readyz").map(|(status, _)| status);
+
+    let before = events(50, "order");
+    write_in_batches(&db, &before, 10).await;
+    wait_for(
+        "ready before the outage",
+        Duration::from_secs(30),
+        || async { ready() == Some(200) },
+    )
+    .await;
+
+    registry_script(&own_dir, "stop");
+    let stopped = std::time::Instant::now();
+    let during = events(100, "order");
+    write_in_batches(&db, &during, 10).await;
+    wait_for(
+        "/readyz red while the registry is down",
+        Duration::from_secs(15),
+        || async { ready() == Some(503) },
+    )
+    .await;
+    let (_, body) = http_get(port, "/metrics").unwrap();
+    let series = format!("outbox_relay_schema_registry_blocked{{subject=\"{topic}-value\"}}");
+    assert_eq!(metric(&body, &series), Some(1.0), "{series} in\n{body}");
+    tokio::time::sleep(Duration::from_secs(20).saturating_sub(stopped.elapsed())).await;
+    assert_eq!(
+        ready(),
+        Some(503),
+        "still red after 20 s without the registry"
+    );
+    registry_script(&own_dir, "start");
+
+    let mut all = before.clone();
+    all.extend(during);
+    let (received, _) = expect_all(
+        "outage",
+        std::slice::from_ref(&topic),
+        &all,
+        Duration::from_secs(90),
+        Duration::from_secs(1),
+        &relay,
+    )
+    .await;
+    assert_framed(&received, schema_id);
+    wait_for("ready again", Duration::from_secs(30), || async {
+        ready() == Some(200)
+    })
+    .await;
+    let dead = read_until(
+        &[db.topic("dlq")],
+        1,
+        Duration::from_secs(3),
+        Duration::ZERO,
+        |_| false,
+    )
+    .await;
+    assert!(
+        dead.is_empty(),
+        "{} dead letters during the outage",
+        dead.len()
+    );
+    relay.terminate(Duration::from_secs(30));
+    registry_script(&own_dir, "stop");
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_five_times_with_avro_loses_nothing() {
+    use rand::Rng;
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topics = vec![db.topic("order"), db.topic("customer")];
+    let mut ids = Vec::new();
+    for topic in &topics {
+        ids.push(register(&url, topic).await);
+    }
+    let env = avro_env(&db, &url, &[]);
+    let mut relay = RelayProcess::start(&env, "registry_sigkill");
+    wait_for_slot(&db, &mut relay).await;
+
+    let writer_db = db.clone();
+    let writing = tokio::spawn(async move {
+        write_concurrently(&writer_db, 2, 4_000, 20, Duration::from_millis(60)).await
+    });
+    // Each kill while the relay streams (and serializes): it was restarted and holds the slot.
+    for kill in 1..=5 {
+        let wait = rand::thread_rng().gen_range(200..900);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        assert!(
+            !writing.is_finished(),
+            "the writers were done before kill {kill}"
+        );
+        relay.kill9();
+        println!("kill {kill}: SIGKILL after {wait} ms of streaming");
+        relay = RelayProcess::start(&env, "registry_sigkill");
+        wait_for_slot(&db, &mut relay).await;
+    }
+    let committed: Vec<Event> = writing.await.unwrap().into_iter().flatten().collect();
+    let wanted: Vec<String> = committed.iter().map(|e| e.id.clone()).collect();
+    let received = read_ids(
+        &topics,
+        1,
+        &wanted,
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+    )
+    .await;
+    let t = assert_none_missing("sigkill avro", &committed, &received, &relay.log_text());
+    println!(
+        "sigkill avro: {} duplicates (at-least-once redelivery)",
+        t.duplicates
+    );
+    for r in &received {
+        let id = wire::schema_id(r.payload.as_deref().unwrap());
+        assert!(
+            id.is_some_and(|id| ids.contains(&id)),
+            "record {} framed with {id:?}, not one of {ids:?}",
+            r.key_str()
+        );
+    }
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
+/// `check` asks the registry for the subject of every topic the outbox's rows map to: a
+/// registered one is ok, a missing one a problem naming the fix; without the registry, a
+/// problem saying it is unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_verifies_the_subjects_against_the_registry() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    register(&url, &db.topic("order")).await;
+    let mut client = db.client().await;
+    insert_events(&mut client, &events(1, "order"), true).await;
+    insert_events(&mut client, &events(1, "customer"), true).await;
+    let items = |env: Vec<(String, String)>| async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["check", "--json"])
+            .envs(env)
+            .env_remove("OUTBOX_RELAY_CONFIG")
+            .output()
+            .await
+            .expect("run outbox-relay check");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "check --json: {e}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        report["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["check"] == "schema registry")
+            .map(|i| {
+                (
+                    i["status"].as_str().unwrap().to_string(),
+                    i["detail"].to_string(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let found = items(avro_env(&db, &url, &[])).await;
+    let order = format!("subject `{}-value`", db.topic("order"));
+    let customer = format!("subject `{}-value`", db.topic("customer"));
+    assert!(
+        found.iter().any(|(s, d)| s == "ok" && d.contains(&order)),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|(s, d)| s == "problem" && d.contains(&customer) && d.contains("404")),
+        "{found:?}"
+    );
+    let down = items(avro_env(&db, "http://127.0.0.1:1/apis/ccompat/v7", &[])).await;
+    assert!(
+        !down.is_empty()
+            && down
+                .iter()
+                .all(|(s, d)| s == "problem" && d.contains("unreachable")),
+        "{down:?}"
+    );
+    db.cleanup().await;
+}
