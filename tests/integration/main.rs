@@ -2,7 +2,7 @@
 //! harness) and the services `scripts/test.sh` starts. One binary links the crate once, where
 //! sixteen did it sixteen times. `cargo test --test integration relay_e2e::` runs one area.
 //!
-//! `tests/exclusive.rs` stays a binary of its own: its tests stop and restart the shared broker
+//! `tests/exclusive/` stays a binary of its own: its tests stop and restart the shared broker
 //! and PostgreSQL, so they must not overlap with these (cargo runs test binaries one after
 //! the other).
 
@@ -18,7 +18,6 @@ mod failover;
 mod hardening;
 mod inbox;
 mod kafka_faults;
-mod kafka_msk_iam;
 mod kafka_oauth;
 mod kafka_security;
 mod network;

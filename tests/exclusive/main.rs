@@ -1,8 +1,11 @@
 //! Faults that touch shared services: the Kafka broker going away, a cluster-wide WAL limit
-//! that invalidates slots. Kept in their own test binary (cargo runs binaries one at a time)
-//! and serialized inside it, so they never disturb other tests.
+//! that invalidates slots, a broker restart under token logins (`kafka_msk_iam`). Kept in their
+//! own test binary (cargo runs binaries one at a time) and serialized inside it by
+//! [`EXCLUSIVE`], so they never disturb other tests.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod kafka_msk_iam;
 
 use std::time::{Duration, Instant};
 
@@ -10,14 +13,14 @@ use common::probe::{free_port, http_get, metric, wait_exit};
 use common::*;
 
 /// One exclusive test at a time.
-static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Stops the broker; starts it again when dropped, also when the test panics, so that a
 /// failure here does not leave the broker down.
-struct BrokerOutage;
+pub(crate) struct BrokerOutage;
 
 impl BrokerOutage {
-    fn begin() -> BrokerOutage {
+    pub(crate) fn begin() -> BrokerOutage {
         services("kafka-stop");
         BrokerOutage
     }

@@ -4,7 +4,8 @@
 //! clients, which rust-rdkafka never polls for a token), and get a new token before each
 //! expires.
 //!
-//! The broker is the main broker's OAUTHBEARER listener (`OUTBOX_TEST_KAFKA_OAUTH_BROKERS`):
+//! It restarts the shared broker, so it lives in the exclusive binary. The broker is the main
+//! broker's OAUTHBEARER listener (`OUTBOX_TEST_KAFKA_OAUTH_BROKERS`):
 //! Kafka's unsecured-JWT validator, which ends a session when its token expires. A real MSK
 //! token (a presigned URL, checked by AWS) is no JWT, so the test swaps only the token
 //! source — [`KafkaLogin::custom`] with unsecured JWTs of a few seconds, counting calls; the
@@ -120,6 +121,8 @@ async fn wait_calls(tokens: &CountingTokens, at_least: usize, what: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_client_logs_in_with_the_relays_tokens_renewed_before_expiry_and_after_a_restart() {
+    // It restarts the shared broker.
+    let _alone = crate::EXCLUSIVE.lock().await;
     let topic = random_name("msk-iam-");
     let config = msk_client_config();
     let (admin_tokens, producer_tokens, consumer_tokens) = (
@@ -189,8 +192,7 @@ async fn every_client_logs_in_with_the_relays_tokens_renewed_before_expiry_and_a
     // A broker restart: the clients reconnect and log in with the token current then (within
     // its lifetime; librdkafka asks for none on reconnect), and renewal goes on.
     let before = producer_tokens.calls();
-    services("kafka-stop");
-    services("kafka-start");
+    drop(crate::BrokerOutage::begin());
     send(&producer, &topic, sent).await;
     wait_calls(
         &producer_tokens,
