@@ -43,6 +43,7 @@ mod rules;
 mod secret;
 mod sections;
 mod topic_creation;
+mod traces;
 mod validate;
 
 #[cfg(test)]
@@ -71,6 +72,7 @@ pub use rules::{remove_params, split_tls_params, topic_name_problem, MAX_TOPIC_C
 pub use secret::{Secret, REDACTED};
 pub use sections::{DeadLetterConfig, DeadLetterPolicy, HttpConfig, LogFormat, RelayConfig};
 pub use topic_creation::{TopicCreation, TopicCreationGroup, TopicSpec};
+pub use traces::{OtlpProtocol, SampleRatio, TracingConfig};
 
 /// A configuration problem. Every message is one line naming the file, variable or field.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +127,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// `[dead_letter]`: what happens to rows that cannot be published.
     pub dead_letter: DeadLetterConfig,
+    /// `[tracing]`: OpenTelemetry spans per event (off by default).
+    pub tracing: TracingConfig,
 }
 
 impl Config {
@@ -190,6 +194,7 @@ impl Config {
         self.kafka.validate()?;
         self.http.validate()?;
         self.dead_letter.validate()?;
+        self.tracing.validate()?;
         Ok(())
     }
 

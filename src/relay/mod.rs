@@ -77,6 +77,8 @@ pub enum RelayError {
     SlotGone(#[from] SlotGone),
     #[error("replication stream out of order: {0}")]
     Protocol(String),
+    #[error(transparent)]
+    Tracing(#[from] crate::serve::traces::TraceError),
     #[error("cannot listen on http.listen `{addr}`: {source}")]
     Http {
         addr: String,
@@ -167,6 +169,7 @@ pub async fn run_with_metrics(
     let librdkafka = crate::sink::preflight::check(&config.kafka).await?;
     info!(librdkafka = %librdkafka.describe(), "the Kafka settings are valid for this librdkafka");
     metrics.watch_blocked(Arc::new(crate::sink::blocked::Blocked::new(&config.kafka)));
+    crate::serve::traces::install(&config.tracing, metrics.trace_export_failures.clone())?;
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();
     start_http(&config, &metrics, &helpers).await?;
@@ -194,6 +197,7 @@ pub async fn run_with_metrics(
         error!(error = %e, "relay stopped: this needs an operator");
     }
     helpers.cancel();
+    crate::serve::traces::shutdown().await;
     result
 }
 
