@@ -169,7 +169,9 @@ pub async fn run_with_metrics(
     let librdkafka = crate::sink::preflight::check(&config.kafka).await?;
     info!(librdkafka = %librdkafka.describe(), "the Kafka settings are valid for this librdkafka");
     metrics.watch_blocked(Arc::new(crate::sink::blocked::Blocked::new(&config.kafka)));
-    crate::serve::traces::install(&config.tracing, metrics.trace_export_failures.clone())?;
+    let transactional = config.kafka.delivery == crate::config::Delivery::ExactlyOnce;
+    let failures = metrics.trace_export_failures.clone();
+    crate::serve::traces::install(&config.tracing, transactional, failures)?;
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();
     start_http(&config, &metrics, &helpers).await?;

@@ -7,6 +7,8 @@
 //! is off: one atomic load, no span made), [`Traces::start`] on a record about to be sent,
 //! [`Traces::delivered`] from the delivery callback. Between the two a span waits in
 //! `pending`, keyed by its span id, which the delivered record's `traceparent` names.
+//! In `exactly_once` a record is in Kafka for good when its Kafka transaction commits: its
+//! span waits for [`Traces::committed`] (or [`Traces::aborted`]) after its acknowledgement.
 //! Finished spans go to the SDK's batch processor, whose own thread exports them (OTLP over
 //! HTTP/protobuf): handing a span over never waits (a full queue drops it), and a failed
 //! export only counts in `outbox_relay_trace_export_failures_total`.
@@ -67,12 +69,18 @@ pub fn active() -> Option<&'static Traces> {
 }
 
 /// Sets up tracing for the process when `config.enabled` (once: a second call keeps the
-/// first). Failed exports count in `failures`.
-pub fn install(config: &TracingConfig, failures: Counter) -> Result<(), TraceError> {
+/// first). Failed exports count in `failures`. `transactional`: records count once their
+/// Kafka transaction commits (`exactly_once`).
+pub fn install(
+    config: &TracingConfig,
+    transactional: bool,
+    failures: Counter,
+) -> Result<(), TraceError> {
     if !config.enabled || ACTIVE.get().is_some() {
         return Ok(());
     }
-    let traces = Traces::new(config, failures)?;
+    let mut traces = Traces::new(config, failures)?;
+    traces.transactional = transactional;
     if ACTIVE.set(traces).is_ok() {
         info!(endpoint = %config.endpoint, sample_ratio = config.sample_ratio.0,
             "tracing: a span per event, exported as OTLP/HTTP");
@@ -102,11 +110,15 @@ pub struct Traces {
     tracer: SdkTracer,
     propagator: TraceContextPropagator,
     pending: Mutex<Pending>,
+    /// `exactly_once`: an acknowledged span ends when its Kafka transaction commits.
+    transactional: bool,
 }
 
-/// Spans started and not yet ended, by span id.
+/// Spans started and not yet ended, by span id; and (`exactly_once`) those acknowledged,
+/// waiting for their Kafka transaction's commit.
 struct Pending {
     spans: HashMap<u64, Waiting>,
+    acknowledged: Vec<Waiting>,
     swept: Instant,
 }
 
@@ -152,8 +164,10 @@ impl Traces {
             propagator: TraceContextPropagator::new(),
             pending: Mutex::new(Pending {
                 spans: HashMap::new(),
+                acknowledged: Vec::new(),
                 swept: Instant::now(),
             }),
+            transactional: false,
         })
     }
 
@@ -211,16 +225,11 @@ impl Traces {
         }) else {
             return;
         };
-        let Some(mut waiting) = self.pending().take(key) else {
+        let mut pending = self.pending();
+        let Some(mut waiting) = pending.take(key) else {
             return;
         };
         let span = &mut waiting.span;
-        let now = SystemTime::now();
-        let commit_to_ack_ms = now
-            .duration_since(unix_us(waiting.commit_time_us))
-            .unwrap_or_default()
-            .as_secs_f64()
-            * 1000.0;
         match outcome {
             Outcome::Acknowledged => {
                 span.set_attribute(KeyValue::new(
@@ -228,10 +237,12 @@ impl Traces {
                     message.partition().to_string(),
                 ));
                 span.set_attribute(KeyValue::new("messaging.kafka.offset", message.offset()));
-                span.set_attribute(KeyValue::new(
-                    "outbox_relay.commit_to_ack_ms",
-                    commit_to_ack_ms,
-                ));
+                if self.transactional {
+                    pending.acknowledged.push(waiting);
+                    return;
+                }
+                drop(pending);
+                return waiting.end_acknowledged(SystemTime::now());
             }
             Outcome::Failed(error) => {
                 span.set_attribute(KeyValue::new("error.type", error_type(error)));
@@ -245,7 +256,32 @@ impl Traces {
                 span.set_status(Status::error("sent to the dead-letter topic"));
             }
         }
-        span.end_with_timestamp(now);
+        span.end();
+    }
+
+    /// `exactly_once`: the Kafka transaction committed, and with it every record acknowledged
+    /// so far (its commit waits for every acknowledgement).
+    pub fn committed(&self) {
+        let now = SystemTime::now();
+        let done = std::mem::take(&mut self.pending().acknowledged);
+        for waiting in done {
+            waiting.end_acknowledged(now);
+        }
+    }
+
+    /// `exactly_once`: the Kafka transaction was aborted; its records will be sent again
+    /// (with new spans).
+    pub fn aborted(&self) {
+        let done = std::mem::take(&mut self.pending().acknowledged);
+        for mut waiting in done {
+            waiting
+                .span
+                .set_attribute(KeyValue::new("error.type", "transaction_aborted"));
+            waiting
+                .span
+                .set_status(Status::error("the Kafka transaction was aborted"));
+            waiting.span.end();
+        }
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
@@ -272,6 +308,22 @@ impl Pending {
 
     fn take(&mut self, key: u64) -> Option<Waiting> {
         self.spans.remove(&key)
+    }
+}
+
+impl Waiting {
+    /// Ends the span of a record in Kafka for good (`at`), with the commit-to-ack time.
+    fn end_acknowledged(mut self, at: SystemTime) {
+        let commit_to_ack_ms = at
+            .duration_since(unix_us(self.commit_time_us))
+            .unwrap_or_default()
+            .as_secs_f64()
+            * 1000.0;
+        self.span.set_attribute(KeyValue::new(
+            "outbox_relay.commit_to_ack_ms",
+            commit_to_ack_ms,
+        ));
+        self.span.end_with_timestamp(at);
     }
 }
 
