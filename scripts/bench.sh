@@ -15,6 +15,10 @@
 #   --writers W        latency writer connections (default 4)
 #   --no-drain, --no-latency
 #                      skip a phase
+#   --tracing          each latency rate runs twice per mode, with [tracing]
+#                      off and on (a span per event, exported to a local
+#                      `outbox-bench otlp-sink` that drops them); the relay's
+#                      CPU seconds per rate are in the JSON either way
 #   --delivery LIST    delivery modes measured side by side: each drain round
 #                      and each latency rate runs once per mode (default
 #                      "at_least_once exactly_once"); pg_recvlogical runs once
@@ -92,6 +96,9 @@ PARTITIONS=3
 WRITERS=4
 DO_DRAIN=1
 DO_LATENCY=1
+TRACING_RUNS=off
+OTLP_SINK_PID=
+OTLP_PORT=
 DELIVERY="at_least_once exactly_once"
 SHAPES=
 PAYLOAD_SIZES="2048 16384 262144"
@@ -143,6 +150,7 @@ parse_args() {
         --writers) WRITERS=$2; shift ;;
         --no-drain) DO_DRAIN=0 ;;
         --no-latency) DO_LATENCY=0 ;;
+        --tracing) TRACING_RUNS="off on" ;;
         --delivery) DELIVERY=${2//,/ }; shift ;;
         --shapes) SHAPES=${2//,/ }; shift ;;
         --payload-sizes) PAYLOAD_SIZES=$2; shift ;;
@@ -222,6 +230,7 @@ start_services() {
 # On any exit: stop the relay (and perf), then the services unless kept.
 cleanup() {
     stop_relay
+    if [[ -n $OTLP_SINK_PID ]]; then kill "$OTLP_SINK_PID" 2>/dev/null || true; fi
     if ((KEEP_SERVICES == 0)); then
         log "stopping services in $OUTBOX_RUN_DIR"
         bash "$SCRIPT_DIR/services.sh" stop || true
@@ -555,10 +564,34 @@ wait_streaming() {
         --pid "$RELAY_PID" --started-ns "$RELAY_STARTED_NS" --timeout-s 60 >/dev/null
 }
 
-# Latency at each rate, then idle CPU, with one relay in delivery mode $1.
+# The local OTLP endpoint of --tracing (started once): sets OTLP_PORT.
+start_otlp_sink() {
+    [[ -z $OTLP_SINK_PID ]] || return 0
+    local i
+    rm -f "$OUTBOX_RUN_DIR/otlp-sink.port"
+    "$BENCH_BIN" otlp-sink --port-file "$OUTBOX_RUN_DIR/otlp-sink.port" \
+        --counts-file "$LOG_DIR/otlp-sink-counts.json" >"$LOG_DIR/otlp-sink.log" 2>&1 &
+    OTLP_SINK_PID=$!
+    for ((i = 0; i < 100; i++)); do
+        [[ -s $OUTBOX_RUN_DIR/otlp-sink.port ]] && break
+        sleep 0.05
+    done
+    OTLP_PORT=$(cat "$OUTBOX_RUN_DIR/otlp-sink.port") || die "otlp-sink did not start; log: $LOG_DIR/otlp-sink.log"
+    log "  OTLP sink on 127.0.0.1:$OTLP_PORT"
+}
+
+# Latency at each rate, then idle CPU, with one relay in delivery mode $1,
+# tracing $2 (off or on).
 latency_phase() {
-    local mode=$1 tag rate topics=() db slot
+    local mode=$1 tracing=${2:-off} tag rate topics=() db slot c0 c1 out
+    local -a tracing_env=()
     tag=$(mode_tag "$mode")
+    if [[ $tracing == on ]]; then
+        start_otlp_sink
+        tag+=_tr
+        tracing_env=(OUTBOX_RELAY__TRACING__ENABLED=true
+            OUTBOX_RELAY__TRACING__ENDPOINT="http://127.0.0.1:$OTLP_PORT/v1/traces")
+    fi
     db=bench_latency_$tag slot=bench_latency_$tag
     log "latency ($mode): fresh database $db"
     fresh_database "$db"
@@ -567,7 +600,8 @@ latency_phase() {
     "$BENCH_BIN" create-topics --brokers "$BROKERS" --partitions "$PARTITIONS" "${topics[@]}"
     # One relay for all rates; the topic follows the rows' aggregatetype.
     mode_env "$mode"
-    start_relay "$db" "$slot" "bench-$RUN_ID-lat-$tag-{aggregatetype}" "relay-latency-$tag" "${MODE_ENV[@]}"
+    start_relay "$db" "$slot" "bench-$RUN_ID-lat-$tag-{aggregatetype}" "relay-latency-$tag" \
+        "${MODE_ENV[@]}" "${tracing_env[@]}"
     if ! wait_streaming "$db" "$slot"; then
         record_failure latency "$mode" "the latency relay did not start; log: $LOG_DIR/relay-latency-$tag.log"
         stop_relay
@@ -577,12 +611,16 @@ latency_phase() {
     metrics_url
     [[ -z $METRICS_URL ]] || log "  relay metrics on $METRICS_URL"
     for rate in $RATES; do
-        log "latency ($mode): $rate events/s for $RATE_SECONDS s (load $(loadavg))"
+        log "latency ($mode, tracing $tracing): $rate events/s for $RATE_SECONDS s (load $(loadavg))"
         record kind=load phase="latency-$tag-$rate" loadavg="$(loadavg)"
-        "$BENCH_BIN" latency --url "$(pg_url "$db")" --brokers "$BROKERS" \
+        c0=$(cpu_seconds "$RELAY_PID")
+        out=$("$BENCH_BIN" latency --url "$(pg_url "$db")" --brokers "$BROKERS" \
             --topic "bench-$RUN_ID-lat-$tag-r$rate" --aggregate-type "r$rate" --rate "$rate" \
-            --seconds "$RATE_SECONDS" --writers "$WRITERS" ${METRICS_URL:+--metrics-url "$METRICS_URL"} |
-            sed "s/^{/{\"kind\":\"latency\",\"delivery\":\"$mode\",/" >>"$RESULTS"
+            --seconds "$RATE_SECONDS" --writers "$WRITERS" ${METRICS_URL:+--metrics-url "$METRICS_URL"})
+        c1=$(cpu_seconds "$RELAY_PID")
+        c1=$(awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.3f", b - a }')
+        printf '%s\n' "$out" |
+            sed "s/^{/{\"kind\":\"latency\",\"delivery\":\"$mode\",\"tracing\":\"$tracing\",\"relay_cpu_seconds\":$c1,/" >>"$RESULTS"
     done
     save_metrics "$tag"
     idle_phase "$mode"
@@ -823,7 +861,9 @@ main() {
     fi
     if ((DO_LATENCY)); then
         for mode in $DELIVERY; do
-            latency_phase "$mode"
+            for tracing in $TRACING_RUNS; do
+                latency_phase "$mode" "$tracing"
+            done
         done
     fi
     for shape in $SHAPES; do

@@ -171,6 +171,12 @@ fn env_value(shape: &Table, var: &str, raw: &str) -> Result<(Vec<String>, Value)
             })?;
             Value::from(n)
         }
+        Some(toml::Value::Float(_)) => {
+            let x = raw.trim().parse::<f64>().map_err(|_| {
+                ConfigError::env(var, format!("`{dotted}` expects a number (e.g. 0.5)"))
+            })?;
+            Value::from(x)
+        }
         Some(toml::Value::Boolean(_)) => match raw.trim().to_ascii_lowercase().as_str() {
             "true" => Value::from(true),
             "false" => Value::from(false),

@@ -44,6 +44,7 @@ mod secret;
 mod sections;
 mod serialization;
 mod topic_creation;
+mod traces;
 mod validate;
 
 #[cfg(test)]
@@ -78,6 +79,7 @@ pub use serialization::{
     DEFAULT_LATEST_TTL_MS, DEFAULT_RECORD_NAME_HEADER, DEFAULT_REGISTRY_TIMEOUT_MS,
 };
 pub use topic_creation::{TopicCreation, TopicCreationGroup, TopicSpec};
+pub use traces::{OtlpProtocol, SampleRatio, TracingConfig};
 
 /// A configuration problem. Every message is one line naming the file, variable or field.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +134,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// `[dead_letter]`: what happens to rows that cannot be published.
     pub dead_letter: DeadLetterConfig,
+    /// `[tracing]`: OpenTelemetry spans per event (off by default).
+    pub tracing: TracingConfig,
 }
 
 impl Config {
@@ -198,6 +202,7 @@ impl Config {
         self.kafka.validate()?;
         self.http.validate()?;
         self.dead_letter.validate()?;
+        self.tracing.validate()?;
         Ok(())
     }
 

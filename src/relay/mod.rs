@@ -85,6 +85,8 @@ pub enum RelayError {
     /// Shut down while records waited for the schema registry (they are sent again on restart).
     #[error("stopped while waiting for the schema registry: {0}")]
     SchemaRegistry(String),
+    #[error(transparent)]
+    Tracing(#[from] crate::serve::traces::TraceError),
     #[error("cannot listen on http.listen `{addr}`: {source}")]
     Http {
         addr: String,
@@ -186,6 +188,9 @@ pub async fn run_with_metrics(
         mapping: &mapping,
         serializer,
     };
+    let transactional = config.kafka.delivery == crate::config::Delivery::ExactlyOnce;
+    let failures = metrics.trace_export_failures.clone();
+    crate::serve::traces::install(&config.tracing, transactional, failures)?;
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();
     start_http(&config, &metrics, &helpers).await?;
@@ -213,6 +218,7 @@ pub async fn run_with_metrics(
         error!(error = %e, "relay stopped: this needs an operator");
     }
     helpers.cancel();
+    crate::serve::traces::shutdown().await;
     result
 }
 

@@ -27,3 +27,4 @@ mod relay_e2e;
 mod routing;
 mod schema_registry;
 mod standby;
+mod traces;

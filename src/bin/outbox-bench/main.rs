@@ -13,6 +13,7 @@
 //! - `resend`: writers at a steady rate with known event ids while the script SIGKILLs the
 //!   relay; a consumer counts each id's copies (duplicates and missing ones);
 //! - `metrics`: one scrape of the relay's `/metrics` (exactly-once's Kafka transactions);
+//! - `otlp-sink`: a local OTLP/HTTP endpoint that drops what it gets (`--tracing`);
 //! - `report`: turns the JSON lines collected by the script into one table and one JSON file.
 //!
 //! It is a benchmark tool, not part of the relay: it asserts nothing about time.
@@ -35,6 +36,7 @@ use serde_json::{json, Value};
 use tokio_postgres::NoTls;
 
 mod latency;
+mod otlp_sink;
 mod report;
 mod resend;
 
@@ -56,6 +58,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// A local OTLP/HTTP endpoint that answers every export 200 and drops the spans, until
+    /// killed: its port goes to `port_file`, the requests and bytes taken to `counts_file`.
+    OtlpSink {
+        #[arg(long)]
+        port_file: PathBuf,
+        #[arg(long)]
+        counts_file: PathBuf,
+    },
     /// Create topics (replication factor 1); existing ones are left alone.
     CreateTopics {
         #[arg(long)]
@@ -290,6 +300,10 @@ fn main() -> anyhow::Result<()> {
                 println!("{out}");
                 Ok(())
             }
+            Command::OtlpSink {
+                port_file,
+                counts_file,
+            } => otlp_sink::run(&port_file, &counts_file),
             Command::Report {
                 input,
                 output,

@@ -172,6 +172,7 @@ pub(super) fn report(input: &PathBuf, output: &PathBuf, meta: &[String]) -> anyh
         (
             num(v, "rate_target") as u64,
             delivery_rank(str_of(v, "delivery")),
+            str_of(v, "tracing") == "on",
         )
     });
     let metrics_of = |shape: &str, delivery: &str| {
@@ -494,7 +495,7 @@ pub(super) fn print_table(run: &serde_json::Map<String, Value>, t: &Tables<'_>) 
             "Latency, 1-row transactions at a steady rate (commit time -> consumer receive, ms)"
         );
         println!(
-            "{:>12} {:>9} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   relay's own histograms (to read: PostgreSQL's share)",
+            "{:>12} {:>15} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   relay's own histograms (to read: PostgreSQL's share)",
             "target ev/s", "delivery", "achieved/s", "committed", "received", "p50", "p99", "max"
         );
         for l in t.latency {
@@ -505,10 +506,23 @@ pub(super) fn print_table(run: &serde_json::Map<String, Value>, t: &Tables<'_>) 
                 },
                 None => "(no /metrics histogram)".into(),
             };
+            let relay = match l.get("relay_cpu_seconds").and_then(Value::as_f64) {
+                Some(cpu) => format!("relay cpu {cpu:.2} s; {relay}"),
+                None => relay,
+            };
             println!(
-                "{:>12} {:>9} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   {relay}",
+                "{:>12} {:>15} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   {relay}",
                 fmt(num(l, "rate_target"), 0),
-                mode(l),
+                // `--tracing`: the same rate with a span per event.
+                format!(
+                    "{}{}",
+                    mode(l),
+                    if str_of(l, "tracing") == "on" {
+                        "+traces"
+                    } else {
+                        ""
+                    }
+                ),
                 fmt(num(l, "rate_achieved"), 0),
                 fmt(num(l, "committed"), 0),
                 fmt(num(l, "received"), 0),

@@ -111,6 +111,8 @@ impl Settings {
 struct OpenTxn {
     final_lsn: Lsn,
     commit_time_ms: i64,
+    /// The same in µs: where the event's trace span starts.
+    commit_time_us: i64,
     events: u64,
     /// Records of it handed to the sink.
     sent: u64,

@@ -14,6 +14,7 @@ use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordKind, RecordSink};
 use crate::relay::{now_us, RelayError, Unmapped};
+use crate::serve::traces;
 use crate::sink::dead_letter::{self, Reason};
 use crate::sink::progress::Covered;
 use crate::sink::publisher::{self, PublishError};
@@ -42,6 +43,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 self.txn = Some(OpenTxn {
                     final_lsn: begin.final_lsn,
                     commit_time_ms,
+                    commit_time_us,
                     events: 0,
                     sent: 0,
                     skip: covered == Covered::All,
@@ -220,6 +222,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             txn.skip_left -= 1;
             return Ok(());
         }
+        let commit_time_us = txn.commit_time_us;
         let seq = self.ledger.record_sent()?;
         let mut event = match event {
             Ok(event) => event,
@@ -236,6 +239,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             let dlq = &self.settings.dead_letter_topic;
             let record = dead_letter::from_record(dlq, &event.record, Reason::Schema, &why);
             return self.dead_letter(seq, record, &event.id, &why, false).await;
+        }
+        if let Some(traces) = traces::active() {
+            traces.start(&mut event.record, &event.id, commit_time_us);
         }
         self.send_or_hold(Held {
             record: event.record,

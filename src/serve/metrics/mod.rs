@@ -141,6 +141,8 @@ pub struct Metrics {
     pub transactions_skipped: Counter,
     /// `exactly_once`: how long a Kafka transaction's commit took.
     pub kafka_commit_latency: Histogram,
+    /// `[tracing]`: OTLP export requests that failed (their spans are dropped).
+    pub trace_export_failures: Counter,
     /// What Kafka refuses for deployment reasons; kept across sessions.
     blocked: Shared<Blocked>,
     /// The subjects the schema registry gives no schema for now (`[outbox.serialization]`).
@@ -279,6 +281,10 @@ impl Default for Metrics {
             kafka_commit_latency: r.histogram(
                 "outbox_relay_kafka_commit_seconds",
                 "How long committing a Kafka transaction took (delivery = exactly_once).",
+            ),
+            trace_export_failures: r.counter(
+                "outbox_relay_trace_export_failures_total",
+                "OTLP span export requests that failed (collector unreachable or refusing); their spans are dropped, publishing is not affected.",
             ),
             blocked: r.family(
                 "outbox_relay_kafka_blocked",

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::mapping::Record;
+use crate::serve::traces::{self, Outcome};
 use crate::sink::blocked::{BlockReason, Blocked};
 use crate::sink::kafka_latency::KafkaLatency;
 use crate::sink::TxnSeq;
@@ -225,6 +226,15 @@ impl ProducerContext for DeliveryReporter {
         if seq == PROGRESS_OPAQUE {
             return;
         }
+        let dead_letter = seq & DEAD_LETTER_BIT != 0;
+        if let Some(traces) = traces::active() {
+            let (m, outcome) = match result {
+                Ok(m) if dead_letter => (m, Outcome::DeadLettered),
+                Ok(m) => (m, Outcome::Acknowledged),
+                Err((error, m)) => (m, Outcome::Failed(error)),
+            };
+            traces.delivered(m, outcome);
+        }
         let (bytes, result) = match result {
             Ok(m) => {
                 self.blocked.delivered(m.topic());
@@ -246,7 +256,7 @@ impl ProducerContext for DeliveryReporter {
         // The receiver is gone only when the pipeline has been torn down: nothing to tell.
         let _ = self.deliveries.send(Delivery {
             seq: (seq & !DEAD_LETTER_BIT) as TxnSeq,
-            dead_letter: seq & DEAD_LETTER_BIT != 0,
+            dead_letter,
             bytes,
             result,
         });

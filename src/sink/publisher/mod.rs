@@ -50,6 +50,7 @@ use super::blocked::{BlockReason, Blocked};
 use super::kafka_latency::{KafkaLatency, STATISTICS_INTERVAL_MS};
 use crate::config::KafkaConfig;
 use crate::mapping::Record;
+use crate::serve::traces;
 use crate::sink::TxnSeq;
 use client::admin_config;
 pub use client::{client_config, consumer_config, transaction_timeout_ms};
@@ -290,6 +291,12 @@ impl Publisher {
                     error: KafkaError::Canceled,
                 }),
             };
+            if let Some(traces) = traces::active() {
+                match &result {
+                    Ok(()) => traces.committed(),
+                    Err(_) => traces.aborted(),
+                }
+            }
             let _ = tx.send(result);
         });
         rx
@@ -301,6 +308,9 @@ impl Publisher {
         let producer = self.shared.producer.clone();
         let aborted =
             tokio::task::spawn_blocking(move || producer.abort_transaction(ABORT_TIMEOUT)).await;
+        if let Some(traces) = traces::active() {
+            traces.aborted();
+        }
         if let Ok(Err(e)) = aborted {
             warn!(error = %e, "cannot abort the kafka transaction; the broker ends it after transaction.timeout.ms, or the next session does");
         }
