@@ -1070,3 +1070,24 @@ pub async fn expect_exactly_once(
         }
     }
 }
+
+/// Inserts a row with a NULL aggregate type (no topic can be formed: a dead letter) in its own
+/// transaction; returns its id and the LSN before its commit.
+pub async fn insert_poison_at(client: &mut Client) -> (String, u64) {
+    let id = uuid::Uuid::new_v4().to_string();
+    let tx = client.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+         VALUES ($1::text::uuid, NULL, 'p', 'Bad', '{}')",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let lsn: i64 = tx
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+        .await
+        .unwrap()
+        .get(0);
+    tx.commit().await.unwrap();
+    (id, lsn as u64)
+}

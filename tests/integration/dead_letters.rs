@@ -315,21 +315,8 @@ async fn the_breaker_stops_the_relay_before_confirming_the_transaction_that_trip
     let mut before_commit = Vec::new();
     let mut ids = Vec::new();
     for _ in 0..6 {
-        let id = uuid::Uuid::new_v4().to_string();
-        let tx = client.transaction().await.unwrap();
-        tx.execute(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1::text::uuid, NULL, 'b', 'Bad', '{}')",
-            &[&id],
-        )
-        .await
-        .unwrap();
-        let lsn: i64 = tx
-            .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
-            .await
-            .unwrap()
-            .get(0);
-        tx.commit().await.unwrap();
-        before_commit.push(lsn as u64);
+        let (id, lsn) = insert_poison_at(&mut client).await;
+        before_commit.push(lsn);
         ids.push(id);
     }
     let env = with(

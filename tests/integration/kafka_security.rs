@@ -528,27 +528,6 @@ async fn missing_write_acl_blocks_instead_of_dead_lettering() {
     db.cleanup().await;
 }
 
-/// Inserts a row with a NULL aggregate type (no topic can be formed: a dead letter) in its own
-/// transaction; returns its id and the LSN before its commit.
-async fn insert_poison_at(client: &mut Client) -> (String, u64) {
-    let id = uuid::Uuid::new_v4().to_string();
-    let tx = client.transaction().await.unwrap();
-    tx.execute(
-        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
-         VALUES ($1::text::uuid, NULL, 'p', 'Bad', '{}')",
-        &[&id],
-    )
-    .await
-    .unwrap();
-    let lsn: i64 = tx
-        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
-        .await
-        .unwrap()
-        .get(0);
-    tx.commit().await.unwrap();
-    (id, lsn as u64)
-}
-
 /// Done-when 1, the dead-letter topic: a poison row whose dead letter may not be written
 /// blocks (nothing confirmed past it) until the ACL is granted; then it is in the dead-letter
 /// topic and its neighbours in theirs.

@@ -334,6 +334,16 @@ impl<'a> Run<'a> {
         }
         self.drain_ready()?;
         self.send_again().await?;
+        self.hand_over(record, letter, how).await
+    }
+
+    /// Hands one record to the producer and keeps it in flight (nothing on a dry run).
+    async fn hand_over(
+        &mut self,
+        record: Record,
+        letter: Letter,
+        how: Option<How>,
+    ) -> Result<(), String> {
         let Some((publisher, _)) = &self.publisher else {
             return Ok(());
         };
@@ -400,25 +410,7 @@ impl<'a> Run<'a> {
     /// Sends the dead letters of records Kafka refused on the redrive.
     async fn send_again(&mut self) -> Result<(), String> {
         for (record, letter) in std::mem::take(&mut self.again) {
-            let Some((publisher, _)) = &self.publisher else {
-                return Ok(());
-            };
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            publisher
-                .send(&record, seq, &letter.event_id())
-                .await
-                .map_err(|e| e.to_string())?;
-            self.window.sent(record.size());
-            let topic = record.topic;
-            self.in_flight.insert(
-                seq,
-                Sent {
-                    letter,
-                    how: None,
-                    topic,
-                },
-            );
+            self.hand_over(record, letter, None).await?;
         }
         Ok(())
     }
