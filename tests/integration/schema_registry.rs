@@ -232,6 +232,48 @@ async fn a_payload_that_breaks_the_schema_is_dead_lettered_and_its_neighbours_ar
     // The dead letter keeps the original payload, unencoded.
     assert_eq!(letter.payload.as_deref(), Some(sent[2].payload.as_bytes()));
     relay.terminate(Duration::from_secs(30));
+
+    // The contract changes to take it (`seq` a string); redriven, it is encoded with the
+    // new version, never sent as the raw JSON of its dead letter.
+    let v2 = EVENT_SCHEMA.replace(
+        r#"{"name":"seq","type":"long"}"#,
+        r#"{"name":"seq","type":"string"}"#,
+    );
+    let v2_id = client(&url)
+        .register(&format!("{topic}-value"), &v2, "AVRO")
+        .await
+        .expect("register version 2");
+    assert_ne!(v2_id, schema_id, "version 2 has an id of its own");
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["dead-letters", "redrive", "--json"])
+        .envs(avro_env(&db, &url, &[]))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "redrive: {}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["redriven"], 1, "{report:#}");
+    let redriven = read_ids(
+        std::slice::from_ref(&topic),
+        1,
+        &[sent[2].id.clone()],
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+    )
+    .await;
+    let redriven: Vec<Received> = redriven
+        .into_iter()
+        .filter(|r| r.key_str() == sent[2].id)
+        .collect();
+    assert_eq!(redriven.len(), 1, "the redriven record, once");
+    assert_framed(&redriven, v2_id);
+    let decoded = decode_with_confluent(&url, &topic, 5);
+    assert_eq!(decoded[&sent[2].id]["seq"], "two", "{decoded:?}");
     db.cleanup().await;
 }
 

@@ -25,8 +25,9 @@ use crate::config::Config;
 use crate::mapping::{OutboxMapping, Record};
 use crate::ops::replay::progress::Progress;
 use crate::ops::OpsError;
-use crate::sink::dead_letter::Reason;
+use crate::sink::dead_letter::{Reason, HEADER_REASON};
 use crate::sink::publisher::{self, Delivery, Publisher};
+use crate::sink::schema::{SerializeError, Serializer};
 use crate::sink::window::InFlight;
 
 /// The consumer group whose committed offsets say how far redrives got.
@@ -69,6 +70,8 @@ struct Run<'a> {
     config: &'a Config,
     options: &'a RedriveOptions,
     mapping: OutboxMapping,
+    /// `[outbox.serialization]`: what is mapped again is encoded as the live relay encodes it.
+    serializer: Option<Arc<Serializer>>,
     publisher: Option<(Publisher, tokio::sync::mpsc::UnboundedReceiver<Delivery>)>,
     window: InFlight,
     in_flight: BTreeMap<u64, Sent>,
@@ -215,6 +218,7 @@ impl<'a> Run<'a> {
             .map(Duration::from_millis);
         Ok(Run {
             mapping: OutboxMapping::new(&config.outbox)?,
+            serializer: Serializer::new(&config.outbox.serialization)?,
             window: InFlight::new(
                 config.kafka.max_in_flight_messages.clamp(1, MAX_IN_FLIGHT),
                 config.kafka.max_in_flight_bytes,
@@ -301,6 +305,7 @@ impl<'a> Run<'a> {
         }
         let dlq = &self.config.dead_letter.topic;
         let action = plan(&letter, &self.mapping, dlq, self.options.max_redrives);
+        let action = self.serialize(action, &letter).await?;
         let (record, how) = match action {
             Action::Leave(why) => {
                 self.report.leave(&letter, why);
@@ -320,6 +325,32 @@ impl<'a> Run<'a> {
             tokio::time::sleep(pause).await;
         }
         Ok(())
+    }
+
+    /// Encodes a record mapped again, or a `schema` dead letter sent again, with the schema
+    /// (a refused payload is dead-lettered again; a registry that gives no schema stops the
+    /// redrive, committing nothing past this dead letter). A record Kafka refused was encoded
+    /// before it was refused, so it goes as it was.
+    async fn serialize(&self, action: Action, letter: &Letter) -> Result<Action, String> {
+        let Some(serializer) = &self.serializer else {
+            return Ok(action);
+        };
+        let Action::Send(mut record, how) = action else {
+            return Ok(action);
+        };
+        let unencoded = letter.header(HEADER_REASON).as_deref() == Some(Reason::Schema.code());
+        if how != How::Remapped && !unencoded {
+            return Ok(Action::Send(record, how));
+        }
+        match serializer.serialize(&mut record).await {
+            Ok(()) => Ok(Action::Send(record, how)),
+            Err(SerializeError::Payload(why)) => {
+                let dlq = &self.config.dead_letter.topic;
+                let code = Some(Reason::Schema.code());
+                Ok(Action::DeadLetterAgain(again(letter, dlq, code, &why)))
+            }
+            Err(e) => Err(format!("dead letter at offset {}: {e}", letter.offset)),
+        }
     }
 
     /// Waits for room in the window, then hands the record over.
