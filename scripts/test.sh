@@ -124,19 +124,22 @@ source "$env_file"
 log "services up in $((SECONDS - start_time))s (PostgreSQL $OUTBOX_TEST_PG_VERSION); env: $env_file"
 # The Schema Registry (tests/integration/schema_registry.rs) and the Python consumer with
 # Confluent's deserializers that checks what the relay wrote (both cached after
-# the first run).
-start_time=$SECONDS
-bash "$REGISTRY" start >/dev/null || {
-    log "the schema registry failed to start (log: $OUTBOX_RUN_DIR/registry/registry.log)"
-    exit 1
-}
-bash "$REGISTRY" python >/dev/null || {
-    log "could not install the Python consumer for the schema registry tests"
-    exit 1
-}
-# shellcheck disable=SC1091 # written at run time by registry.sh
-source "$OUTBOX_RUN_DIR/registry/env"
-log "schema registry up in $((SECONDS - start_time))s: $OUTBOX_TEST_REGISTRY_URL"
+# the first run). OUTBOX_TEST_REGISTRY=0 leaves them out (test-versions.sh, whose
+# selection has no registry test; those tests would start it themselves).
+if [[ ${OUTBOX_TEST_REGISTRY:-1} == 1 ]]; then
+    start_time=$SECONDS
+    bash "$REGISTRY" start >/dev/null || {
+        log "the schema registry failed to start (log: $OUTBOX_RUN_DIR/registry/registry.log)"
+        exit 1
+    }
+    bash "$REGISTRY" python >/dev/null || {
+        log "could not install the Python consumer for the schema registry tests"
+        exit 1
+    }
+    # shellcheck disable=SC1091 # written at run time by registry.sh
+    source "$OUTBOX_RUN_DIR/registry/env"
+    log "schema registry up in $((SECONDS - start_time))s: $OUTBOX_TEST_REGISTRY_URL"
+fi
 
 set +e
 # --no-fail-fast: a failing test binary does not hide the results of the others.
