@@ -1091,3 +1091,28 @@ pub async fn insert_poison_at(client: &mut Client) -> (String, u64) {
     tx.commit().await.unwrap();
     (id, lsn as u64)
 }
+
+/// `outbox-relay dead-letters redrive --json ARGS` with `env`, its output piped.
+pub fn redrive_command(env: &[(String, String)], args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    command
+        .args(["dead-letters", "redrive", "--json"])
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// `dead-letters redrive --json ARGS`, which must succeed; its JSON report.
+pub fn redrive(env: &[(String, String)], args: &[&str]) -> serde_json::Value {
+    let out = redrive_command(env, args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "dead-letters redrive {args:?}: {}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}

@@ -5,7 +5,6 @@
 //! `dead_letter.max_per_minute` the relay stops before confirming the transaction that tripped it.
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::probe::wait_exit;
@@ -64,30 +63,6 @@ fn high_watermark(topic: &str) -> i64 {
         .fetch_watermarks(topic, 0, Duration::from_secs(10))
         .map(|(_, high)| high)
         .unwrap_or(0)
-}
-
-fn redrive_command(env: &[(String, String)], args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
-    command
-        .args(["dead-letters", "redrive", "--json"])
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// `dead-letters redrive --json ARGS`, which must succeed; its JSON report.
-fn redrive(env: &[(String, String)], args: &[&str]) -> serde_json::Value {
-    let out = redrive_command(env, args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "dead-letters redrive {args:?}: {}\n{stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
 /// Inserts the poison rows: a routing column naming an invalid topic, and payloads over the

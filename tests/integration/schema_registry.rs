@@ -244,19 +244,7 @@ async fn a_payload_that_breaks_the_schema_is_dead_lettered_and_its_neighbours_ar
         .await
         .expect("register version 2");
     assert_ne!(v2_id, schema_id, "version 2 has an id of its own");
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["dead-letters", "redrive", "--json"])
-        .envs(avro_env(&db, &url, &[]))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "redrive: {}\n{stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let report = redrive(&avro_env(&db, &url, &[]), &[]);
     assert_eq!(report["redriven"], 1, "{report:#}");
     let redriven = read_ids(
         std::slice::from_ref(&topic),
