@@ -18,7 +18,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
-use super::{env, random_name, repo_path, Received, TestDb};
+use super::{env, random_name, test_logs_dir, Received, TestDb};
 
 /// `AclCommand`'s class, run by `services.sh kafka-acl-tool`.
 const ACL_COMMAND: &str = "org.apache.kafka.tools.AclCommand";
@@ -355,9 +355,7 @@ fn start_blocking() -> AclBroker {
         env_file_value(&text, name).unwrap_or_else(|| panic!("{name} not in {env_file}"))
     };
     let relay_password = var("OUTBOX_TEST_KAFKA_ACL_RELAY_PASSWORD");
-    let dir = repo_path("target/test-logs");
-    std::fs::create_dir_all(&dir).unwrap();
-    let relay_password_file = dir.join(random_name("acl-relay-password-"));
+    let relay_password_file = test_logs_dir().join(random_name("acl-relay-password-"));
     std::fs::write(&relay_password_file, format!("{relay_password}\n")).unwrap();
     AclBroker {
         brokers: var("OUTBOX_TEST_KAFKA_ACL_BROKERS"),

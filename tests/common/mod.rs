@@ -326,6 +326,19 @@ pub fn repo_path(relative: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
 
+/// Where the tests' child processes write their logs and the tests their config and secret
+/// files, created: `$OUTBOX_RUN_DIR/test-logs` beside the services' logs, else
+/// `target/test-logs`. Per run dir, because test runs against different services may run side
+/// by side (`scripts/test-versions.sh`) with the same file names and must not share a file.
+pub fn test_logs_dir() -> PathBuf {
+    let dir = match std::env::var_os("OUTBOX_RUN_DIR") {
+        Some(run) => PathBuf::from(run).join("test-logs"),
+        None => repo_path("target/test-logs"),
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// One outbox event as the tests write it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -389,7 +402,7 @@ pub async fn insert_events_at(client: &mut Client, events: &[Event], commit: boo
     before_commit as u64
 }
 
-/// The relay binary running as a child process, its log in `target/test-logs/`.
+/// The relay binary running as a child process, its log in [`test_logs_dir`].
 pub struct RelayProcess {
     child: Child,
     pub log: PathBuf,
@@ -460,11 +473,9 @@ impl Drop for RelayProcess {
     }
 }
 
-/// `target/test-logs/<name>.log`, opened for appending: where a child process of a test writes.
+/// `<test_logs_dir>/<name>.log`, opened for appending: where a child process of a test writes.
 pub fn test_log(name: &str) -> (PathBuf, std::fs::File) {
-    let dir = repo_path("target/test-logs");
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join(format!("{name}.log"));
+    let log = test_logs_dir().join(format!("{name}.log"));
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -473,7 +484,7 @@ pub fn test_log(name: &str) -> (PathBuf, std::fs::File) {
     (log, file)
 }
 
-/// `outbox-relay run` with `env`, its output appended to `target/test-logs/<name>.log`.
+/// `outbox-relay run` with `env`, its output appended to `<test_logs_dir>/<name>.log`.
 fn relay_command(env: &[(String, String)], name: &str) -> (Command, PathBuf) {
     let (log, file) = test_log(name);
     let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
@@ -790,12 +801,10 @@ pub async fn create_topic(topic: &str, partitions: i32) {
     .unwrap();
 }
 
-/// Writes `text` to `target/test-logs/<name>.toml` and returns its path, for
+/// Writes `text` to `<test_logs_dir>/<name>.toml` and returns its path, for
 /// `OUTBOX_RELAY_CONFIG`.
 pub fn write_config(name: &str, text: &str) -> PathBuf {
-    let dir = repo_path("target/test-logs");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{name}.toml"));
+    let path = test_logs_dir().join(format!("{name}.toml"));
     std::fs::write(&path, text).unwrap();
     path
 }

@@ -232,7 +232,7 @@ fn consumer_binary() -> PathBuf {
     binary
 }
 
-/// The example consumer as a child process, its log in `target/test-logs/`.
+/// The example consumer as a child process, its log in `test_logs_dir()`.
 struct ConsumerProcess {
     child: Child,
     log: PathBuf,

@@ -1000,7 +1000,7 @@ async fn refused_login_blocks_with_reason_authentication() {
     let topic = db.topic("order");
     broker.create_topic(&topic, 1).await;
     broker.grant_write(&[&topic]).await;
-    let wrong = repo_path("target/test-logs").join(random_name("acl-wrong-password-"));
+    let wrong = test_logs_dir().join(random_name("acl-wrong-password-"));
     std::fs::write(&wrong, "not-the-password\n").unwrap();
     let wrong = wrong.display().to_string();
     let mut relay = Relay::start(
