@@ -11,15 +11,16 @@
 # "Core" is tests/integration/relay_e2e.rs (exactly once in commit order, rollbacks,
 # SIGKILLs with zero missing, idle WAL advance) and tests/integration/ops.rs (operator
 # commands). Each major runs scripts/test.sh in its own state dir,
-# ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-versions}/<major>, one after another (one
-# Kafka at a time). Server binaries other than Debian's 15 come from Maven
-# Central and are cached (scripts/pg-binaries.sh).
+# ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-versions}/<major>, with its own
+# PostgreSQL and Kafka; OUTBOX_VERSIONS_JOBS (default 2) parts run at a time,
+# each part's output in <state dir>/logs/, printed when the part ends. Server
+# binaries other than Debian's 15 come from Maven Central and are cached
+# (scripts/pg-binaries.sh).
 #
-# Duration, measured on the shared 2-core development machine: 55 to 90 s per
-# major for the core (build, PostgreSQL and Kafka start included), about 30 s
-# for the failover tests and 15 s for decoding on a standby, 15 to 50 s for
-# the PostgreSQL 13 refusal: about 6 minutes in all (the Maven downloads of the
-# server binaries come on top, once).
+# Duration, measured on the 2-core development machine one part at a time:
+# about 77 s per major for the core (PostgreSQL and Kafka start included), 63 s
+# for failover and decoding on a standby, a few seconds for the PostgreSQL 13
+# refusal (the Maven downloads of the server binaries come on top, once).
 # Exit code: 0 when every part passed; the summary at the end names the others.
 set -euo pipefail
 
@@ -31,22 +32,60 @@ majors=("$@")
 
 log() { printf '[test-versions] %s\n' "$*" >&2; }
 
+# Parts run OUTBOX_VERSIONS_JOBS (2) at a time, each with its own state dir,
+# ports, PostgreSQL and Kafka: most of a part's time is waiting (relay restarts,
+# backlogs draining, deadlines), so two overlap well on two cores. Each part
+# writes to its own log, printed whole when it ends, so the output is not
+# interleaved.
+JOBS=${OUTBOX_VERSIONS_JOBS:-2}
+LOGS="$BASE/logs"
+mkdir -p "$LOGS"
 results=()
 failed=0
+declare -A part_label=() part_log=() part_start=()
+
 run_part() {
-    local label=$1 start=$SECONDS
+    local label=$1 logf
     shift
-    log "== $label"
-    if "$@"; then
-        results+=("ok      $label ($((SECONDS - start)) s)")
+    while ((${#part_label[@]} >= JOBS)); do
+        finish_part
+    done
+    logf="$LOGS/$(tr -c 'A-Za-z0-9\n' '-' <<<"$label").log"
+    log "== $label (log: $logf)"
+    "$@" >"$logf" 2>&1 &
+    part_label[$!]=$label
+    part_log[$!]=$logf
+    part_start[$!]=$SECONDS
+}
+
+# Waits for one part to end, prints its log and records its result.
+finish_part() {
+    local pid rc=0
+    wait -n -p pid || rc=$?
+    local label=${part_label[$pid]} took=$((SECONDS - ${part_start[$pid]}))
+    printf -- '----- %s (exit %d, %d s) -----\n' "$label" "$rc" "$took" >&2
+    cat "${part_log[$pid]}" >&2
+    unset "part_label[$pid]" "part_log[$pid]" "part_start[$pid]"
+    if ((rc == 0)); then
+        results+=("ok      $label ($took s)")
     else
-        results+=("FAILED  $label ($((SECONDS - start)) s)")
+        results+=("FAILED  $label ($took s)")
         failed=1
     fi
 }
 
 # No test of this selection needs the Schema Registry.
 export OUTBOX_TEST_REGISTRY=0
+
+# Download the server binaries one major at a time, before parts run side by
+# side (Maven's local repository is shared), and build once.
+prefetch=("${majors[@]}")
+[[ ${OUTBOX_VERSIONS_FAILOVER:-1} == 1 ]] && prefetch+=(17)
+[[ ${OUTBOX_VERSIONS_PG13:-1} == 1 ]] && prefetch+=(13)
+for major in "${prefetch[@]}"; do
+    bash scripts/pg-binaries.sh "$major" >/dev/null
+done
+cargo test --no-run --quiet --locked --test integration
 
 for major in "${majors[@]}"; do
     run_part "PostgreSQL $major: relay_e2e, ops" \
@@ -72,7 +111,8 @@ pg13_refused() (
     env_file=$(bash scripts/services.sh pg-start >/dev/null && bash scripts/services.sh env) || return 1
     # shellcheck disable=SC1090 # written at run time by services.sh
     source "$env_file"
-    cargo build --quiet --bin outbox-relay
+    # Built above as scripts/test.sh builds it (`cargo build` would compile
+    # tokio and everything above it again, with the normal features).
     local bin="$ROOT/target/debug/outbox-relay"
     export OUTBOX_RELAY__POSTGRES__URL=$OUTBOX_TEST_PG_URL OUTBOX_RELAY__KAFKA__BROKERS=127.0.0.1:1
     for cmd in check run; do
@@ -92,6 +132,9 @@ if [[ ${OUTBOX_VERSIONS_PG13:-1} == 1 ]]; then
     run_part "PostgreSQL 13: check and run refuse" pg13_refused
 fi
 
+while ((${#part_label[@]} > 0)); do
+    finish_part
+done
 log "summary:"
 printf '  %s\n' "${results[@]}" >&2
 exit "$failed"
