@@ -1,7 +1,7 @@
 //! The chain's third source, the shared profile files: `~/.aws/credentials` (sections
-//! `[name]`) and `~/.aws/config` (sections `[profile name]`, and `[default]`); static keys
-//! only. A key in the credentials file wins over the same key in the config file, as in
-//! AWS's SDKs.
+//! `[name]`) and `~/.aws/config` (sections `[profile name]`, and `[default]`): static keys,
+//! or else the profile's `credential_process` (see `process`). A key in the credentials file
+//! wins over the same key in the config file, as in AWS's SDKs.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -78,12 +78,16 @@ impl Profile {
                 expires: None,
                 from: FROM,
             })),
-            _ if get("role_arn").is_some() || get("sso_session").is_some() || get("credential_process").is_some() => {
+            _ if get("role_arn").is_some() || get("sso_session").is_some() || get("sso_start_url").is_some() => {
                 Err(CredentialsError::source(
                     FROM,
-                    format!("profile `{}` assumes a role, uses SSO or a credential_process, which the relay does not run", self.name),
-                    "give the relay static keys, a web identity (IRSA), or an ECS/EC2 role instead",
+                    format!("profile `{}` assumes a role or uses SSO, which the relay does not do", self.name),
+                    "give the relay static keys, a credential_process, a web identity (IRSA), or an ECS/EC2 role instead",
                 ))
+            }
+            _ if get("credential_process").is_some() => {
+                let command = get("credential_process").unwrap_or_default();
+                super::process::credentials(&self.name, command).map(Some)
             }
             _ => Err(CredentialsError::source(
                 FROM,
