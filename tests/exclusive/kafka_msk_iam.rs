@@ -1,10 +1,10 @@
 //! `kafka.sasl_mechanism = "AWS_MSK_IAM"` (issue 22, done-when 2): the relay's Kafka clients
 //! log in with tokens from the relay's own token source, through rust-rdkafka's
 //! `generate_oauth_token` (producers, consumers) and `rd_kafka_oauthbearer_set_token` (admin
-//! clients, which rust-rdkafka never polls for a token), and get a new token before each
-//! expires.
+//! clients, which rust-rdkafka never polls for a token), get a new token before each
+//! expires, and a new one for each reconnect after a lost connection (a broker restart).
 //!
-//! It restarts the shared broker, so it lives in the exclusive binary. The broker is the main
+//! The second test restarts the shared broker, so both live in the exclusive binary. The broker is the main
 //! broker's OAUTHBEARER listener (`OUTBOX_TEST_KAFKA_OAUTH_BROKERS`):
 //! Kafka's unsecured-JWT validator, which ends a session when its token expires. A real MSK
 //! token (a presigned URL, checked by AWS) is no JWT, so the test swaps only the token
@@ -13,8 +13,9 @@
 //! login thread are the relay's. The MSK token itself is checked against AWS's own signer in
 //! the unit tests of `src/aws/msk.rs`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::*;
@@ -25,9 +26,10 @@ use outbox_relay::sink::publisher::login::{self, TokenSource};
 use outbox_relay::sink::publisher::{admin_client, client_config, KafkaLogin, LoginContext};
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::OAuthToken;
-use rdkafka::consumer::Consumer;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, FutureProducer, FutureRecord, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
+use rdkafka::{Message, Offset, TopicPartitionList};
 
 /// Each token's lifetime: librdkafka asks for the next at 80% of it (8 s). Not shorter: the
 /// broker refuses a re-authentication less than a second after the last (see
@@ -35,23 +37,45 @@ use rdkafka::ClientConfig;
 const TOKEN_LIFETIME: Duration = Duration::from_secs(10);
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Unsecured JWTs (`alg: none`) for the test broker, counted.
-#[derive(Default)]
+/// Unsecured JWTs (`alg: none`) for the test broker, counted, with when each was made.
 struct CountingTokens {
     calls: AtomicUsize,
+    lifetime: Duration,
+    minted: Mutex<Vec<Instant>>,
+}
+
+impl Default for CountingTokens {
+    fn default() -> Self {
+        CountingTokens::lasting(TOKEN_LIFETIME)
+    }
 }
 
 impl CountingTokens {
+    fn lasting(lifetime: Duration) -> Self {
+        CountingTokens {
+            calls: AtomicUsize::new(0),
+            lifetime,
+            minted: Mutex::new(Vec::new()),
+        }
+    }
+
     fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// How many tokens were made from `from` to `to`.
+    fn minted_between(&self, from: Instant, to: Instant) -> usize {
+        let minted = self.minted.lock().unwrap();
+        minted.iter().filter(|&&at| at >= from && at <= to).count()
     }
 }
 
 impl TokenSource for CountingTokens {
     fn token(&self) -> Result<OAuthToken, String> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.minted.lock().unwrap().push(Instant::now());
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-        let expires = now + TOKEN_LIFETIME;
+        let expires = now + self.lifetime;
         let header = URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#);
         let claims = format!(
             r#"{{"sub":"relay","iat":{},"exp":{}}}"#,
@@ -91,9 +115,23 @@ fn login(tokens: &Arc<CountingTokens>) -> KafkaLogin {
 }
 
 fn context(tokens: &Arc<CountingTokens>) -> LoginContext {
-    LoginContext {
-        login: login(tokens),
-    }
+    LoginContext::new(&login(tokens))
+}
+
+fn producer(config: &ClientConfig, tokens: &Arc<CountingTokens>) -> FutureProducer<LoginContext> {
+    config.create_with_context(context(tokens)).unwrap()
+}
+
+/// A producer as the relay's: polled on a thread of its own, its context able to set new
+/// tokens on it (`login::attach`).
+fn polled_producer(
+    config: &ClientConfig,
+    tokens: &Arc<CountingTokens>,
+) -> Arc<ThreadedProducer<LoginContext>> {
+    let producer: ThreadedProducer<LoginContext> =
+        config.create_with_context(context(tokens)).unwrap();
+    login::attach(producer.client());
+    Arc::new(producer)
 }
 
 async fn send(producer: &FutureProducer<LoginContext>, topic: &str, n: usize) {
@@ -106,22 +144,9 @@ async fn send(producer: &FutureProducer<LoginContext>, topic: &str, n: usize) {
     }
 }
 
-/// Waits until `tokens` was asked at least `at_least` times.
-async fn wait_calls(tokens: &CountingTokens, at_least: usize, what: &str) {
-    let deadline = Instant::now() + TIMEOUT;
-    while tokens.calls() < at_least {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {} token requests, expected at least {at_least}",
-            tokens.calls()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
-async fn every_client_logs_in_with_the_relays_tokens_renewed_before_expiry_and_after_a_restart() {
-    // It restarts the shared broker.
+async fn every_client_logs_in_with_the_relays_tokens_renewed_before_expiry() {
+    // Serialized with the restarts of the next test.
     let _alone = crate::EXCLUSIVE.lock().await;
     let topic = random_name("msk-iam-");
     let config = msk_client_config();
@@ -142,9 +167,7 @@ async fn every_client_logs_in_with_the_relays_tokens_renewed_before_expiry_and_a
         .unwrap();
     assert!(created[0].is_ok(), "{created:?}");
 
-    let producer: FutureProducer<LoginContext> = config
-        .create_with_context(context(&producer_tokens))
-        .unwrap();
+    let producer = producer(&config, &producer_tokens);
     let started = Instant::now();
     let mut sent = 0;
     // Across three token lifetimes: the broker ends a session whose token expired, so
@@ -174,12 +197,7 @@ async fn every_client_logs_in_with_the_relays_tokens_renewed_before_expiry_and_a
         c.set("group.id", random_name("msk-iam-group-"));
         c
     };
-    let consumer = login::consumer(
-        &consumer_config,
-        context(&consumer_tokens),
-        &login(&consumer_tokens),
-    )
-    .unwrap();
+    let consumer = login::consumer(&consumer_config, context(&consumer_tokens)).unwrap();
     let name = topic.clone();
     let (_, high) =
         tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&name, 0, TIMEOUT))
@@ -188,28 +206,172 @@ async fn every_client_logs_in_with_the_relays_tokens_renewed_before_expiry_and_a
             .expect("the consumer logged in");
     assert_eq!(high, sent as i64, "every record is in the topic");
     assert_eq!(consumer_tokens.calls(), 1);
+}
 
-    // A broker restart: the clients reconnect and log in with the token current then (within
-    // its lifetime; librdkafka asks for none on reconnect), and renewal goes on.
-    let before = producer_tokens.calls();
-    drop(crate::BrokerOutage::begin());
-    send(&producer, &topic, sent).await;
-    wait_calls(
-        &producer_tokens,
-        before + 1,
-        "the producer after the restart",
-    )
-    .await;
-    let metadata = tokio::task::spawn_blocking(move || {
-        admin
-            .inner()
-            .fetch_metadata(None, TIMEOUT)
-            .map(|m| m.topics().len())
-    })
-    .await
-    .unwrap();
+/// Tokens that outlive the test: librdkafka's own schedule asks for no other in it, so every
+/// token after the first is one the relay made for a reconnect.
+const LASTING: Duration = Duration::from_secs(600);
+/// Records per phase: before the broker stops, while it is down, after it is back.
+const PER_PHASE: usize = 20;
+/// How long the broker stays down (before `kafka-start`, which takes seconds more).
+const DOWN_FOR: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reconnect_logs_in_with_a_token_made_after_the_connection_was_lost() {
+    let _alone = crate::EXCLUSIVE.lock().await;
+    let topic = random_name("msk-iam-reconnect-");
+    let config = msk_client_config();
+    let [admin_tokens, producer_tokens, consumer_tokens] =
+        [(); 3].map(|_| Arc::new(CountingTokens::lasting(LASTING)));
+
+    let admin = admin_client(&config, context(&admin_tokens), &login(&admin_tokens)).unwrap();
+    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT));
+    let created = tokio::time::timeout(TIMEOUT, admin.create_topics([&new], &options))
+        .await
+        .expect("the admin client logged in")
+        .unwrap();
+    assert!(created[0].is_ok(), "{created:?}");
+    let producer = polled_producer(&config, &producer_tokens);
+    let reader = Reader::start(&config, &topic, &consumer_tokens);
+
+    let keys: Vec<String> = (0..PER_PHASE * 3).map(|n| format!("k{n}")).collect();
+    send_all(&producer, &topic, &keys[..PER_PHASE]).await;
+    reader.wait_for(PER_PHASE).await;
+    for tokens in [&admin_tokens, &producer_tokens, &consumer_tokens] {
+        assert_eq!(tokens.calls(), 1, "one token each before the restart");
+    }
+
+    // The broker goes away with every client connected; records sent meanwhile wait in
+    // the producer.
+    let lost = Instant::now();
+    let outage = crate::BrokerOutage::begin();
+    for key in &keys[PER_PHASE..PER_PHASE * 2] {
+        producer
+            .send(BaseRecord::to(&topic).key(key).payload("msk-iam"))
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    tokio::time::sleep(DOWN_FOR).await;
+    let restarting = Instant::now();
+    drop(outage);
+    send_all(&producer, &topic, &keys[PER_PHASE * 2..]).await;
+    let admin = Arc::new(admin);
+    let metadata = {
+        let admin = admin.clone();
+        tokio::task::spawn_blocking(move || admin.inner().fetch_metadata(None, TIMEOUT).map(|_| ()))
+            .await
+            .unwrap()
+    };
     assert!(
         metadata.is_ok(),
         "the admin client logs in after the restart: {metadata:?}"
     );
+    let got = reader.wait_for(keys.len()).await;
+
+    let missing: Vec<_> = keys.iter().filter(|k| !got.contains_key(*k)).collect();
+    let duplicates: usize = got.values().map(|n| n - 1).sum();
+    eprintln!(
+        "reconnect: {} records, {} missing, {duplicates} duplicates; tokens made while the \
+         broker was down: admin {}, producer {}, consumer {}; in all: {}, {}, {}",
+        keys.len(),
+        missing.len(),
+        admin_tokens.minted_between(lost, restarting),
+        producer_tokens.minted_between(lost, restarting),
+        consumer_tokens.minted_between(lost, restarting),
+        admin_tokens.calls(),
+        producer_tokens.calls(),
+        consumer_tokens.calls(),
+    );
+    assert!(
+        missing.is_empty(),
+        "missing across the restart: {missing:?}"
+    );
+    // Each client lost its connection at `lost` and logged in again only once the broker,
+    // started at `restarting`, was up: a token made in between is one the reconnect had.
+    for (client, tokens) in [
+        ("admin", &admin_tokens),
+        ("producer", &producer_tokens),
+        ("consumer", &consumer_tokens),
+    ] {
+        let made = tokens.minted_between(lost, restarting);
+        assert!(
+            made >= 1,
+            "the {client} made no token after the connection was lost: its reconnect logged in with the old one"
+        );
+        // At most one a second while the broker was down (it fails every connection).
+        let bound = (restarting - lost).as_secs() as usize + 1;
+        assert!(
+            made <= bound,
+            "the {client} made {made} tokens in {:?}",
+            restarting - lost
+        );
+    }
+}
+
+/// Sends a record per key and waits until the producer holds none (all acknowledged).
+async fn send_all(producer: &Arc<ThreadedProducer<LoginContext>>, topic: &str, keys: &[String]) {
+    for key in keys {
+        producer
+            .send(BaseRecord::to(topic).key(key).payload("msk-iam"))
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    let producer = producer.clone();
+    tokio::task::spawn_blocking(move || producer.flush(TIMEOUT * 2))
+        .await
+        .unwrap()
+        .expect("every record acknowledged");
+}
+
+/// A consumer polled all along (as the relay's readers are), counting the keys it reads.
+struct Reader {
+    got: Arc<Mutex<HashMap<String, usize>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Reader {
+    fn start(config: &ClientConfig, topic: &str, tokens: &Arc<CountingTokens>) -> Reader {
+        let mut consumer_config = config.clone();
+        consumer_config
+            .set("group.id", random_name("msk-iam-reader-"))
+            .set("enable.auto.commit", "false");
+        let consumer: BaseConsumer<LoginContext> =
+            login::consumer(&consumer_config, context(tokens)).unwrap();
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(topic, 0, Offset::Beginning)
+            .unwrap();
+        consumer.assign(&assignment).unwrap();
+        let got = Arc::new(Mutex::new(HashMap::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (into, stopped) = (got.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                    let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                    *into.lock().unwrap().entry(key).or_insert(0) += 1;
+                }
+            }
+        });
+        Reader { got, stop }
+    }
+
+    /// The keys read and how often, once at least `n` distinct ones were.
+    async fn wait_for(&self, n: usize) -> HashMap<String, usize> {
+        let deadline = Instant::now() + TIMEOUT * 2;
+        loop {
+            let got = self.got.lock().unwrap().clone();
+            if got.len() >= n || Instant::now() > deadline {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
 }

@@ -8,6 +8,7 @@ use jiff::Timestamp;
 use reqwest::{Client, Method, RequestBuilder};
 use serde::Deserialize;
 
+use super::profile::AssumeRole;
 use super::{AwsCredentials, CredentialsError, Env, Fetched};
 
 /// Whole-request limit for STS and the container endpoint.
@@ -132,16 +133,110 @@ pub(super) async fn web_identity(env: &Env) -> Result<Option<Fetched>, Credentia
     }))
 }
 
+/// 3b. A profile's `role_arn`: STS `AssumeRole` with the source profile's credentials, as
+/// a SigV4-presigned GET (the query-string form of the same signature, which STS accepts
+/// for every action; `crate::aws::sigv4` makes it).
+pub(super) async fn assume_role(env: &Env, role: &AssumeRole) -> Result<Fetched, CredentialsError> {
+    const FROM: &str = "a profile's role_arn (STS AssumeRole)";
+    const FIX: &str = "check that the role's trust policy admits the source profile's identity, that it may sts:AssumeRole, and that the STS endpoint is reachable";
+    let region = role.region.as_deref().or(env.region());
+    let endpoint = sts_endpoint_in(env, region);
+    let url = reqwest::Url::parse(&endpoint).map_err(|e| {
+        CredentialsError::source(
+            FROM,
+            format!("bad STS endpoint `{endpoint}`: {e}"),
+            "fix AWS_ENDPOINT_URL_STS",
+        )
+    })?;
+    let host = match (url.host_str(), url.port()) {
+        (Some(host), Some(port)) => format!("{host}:{port}"),
+        (Some(host), None) => host.to_string(),
+        (None, _) => {
+            return Err(CredentialsError::source(
+                FROM,
+                format!("STS endpoint `{endpoint}` has no host"),
+                "fix AWS_ENDPOINT_URL_STS",
+            ))
+        }
+    };
+    let session = role
+        .session_name
+        .clone()
+        .unwrap_or_else(|| format!("outbox-relay-{}", Timestamp::now().as_second()));
+    let mut params = vec![
+        ("Action", "AssumeRole".to_string()),
+        ("Version", STS_API_VERSION.to_string()),
+        ("RoleArn", role.role_arn.clone()),
+        ("RoleSessionName", session),
+    ];
+    if let Some(id) = &role.external_id {
+        params.push(("ExternalId", id.clone()));
+    }
+    if let Some(seconds) = role.duration_s {
+        params.push(("DurationSeconds", seconds.to_string()));
+    }
+    let presign = crate::aws::sigv4::Presign {
+        host: &host,
+        service: "sts",
+        region: region.unwrap_or(STS_GLOBAL_REGION),
+        params,
+        expires_s: ASSUME_ROLE_SIGNATURE_S,
+    };
+    let query =
+        crate::aws::sigv4::presigned_query(&presign, &role.source.credentials, Timestamp::now());
+    let mut signed = url.clone();
+    signed.set_path("/");
+    signed.set_query(Some(&query));
+    let request = client(REQUEST_TIMEOUT)?
+        .get(signed)
+        .header("Accept", "text/xml");
+    let answer = send(request, FROM, FIX).await.map_err(|e| match e {
+        CredentialsError::Source { message, .. } => CredentialsError::source(
+            FROM,
+            format!(
+                "profile `{}`, role `{}`: {message}",
+                role.profile, role.role_arn
+            ),
+            FIX,
+        ),
+        other => other,
+    })?;
+    let field = |name: &str| {
+        xml_text(&answer, name).ok_or_else(|| {
+            CredentialsError::source(FROM, format!("STS's answer has no <{name}>"), FIX)
+        })
+    };
+    Ok(Fetched {
+        credentials: AwsCredentials::new(
+            &field("AccessKeyId")?,
+            &field("SecretAccessKey")?,
+            Some(&field("SessionToken")?),
+        ),
+        expires: Some(parse_time(&field("Expiration")?, FROM, FIX)?),
+        from: "a profile's role_arn",
+    })
+}
+
+/// The region the global STS endpoint signs for.
+const STS_GLOBAL_REGION: &str = "us-east-1";
+/// How long the signed AssumeRole request itself is good for, in seconds.
+const ASSUME_ROLE_SIGNATURE_S: u32 = 60;
+
 /// STS: `AWS_ENDPOINT_URL_STS`, else `AWS_ENDPOINT_URL`, else the region's endpoint (the
 /// global one without a region).
 pub(super) fn sts_endpoint(env: &Env) -> String {
+    sts_endpoint_in(env, env.region())
+}
+
+/// [`sts_endpoint`] for `region` (a profile's, which wins over the environment's).
+fn sts_endpoint_in(env: &Env, region: Option<&str>) -> String {
     if let Some(url) = env
         .get("AWS_ENDPOINT_URL_STS")
         .or_else(|| env.get("AWS_ENDPOINT_URL"))
     {
         return url.to_string();
     }
-    match env.region() {
+    match region {
         Some(region) if region.starts_with("cn-") => {
             format!("https://sts.{region}.amazonaws.com.cn")
         }

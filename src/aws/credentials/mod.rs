@@ -6,7 +6,9 @@
 //! 2. web identity (EKS IRSA): `AWS_WEB_IDENTITY_TOKEN_FILE` and `AWS_ROLE_ARN`, exchanged
 //!    at STS (`AssumeRoleWithWebIdentity`, an unsigned POST);
 //! 3. the shared profile files (`~/.aws/credentials`, `~/.aws/config`; `AWS_PROFILE`,
-//!    `AWS_SHARED_CREDENTIALS_FILE`, `AWS_CONFIG_FILE`): static keys;
+//!    `AWS_SHARED_CREDENTIALS_FILE`, `AWS_CONFIG_FILE`): static keys, or the profile's
+//!    `credential_process` (a command printing them as JSON), or a role assumed at STS
+//!    (`role_arn` + `source_profile`, `AssumeRole` signed with SigV4);
 //! 4. ECS / EKS Pod Identity container credentials (`AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`
 //!    or `_FULL_URI`, with `AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE]`);
 //! 5. EC2 instance metadata, IMDSv2 (`AWS_EC2_METADATA_SERVICE_ENDPOINT`,
@@ -22,6 +24,9 @@
 //! build); the five sources here need one HTTP client and a page of parsing each.
 
 mod http;
+mod process;
+#[cfg(test)]
+mod process_tests;
 mod profile;
 #[cfg(test)]
 mod tests;
@@ -178,8 +183,10 @@ pub async fn resolve(env: &Env) -> Result<Fetched, CredentialsError> {
         return Ok(found);
     }
     let profile = profile::Profile::locate(env);
-    if let Some(found) = profile.credentials()? {
-        return Ok(found);
+    match profile.credentials()? {
+        Some(profile::FromProfile::Ready(found)) => return Ok(found),
+        Some(profile::FromProfile::AssumeRole(role)) => return http::assume_role(env, &role).await,
+        None => {}
     }
     if let Some(found) = http::container(env).await? {
         return Ok(found);

@@ -524,3 +524,187 @@ fn a_failed_refresh_keeps_credentials_that_are_still_valid() {
     );
     assert_eq!(*calls.lock().unwrap(), 2, "the refresh was tried");
 }
+
+fn assume_role_xml(expiration: &str) -> String {
+    format!(
+        "<AssumeRoleResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\"><AssumeRoleResult>\
+         <Credentials><AccessKeyId>ASIAROLE</AccessKeyId><SecretAccessKey>role/secret</SecretAccessKey>\
+         <SessionToken>role-session</SessionToken><Expiration>{expiration}</Expiration></Credentials>\
+         <AssumedRoleUser><Arn>arn:aws:sts::123456789012:assumed-role/relay/relay-test</Arn></AssumedRoleUser>\
+         </AssumeRoleResult></AssumeRoleResponse>"
+    )
+}
+
+/// A config file with a role profile `relay` whose source is `base`'s static keys.
+fn role_profiles(name: &str, relay: &str) -> PathBuf {
+    let dir = temp_dir(name);
+    let config = dir.join("config");
+    std::fs::write(
+        &config,
+        format!(
+            "[profile base]\naws_access_key_id = AKIDBASE\naws_secret_access_key = base/secret\n\
+             [profile relay]\n{relay}\n"
+        ),
+    )
+    .unwrap();
+    config
+}
+
+const ROLE: &str = "role_arn = arn:aws:iam::123456789012:role/relay\nsource_profile = base\n\
+                    role_session_name = relay-test\nexternal_id = ext/1\nregion = eu-west-1";
+
+/// SigV4 recomputed here from what the stand-in received, apart from the relay's signer:
+/// the canonical query is the request's own parameters but the signature, sorted.
+fn expected_signature(seen: &Seen, secret: &str) -> (String, String) {
+    let hmac = |key: &[u8], data: &str| {
+        let key = openssl::pkey::PKey::hmac(key).unwrap();
+        let mut signer =
+            openssl::sign::Signer::new(openssl::hash::MessageDigest::sha256(), &key).unwrap();
+        signer.update(data.as_bytes()).unwrap();
+        signer.sign_to_vec().unwrap()
+    };
+    let query = seen.path.strip_prefix("/?").expect("a query on /");
+    let mut pairs: Vec<(&str, &str)> = query
+        .split('&')
+        .map(|p| p.split_once('=').unwrap())
+        .collect();
+    let signature = pairs
+        .iter()
+        .find(|(k, _)| *k == "X-Amz-Signature")
+        .expect("signed")
+        .1
+        .to_string();
+    pairs.retain(|(k, _)| *k != "X-Amz-Signature");
+    pairs.sort();
+    let canonical_query: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let amz_date = pairs.iter().find(|(k, _)| *k == "X-Amz-Date").unwrap().1;
+    let host = seen.header("host").unwrap();
+    let canonical = format!(
+        "GET\n/\n{}\nhost:{host}\n\nhost\n{}",
+        canonical_query.join("&"),
+        hex::encode(openssl::sha::sha256(b""))
+    );
+    let scope = format!("{}/eu-west-1/sts/aws4_request", &amz_date[..8]);
+    let to_sign = format!(
+        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+        hex::encode(openssl::sha::sha256(canonical.as_bytes()))
+    );
+    let mut key = hmac(format!("AWS4{secret}").as_bytes(), &amz_date[..8]);
+    for part in ["eu-west-1", "sts", "aws4_request"] {
+        key = hmac(&key, part);
+    }
+    (signature, hex::encode(hmac(&key, &to_sign)))
+}
+
+#[test]
+fn a_role_profile_assumes_its_role_at_sts_signed_with_the_source_profiles_keys() {
+    let sts = StandIn::start(|_| (200, assume_role_xml(&in_an_hour())));
+    let config = role_profiles("role", ROLE);
+    let provider = CredentialsProvider::new(env(&[
+        ("AWS_CONFIG_FILE", config.to_str().unwrap()),
+        ("AWS_PROFILE", "relay"),
+        ("AWS_ENDPOINT_URL_STS", sts.url.as_str()),
+    ]));
+    for _ in 0..3 {
+        let found = provider.credentials().unwrap();
+        assert_eq!(
+            found.credentials,
+            AwsCredentials::new("ASIAROLE", "role/secret", Some("role-session"))
+        );
+        assert_eq!(found.from, "a profile's role_arn");
+        assert!(found.expires.is_some());
+    }
+    let seen = sts.seen();
+    assert_eq!(seen.len(), 1, "asked once, then cached until near expiry");
+    let request = &seen[0];
+    assert_eq!(request.method, "GET");
+    for part in [
+        "Action=AssumeRole",
+        "Version=2011-06-15",
+        "RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Frelay",
+        "RoleSessionName=relay-test",
+        "ExternalId=ext%2F1",
+        "X-Amz-Algorithm=AWS4-HMAC-SHA256",
+        "X-Amz-SignedHeaders=host",
+    ] {
+        assert!(request.path.contains(part), "{part} in {}", request.path);
+    }
+    assert!(
+        request.path.contains("X-Amz-Credential=AKIDBASE%2F"),
+        "signed with the source profile's key: {}",
+        request.path
+    );
+    assert_eq!(
+        request.header("host"),
+        sts.url.strip_prefix("http://"),
+        "the Host signed is the one sent"
+    );
+    let (sent, expected) = expected_signature(request, "base/secret");
+    assert_eq!(sent, expected, "SigV4 recomputed from the request");
+    let (_, other_secret) = expected_signature(request, "another secret");
+    assert_ne!(sent, other_secret, "the check can fail");
+}
+
+#[test]
+fn sts_refusing_the_role_names_the_profile_and_the_role() {
+    let sts = StandIn::start(|_| {
+        (
+            403,
+            "<ErrorResponse><Error><Code>AccessDenied</Code><Message>not authorized to perform \
+             sts:AssumeRole</Message></Error></ErrorResponse>"
+                .into(),
+        )
+    });
+    let config = role_profiles("role-refused", ROLE);
+    let err = resolve_now(&env(&[
+        ("AWS_CONFIG_FILE", config.to_str().unwrap()),
+        ("AWS_PROFILE", "relay"),
+        ("AWS_ENDPOINT_URL_STS", sts.url.as_str()),
+    ]))
+    .unwrap_err()
+    .to_string();
+    for part in [
+        "profile `relay`",
+        "arn:aws:iam::123456789012:role/relay",
+        "403",
+        "not authorized to perform sts:AssumeRole",
+        "trust policy",
+    ] {
+        assert!(err.contains(part), "{part}: {err}");
+    }
+}
+
+#[test]
+fn role_profiles_the_relay_cannot_follow_are_refused_with_the_reason() {
+    for (name, relay, expect) in [
+        (
+            "no-source",
+            "role_arn = arn:aws:iam::1:role/r",
+            "without source_profile",
+        ),
+        (
+            "absent-source",
+            "role_arn = arn:aws:iam::1:role/r\nsource_profile = absent",
+            "source_profile `absent` is in neither",
+        ),
+        (
+            "mfa",
+            "role_arn = arn:aws:iam::1:role/r\nsource_profile = base\nmfa_serial = arn:aws:iam::1:mfa/u",
+            "mfa_serial",
+        ),
+        (
+            "duration",
+            "role_arn = arn:aws:iam::1:role/r\nsource_profile = base\nduration_seconds = an hour",
+            "duration_seconds `an hour`",
+        ),
+    ] {
+        let config = role_profiles(name, relay);
+        let err = resolve_now(&env(&[
+            ("AWS_CONFIG_FILE", config.to_str().unwrap()),
+            ("AWS_PROFILE", "relay"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(expect), "{name}: {err}");
+    }
+}

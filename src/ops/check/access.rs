@@ -17,8 +17,9 @@ use super::kafka::TopicPlan;
 use super::{ok, problem, warning, Item};
 use crate::config::{Config, Delivery};
 use crate::sink::blocked::{BlockReason, Blocked};
+use crate::sink::publisher::admin_client;
 use crate::sink::publisher::client_config;
-use crate::sink::publisher::login::{admin_client, KafkaLogin, LoginContext};
+use crate::sink::publisher::login::{KafkaLogin, LoginContext};
 
 const CHECK: &str = "kafka access";
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -30,9 +31,7 @@ pub(super) async fn access_item(config: &Config, plan: &TopicPlan) -> Item {
     // Asking for a topic by name must not create it.
     client.set("allow.auto.create.topics", "false");
     let login = KafkaLogin::from_config(&config.kafka);
-    let context = LoginContext {
-        login: login.clone(),
-    };
+    let context = LoginContext::new(&login);
     let admin = match admin_client(&client, context, &login) {
         Ok(admin) => admin,
         Err(e) => {

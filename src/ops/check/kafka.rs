@@ -19,7 +19,8 @@ use crate::ops::rows::{created_at_column, match_walsender_output, OutboxTable};
 use crate::postgres::control::{quote_ident, Control};
 use crate::sink::preflight::{self, Build};
 use crate::sink::publisher::client_config;
-use crate::sink::publisher::login::{admin_client, KafkaLogin, LoggedInAdmin};
+use crate::sink::publisher::login::KafkaLogin;
+use crate::sink::publisher::{admin_client, LoggedInAdmin};
 
 /// How long each Kafka request of the check may take.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);

@@ -163,10 +163,8 @@ fn read_all(
     filter: &Filter,
 ) -> Result<ListReport, String> {
     // AWS_MSK_IAM: the consumer logs in with the relay's tokens.
-    let context = crate::sink::publisher::LoginContext {
-        login: login.clone(),
-    };
-    let consumer = crate::sink::publisher::login::consumer(&client, context, login)
+    let context = crate::sink::publisher::LoginContext::new(login);
+    let consumer = crate::sink::publisher::login::consumer(&client, context)
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
     let ends = partition_ends(&consumer, topic)?;
     let mut report = ListReport {

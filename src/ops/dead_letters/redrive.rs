@@ -131,10 +131,8 @@ fn open(
     login: &publisher::KafkaLogin,
     topic: &str,
 ) -> Result<Opened, String> {
-    let context = publisher::LoginContext {
-        login: login.clone(),
-    };
-    let consumer = publisher::login::consumer(&client, context, login)
+    let context = publisher::LoginContext::new(login);
+    let consumer = publisher::login::consumer(&client, context)
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
     let ends = partition_ends(&consumer, topic)?;
     let mut asked = TopicPartitionList::new();

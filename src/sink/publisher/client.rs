@@ -1,7 +1,7 @@
 //! The librdkafka settings of every Kafka client the relay makes: the producer's (ours, then
 //! the user's `kafka.properties`), the admin client's, and the security settings they share.
 
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use tracing::warn;
 
 use crate::config::KafkaConfig;
@@ -65,6 +65,12 @@ fn set_security(c: &mut ClientConfig, config: &KafkaConfig) {
         // librdkafka asks the client context for each token (`generate_oauth_token`): see
         // `login`. Method `default` is that callback (not the built-in OIDC fetch).
         c.set("sasl.mechanism", "OAUTHBEARER");
+        // A lost connection is logged (facility FAIL) at info or warning, not reported as
+        // an error: the contexts read those lines for a new token (`login`), so librdkafka
+        // must send them; the relay's log filter still decides what is printed.
+        if !matches!(c.log_level, RDKafkaLogLevel::Debug) {
+            c.set_log_level(RDKafkaLogLevel::Info);
+        }
     } else if config.uses_oauthbearer() {
         for (key, value) in config.oauthbearer.librdkafka_properties() {
             c.set(key, value);

@@ -19,7 +19,7 @@ use crate::sink::blocked::{BlockReason, Blocked};
 use crate::sink::kafka_latency::KafkaLatency;
 use crate::sink::TxnSeq;
 
-use super::login::KafkaLogin;
+use super::login::{self, ClientLogin, KafkaLogin, LogsIn};
 
 /// Marks a dead-letter record in the delivery opaque (transaction numbers never get there).
 pub(super) const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);
@@ -141,7 +141,7 @@ pub struct DeliveryReporter {
     errors_logged: Mutex<ErrorLog>,
     latency: Arc<KafkaLatency>,
     blocked: Arc<Blocked>,
-    login: KafkaLogin,
+    login: ClientLogin,
 }
 
 impl DeliveryReporter {
@@ -157,7 +157,7 @@ impl DeliveryReporter {
             errors_logged: Mutex::new(ErrorLog::default()),
             latency: Arc::default(),
             blocked,
-            login,
+            login: ClientLogin::new(login),
         }
     }
 
@@ -195,7 +195,13 @@ impl ClientContext for DeliveryReporter {
         }
     }
 
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, line: &str) {
+        self.login.on_log(fac);
+        login::forward_log(level, fac, line);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
+        self.login.on_error(&error);
         // Broker connection problems are reported here; librdkafka retries by itself.
         // Cluster-wide refusals come here, with no topic: a refused login, no
         // IDEMPOTENT_WRITE for the idempotent producer.
@@ -216,6 +222,12 @@ impl ClientContext for DeliveryReporter {
         log.last = Some(Instant::now());
         warn!(error = %error, reason, suppressed,
             "kafka client error; the producer keeps retrying");
+    }
+}
+
+impl LogsIn for DeliveryReporter {
+    fn client_login(&self) -> &ClientLogin {
+        &self.login
     }
 }
 

@@ -17,9 +17,10 @@
 mod client;
 mod delivery;
 pub mod login;
+mod login_admin;
 #[allow(
     unsafe_code,
-    reason = "FFI: rd_kafka_oauthbearer_set_token for the admin client, whose rust-rdkafka wrapper never delivers the token request (fede1024/rust-rdkafka#757)"
+    reason = "FFI: rd_kafka_oauthbearer_set_token for the admin client, whose rust-rdkafka wrapper never delivers the token request (fede1024/rust-rdkafka#757), and for a new token after a lost connection; the admin client's main queue, for its errors"
 )]
 mod login_ffi;
 mod partition_counts;
@@ -58,7 +59,8 @@ pub use delivery::{
     is_permanent, Delivery, DeliveryFailure, DeliveryReporter, PublishError, Rejection,
 };
 use delivery::{DEAD_LETTER_BIT, PROGRESS_OPAQUE};
-pub use login::{admin_client, KafkaLogin, LoginContext};
+pub use login::{KafkaLogin, LoginContext};
+pub use login_admin::{admin_client, LoggedInAdmin};
 use partition_counts::PartitionCounts;
 use producer::Shared;
 use progress::{progress_value, Progress, ProgressRecord};
@@ -181,6 +183,7 @@ impl Publisher {
                 .create_with_context(reporter)
                 .map_err(PublishError::Create)?,
         );
+        login::attach(producer.client());
         let poller = Poller::start(producer.clone()).map_err(|e| {
             PublishError::Create(KafkaError::ClientCreation(format!(
                 "cannot start the delivery thread: {e}"

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 
-use super::login::{admin_client, KafkaLogin, LoggedInAdmin, LoginContext};
+use super::login::{KafkaLogin, LoginContext};
+use super::login_admin::{admin_client, LoggedInAdmin};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
@@ -281,9 +282,7 @@ impl PartitionCounts {
         if let Some(admin) = admin.as_ref() {
             return Ok(admin.clone());
         }
-        let context = LoginContext {
-            login: self.login.clone(),
-        };
+        let context = LoginContext::new(&self.login);
         let created = Arc::new(admin_client(&self.admin_config, context, &self.login)?);
         *admin = Some(created.clone());
         Ok(created)

@@ -42,7 +42,8 @@ use tracing::{info, warn};
 
 use super::client::{client_config, consumer_config};
 use super::delivery::PublishError;
-use super::login::{self, admin_client, KafkaLogin, LoggedInAdmin, LoginContext};
+use super::login::{self, ClientLogin, KafkaLogin, LoginContext, LogsIn};
+use super::login_admin::{admin_client, LoggedInAdmin};
 use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
 use crate::sink::blocked::{BlockReason, Blocked};
@@ -129,9 +130,7 @@ pub(in crate::sink) async fn ensure_topic(
         problem: p,
     };
     let login = KafkaLogin::from_config(config);
-    let context = LoginContext {
-        login: login.clone(),
-    };
+    let context = LoginContext::new(&login);
     let admin = Arc::new(
         admin_client(&client_config(config), context, &login)
             .map_err(|e| problem(format!("cannot create an admin client: {e}")))?,
@@ -320,7 +319,7 @@ fn wait_stable(
 /// The reader's client context: reaching the end of the partition is how it knows it is
 /// done, not an error to log.
 struct QuietEof {
-    login: KafkaLogin,
+    login: ClientLogin,
 }
 
 fn quiet_consumer(
@@ -328,9 +327,9 @@ fn quiet_consumer(
     login: &KafkaLogin,
 ) -> Result<BaseConsumer<QuietEof>, String> {
     let context = QuietEof {
-        login: login.clone(),
+        login: ClientLogin::new(login.clone()),
     };
-    login::consumer(&consumer_config(client), context, login)
+    login::consumer(&consumer_config(client), context)
         .map_err(|e| format!("cannot create a consumer: {e}"))
 }
 
@@ -344,7 +343,13 @@ impl rdkafka::ClientContext for QuietEof {
         self.login.generate()
     }
 
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, line: &str) {
+        self.login.on_log(fac);
+        login::forward_log(level, fac, line);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
+        self.login.on_error(&error);
         if !matches!(error, KafkaError::PartitionEOF(_)) {
             warn!(error = %error, reason, "kafka client error while reading the progress record");
         }
@@ -352,6 +357,12 @@ impl rdkafka::ClientContext for QuietEof {
 }
 
 impl rdkafka::consumer::ConsumerContext for QuietEof {}
+
+impl LogsIn for QuietEof {
+    fn client_login(&self) -> &ClientLogin {
+        &self.login
+    }
+}
 
 /// The server's timeline and how it got there, read on the replication connection before
 /// streaming: a progress value written on another timeline is checked against it.
