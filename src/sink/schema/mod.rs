@@ -6,6 +6,9 @@
 //! |---|---|---|
 //! | the frame: magic byte, schema id, Protobuf message indexes | `wire.rs` | none |
 //! | JSON → Avro binary | `avro.rs` | none |
+//! | JSON validated by a JSON Schema | `json_schema.rs` | none |
+//! | `.proto` text compiled, JSON → Protobuf binary | `protobuf.rs` | none |
+//! | the format's schema parsed, a payload encoded | `codec.rs` | none |
 //! | the registry's REST API | `registry.rs` | HTTP |
 //! | subjects, the schema cache, what blocks | here, `health.rs` | through `registry.rs` |
 //!
@@ -17,7 +20,10 @@
 //! a pinned version is kept for good, `latest` is asked again after `latest_ttl_ms`.
 
 mod avro;
+mod codec;
 mod health;
+mod json_schema;
+mod protobuf;
 pub mod registry;
 pub mod wire;
 
@@ -32,7 +38,10 @@ use crate::config::{
 };
 use crate::mapping::Record;
 pub use avro::AvroSchema;
+pub use codec::Codec;
 pub use health::RegistryHealth;
+pub use json_schema::JsonSchema;
+pub use protobuf::ProtoSchema;
 use registry::{RegistryClient, RegistryError};
 
 /// Why a record could not be serialized.
@@ -53,7 +62,7 @@ pub enum SerializeError {
 #[derive(Debug)]
 struct Cached {
     id: u32,
-    schema: AvroSchema,
+    schema: Codec,
     fetched: Instant,
 }
 
@@ -188,21 +197,7 @@ impl Serializer {
             }
             other => other?,
         };
-        let kind = registered.schema_type.as_deref().unwrap_or("AVRO");
-        if kind != self.config.format.schema_type() {
-            return Err(RegistryError::BadSchema {
-                subject: subject.to_string(),
-                reason: format!(
-                    "it is a {kind} schema, and outbox.serialization.format is {}",
-                    SerializationFormat::NAMES[self.config.format as usize]
-                ),
-            });
-        }
-        let schema =
-            AvroSchema::parse(&registered.schema).map_err(|reason| RegistryError::BadSchema {
-                subject: subject.to_string(),
-                reason,
-            })?;
+        let schema = self.parse(subject, &registered)?;
         tracing::info!(
             subject,
             schema_id = registered.id,
@@ -213,6 +208,27 @@ impl Serializer {
             schema,
             fetched: Instant::now(),
         })
+    }
+
+    /// The registered schema parsed, when it is of the configured format.
+    fn parse(
+        &self,
+        subject: &str,
+        registered: &registry::Registered,
+    ) -> Result<Codec, RegistryError> {
+        let bad = |reason| RegistryError::BadSchema {
+            subject: subject.to_string(),
+            reason,
+        };
+        // The registry leaves `schemaType` out for Avro, the default.
+        let kind = registered.schema_type.as_deref().unwrap_or("AVRO");
+        if kind != self.config.format.schema_type() {
+            return Err(bad(format!(
+                "it is a {kind} schema, and outbox.serialization.format is {}",
+                SerializationFormat::NAMES[self.config.format as usize]
+            )));
+        }
+        Codec::parse(&self.config, &registered.schema).map_err(bad)
     }
 
     fn schema_file(&self) -> Result<String, RegistryError> {
@@ -233,7 +249,7 @@ impl Serializer {
     pub async fn verify(&self, subject: &str) -> Result<u32, RegistryError> {
         match self.client.version(subject, self.config.version()).await {
             Err(RegistryError::NotFound { .. }) if self.config.auto_register => {
-                AvroSchema::parse(&self.schema_file()?).map_err(|reason| {
+                Codec::parse(&self.config, &self.schema_file()?).map_err(|reason| {
                     RegistryError::BadSchema {
                         subject: subject.to_string(),
                         reason: format!("schema_file: {reason}"),
@@ -242,12 +258,7 @@ impl Serializer {
                 Ok(0)
             }
             Err(e) => Err(e),
-            Ok(registered) => AvroSchema::parse(&registered.schema)
-                .map(|_| registered.id)
-                .map_err(|reason| RegistryError::BadSchema {
-                    subject: subject.to_string(),
-                    reason,
-                }),
+            Ok(registered) => self.parse(subject, &registered).map(|_| registered.id),
         }
     }
 }
@@ -260,8 +271,18 @@ mod tests {
 
     /// A serializer whose registry does not answer (port 1), with `subject` cached as id 9.
     fn serializer(strategy: SubjectStrategy, cached: &str) -> Arc<Serializer> {
+        let avro = Codec::Avro(AvroSchema::parse(SCHEMA).unwrap());
+        serializer_of(SerializationFormat::Avro, avro, strategy, cached)
+    }
+
+    fn serializer_of(
+        format: SerializationFormat,
+        codec: Codec,
+        strategy: SubjectStrategy,
+        cached: &str,
+    ) -> Arc<Serializer> {
         let config = SerializationConfig {
-            format: SerializationFormat::Avro,
+            format,
             registry_url: "http://127.0.0.1:1".into(),
             subject_strategy: strategy,
             schema_version: "2".into(),
@@ -273,7 +294,7 @@ mod tests {
             cached.to_string(),
             Arc::new(Cached {
                 id: 9,
-                schema: AvroSchema::parse(SCHEMA).unwrap(),
+                schema: codec,
                 fetched: Instant::now(),
             }),
         );
@@ -325,6 +346,39 @@ mod tests {
         let mut tombstone = record("orders", None, &[]);
         s.serialize(&mut tombstone).await.unwrap();
         assert_eq!(tombstone.payload, None);
+    }
+
+    #[tokio::test]
+    async fn json_schema_and_protobuf_values_are_framed_with_their_content_types() {
+        let json = JsonSchema::parse(r#"{"type":"object","required":["n"]}"#).unwrap();
+        let s = serializer_of(
+            SerializationFormat::JsonSchema,
+            Codec::Json(json),
+            SubjectStrategy::Topic,
+            "orders-value",
+        );
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[("content-type", "x")]);
+        s.serialize(&mut r).await.unwrap();
+        assert_eq!(r.payload.as_deref(), Some(&b"\0\0\0\0\x09{\"n\": 3}"[..]));
+        assert_eq!(&r.headers[0].1[..], b"application/json");
+
+        let proto = ProtoSchema::parse("syntax = \"proto3\"; message E { int64 n = 1; }", None);
+        let s = serializer_of(
+            SerializationFormat::Protobuf,
+            Codec::Protobuf(proto.unwrap()),
+            SubjectStrategy::Topic,
+            "orders-value",
+        );
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[("content-type", "x")]);
+        s.serialize(&mut r).await.unwrap();
+        // Magic byte, id 9, message index [0] as one 0, then field 1 = 3.
+        assert_eq!(r.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 0, 0x08, 3][..]));
+        assert_eq!(&r.headers[0].1[..], b"application/protobuf");
+        let mut bad = record("orders", Some(r#"{"m": 3}"#), &[]);
+        assert!(matches!(
+            s.serialize(&mut bad).await,
+            Err(SerializeError::Payload(why)) if why.contains("schema id 9")
+        ));
     }
 
     #[tokio::test]
