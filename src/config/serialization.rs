@@ -110,6 +110,11 @@ pub struct SerializationConfig {
     /// first message.
     #[serde(with = "unset")]
     pub protobuf_message: Option<String>,
+    /// A header whose value is the schema id to encode the record with (map a column to it
+    /// with `header_columns`), instead of the subject's `schema_version`. A record without the
+    /// header uses the subject's; a value that is not a number is dead-lettered. Unset: off.
+    #[serde(with = "unset")]
+    pub schema_id_header: Option<String>,
 }
 
 impl Default for SerializationConfig {
@@ -128,6 +133,7 @@ impl Default for SerializationConfig {
             schema_file: None,
             request_timeout_ms: DEFAULT_REGISTRY_TIMEOUT_MS,
             protobuf_message: None,
+            schema_id_header: None,
         }
     }
 }

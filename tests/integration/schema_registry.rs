@@ -407,6 +407,86 @@ async fn a_payload_that_breaks_the_schema_is_dead_lettered_and_its_neighbours_ar
     db.cleanup().await;
 }
 
+/// `schema_id_header`: each record is encoded with the schema whose id its header (here the
+/// event type, header `type`) names, not the subject's latest; a value that is no id is
+/// dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_schema_id_from_a_header_picks_each_records_schema() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    let v1 = register(&url, &topic).await;
+    let v2_schema = EVENT_SCHEMA.replace(
+        r#"{"name":"seq","type":"long"}"#,
+        r#"{"name":"seq","type":"string"}"#,
+    );
+    let v2 = client(&url)
+        .register(&format!("{topic}-value"), &v2_schema, "AVRO")
+        .await
+        .expect("register version 2");
+    let env = avro_env(
+        &db,
+        &url,
+        &[(
+            "OUTBOX_RELAY__OUTBOX__SERIALIZATION__SCHEMA_ID_HEADER",
+            "type",
+        )],
+    );
+    let mut relay = RelayProcess::start(&env, "registry_schema_id");
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut sent = events(4, "order");
+    sent[0].event_type = v1.to_string();
+    sent[1].event_type = v1.to_string();
+    sent[2].event_type = v2.to_string();
+    sent[2].payload = r#"{"seq": "two", "note": "x", "writer": 0}"#.into();
+    sent[3].event_type = "Created".into();
+    write_in_batches(&db, &sent, 4).await;
+    let (received, _) = expect_all(
+        "schema id header",
+        std::slice::from_ref(&topic),
+        &sent[..3],
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    assert_eq!(received.len(), 3, "three records on the topic");
+    for r in &received {
+        let want = if r.key_str() == sent[2].id { v2 } else { v1 };
+        assert_framed(std::slice::from_ref(r), want);
+    }
+    let dead = read_ids(
+        &[db.topic("dlq")],
+        1,
+        std::slice::from_ref(&sent[3].id),
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "one dead letter:\n{}", relay.log_text());
+    assert_eq!(dead[0].header("outbox-relay.dlq.reason"), Some("schema"));
+    let error = dead[0].header("outbox-relay.dlq.error").unwrap();
+    assert!(
+        error.contains("header `type` is not a schema id"),
+        "{error}"
+    );
+
+    let decoded = decode_with_confluent(&url, &topic, 3);
+    for event in &sent[..3] {
+        let original: serde_json::Value = serde_json::from_str(&event.payload).unwrap();
+        assert_eq!(
+            decoded.get(&event.id),
+            Some(&original),
+            "event {}",
+            event.id
+        );
+    }
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
 /// The registry down for 20 s mid-stream: the relay waits (with `latest_ttl_ms` short, it
 /// asks the registry again within a second, as a relay picking up a new version would),
 /// `/readyz` is red meanwhile; nothing is dead-lettered, nothing lost. Its own registry, so

@@ -129,14 +129,23 @@ impl Serializer {
         let Some(payload) = &record.payload else {
             return Ok(());
         };
-        let subject = self.subject_for(record)?;
-        let cached = self
-            .schema(&subject)
-            .await
-            .map_err(|error| SerializeError::Registry {
-                subject: subject.clone(),
-                error,
-            })?;
+        // What the schema is looked up by: the subject, or the id a header names; the label
+        // of a registry block either way.
+        let (subject, cached) = match self.pinned_id(record)? {
+            Some(id) => {
+                let label = format!("schema id {id}");
+                (label, self.schema_by_id(id).await)
+            }
+            None => {
+                let subject = self.subject_for(record)?;
+                let cached = self.schema(&subject).await;
+                (subject, cached)
+            }
+        };
+        let cached = cached.map_err(|error| SerializeError::Registry {
+            subject: subject.clone(),
+            error,
+        })?;
         self.health.clear(&subject);
         let body = cached.schema.encode(payload).map_err(|reason| {
             SerializeError::Payload(format!(
@@ -168,6 +177,48 @@ impl Serializer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(subject.to_string(), cached.clone());
+        Ok(cached)
+    }
+
+    /// The schema id the record's `schema_id_header` names; `None` without the setting or
+    /// the header (the subject's schema is used then). Not a number: the record's fault.
+    fn pinned_id(&self, record: &Record) -> Result<Option<u32>, SerializeError> {
+        let Some(header) = &self.config.schema_id_header else {
+            return Ok(None);
+        };
+        let Some((_, value)) = record.headers.iter().find(|(name, _)| &**name == header) else {
+            return Ok(None);
+        };
+        std::str::from_utf8(value)
+            .ok()
+            .and_then(|text| text.trim().parse::<u32>().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                SerializeError::Payload(format!(
+                    "header `{header}` is not a schema id: {:?} (outbox.serialization.schema_id_header)",
+                    String::from_utf8_lossy(value)
+                ))
+            })
+    }
+
+    /// The schema registered as `id`: an id never changes its schema, so it is cached for good.
+    async fn schema_by_id(&self, id: u32) -> Result<Arc<Cached>, RegistryError> {
+        let key = format!("#id {id}");
+        if let Some(cached) = self.cached(&key) {
+            return Ok(cached);
+        }
+        let registered = self.client.by_id(id).await?;
+        let schema = self.parse(&format!("schema id {id}"), &registered)?;
+        tracing::info!(schema_id = id, "schema fetched from the registry by id");
+        let cached = Arc::new(Cached {
+            id,
+            schema,
+            fetched: Instant::now(),
+        });
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, cached.clone());
         Ok(cached)
     }
 
@@ -378,6 +429,34 @@ mod tests {
         assert!(matches!(
             s.serialize(&mut bad).await,
             Err(SerializeError::Payload(why)) if why.contains("schema id 9")
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_schema_id_header_picks_the_schema_by_id() {
+        let s = serializer(SubjectStrategy::Topic, "#id 9");
+        let mut config = s.config.clone();
+        config.schema_id_header = Some("sid".into());
+        let s = Serializer {
+            config,
+            client: s.client.clone(),
+            cache: Mutex::new(s.cache.lock().unwrap().clone()),
+            health: s.health(),
+        };
+        // `orders-value` is not cached (its registry does not answer): the id is used.
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[("sid", "9")]);
+        s.serialize(&mut r).await.unwrap();
+        assert_eq!(r.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 6][..]));
+        let mut bad = record("orders", Some(r#"{"n": 3}"#), &[("sid", "v9")]);
+        assert!(matches!(
+            s.serialize(&mut bad).await,
+            Err(SerializeError::Payload(why)) if why.contains("header `sid` is not a schema id")
+        ));
+        // Without the header the subject's schema is asked for.
+        let mut plain = record("orders", Some(r#"{"n": 3}"#), &[]);
+        assert!(matches!(
+            s.serialize(&mut plain).await,
+            Err(SerializeError::Registry { subject, .. }) if subject == "orders-value"
         ));
     }
 
