@@ -11,9 +11,11 @@ each record's schema id must name PROTO_FILE's text in the registry).
 Stops after COUNT records, or at the timeout (then exits 1).
 """
 
+import atexit
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -44,6 +46,7 @@ def protobuf(registry, proto):
     from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 
     out = tempfile.mkdtemp(prefix="consume-proto-")
+    atexit.register(shutil.rmtree, out, True)
     folder, name = os.path.split(os.path.abspath(proto))
     if protoc.main(["protoc", f"-I{folder}", f"--python_out={out}", name]) != 0:
         raise SystemExit(f"protoc could not compile {proto}")
