@@ -21,7 +21,7 @@
 #              again afterwards)
 #   clean      stop it and delete its state (schemas, logs)
 #   python     print the path of a python with Confluent's client library
-#              (confluent-kafka[avro] from PyPI, in a venv in the cache dir
+#              (confluent-kafka[avro,json,protobuf] and grpcio-tools from PyPI, in a venv in the cache dir
 #              below; made on first use) for scripts/registry/consume.py
 #
 # State lives in ${OUTBOX_RUN_DIR:-/tmp/outbox-relay-run}/registry (the same
@@ -475,9 +475,14 @@ cmd_selftest() {
 
 # ----------------------------------------------------------------- python
 
-# The venv's python, made (and confluent-kafka installed into it) on first use.
+# The venv's python, made (and confluent-kafka installed into it) on first use. Its
+# directory is named after the requirements, so that a new set never replaces a venv that
+# another checkout's tests are using. grpcio-tools: protoc as a Python module, to generate
+# the message class that Confluent's ProtobufDeserializer needs from the registry's .proto.
 cmd_python() {
-    local venv="$CACHE_DIR/registry-python" req='confluent-kafka[avro]==2.16.1' t0=$SECONDS
+    local req='confluent-kafka[avro,json,protobuf]==2.16.1 grpcio-tools==1.85.1' t0=$SECONDS
+    local venv
+    venv="$CACHE_DIR/registry-python-$(printf '%s' "$req" | md5sum | cut -c1-8)"
     if [[ -x $venv/bin/python && -f $venv/.complete ]] && grep -qxF "$req" "$venv/.complete"; then
         echo "$venv/bin/python"
         return
@@ -492,7 +497,8 @@ cmd_python() {
         python3 -m venv "$venv" >&2 || die "python3 -m venv failed after installing python3-venv"
     fi
     log "installing $req into $venv (once)"
-    "$venv/bin/pip" install -q --disable-pip-version-check "$req" >&2 ||
+    # shellcheck disable=SC2086 # $req is a list of requirements
+    "$venv/bin/pip" install -q --disable-pip-version-check $req >&2 ||
         die "pip could not install $req"
     echo "$req" >"$venv/.complete"
     log "python ready in $((SECONDS - t0)) s"

@@ -25,9 +25,10 @@ pub enum SerializationFormat {
     None,
     /// Avro binary of the JSON payload, per the subject's Avro schema.
     Avro,
-    /// The JSON payload, validated against a JSON Schema: not implemented yet.
+    /// The JSON payload as it is, once validated against the subject's JSON Schema.
     JsonSchema,
-    /// Protobuf binary of the JSON payload: not implemented yet.
+    /// Protobuf binary of the JSON payload (protobuf's JSON mapping), per one message of
+    /// the subject's `.proto` file.
     Protobuf,
 }
 
@@ -71,7 +72,7 @@ pub enum SubjectStrategy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SerializationConfig {
-    /// `none` (default), `avro`; `json_schema` and `protobuf` are refused for now.
+    /// `none` (default), `avro`, `json_schema` or `protobuf`.
     pub format: SerializationFormat,
     /// The registry's Confluent-compatible base URL (Confluent: `http://host:8081`;
     /// Apicurio: `http://host:8080/apis/ccompat/v7`). Required unless `format = "none"`.
@@ -104,6 +105,16 @@ pub struct SerializationConfig {
     pub schema_file: Option<PathBuf>,
     /// Deadline of one registry request, in milliseconds; > 0.
     pub request_timeout_ms: u64,
+    /// `protobuf`: the message of the `.proto` file values are encoded as, by full name
+    /// (`pkg.Msg`, `pkg.Outer.Inner`) or relative to the file's package. Unset: the file's
+    /// first message.
+    #[serde(with = "unset")]
+    pub protobuf_message: Option<String>,
+    /// A header whose value is the schema id to encode the record with (map a column to it
+    /// with `header_columns`), instead of the subject's `schema_version`. A record without the
+    /// header uses the subject's; a value that is not a number is dead-lettered. Unset: off.
+    #[serde(with = "unset")]
+    pub schema_id_header: Option<String>,
 }
 
 impl Default for SerializationConfig {
@@ -121,6 +132,8 @@ impl Default for SerializationConfig {
             auto_register: false,
             schema_file: None,
             request_timeout_ms: DEFAULT_REGISTRY_TIMEOUT_MS,
+            protobuf_message: None,
+            schema_id_header: None,
         }
     }
 }
@@ -165,18 +178,14 @@ impl SerializationConfig {
     pub(super) fn validate(&self, formats: &[(String, Format)]) -> Result<(), ConfigError> {
         const P: &str = "outbox.serialization";
         let field = |key: &str| format!("{P}.{key}");
-        match self.format {
-            SerializationFormat::None => return Ok(()),
-            SerializationFormat::Avro => {}
-            other => {
-                return Err(ConfigError::invalid(
-                    field("format"),
-                    format!(
-                        "`{}` is not implemented yet; use `avro` or `none`",
-                        SerializationFormat::NAMES[other as usize]
-                    ),
-                ))
-            }
+        if self.format == SerializationFormat::None {
+            return Ok(());
+        }
+        if self.protobuf_message.is_some() && self.format != SerializationFormat::Protobuf {
+            return Err(ConfigError::invalid(
+                field("protobuf_message"),
+                "names a protobuf message: only with format = \"protobuf\"",
+            ));
         }
         if !(self.registry_url.starts_with("http://") || self.registry_url.starts_with("https://"))
         {
@@ -285,6 +294,14 @@ mod tests {
         let cases = [
             (
                 "[outbox.serialization]\nformat = \"protobuf\"\n",
+                "outbox.serialization.registry_url",
+            ),
+            (
+                &format!("{AVRO}protobuf_message = \"E\"\n"),
+                "outbox.serialization.protobuf_message",
+            ),
+            (
+                "[outbox.serialization]\nformat = \"xml\"\nregistry_url = \"http://r\"\n",
                 "outbox.serialization.format",
             ),
             (

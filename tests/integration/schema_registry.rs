@@ -1,7 +1,8 @@
 //! Schema Registry serialization (`[outbox.serialization]`, issue 23) against a real registry:
 //! Apicurio Registry's Confluent-compatible API, started by `scripts/registry.sh` (here if it
 //! does not run yet), and a stock consumer (Python `confluent-kafka`'s `AvroDeserializer`,
-//! `scripts/registry/consume.py`) reading what the relay wrote.
+//! `JSONDeserializer` and `ProtobufDeserializer`, `scripts/registry/consume.py`) reading what
+//! the relay wrote.
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -18,6 +19,20 @@ use outbox_relay::sink::schema::wire;
 const EVENT_SCHEMA: &str = r#"{"type":"record","name":"Event","namespace":"dev.outbox.test",
   "fields":[{"name":"seq","type":"long"},{"name":"note","type":"string"},
   {"name":"writer","type":"long"}]}"#;
+
+/// The same contract as a JSON Schema; `minimum` is a constraint no JSON type carries, so a
+/// payload breaking it is caught only by validation.
+const EVENT_JSON_SCHEMA: &str = r#"{"$schema":"http://json-schema.org/draft-07/schema#",
+  "title":"Event","type":"object","properties":{"seq":{"type":"integer","minimum":0},
+  "note":{"type":"string"},"writer":{"type":"integer"}},"required":["seq","note","writer"],
+  "additionalProperties":false}"#;
+
+/// The same contract as a `.proto` file; the relay encodes as its first message, `Event`.
+const EVENT_PROTO: &str = r#"syntax = "proto3";
+package dev.outbox.test;
+message Event { int32 seq = 1; string note = 2; int32 writer = 3; }
+message Unused { string other = 1; }
+"#;
 
 /// `scripts/registry.sh` with the run dir `run_dir`; its stdout.
 fn registry_script(run_dir: &str, command: &str) -> String {
@@ -69,10 +84,19 @@ async fn register(url: &str, topic: &str) -> u32 {
 }
 
 fn avro_env(db: &TestDb, url: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    serialization_env(db, url, "avro", extra)
+}
+
+fn serialization_env(
+    db: &TestDb,
+    url: &str,
+    format: &str,
+    extra: &[(&str, &str)],
+) -> Vec<(String, String)> {
     let mut env = with(
         db.relay_env(),
         &[
-            ("OUTBOX_RELAY__OUTBOX__SERIALIZATION__FORMAT", "avro"),
+            ("OUTBOX_RELAY__OUTBOX__SERIALIZATION__FORMAT", format),
             ("OUTBOX_RELAY__OUTBOX__SERIALIZATION__REGISTRY_URL", url),
         ],
     );
@@ -124,9 +148,21 @@ fn decode_with_confluent(
     topic: &str,
     count: usize,
 ) -> HashMap<String, serde_json::Value> {
+    decode_as(url, topic, count, &["avro"])
+}
+
+/// Decodes `topic` with the Confluent deserializer `how` names (`consume.py`'s FORMAT and
+/// PROTO_FILE): key → decoded value.
+fn decode_as(
+    url: &str,
+    topic: &str,
+    count: usize,
+    how: &[&str],
+) -> HashMap<String, serde_json::Value> {
     let out = Command::new(python())
         .arg(repo_path("scripts/registry/consume.py"))
         .args([&brokers(), url, topic, &count.to_string(), "120"])
+        .args(how)
         .stderr(Stdio::inherit())
         .output()
         .expect("run consume.py");
@@ -182,6 +218,112 @@ async fn avro_events_arrive_framed_and_a_stock_deserializer_decodes_each() {
     }
     relay.terminate(Duration::from_secs(30));
     db.cleanup().await;
+}
+
+/// One relay run per format (lean): 1,000 events arrive framed with the subject's schema id
+/// and decode with Confluent's deserializer (`decoder`) to their original content; one more
+/// event among them, `bad_payload`, breaks the schema and is dead-lettered with reason
+/// `schema` and the validator's message (`says`), and only it.
+async fn contract_end_to_end(
+    format: &str,
+    schema_type: &str,
+    schema: &str,
+    bad_payload: &str,
+    says: &str,
+    decoder: &[&str],
+) {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    let schema_id = client(&url)
+        .register(&format!("{topic}-value"), schema, schema_type)
+        .await
+        .expect("register the event schema");
+    let env = serialization_env(&db, &url, format, &[]);
+    let mut relay = RelayProcess::start(&env, &format!("registry_{format}"));
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut sent = events(1_001, "order");
+    sent[500].payload = bad_payload.into();
+    write_in_batches(&db, &sent, 100).await;
+    let bad = sent.remove(500);
+    let (received, _) = expect_all(
+        format,
+        std::slice::from_ref(&topic),
+        &sent,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    assert!(
+        received.iter().all(|r| r.key_str() != bad.id),
+        "the payload that breaks the schema reached the topic"
+    );
+    assert_framed(&received, schema_id);
+
+    let dead = read_ids(
+        &[db.topic("dlq")],
+        1,
+        std::slice::from_ref(&bad.id),
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "one dead letter:\n{}", relay.log_text());
+    let letter = &dead[0];
+    assert_eq!(letter.key_str(), bad.id);
+    assert_eq!(letter.header("outbox-relay.dlq.reason"), Some("schema"));
+    let error = letter.header("outbox-relay.dlq.error").unwrap();
+    assert!(error.contains(&format!("{topic}-value")), "{error}");
+    assert!(error.contains(says), "{error}");
+
+    let decoded = decode_as(&url, &topic, sent.len(), decoder);
+    assert_eq!(decoded.len(), sent.len(), "one decoded record per event");
+    for event in &sent {
+        let original: serde_json::Value = serde_json::from_str(&event.payload).unwrap();
+        assert_eq!(
+            decoded.get(&event.id),
+            Some(&original),
+            "event {} decodes to its original content",
+            event.id
+        );
+    }
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn json_schema_events_are_validated_framed_and_decoded_by_a_stock_deserializer() {
+    contract_end_to_end(
+        "json_schema",
+        "JSON",
+        EVENT_JSON_SCHEMA,
+        r#"{"seq": -1, "note": "x", "writer": 0}"#,
+        "-1 is less than the minimum of 0",
+        &["json"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn protobuf_events_arrive_encoded_and_a_stock_deserializer_decodes_each() {
+    // The consumer's message class is generated from the same .proto (protoc, in consume.py).
+    let dir = std::env::temp_dir().join(format!("registry-proto-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let proto = dir.join("event.proto");
+    std::fs::write(&proto, EVENT_PROTO).unwrap();
+    contract_end_to_end(
+        "protobuf",
+        "PROTOBUF",
+        EVENT_PROTO,
+        r#"{"seq": 1, "note": "x", "writer": 0, "colour": "red"}"#,
+        "colour",
+        &["protobuf", proto.to_str().unwrap()],
+    )
+    .await;
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -262,6 +404,86 @@ async fn a_payload_that_breaks_the_schema_is_dead_lettered_and_its_neighbours_ar
     assert_framed(&redriven, v2_id);
     let decoded = decode_with_confluent(&url, &topic, 5);
     assert_eq!(decoded[&sent[2].id]["seq"], "two", "{decoded:?}");
+    db.cleanup().await;
+}
+
+/// `schema_id_header`: each record is encoded with the schema whose id its header (here the
+/// event type, header `type`) names, not the subject's latest; a value that is no id is
+/// dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_schema_id_from_a_header_picks_each_records_schema() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    let v1 = register(&url, &topic).await;
+    let v2_schema = EVENT_SCHEMA.replace(
+        r#"{"name":"seq","type":"long"}"#,
+        r#"{"name":"seq","type":"string"}"#,
+    );
+    let v2 = client(&url)
+        .register(&format!("{topic}-value"), &v2_schema, "AVRO")
+        .await
+        .expect("register version 2");
+    let env = avro_env(
+        &db,
+        &url,
+        &[(
+            "OUTBOX_RELAY__OUTBOX__SERIALIZATION__SCHEMA_ID_HEADER",
+            "type",
+        )],
+    );
+    let mut relay = RelayProcess::start(&env, "registry_schema_id");
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut sent = events(4, "order");
+    sent[0].event_type = v1.to_string();
+    sent[1].event_type = v1.to_string();
+    sent[2].event_type = v2.to_string();
+    sent[2].payload = r#"{"seq": "two", "note": "x", "writer": 0}"#.into();
+    sent[3].event_type = "Created".into();
+    write_in_batches(&db, &sent, 4).await;
+    let (received, _) = expect_all(
+        "schema id header",
+        std::slice::from_ref(&topic),
+        &sent[..3],
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    assert_eq!(received.len(), 3, "three records on the topic");
+    for r in &received {
+        let want = if r.key_str() == sent[2].id { v2 } else { v1 };
+        assert_framed(std::slice::from_ref(r), want);
+    }
+    let dead = read_ids(
+        &[db.topic("dlq")],
+        1,
+        std::slice::from_ref(&sent[3].id),
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "one dead letter:\n{}", relay.log_text());
+    assert_eq!(dead[0].header("outbox-relay.dlq.reason"), Some("schema"));
+    let error = dead[0].header("outbox-relay.dlq.error").unwrap();
+    assert!(
+        error.contains("header `type` is not a schema id"),
+        "{error}"
+    );
+
+    let decoded = decode_with_confluent(&url, &topic, 3);
+    for event in &sent[..3] {
+        let original: serde_json::Value = serde_json::from_str(&event.payload).unwrap();
+        assert_eq!(
+            decoded.get(&event.id),
+            Some(&original),
+            "event {}",
+            event.id
+        );
+    }
+    relay.terminate(Duration::from_secs(30));
     db.cleanup().await;
 }
 
@@ -467,6 +689,26 @@ async fn check_verifies_the_subjects_against_the_registry() {
             .iter()
             .any(|(s, d)| s == "problem" && d.contains(&customer) && d.contains("404")),
         "{found:?}"
+    );
+    // json_schema: a JSON Schema that compiles is ok; the Avro one is the wrong format.
+    self::client(&url)
+        .register(
+            &format!("{}-value", db.topic("customer")),
+            EVENT_JSON_SCHEMA,
+            "JSON",
+        )
+        .await
+        .expect("register the JSON Schema");
+    let json = items(serialization_env(&db, &url, "json_schema", &[])).await;
+    assert!(
+        json.iter()
+            .any(|(s, d)| s == "ok" && d.contains(&customer) && d.contains("parses")),
+        "{json:?}"
+    );
+    assert!(
+        json.iter()
+            .any(|(s, d)| s == "problem" && d.contains(&order) && d.contains("AVRO schema")),
+        "{json:?}"
     );
     let down = items(avro_env(&db, "http://127.0.0.1:1/apis/ccompat/v7", &[])).await;
     assert!(

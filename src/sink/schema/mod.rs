@@ -6,6 +6,9 @@
 //! |---|---|---|
 //! | the frame: magic byte, schema id, Protobuf message indexes | `wire.rs` | none |
 //! | JSON → Avro binary | `avro.rs` | none |
+//! | JSON validated by a JSON Schema | `json_schema.rs` | none |
+//! | `.proto` text compiled, JSON → Protobuf binary | `protobuf.rs` | none |
+//! | the format's schema parsed, a payload encoded | `codec.rs` | none |
 //! | the registry's REST API | `registry.rs` | HTTP |
 //! | subjects, the schema cache, what blocks | here, `health.rs` | through `registry.rs` |
 //!
@@ -17,7 +20,10 @@
 //! a pinned version is kept for good, `latest` is asked again after `latest_ttl_ms`.
 
 mod avro;
+mod codec;
 mod health;
+mod json_schema;
+mod protobuf;
 pub mod registry;
 pub mod wire;
 
@@ -32,7 +38,10 @@ use crate::config::{
 };
 use crate::mapping::Record;
 pub use avro::AvroSchema;
+pub use codec::Codec;
 pub use health::RegistryHealth;
+pub use json_schema::JsonSchema;
+pub use protobuf::ProtoSchema;
 use registry::{RegistryClient, RegistryError};
 
 /// Why a record could not be serialized.
@@ -53,7 +62,7 @@ pub enum SerializeError {
 #[derive(Debug)]
 struct Cached {
     id: u32,
-    schema: AvroSchema,
+    schema: Codec,
     fetched: Instant,
 }
 
@@ -120,14 +129,23 @@ impl Serializer {
         let Some(payload) = &record.payload else {
             return Ok(());
         };
-        let subject = self.subject_for(record)?;
-        let cached = self
-            .schema(&subject)
-            .await
-            .map_err(|error| SerializeError::Registry {
-                subject: subject.clone(),
-                error,
-            })?;
+        // What the schema is looked up by: the subject, or the id a header names; the label
+        // of a registry block either way.
+        let (subject, cached) = match self.pinned_id(record)? {
+            Some(id) => {
+                let label = format!("schema id {id}");
+                (label, self.schema_by_id(id).await)
+            }
+            None => {
+                let subject = self.subject_for(record)?;
+                let cached = self.schema(&subject).await;
+                (subject, cached)
+            }
+        };
+        let cached = cached.map_err(|error| SerializeError::Registry {
+            subject: subject.clone(),
+            error,
+        })?;
         self.health.clear(&subject);
         let body = cached.schema.encode(payload).map_err(|reason| {
             SerializeError::Payload(format!(
@@ -162,6 +180,48 @@ impl Serializer {
         Ok(cached)
     }
 
+    /// The schema id the record's `schema_id_header` names; `None` without the setting or
+    /// the header (the subject's schema is used then). Not a number: the record's fault.
+    fn pinned_id(&self, record: &Record) -> Result<Option<u32>, SerializeError> {
+        let Some(header) = &self.config.schema_id_header else {
+            return Ok(None);
+        };
+        let Some((_, value)) = record.headers.iter().find(|(name, _)| &**name == header) else {
+            return Ok(None);
+        };
+        std::str::from_utf8(value)
+            .ok()
+            .and_then(|text| text.trim().parse::<u32>().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                SerializeError::Payload(format!(
+                    "header `{header}` is not a schema id: {:?} (outbox.serialization.schema_id_header)",
+                    String::from_utf8_lossy(value)
+                ))
+            })
+    }
+
+    /// The schema registered as `id`: an id never changes its schema, so it is cached for good.
+    async fn schema_by_id(&self, id: u32) -> Result<Arc<Cached>, RegistryError> {
+        let key = format!("#id {id}");
+        if let Some(cached) = self.cached(&key) {
+            return Ok(cached);
+        }
+        let registered = self.client.by_id(id).await?;
+        let schema = self.parse(&format!("schema id {id}"), &registered)?;
+        tracing::info!(schema_id = id, "schema fetched from the registry by id");
+        let cached = Arc::new(Cached {
+            id,
+            schema,
+            fetched: Instant::now(),
+        });
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, cached.clone());
+        Ok(cached)
+    }
+
     fn cached(&self, subject: &str) -> Option<Arc<Cached>> {
         self.cache
             .lock()
@@ -188,21 +248,7 @@ impl Serializer {
             }
             other => other?,
         };
-        let kind = registered.schema_type.as_deref().unwrap_or("AVRO");
-        if kind != self.config.format.schema_type() {
-            return Err(RegistryError::BadSchema {
-                subject: subject.to_string(),
-                reason: format!(
-                    "it is a {kind} schema, and outbox.serialization.format is {}",
-                    SerializationFormat::NAMES[self.config.format as usize]
-                ),
-            });
-        }
-        let schema =
-            AvroSchema::parse(&registered.schema).map_err(|reason| RegistryError::BadSchema {
-                subject: subject.to_string(),
-                reason,
-            })?;
+        let schema = self.parse(subject, &registered)?;
         tracing::info!(
             subject,
             schema_id = registered.id,
@@ -213,6 +259,27 @@ impl Serializer {
             schema,
             fetched: Instant::now(),
         })
+    }
+
+    /// The registered schema parsed, when it is of the configured format.
+    fn parse(
+        &self,
+        subject: &str,
+        registered: &registry::Registered,
+    ) -> Result<Codec, RegistryError> {
+        let bad = |reason| RegistryError::BadSchema {
+            subject: subject.to_string(),
+            reason,
+        };
+        // The registry leaves `schemaType` out for Avro, the default.
+        let kind = registered.schema_type.as_deref().unwrap_or("AVRO");
+        if kind != self.config.format.schema_type() {
+            return Err(bad(format!(
+                "it is a {kind} schema, and outbox.serialization.format is {}",
+                SerializationFormat::NAMES[self.config.format as usize]
+            )));
+        }
+        Codec::parse(&self.config, &registered.schema).map_err(bad)
     }
 
     fn schema_file(&self) -> Result<String, RegistryError> {
@@ -233,7 +300,7 @@ impl Serializer {
     pub async fn verify(&self, subject: &str) -> Result<u32, RegistryError> {
         match self.client.version(subject, self.config.version()).await {
             Err(RegistryError::NotFound { .. }) if self.config.auto_register => {
-                AvroSchema::parse(&self.schema_file()?).map_err(|reason| {
+                Codec::parse(&self.config, &self.schema_file()?).map_err(|reason| {
                     RegistryError::BadSchema {
                         subject: subject.to_string(),
                         reason: format!("schema_file: {reason}"),
@@ -242,12 +309,7 @@ impl Serializer {
                 Ok(0)
             }
             Err(e) => Err(e),
-            Ok(registered) => AvroSchema::parse(&registered.schema)
-                .map(|_| registered.id)
-                .map_err(|reason| RegistryError::BadSchema {
-                    subject: subject.to_string(),
-                    reason,
-                }),
+            Ok(registered) => self.parse(subject, &registered).map(|_| registered.id),
         }
     }
 }
@@ -260,8 +322,18 @@ mod tests {
 
     /// A serializer whose registry does not answer (port 1), with `subject` cached as id 9.
     fn serializer(strategy: SubjectStrategy, cached: &str) -> Arc<Serializer> {
+        let avro = Codec::Avro(AvroSchema::parse(SCHEMA).unwrap());
+        serializer_of(SerializationFormat::Avro, avro, strategy, cached)
+    }
+
+    fn serializer_of(
+        format: SerializationFormat,
+        codec: Codec,
+        strategy: SubjectStrategy,
+        cached: &str,
+    ) -> Arc<Serializer> {
         let config = SerializationConfig {
-            format: SerializationFormat::Avro,
+            format,
             registry_url: "http://127.0.0.1:1".into(),
             subject_strategy: strategy,
             schema_version: "2".into(),
@@ -273,7 +345,7 @@ mod tests {
             cached.to_string(),
             Arc::new(Cached {
                 id: 9,
-                schema: AvroSchema::parse(SCHEMA).unwrap(),
+                schema: codec,
                 fetched: Instant::now(),
             }),
         );
@@ -325,6 +397,67 @@ mod tests {
         let mut tombstone = record("orders", None, &[]);
         s.serialize(&mut tombstone).await.unwrap();
         assert_eq!(tombstone.payload, None);
+    }
+
+    #[tokio::test]
+    async fn json_schema_and_protobuf_values_are_framed_with_their_content_types() {
+        let json = JsonSchema::parse(r#"{"type":"object","required":["n"]}"#).unwrap();
+        let s = serializer_of(
+            SerializationFormat::JsonSchema,
+            Codec::Json(json),
+            SubjectStrategy::Topic,
+            "orders-value",
+        );
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[("content-type", "x")]);
+        s.serialize(&mut r).await.unwrap();
+        assert_eq!(r.payload.as_deref(), Some(&b"\0\0\0\0\x09{\"n\": 3}"[..]));
+        assert_eq!(&r.headers[0].1[..], b"application/json");
+
+        let proto = ProtoSchema::parse("syntax = \"proto3\"; message E { int64 n = 1; }", None);
+        let s = serializer_of(
+            SerializationFormat::Protobuf,
+            Codec::Protobuf(proto.unwrap()),
+            SubjectStrategy::Topic,
+            "orders-value",
+        );
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[("content-type", "x")]);
+        s.serialize(&mut r).await.unwrap();
+        // Magic byte, id 9, message index [0] as one 0, then field 1 = 3.
+        assert_eq!(r.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 0, 0x08, 3][..]));
+        assert_eq!(&r.headers[0].1[..], b"application/protobuf");
+        let mut bad = record("orders", Some(r#"{"m": 3}"#), &[]);
+        assert!(matches!(
+            s.serialize(&mut bad).await,
+            Err(SerializeError::Payload(why)) if why.contains("schema id 9")
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_schema_id_header_picks_the_schema_by_id() {
+        let s = serializer(SubjectStrategy::Topic, "#id 9");
+        let mut config = s.config.clone();
+        config.schema_id_header = Some("sid".into());
+        let s = Serializer {
+            config,
+            client: s.client.clone(),
+            cache: Mutex::new(s.cache.lock().unwrap().clone()),
+            health: s.health(),
+        };
+        // `orders-value` is not cached (its registry does not answer): the id is used.
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[("sid", "9")]);
+        s.serialize(&mut r).await.unwrap();
+        assert_eq!(r.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 6][..]));
+        let mut bad = record("orders", Some(r#"{"n": 3}"#), &[("sid", "v9")]);
+        assert!(matches!(
+            s.serialize(&mut bad).await,
+            Err(SerializeError::Payload(why)) if why.contains("header `sid` is not a schema id")
+        ));
+        // Without the header the subject's schema is asked for.
+        let mut plain = record("orders", Some(r#"{"n": 3}"#), &[]);
+        assert!(matches!(
+            s.serialize(&mut plain).await,
+            Err(SerializeError::Registry { subject, .. }) if subject == "orders-value"
+        ));
     }
 
     #[tokio::test]

@@ -33,6 +33,14 @@ pub struct Registered {
     pub schema_type: Option<String>,
 }
 
+/// `GET /schemas/ids/{id}`: a schema without its id.
+#[derive(Debug, Deserialize)]
+struct ById {
+    schema: String,
+    #[serde(rename = "schemaType", default)]
+    schema_type: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 struct IdOnly {
     id: u32,
@@ -83,6 +91,20 @@ impl RegistryClient {
         let what = format!("version {v} of subject `{subject}`");
         let body = self.send(self.http.get(self.at(&path)), &what).await?;
         serde_json::from_str(&body).map_err(|e| self.garbled(e))
+    }
+
+    /// The schema registered as `id` (whatever its subjects).
+    pub async fn by_id(&self, id: u32) -> Result<Registered, RegistryError> {
+        let path = format!("/schemas/ids/{id}");
+        let body = self
+            .send(self.http.get(self.at(&path)), &format!("schema id {id}"))
+            .await?;
+        let found: ById = serde_json::from_str(&body).map_err(|e| self.garbled(e))?;
+        Ok(Registered {
+            id,
+            schema: found.schema,
+            schema_type: found.schema_type,
+        })
     }
 
     /// Registers `schema` under `subject` (the registry answers with the id it already has
