@@ -301,7 +301,7 @@ async fn json_schema_events_are_validated_framed_and_decoded_by_a_stock_deserial
         "JSON",
         EVENT_JSON_SCHEMA,
         r#"{"seq": -1, "note": "x", "writer": 0}"#,
-        "-1 is less than the minimum of 0",
+        "at /seq: must be >=0, but got -1",
         &["json"],
     )
     .await;
