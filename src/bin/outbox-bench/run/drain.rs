@@ -66,12 +66,13 @@ async fn preload(r: &Round, client: &tokio_postgres::Client) -> anyhow::Result<(
     let end_lsn = current_lsn(client).await?;
     let avg = "SELECT round(avg(octet_length(payload::text))) FROM (SELECT payload FROM outbox LIMIT 1000) s";
     let toast = "SELECT round(pg_relation_size(reltoastrelid) / 1e6, 1) FROM pg_class WHERE relname = 'outbox'";
-    let payload_bytes = scalar(client, avg).await?.and_then(|v| v.parse().ok());
-    let toast_mb = scalar(client, toast).await?.and_then(|v| v.parse().ok());
+    let payload_text = scalar(client, avg).await?.unwrap_or_default();
+    let toast_text = scalar(client, toast).await?.unwrap_or_default();
     eprintln!(
-        "[bench]   preload took {} ms; end LSN {end_lsn}; payloads ~{payload_bytes:?} bytes; TOAST {toast_mb:?} MB",
+        "[bench]   preload took {} ms; end LSN {end_lsn}; payloads ~{payload_text} bytes; TOAST {toast_text} MB",
         started.elapsed().as_millis()
     );
+    let (payload_bytes, toast_mb) = (payload_text.parse().ok(), toast_text.parse().ok());
     let backlog = Backlog {
         shape: r.shape.to_string(),
         round: r.round.clone(),

@@ -221,7 +221,7 @@ async fn kill_and_restart(
     for k in 1..=kills {
         tokio::time::sleep(Duration::from_secs(interval)).await;
         let Some(r) = relay.take() else { break };
-        eprintln!("[bench]   kill -9 relay {} ({k} of {kills})", r.pid(),);
+        eprintln!("[bench]   kill -9 relay {} ({k} of {kills})", r.pid());
         r.kill().await;
         made += 1;
         relay = start_relay_checked(ctx, || run_k(k)).await?;
