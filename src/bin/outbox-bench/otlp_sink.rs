@@ -1,5 +1,5 @@
 //! `otlp-sink`: a local OTLP/HTTP endpoint that takes every export request, answers 200 and
-//! throws the spans away, so that `scripts/bench.sh --tracing` measures the relay's side of
+//! throws the spans away, so that `--tracing` measures the relay's side of
 //! tracing (making, batching, encoding and sending spans), not a collector.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -20,6 +20,20 @@ struct Taken {
 pub fn run(port_file: &Path, counts_file: &Path) -> anyhow::Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     std::fs::write(port_file, listener.local_addr()?.port().to_string())?;
+    serve(listener, counts_file)
+}
+
+/// The sink on a thread of this process (the `run` driver's, for `--tracing`): returns its
+/// port. It serves until the process exits.
+pub fn start(counts_file: &Path) -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let counts_file = counts_file.to_path_buf();
+    std::thread::spawn(move || serve(listener, &counts_file));
+    Ok(port)
+}
+
+fn serve(listener: TcpListener, counts_file: &Path) -> anyhow::Result<()> {
     let taken = Arc::new(Taken::default());
     for stream in listener.incoming() {
         let (taken, counts_file) = (taken.clone(), counts_file.to_path_buf());

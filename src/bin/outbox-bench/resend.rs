@@ -1,14 +1,20 @@
 //! Re-sent events per SIGKILL: steady writers with known ids, a consumer counting copies.
 //!
-//! The script kills and restarts the relay while this runs; a relay killed with `-9` cannot
+//! The driver kills and restarts the relay while this runs; a relay killed with `-9` cannot
 //! confirm what Kafka already acknowledged, so after a restart PostgreSQL sends those
 //! transactions again. At-least-once publishes them again (duplicates); exactly-once should
 //! not, for this read_committed consumer. Missing ids would be a lost event: never expected.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
-use super::latency::assigned_consumer;
-use super::*;
+use anyhow::Context;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::message::Message;
+
+use crate::kafka::assigned_consumer;
+use crate::latency::{numbered_id, write, Expect, Ids, Load, Target};
+use crate::records::{Resend, ResendKind};
 
 /// After every committed id arrived, keep reading this long for late copies.
 const TRAILING_READ: Duration = Duration::from_secs(2);
@@ -26,6 +32,7 @@ fn row_of_key(key: &[u8]) -> Option<u64> {
 }
 
 /// What the consumer saw.
+#[derive(Default)]
 struct Counts {
     /// Copies per row number.
     copies: HashMap<u64, u32>,
@@ -33,140 +40,115 @@ struct Counts {
     foreign: u64,
 }
 
-/// Reads `topic` from the beginning (read_committed) until every one of `expected` rows (set
-/// once the writers are done) arrived and [`TRAILING_READ`] passed, or `settle` after the
-/// writers stopped.
+impl Counts {
+    fn poll(&mut self, consumer: &BaseConsumer) {
+        match consumer.poll(Duration::from_millis(50)) {
+            Some(Ok(m)) => match m.key().and_then(row_of_key) {
+                Some(row) => *self.copies.entry(row).or_default() += 1,
+                None => self.foreign += 1,
+            },
+            Some(Err(e)) => eprintln!("outbox-bench: consumer error: {e}"),
+            None => {}
+        }
+    }
+}
+
+/// Reads `topic` from the beginning (read_committed) until every expected row arrived and
+/// [`TRAILING_READ`] passed, or `settle` after the writers stopped.
 fn count_copies(
     brokers: &str,
     topic: &str,
-    expected: Arc<AtomicU64>,
-    writers_done: Arc<AtomicBool>,
+    expect: Expect,
     settle: Duration,
 ) -> anyhow::Result<Counts> {
     let consumer = assigned_consumer(brokers, topic, "outbox-bench-resend")?;
-    let mut counts = Counts {
-        copies: HashMap::new(),
-        foreign: 0,
-    };
+    let mut counts = Counts::default();
     let mut settle_deadline: Option<Instant> = None;
     let mut complete_at: Option<Instant> = None;
     loop {
-        if writers_done.load(Ordering::Acquire) {
+        if let Some(expected) = expect.expected() {
             let now = Instant::now();
             let deadline = *settle_deadline.get_or_insert(now + settle);
-            if complete_at.is_none()
-                && counts.copies.len() as u64 >= expected.load(Ordering::Acquire)
-            {
+            if complete_at.is_none() && counts.copies.len() as u64 >= expected {
                 complete_at = Some(now);
             }
             if complete_at.is_some_and(|t| now > t + TRAILING_READ) || now > deadline {
                 break;
             }
         }
-        match consumer.poll(Duration::from_millis(50)) {
-            Some(Ok(m)) => match m.key().and_then(row_of_key) {
-                Some(row) => *counts.copies.entry(row).or_default() += 1,
-                None => counts.foreign += 1,
-            },
-            Some(Err(e)) => eprintln!("outbox-bench: consumer error: {e}"),
-            None => {}
-        }
+        counts.poll(&consumer);
     }
     Ok(counts)
 }
 
-pub(super) async fn resend(
-    url: &str,
-    brokers: &str,
-    topic: &str,
-    aggregate_type: &str,
-    load: Load,
-    settle: Duration,
-) -> anyhow::Result<Value> {
-    let Load {
-        rate,
-        seconds,
-        writers,
-    } = load;
-    let expected = Arc::new(AtomicU64::new(u64::MAX));
-    let writers_done = Arc::new(AtomicBool::new(false));
-    let consumer = {
-        let (brokers, topic) = (brokers.to_string(), topic.to_string());
-        let (expected, writers_done) = (expected.clone(), writers_done.clone());
-        std::thread::spawn(move || count_copies(&brokers, &topic, expected, writers_done, settle))
-    };
-    let start = Instant::now();
-    let duration = Duration::from_secs(seconds);
-    let per_writer = rate as f64 / writers as f64;
-    let first_id = |w: u64| w * 1_000_000_000;
-    let tasks: Vec<_> = (0..writers)
-        .map(|w| {
-            tokio::spawn(writer(
-                url.to_string(),
-                aggregate_type.to_string(),
-                per_writer,
-                first_id(w),
-                Ids::Numbered,
-                start,
-                duration,
-            ))
-        })
-        .collect();
-    // Writer w committed rows first_id(w) .. first_id(w) + n, all of them (an error ends the run).
-    let mut committed_rows = Vec::new();
-    for (w, task) in (0..writers).zip(tasks) {
-        let n = task.await??;
-        committed_rows.push((first_id(w), n));
-    }
-    let write_seconds = start.elapsed().as_secs_f64();
-    let committed: u64 = committed_rows.iter().map(|(_, n)| n).sum();
-    expected.store(committed, Ordering::Release);
-    writers_done.store(true, Ordering::Release);
-    let counts = tokio::task::spawn_blocking(move || consumer.join())
-        .await?
-        .map_err(|_| anyhow::anyhow!("consumer thread panicked"))??;
-
-    let received: u64 = counts.copies.values().map(|&c| u64::from(c)).sum();
+/// Committed rows that never arrived: how many, and the first few ids.
+fn missing(committed_rows: &[(u64, u64)], counts: &Counts) -> (u64, Vec<String>) {
     let mut missing = 0u64;
-    let mut missing_sample = Vec::new();
-    for &(first, n) in &committed_rows {
-        for row in first..first + n {
-            if !counts.copies.contains_key(&row) {
-                missing += 1;
-                if missing_sample.len() < MISSING_SAMPLE {
-                    missing_sample.push(numbered_id(row));
-                }
+    let mut sample = Vec::new();
+    for &(first, n) in committed_rows {
+        for row in (first..first + n).filter(|r| !counts.copies.contains_key(r)) {
+            missing += 1;
+            if sample.len() < MISSING_SAMPLE {
+                sample.push(numbered_id(row));
             }
         }
     }
+    (missing, sample)
+}
+
+/// Writers with numbered ids at `load`; then the copies of each id the consumer saw.
+/// `kills` and `delivery` are the caller's (it SIGKILLs the relay meanwhile).
+pub async fn resend(target: &Target<'_>, load: Load, settle: Duration) -> anyhow::Result<Resend> {
+    let expect = Expect::new();
+    let consumer = {
+        let (brokers, topic, expect) = (
+            target.brokers.to_string(),
+            target.topic.to_string(),
+            expect.clone(),
+        );
+        std::thread::spawn(move || count_copies(&brokers, &topic, expect, settle))
+    };
+    let (committed_rows, write_seconds) =
+        write(target, load, Ids::Numbered, |w| w * 1_000_000_000).await?;
+    let committed: u64 = committed_rows.iter().map(|(_, n)| n).sum();
+    expect.writers_done(committed);
+    let counts = tokio::task::spawn_blocking(move || consumer.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("consumer thread panicked"))?
+        .context("the resend consumer")?;
+    let received: u64 = counts.copies.values().map(|&c| u64::from(c)).sum();
+    let (missing, missing_sample) = missing(&committed_rows, &counts);
     let distinct = counts.copies.len() as u64;
-    let duplicates = received - distinct;
-    let max_copies = counts.copies.values().copied().max().unwrap_or(0);
+    let out = Resend {
+        kind: ResendKind,
+        delivery: String::new(),
+        kills: 0,
+        rate_target: load.rate,
+        rate_achieved: committed as f64 / write_seconds,
+        seconds: load.seconds,
+        writers: load.writers,
+        committed,
+        received,
+        distinct,
+        duplicates: received - distinct,
+        max_copies: counts.copies.values().copied().max().unwrap_or(0).into(),
+        missing,
+        missing_sample,
+        foreign_records: counts.foreign,
+        method: "read_committed consumer from the beginning; copies per event id".into(),
+    };
     eprintln!(
-        "[outbox-bench] resend at {rate}/s: {committed} committed ({:.0}/s), {received} received, \
-         {duplicates} duplicates (max {max_copies} copies of one event), {missing} missing",
-        committed as f64 / write_seconds,
+        "[outbox-bench] resend at {}/s: {committed} committed ({:.0}/s), {received} received, \
+         {} duplicates (max {} copies of one event), {missing} missing",
+        load.rate, out.rate_achieved, out.duplicates, out.max_copies
     );
     if missing > 0 {
         eprintln!(
-            "[outbox-bench] !!!!! {missing} COMMITTED EVENTS NEVER ARRIVED, e.g. {missing_sample:?} !!!!!"
+            "[outbox-bench] !!!!! {missing} COMMITTED EVENTS NEVER ARRIVED, e.g. {:?} !!!!!",
+            out.missing_sample
         );
     }
-    Ok(json!({
-        "rate_target": rate,
-        "rate_achieved": committed as f64 / write_seconds,
-        "seconds": seconds,
-        "writers": writers,
-        "committed": committed,
-        "received": received,
-        "distinct": distinct,
-        "duplicates": duplicates,
-        "max_copies": max_copies,
-        "missing": missing,
-        "missing_sample": missing_sample,
-        "foreign_records": counts.foreign,
-        "method": "read_committed consumer from the beginning; copies per event id",
-    }))
+    Ok(out)
 }
 
 #[cfg(test)]

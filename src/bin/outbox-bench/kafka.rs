@@ -1,0 +1,185 @@
+//! The benchmark's Kafka: topics made up front, a warm-up record, a bare transactional
+//! producer (the floor under exactly-once) and the consumers that read the relay's topics.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::records::{Spread, TxnProbe, TxnProbeKind};
+use crate::util::{percentile, unix_ns};
+
+/// Creates topics (replication factor 1) with `configs` (`key=value`); existing ones are
+/// left alone.
+pub async fn create_topics(
+    brokers: &str,
+    partitions: i32,
+    configs: &[String],
+    topics: &[String],
+) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .context("create the Kafka admin client")?;
+    let configs: Vec<(&str, &str)> = configs
+        .iter()
+        .map(|c| {
+            c.split_once('=')
+                .with_context(|| format!("`{c}` is not key=value"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|t| {
+            configs.iter().fold(
+                NewTopic::new(t, partitions, TopicReplication::Fixed(1)),
+                |topic, (k, v)| topic.set(k, v),
+            )
+        })
+        .collect();
+    // Many topics at once (the many-topics shape) take the broker a while.
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(120)));
+    let results = admin
+        .create_topics(&new, &options)
+        .await
+        .context("create topics")?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => bail!("cannot create topic {topic}: {code:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// One record with an idempotent producer, acknowledged: a freshly started broker has then
+/// loaded its transaction coordinator (which hands out producer ids) before anything is timed.
+pub async fn warm_up(brokers: &str) -> anyhow::Result<()> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "120000")
+        .create()
+        .context("create the warm-up producer")?;
+    let record = FutureRecord::to("outbox-bench-warm-up")
+        .key("warm-up")
+        .payload("warm-up");
+    producer
+        .send(record, Duration::from_secs(120))
+        .await
+        .map_err(|(e, _)| anyhow::anyhow!("warm-up record not acknowledged: {e}"))?;
+    Ok(())
+}
+
+/// What a `txn-probe` does.
+pub struct ProbeLoad {
+    pub transactions: u32,
+    pub records: u32,
+    /// Pause between a commit and the next transaction's first record.
+    pub pause: Duration,
+}
+
+/// A bare transactional producer: `transactions` Kafka transactions of `records` records,
+/// back to back. Delivery reports are served on this thread before each commit, so that
+/// rust-rdkafka's flush inside `commit_transaction` finds nothing outstanding. Blocking.
+pub fn txn_probe(brokers: &str, topic: &str, load: &ProbeLoad) -> anyhow::Result<TxnProbe> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let timeout = Duration::from_secs(30);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set(
+            "transactional.id",
+            format!("outbox-bench-probe-{}", unix_ns()),
+        )
+        .set("linger.ms", "5")
+        .create()
+        .context("create the transactional producer")?;
+    producer.init_transactions(timeout)?;
+    let (mut commit_ms, mut total_ms) = (Vec::new(), Vec::new());
+    for t in 0..load.transactions {
+        let begun = Instant::now();
+        producer.begin_transaction()?;
+        for r in 0..load.records {
+            let key = format!("{t}-{r}");
+            producer
+                .send(BaseRecord::to(topic).key(&key).payload("probe"))
+                .map_err(|(e, _)| e)?;
+        }
+        while producer.in_flight_count() > 0 {
+            if begun.elapsed() > timeout {
+                bail!("transaction {t}: records not acknowledged after {timeout:?}");
+            }
+            producer.poll(Duration::from_millis(1));
+        }
+        let committing = Instant::now();
+        producer.commit_transaction(timeout)?;
+        commit_ms.push(committing.elapsed().as_secs_f64() * 1000.0);
+        total_ms.push(begun.elapsed().as_secs_f64() * 1000.0);
+        std::thread::sleep(load.pause);
+    }
+    let probe = TxnProbe {
+        kind: TxnProbeKind,
+        transactions: load.transactions,
+        records: load.records,
+        pause_ms: load.pause.as_millis() as u64,
+        commit: spread(&mut commit_ms),
+        begin_to_committed: spread(&mut total_ms),
+    };
+    eprintln!(
+        "[outbox-bench] txn-probe: {} transactions of {} records; commit_transaction p50 {:.1} \
+         ms, p99 {:.1} ms",
+        probe.transactions, probe.records, probe.commit.p50_ms, probe.commit.p99_ms
+    );
+    Ok(probe)
+}
+
+fn spread(v: &mut [f64]) -> Spread {
+    v.sort_by(f64::total_cmp);
+    Spread {
+        p50_ms: percentile(v, 50.0),
+        p99_ms: percentile(v, 99.0),
+        max_ms: v.last().copied().unwrap_or(f64::NAN),
+    }
+}
+
+/// A read_committed consumer of every partition of `topic` from the beginning.
+///
+/// Commit-to-visible: with `kafka.delivery = "exactly_once"` a record counts once its Kafka
+/// transaction committed; records of a non-transactional producer are visible at once either
+/// way. The broker answers a fetch as soon as one byte is there; the fetch settings only bound
+/// the wait when there is nothing, so they cannot delay a record.
+pub fn assigned_consumer(
+    brokers: &str,
+    topic: &str,
+    group_prefix: &str,
+) -> anyhow::Result<BaseConsumer> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("{group_prefix}-{}", unix_ns()))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("fetch.wait.max.ms", "10")
+        .set("fetch.min.bytes", "1")
+        .set("isolation.level", "read_committed")
+        .create()
+        .context("create the Kafka consumer")?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .context("topic metadata")?;
+    let mut assignment = TopicPartitionList::new();
+    for t in metadata.topics() {
+        for p in t.partitions() {
+            assignment.add_partition_offset(topic, p.id(), Offset::Beginning)?;
+        }
+    }
+    if assignment.count() == 0 {
+        bail!("topic {topic} has no partitions; create it first");
+    }
+    consumer.assign(&assignment)?;
+    Ok(consumer)
+}

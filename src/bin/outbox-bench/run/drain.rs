@@ -1,0 +1,247 @@
+//! Drain rounds: one backlog drained by `pg_recvlogical` once and by the relay once per
+//! delivery mode, each from its own slot at the same start position.
+
+use std::time::{Duration, Instant};
+
+use super::ctx::{mode_tag, Ctx, RelayRun, DRAIN_STATUS_INTERVAL_MS};
+use crate::pg::{create_slot, current_lsn, drop_slot, scalar};
+use crate::process::{recvlogical, SystemPerf};
+use crate::prom::relay_metrics;
+use crate::records::Recvlogical;
+use crate::records::{Backlog, Record, RecvlogicalKind, RelayDrain, RelayDrainKind};
+use crate::util::loadavg;
+use crate::wait_slot::{wait_slot, SlotWait};
+
+/// How long a drain may take before it counts as failed (and the run goes on).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// A backlog to drain.
+pub struct Round {
+    /// Names the database, the slots and the topics (an identifier).
+    pub round: String,
+    /// `txn`, `payload` or `topics` (groups the report's tables).
+    pub shape: &'static str,
+    pub txn_rows: u64,
+    pub events: u64,
+    /// The preload (SQL).
+    pub preload: String,
+    pub partitions: i32,
+    /// Aggregate types: one topic each per delivery mode and the relay's topic template ends
+    /// in `{aggregatetype}`; none: the rows' type is 'order' and the relay publishes to one
+    /// fixed topic (no template to render).
+    pub types: Vec<String>,
+}
+
+/// One drain round of the default phase: N events in transactions of `rows` rows.
+pub fn txn_round(ctx: &Ctx, rows: u64) -> Round {
+    let events = ctx.settings.events;
+    Round {
+        round: format!("tx{rows}"),
+        shape: "txn",
+        txn_rows: rows,
+        events,
+        preload: format!("CALL bench_preload({events}, {rows})"),
+        partitions: ctx.settings.partitions,
+        types: Vec::new(),
+    }
+}
+
+/// The topics of a round for delivery mode `mode`, and the relay's topic (template).
+fn topics_of(ctx: &Ctx, r: &Round, mode: &str) -> (Vec<String>, String) {
+    let prefix = format!("{}-{}-{}", ctx.topic_prefix(), r.round, mode_tag(mode));
+    if r.types.is_empty() {
+        return (vec![prefix.clone()], prefix);
+    }
+    let topics = r.types.iter().map(|t| format!("{prefix}-{t}")).collect();
+    (topics, format!("{prefix}-{{aggregatetype}}"))
+}
+
+/// Preloads the backlog; returns the end position (read in the same session right after the
+/// last COMMIT: the end of that commit record, where both consumers must get to) and the
+/// backlog's description.
+async fn preload(r: &Round, client: &tokio_postgres::Client) -> anyhow::Result<(String, Backlog)> {
+    eprintln!("[bench]   preloading {} events: {}", r.events, r.preload);
+    let started = Instant::now();
+    client.simple_query(&r.preload).await?;
+    let end_lsn = current_lsn(client).await?;
+    let avg = "SELECT round(avg(octet_length(payload::text))) FROM (SELECT payload FROM outbox LIMIT 1000) s";
+    let toast = "SELECT round(pg_relation_size(reltoastrelid) / 1e6, 1) FROM pg_class WHERE relname = 'outbox'";
+    let payload_text = scalar(client, avg).await?.unwrap_or_default();
+    let toast_text = scalar(client, toast).await?.unwrap_or_default();
+    eprintln!(
+        "[bench]   preload took {} ms; end LSN {end_lsn}; payloads ~{payload_text} bytes; TOAST {toast_text} MB",
+        started.elapsed().as_millis()
+    );
+    let (payload_bytes, toast_mb) = (payload_text.parse().ok(), toast_text.parse().ok());
+    let backlog = Backlog {
+        shape: r.shape.to_string(),
+        round: r.round.clone(),
+        txn_rows: Some(r.txn_rows),
+        events: r.events,
+        payload_bytes,
+        toast_mb,
+        aggregate_types: (!r.types.is_empty()).then_some(r.types.len() as u64),
+    };
+    Ok((end_lsn, backlog))
+}
+
+/// Drains one backlog: `pg_recvlogical`, then the relay in every delivery mode.
+pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
+    let db = format!("bench_{}", r.round);
+    let recv_slot = format!("bench_recv_{}", r.round);
+    eprintln!(
+        "[bench] drain {} ({}, {}-row transactions): fresh database {db}",
+        r.round, r.shape, r.txn_rows
+    );
+    let client = ctx.fresh_database(&db).await?;
+    // All slots before the preload, at the same position: a copy shares the original's
+    // restart and confirmed positions exactly.
+    create_slot(&client, &recv_slot).await?;
+    for mode in ctx.settings.delivery.clone() {
+        let copy = format!("bench_relay_{}_{}", r.round, mode_tag(&mode));
+        client
+            .execute(
+                "SELECT pg_copy_logical_replication_slot($1, $2)",
+                &[&recv_slot, &copy],
+            )
+            .await?;
+    }
+    let (end_lsn, backlog) = preload(r, &client).await?;
+    let mut topics = Vec::new();
+    for mode in &ctx.settings.delivery {
+        topics.extend(topics_of(ctx, r, mode).0);
+    }
+    eprintln!("[bench]   creating {} topics", topics.len());
+    ctx.create_topics(r.partitions, &topics).await?;
+
+    eprintln!(
+        "[bench]   pg_recvlogical draining {recv_slot} (load {})",
+        loadavg()
+    );
+    ctx.record_load(format!("recvlogical-{}", r.round))?;
+    let seconds = recvlogical(&ctx.services.pg_bin, &ctx.url(&db), &recv_slot, &end_lsn).await?;
+    eprintln!("[bench]   pg_recvlogical: {seconds:.3} s");
+    let check = format!(
+        "SELECT confirmed_flush_lsn >= '{end_lsn}' FROM pg_replication_slots WHERE slot_name = '{recv_slot}'"
+    );
+    if scalar(&client, &check).await?.as_deref() != Some("t") {
+        anyhow::bail!("pg_recvlogical exited before its slot reached {end_lsn}");
+    }
+    ctx.record(Record::Recvlogical(Recvlogical {
+        kind: RecvlogicalKind,
+        backlog: backlog.clone(),
+        seconds,
+    }))?;
+    // pg_recvlogical's slot is done: it would only hold WAL.
+    drop_slot(&client, &recv_slot).await?;
+    drop(client);
+
+    for mode in ctx.settings.delivery.clone() {
+        let (_, template) = topics_of(ctx, r, &mode);
+        relay_drain(ctx, &db, &end_lsn, &mode, &template, &backlog).await?;
+    }
+    // Frees the WAL the slots hold, so every round starts alike.
+    ctx.drop_database(&db).await
+}
+
+/// The relay draining its slot of `db` up to `end_lsn` in delivery mode `mode`.
+async fn relay_drain(
+    ctx: &mut Ctx,
+    db: &str,
+    end_lsn: &str,
+    mode: &str,
+    template: &str,
+    backlog: &Backlog,
+) -> anyhow::Result<()> {
+    let tag = mode_tag(mode);
+    let slot = format!("bench_relay_{}_{tag}", backlog.round);
+    let name = format!("{}-{tag}", backlog.round);
+    eprintln!(
+        "[bench]   relay ({mode}) draining {slot} into {template} (load {})",
+        loadavg()
+    );
+    let load_before = loadavg();
+    // Where the whole machine's time goes (walsender, broker, relay), without call graphs.
+    let system_perf = match ctx.settings.perf {
+        true => Some(SystemPerf::start(
+            &ctx.services
+                .run_dir
+                .join(format!("perf-system-{name}.data")),
+            &ctx.log_dir.join(format!("perf-system-{name}.log")),
+        )?),
+        false => None,
+    };
+    let mut env = ctx.mode_env(mode);
+    env.push((
+        "OUTBOX_RELAY__POSTGRES__STATUS_INTERVAL_MS".into(),
+        DRAIN_STATUS_INTERVAL_MS.to_string(),
+    ));
+    let mut run = RelayRun::new(db, &slot, template, &format!("relay-{name}"), env);
+    run.profile_as = ctx.settings.perf.then(|| name.clone());
+    let relay = ctx.start_relay(run).await?;
+    let url = ctx.url(db);
+    let waited = wait_slot(&SlotWait {
+        url: &url,
+        slot: &slot,
+        lsn: end_lsn,
+        pid: relay.pid(),
+        started_ns: relay.started_ns,
+        clk_tck: ctx.clk_tck,
+        timeout: DRAIN_TIMEOUT,
+    })
+    .await;
+    match waited {
+        Ok(reached) => {
+            ctx.record(Record::RelayDrain(RelayDrain {
+                kind: RelayDrainKind,
+                delivery: mode.to_string(),
+                backlog: backlog.clone(),
+                load_before,
+                reached,
+            }))?;
+            record_relay_metrics(ctx, &relay, mode, Some(backlog)).await?;
+        }
+        Err(e) => ctx.record_failure(
+            &format!("drain {name}"),
+            mode,
+            format!(
+                "the relay did not drain {slot} ({e:#}); log: {}",
+                relay.log.display()
+            ),
+        )?,
+    }
+    relay.stop().await;
+    drop(system_perf);
+    if ctx.settings.perf {
+        let dir = ctx.services.run_dir.display();
+        eprintln!("[bench]   profiles: perf report -i {dir}/perf-{name}.data (relay), perf report -i {dir}/perf-system-{name}.data --sort comm (machine)");
+    }
+    Ok(())
+}
+
+/// The running relay's `/metrics` figures (exactly-once's Kafka transactions since it
+/// started), when it serves them; `backlog` says which round (none: the big transaction).
+pub async fn record_relay_metrics(
+    ctx: &mut Ctx,
+    relay: &crate::process::Relay,
+    mode: &str,
+    backlog: Option<&Backlog>,
+) -> anyhow::Result<()> {
+    if !ctx.serves_metrics {
+        return Ok(());
+    }
+    let Some(url) = relay.metrics_url().await else {
+        return Ok(());
+    };
+    match relay_metrics(&url, mode).await {
+        Some(mut m) => {
+            m.shape = Some(backlog.map_or("big_txn".into(), |b| b.shape.clone()));
+            m.round = backlog.map(|b| b.round.clone());
+            ctx.record(Record::RelayMetrics(m))
+        }
+        None => {
+            eprintln!("[bench]   (no metrics scrape)");
+            Ok(())
+        }
+    }
+}

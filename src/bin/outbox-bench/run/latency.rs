@@ -1,0 +1,193 @@
+//! The latency phase (one relay, writers at each rate) and the idle window after it.
+
+use std::time::Duration;
+
+use super::ctx::{mode_tag, Ctx, RelayRun};
+use crate::latency::{latency, Load, Target};
+use crate::pg::{create_slot, current_lsn};
+use crate::proc_stat::{cpu_seconds, sample_proc};
+use crate::process::Relay;
+use crate::records::{Idle, IdleKind, Record};
+use crate::util::loadavg;
+use crate::wait_slot::{wait_slot, SlotWait};
+
+/// Waits until the relay just started on `slot` streams: it confirmed the current position
+/// (an idle relay confirms the server's keepalive position), within 60 s.
+pub async fn wait_streaming(ctx: &Ctx, db: &str, slot: &str, relay: &Relay) -> anyhow::Result<()> {
+    let client = ctx.services.cluster.connect(db).await?;
+    let lsn = current_lsn(&client).await?;
+    let url = ctx.url(db);
+    wait_slot(&SlotWait {
+        url: &url,
+        slot,
+        lsn: &lsn,
+        pid: relay.pid(),
+        started_ns: relay.started_ns,
+        clk_tck: ctx.clk_tck,
+        timeout: Duration::from_secs(60),
+    })
+    .await
+    .map(|_| ())
+}
+
+/// The relay's environment for `--tracing` run `tracing` (a span per event, exported to the
+/// local sink that drops them), and the name suffix of such a run.
+fn tracing_env(
+    ctx: &mut Ctx,
+    tracing: &str,
+) -> anyhow::Result<(Vec<(String, String)>, &'static str)> {
+    if tracing != "on" {
+        return Ok((Vec::new(), ""));
+    }
+    let port = match ctx.otlp_port {
+        Some(port) => port,
+        None => {
+            let counts = ctx.log_dir.join("otlp-sink-counts.json");
+            let port = crate::otlp_sink::start(&counts)?;
+            eprintln!("[bench]   OTLP sink on 127.0.0.1:{port}");
+            *ctx.otlp_port.insert(port)
+        }
+    };
+    let env = vec![
+        ("OUTBOX_RELAY__TRACING__ENABLED".into(), "true".into()),
+        (
+            "OUTBOX_RELAY__TRACING__ENDPOINT".into(),
+            format!("http://127.0.0.1:{port}/v1/traces"),
+        ),
+    ];
+    Ok((env, "_tr"))
+}
+
+/// Latency at each rate, then idle CPU, with one relay in delivery mode `mode`, tracing
+/// `tracing` (`off` or `on`).
+pub async fn latency_phase(ctx: &mut Ctx, mode: &str, tracing: &str) -> anyhow::Result<()> {
+    let (tracing_env, suffix) = tracing_env(ctx, tracing)?;
+    let tag = format!("{}{suffix}", mode_tag(mode));
+    let (db, slot) = (
+        format!("bench_latency_{tag}"),
+        format!("bench_latency_{tag}"),
+    );
+    eprintln!("[bench] latency ({mode}): fresh database {db}");
+    let client = ctx.fresh_database(&db).await?;
+    create_slot(&client, &slot).await?;
+    drop(client);
+    let topic_of = |rate: u64| format!("{}-lat-{tag}-r{rate}", ctx.topic_prefix());
+    let topics: Vec<String> = ctx.settings.rates.iter().map(|&r| topic_of(r)).collect();
+    ctx.create_topics(ctx.settings.partitions, &topics).await?;
+    // One relay for all rates; the topic follows the rows' aggregatetype.
+    let mut env = ctx.mode_env(mode);
+    env.extend(tracing_env);
+    let template = format!("{}-lat-{tag}-{{aggregatetype}}", ctx.topic_prefix());
+    let name = format!("relay-latency-{tag}");
+    let relay = ctx
+        .start_relay(RelayRun::new(&db, &slot, &template, &name, env))
+        .await?;
+    if let Err(e) = wait_streaming(ctx, &db, &slot, &relay).await {
+        let message = format!(
+            "the latency relay did not start ({e:#}); log: {}",
+            relay.log.display()
+        );
+        ctx.record_failure("latency", mode, message)?;
+        relay.stop().await;
+        return ctx.drop_database(&db).await;
+    }
+    let metrics_url = match ctx.serves_metrics {
+        true => relay.metrics_url().await,
+        false => None,
+    };
+    if let Some(url) = &metrics_url {
+        eprintln!("[bench]   relay metrics on {url}");
+    }
+    for rate in ctx.settings.rates.clone() {
+        one_rate(
+            ctx,
+            &relay,
+            (mode, tracing, &tag),
+            rate,
+            &db,
+            metrics_url.as_deref(),
+        )
+        .await?;
+    }
+    save_metrics(ctx, metrics_url.as_deref(), &tag).await;
+    idle_phase(ctx, &relay, mode).await?;
+    relay.stop().await;
+    ctx.drop_database(&db).await
+}
+
+/// One latency rate: writers on the relay's database, the relay's CPU around them.
+async fn one_rate(
+    ctx: &mut Ctx,
+    relay: &Relay,
+    (mode, tracing, tag): (&str, &str, &str),
+    rate: u64,
+    db: &str,
+    metrics_url: Option<&str>,
+) -> anyhow::Result<()> {
+    let s = &ctx.settings;
+    eprintln!(
+        "[bench] latency ({mode}, tracing {tracing}): {rate} events/s for {} s (load {})",
+        s.rate_seconds,
+        loadavg()
+    );
+    ctx.record_load(format!("latency-{tag}-{rate}"))?;
+    let (url, topic, aggregate_type) = (
+        ctx.url(db),
+        format!("{}-lat-{tag}-r{rate}", ctx.topic_prefix()),
+        format!("r{rate}"),
+    );
+    let target = Target {
+        url: &url,
+        brokers: &ctx.services.brokers,
+        topic: &topic,
+        aggregate_type: &aggregate_type,
+    };
+    let load = Load {
+        rate,
+        seconds: ctx.settings.rate_seconds,
+        writers: ctx.settings.writers,
+    };
+    let c0 = cpu_seconds(relay.pid(), ctx.clk_tck)?;
+    let mut out = latency(&target, load, metrics_url).await?;
+    let c1 = cpu_seconds(relay.pid(), ctx.clk_tck)?;
+    out.delivery = Some(mode.to_string());
+    out.tracing = Some(tracing.to_string());
+    out.relay_cpu_seconds = Some(round3(c1 - c0));
+    ctx.record(Record::Latency(out))
+}
+
+/// Rounded to 3 decimals, as the figures of `/proc` differences are printed.
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// If the relay serves Prometheus metrics, keep a scrape next to the results.
+async fn save_metrics(ctx: &Ctx, metrics_url: Option<&str>, tag: &str) {
+    let Some(url) = metrics_url else { return };
+    if let Some(text) = crate::prom::scrape_text(url).await {
+        let path = ctx.log_dir.join(format!("metrics-{tag}.txt"));
+        if std::fs::write(&path, text).is_ok() {
+            eprintln!("[bench]   relay metrics saved: {}", path.display());
+        }
+    }
+}
+
+/// CPU of the latency relay (delivery mode `mode`) over the idle window with nothing to do.
+async fn idle_phase(ctx: &mut Ctx, relay: &Relay, mode: &str) -> anyhow::Result<()> {
+    let seconds = ctx.settings.idle_seconds;
+    eprintln!("[bench] idle ({mode}): relay CPU over {seconds} s with no traffic");
+    // Let the last deliveries and status updates pass.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c0 = cpu_seconds(relay.pid(), ctx.clk_tck)?;
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let c1 = cpu_seconds(relay.pid(), ctx.clk_tck)?;
+    let rss = sample_proc(relay.pid(), ctx.clk_tck)?.vmrss_kb;
+    ctx.record(Record::Idle(Idle {
+        kind: IdleKind,
+        delivery: Some(mode.to_string()),
+        seconds,
+        cpu_seconds: round3(c1 - c0),
+        cpu_percent: round3(100.0 * (c1 - c0) / seconds as f64),
+        vmrss_kb: rss,
+    }))
+}

@@ -1,0 +1,234 @@
+//! `outbox-bench run`'s options: the same as `scripts/bench.sh`'s (its usage header is their
+//! reference), and what they resolve to (the `--quick` defaults, the lists).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+/// The options, as given.
+#[derive(Args, Debug, Clone)]
+pub struct Options {
+    /// Events per drain round (default 1000000; 200000 with --quick).
+    #[arg(value_name = "N")]
+    pub n: Option<u64>,
+    /// Events per drain round (as N).
+    #[arg(long)]
+    pub events: Option<u64>,
+    /// 5 s per latency rate, 10 s idle, and N=200000 unless N is given.
+    #[arg(long)]
+    pub quick: bool,
+    /// Drain rounds, rows per transaction.
+    #[arg(long, default_value = "1 10 100")]
+    pub txn_sizes: String,
+    /// Latency rates, events/s.
+    #[arg(long, default_value = "1000 5000 20000")]
+    pub rates: String,
+    /// Seconds per latency rate (default 15; 5 with --quick).
+    #[arg(long)]
+    pub rate_seconds: Option<u64>,
+    /// Idle CPU window, s (default 30; 10 with --quick).
+    #[arg(long)]
+    pub idle_seconds: Option<u64>,
+    /// Partitions of each benchmark topic.
+    #[arg(long, default_value_t = 3)]
+    pub partitions: i32,
+    /// Latency writer connections.
+    #[arg(long, default_value_t = 4)]
+    pub writers: u64,
+    #[arg(long)]
+    pub no_drain: bool,
+    #[arg(long)]
+    pub no_latency: bool,
+    /// Each latency rate twice per mode, with [tracing] off and on.
+    #[arg(long)]
+    pub tracing: bool,
+    /// Delivery modes measured side by side (space or comma separated).
+    #[arg(long, default_value = "at_least_once exactly_once")]
+    pub delivery: String,
+    /// Opt-in phases: payload, topics, big-txn, sigkill, all (space or comma separated).
+    #[arg(long, default_value = "")]
+    pub shapes: String,
+    /// Payload bytes of the payload shape.
+    #[arg(long, default_value = "2048 16384 262144")]
+    pub payload_sizes: String,
+    /// Payload megabytes per payload size (default 512; 64 with --quick).
+    #[arg(long)]
+    pub payload_mb: Option<u64>,
+    /// Aggregate types (= topics) of the topics shape.
+    #[arg(long, default_value_t = 1000)]
+    pub topics_count: u64,
+    /// Rows of the big-txn shape's transaction (default 1000000; 200000 with --quick).
+    #[arg(long)]
+    pub big_txn_rows: Option<u64>,
+    /// Writers' events/s in the sigkill shape.
+    #[arg(long, default_value_t = 5000)]
+    pub kill_rate: u64,
+    /// SIGKILLs per delivery mode.
+    #[arg(long, default_value_t = 3)]
+    pub kills: u64,
+    /// Seconds between kills.
+    #[arg(long, default_value_t = 5)]
+    pub kill_interval: u64,
+    /// Extra OUTBOX_RELAY__K=V for every relay run (repeatable).
+    #[arg(long = "relay-env", value_name = "K=V")]
+    pub relay_env: Vec<String>,
+    /// Profile the relay and the machine in each drain round (perf record).
+    #[arg(long)]
+    pub perf: bool,
+    /// The relay binary measured (scripts/bench.sh passes the one it built).
+    #[arg(long, env = "OUTBOX_BENCH_RELAY_BIN")]
+    pub relay_bin: PathBuf,
+    /// Recorded with the results.
+    #[arg(long, default_value = "")]
+    pub label: String,
+    /// Result JSON (default bench/results/<date>.json).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Handled by scripts/bench.sh (the services); accepted here so the options stay one list.
+    #[arg(long)]
+    pub keep_services: bool,
+    /// Check the options and exit (scripts/bench.sh, before it starts the services).
+    #[arg(long, hide = true)]
+    pub check_options: bool,
+}
+
+/// The delivery modes.
+pub const MODES: [&str; 2] = ["at_least_once", "exactly_once"];
+/// The opt-in shapes, in the order they run.
+pub const SHAPES: [&str; 4] = ["payload", "topics", "big-txn", "sigkill"];
+
+/// The options resolved: `--quick`'s defaults applied, lists split and checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub events: u64,
+    pub txn_sizes: Vec<u64>,
+    pub rates: Vec<u64>,
+    pub rate_seconds: u64,
+    pub idle_seconds: u64,
+    pub partitions: i32,
+    pub writers: u64,
+    pub drain: bool,
+    pub latency: bool,
+    /// `off`, or `off` and `on` (`--tracing`).
+    pub tracing_runs: Vec<&'static str>,
+    pub delivery: Vec<String>,
+    pub shapes: Vec<String>,
+    pub payload_sizes: Vec<u64>,
+    pub payload_mb: u64,
+    pub topics_count: u64,
+    pub big_txn_rows: u64,
+    pub kill_rate: u64,
+    pub kills: u64,
+    pub kill_interval: u64,
+    /// `OUTBOX_RELAY__K=V` assignments.
+    pub relay_env: Vec<String>,
+    pub perf: bool,
+    pub relay_bin: PathBuf,
+    pub label: String,
+    pub output: Option<PathBuf>,
+}
+
+/// Words of a space or comma separated list.
+pub fn words(list: &str) -> Vec<String> {
+    list.split([' ', ',', '\t', '\n'])
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn numbers(option: &str, list: &str) -> anyhow::Result<Vec<u64>> {
+    words(list)
+        .iter()
+        .map(|w| {
+            w.parse()
+                .with_context(|| format!("{option}: `{w}` is not a number"))
+        })
+        .collect()
+}
+
+fn check_modes(delivery: &[String]) -> anyhow::Result<()> {
+    if delivery.is_empty() {
+        bail!("--delivery needs at least one mode");
+    }
+    if let Some(m) = delivery.iter().find(|m| !MODES.contains(&m.as_str())) {
+        bail!("unknown delivery mode '{m}' (at_least_once, exactly_once)");
+    }
+    Ok(())
+}
+
+fn resolve_shapes(list: &str) -> anyhow::Result<Vec<String>> {
+    let mut shapes = words(list);
+    if shapes.iter().any(|s| s == "all") {
+        shapes = SHAPES.iter().map(|s| s.to_string()).collect();
+    }
+    if let Some(s) = shapes.iter().find(|s| !SHAPES.contains(&s.as_str())) {
+        bail!("unknown shape '{s}' (payload, topics, big-txn, sigkill, all)");
+    }
+    Ok(shapes)
+}
+
+impl Options {
+    pub fn resolve(self) -> anyhow::Result<Settings> {
+        let quick = |full: u64, short: u64| if self.quick { short } else { full };
+        let events = self.events.or(self.n).unwrap_or(quick(1_000_000, 200_000));
+        if events == 0 {
+            bail!("N must be a positive integer");
+        }
+        let delivery = words(&self.delivery);
+        check_modes(&delivery)?;
+        if self.perf && !on_path("perf") {
+            bail!("--perf needs perf (Debian: apt-get install linux-perf)");
+        }
+        Ok(Settings {
+            events,
+            txn_sizes: numbers("--txn-sizes", &self.txn_sizes)?,
+            rates: numbers("--rates", &self.rates)?,
+            // --quick sets these even when given, as scripts/bench.sh always did.
+            rate_seconds: if self.quick {
+                5
+            } else {
+                self.rate_seconds.unwrap_or(15)
+            },
+            idle_seconds: if self.quick {
+                10
+            } else {
+                self.idle_seconds.unwrap_or(30)
+            },
+            partitions: self.partitions,
+            writers: self.writers,
+            drain: !self.no_drain,
+            latency: !self.no_latency,
+            tracing_runs: if self.tracing {
+                vec!["off", "on"]
+            } else {
+                vec!["off"]
+            },
+            delivery,
+            shapes: resolve_shapes(&self.shapes)?,
+            payload_sizes: numbers("--payload-sizes", &self.payload_sizes)?,
+            payload_mb: self.payload_mb.unwrap_or(quick(512, 64)),
+            topics_count: self.topics_count,
+            big_txn_rows: self.big_txn_rows.unwrap_or(quick(1_000_000, 200_000)),
+            kill_rate: self.kill_rate,
+            kills: self.kills,
+            kill_interval: self.kill_interval,
+            relay_env: self
+                .relay_env
+                .iter()
+                .map(|kv| format!("OUTBOX_RELAY__{kv}"))
+                .collect(),
+            perf: self.perf,
+            relay_bin: std::fs::canonicalize(&self.relay_bin)
+                .with_context(|| format!("no relay binary at {}", self.relay_bin.display()))?,
+            label: self.label,
+            output: self.output,
+        })
+    }
+}
+
+/// Whether `program` is on PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}

@@ -1,0 +1,409 @@
+//! The printed table of a [`BenchResult`], the same for a run just made and a result file
+//! read back.
+
+use std::fmt::Write as _;
+
+use crate::records::{HistogramSummary, KafkaTransactions, Latency};
+use crate::results::{BenchResult, DrainRow};
+
+/// Prints the table.
+pub fn print(r: &BenchResult) {
+    print!("{}", render(r));
+}
+
+/// The table as text.
+pub fn render(r: &BenchResult) -> String {
+    let mut out = String::new();
+    header(&mut out, r);
+    drain(&mut out, &r.drain);
+    delivery_ratios(&mut out, r);
+    payload(&mut out, r.payload.as_deref().unwrap_or_default());
+    topics(&mut out, r.many_topics.as_deref().unwrap_or_default());
+    big_transaction(&mut out, r);
+    resend(&mut out, r);
+    latency(&mut out, &r.latency);
+    txn_probe(&mut out, r);
+    idle_and_errors(&mut out, r);
+    out
+}
+
+fn fmt(v: f64, decimals: usize) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else {
+        format!("{v:.decimals$}")
+    }
+}
+
+/// [`fmt`] of a figure that may be missing.
+fn fmt_o(v: Option<f64>, decimals: usize) -> String {
+    fmt(v.unwrap_or(f64::NAN), decimals)
+}
+
+/// Short name of a delivery mode for the tables.
+fn mode(delivery: Option<&str>) -> &'static str {
+    match delivery {
+        Some("exactly_once") => "exactly",
+        Some("at_least_once") | Some("") | None => "at-least",
+        _ => "?",
+    }
+}
+
+/// "n txns, r rec/txn, commit p99 <= x ms" for exactly-once runs; empty otherwise.
+fn kafka_transactions_text(t: Option<&KafkaTransactions>) -> String {
+    let Some(t) = t else {
+        return String::new();
+    };
+    let commit = t.commit_seconds.as_ref();
+    format!(
+        "{} Kafka txns ({} aborted), {} rec/txn, commit p50 <= {} ms, p99 <= {} ms",
+        fmt(t.committed, 0),
+        fmt(t.aborted, 0),
+        fmt_o(t.records_per_transaction, 0),
+        fmt_o(commit.and_then(|c| c.p50_at_most_ms), 1),
+        fmt_o(commit.and_then(|c| c.p99_at_most_ms), 1),
+    )
+}
+
+fn header(out: &mut String, r: &BenchResult) {
+    let m = &r.machine;
+    let _ = writeln!(
+        out,
+        "outbox-relay benchmark  {}  ({} cores, {} MB, {}; load before: {})",
+        r.run.date, m.nproc, m.memory_mb, m.cpu_model, r.run.load_start,
+    );
+}
+
+fn drain(out: &mut String, rows: &[DrainRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Drain of a backlog (events/s; relay = until the slot confirmed the last commit)"
+    );
+    let _ = writeln!(
+        out,
+        "{:>9} {:>9} {:>9} {:>16} {:>12} {:>7} {:>7} {:>13} {:>15}",
+        "txn rows",
+        "delivery",
+        "events",
+        "pg_recvlogical/s",
+        "relay/s",
+        "ratio",
+        "target",
+        "peak RSS MB",
+        "CPU s/M events"
+    );
+    for d in rows {
+        let _ = writeln!(
+            out,
+            "{:>9} {:>9} {:>9} {:>16} {:>12} {:>7} {:>7} {:>13} {:>15}",
+            fmt(d.txn_rows, 0),
+            mode(d.delivery.as_deref()),
+            fmt(d.events, 0),
+            fmt_o(d.pg_recvlogical_events_per_s, 0),
+            fmt(d.relay_events_per_s, 0),
+            fmt_o(d.ratio, 2),
+            d.ratio_target.map_or("-".into(), |t| format!(">={t}")),
+            fmt(d.relay_peak_rss_mb, 1),
+            fmt(d.relay_cpu_seconds_per_million_events, 2),
+        );
+    }
+    for d in rows {
+        let text = kafka_transactions_text(d.relay_kafka_transactions.as_ref());
+        if !text.is_empty() {
+            let _ = writeln!(out, "  {}-row, exactly-once: {text}", fmt(d.txn_rows, 0));
+        }
+    }
+}
+
+fn delivery_ratios(out: &mut String, r: &BenchResult) {
+    let ratios = r
+        .drain_exactly_once_over_at_least_once
+        .as_deref()
+        .unwrap_or_default();
+    if ratios.is_empty() {
+        return;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Exactly-once / at-least-once, relay drain events/s (target >= 0.7 for 10, 100 rows)"
+    );
+    for r in ratios {
+        let _ = writeln!(
+            out,
+            "{:>9}-row: {:>7}  ({} vs {} events/s)",
+            r.txn_rows,
+            fmt(r.exactly_once_over_at_least_once, 2),
+            fmt(r.exactly_once_events_per_s, 0),
+            fmt(r.at_least_once_events_per_s, 0),
+        );
+    }
+}
+
+fn payload(out: &mut String, rows: &[DrainRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Big payloads (10-row transactions; MB = 10^6 bytes of payload text)"
+    );
+    let _ = writeln!(
+        out,
+        "{:>9} {:>9} {:>8} {:>8} {:>14} {:>10} {:>10} {:>7} {:>13} {:>15}",
+        "payload B",
+        "delivery",
+        "events",
+        "MB",
+        "pg_recvl. MB/s",
+        "relay MB/s",
+        "relay ev/s",
+        "ratio",
+        "peak RSS MB",
+        "CPU s/M events"
+    );
+    for d in rows {
+        let _ = writeln!(
+            out,
+            "{:>9} {:>9} {:>8} {:>8} {:>14} {:>10} {:>10} {:>7} {:>13} {:>15}",
+            fmt_o(d.payload_bytes_avg, 0),
+            mode(d.delivery.as_deref()),
+            fmt(d.events, 0),
+            fmt_o(d.payload_mb, 0),
+            fmt_o(d.pg_recvlogical_payload_mb_per_s, 1),
+            fmt_o(d.relay_payload_mb_per_s, 1),
+            fmt(d.relay_events_per_s, 0),
+            fmt_o(d.ratio, 2),
+            fmt(d.relay_peak_rss_mb, 1),
+            fmt(d.relay_cpu_seconds_per_million_events, 1),
+        );
+    }
+}
+
+fn topics(out: &mut String, rows: &[DrainRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Many topics (10-row transactions, one topic per aggregate type)"
+    );
+    let _ = writeln!(
+        out,
+        "{:>7} {:>9} {:>9} {:>16} {:>12} {:>14} {:>7} {:>13} {:>15}",
+        "topics",
+        "delivery",
+        "events",
+        "pg_recvlogical/s",
+        "relay/s",
+        "2nd half ev/s",
+        "ratio",
+        "peak RSS MB",
+        "CPU s/M events"
+    );
+    for d in rows {
+        let _ = writeln!(
+            out,
+            "{:>7} {:>9} {:>9} {:>16} {:>12} {:>14} {:>7} {:>13} {:>15}",
+            fmt_o(d.aggregate_types, 0),
+            mode(d.delivery.as_deref()),
+            fmt(d.events, 0),
+            fmt_o(d.pg_recvlogical_events_per_s, 0),
+            fmt(d.relay_events_per_s, 0),
+            fmt_o(d.relay_second_half_events_per_s, 0),
+            fmt_o(d.ratio, 2),
+            fmt(d.relay_peak_rss_mb, 1),
+            fmt(d.relay_cpu_seconds_per_million_events, 2),
+        );
+    }
+}
+
+fn big_transaction(out: &mut String, r: &BenchResult) {
+    let Some(big) = r.big_transaction.as_ref().filter(|b| !b.relay.is_empty()) else {
+        return;
+    };
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "One big transaction (relay streaming when it commits; commit -> slot confirmed)"
+    );
+    if let Some(r) = &big.pg_recvlogical {
+        let _ = writeln!(
+            out,
+            "  pg_recvlogical draining the same transaction afterwards: {} s",
+            fmt(r.seconds, 2)
+        );
+    }
+    for b in &big.relay {
+        let _ = writeln!(
+            out,
+            "  {:>9}: {} rows, commit -> last ack {} s ({} events/s), peak RSS {} MB, CPU {} s {}",
+            mode(Some(&b.delivery)),
+            fmt(b.events, 0),
+            fmt(b.reached.seconds, 2),
+            fmt(b.events / b.reached.seconds, 0),
+            fmt(b.reached.vmhwm_kb as f64 / 1024.0, 1),
+            fmt(b.reached.cpu_seconds, 2),
+            kafka_transactions_text(b.relay_kafka_transactions.as_ref()),
+        );
+    }
+}
+
+fn resend(out: &mut String, r: &BenchResult) {
+    let rows = r.resend_per_kill.as_deref().unwrap_or_default();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Re-sent events per SIGKILL (writers at a steady rate, read_committed consumer)"
+    );
+    let _ = writeln!(
+        out,
+        "{:>9} {:>8} {:>6} {:>10} {:>10} {:>11} {:>9} {:>8}",
+        "delivery", "rate/s", "kills", "committed", "received", "duplicates", "per kill", "missing"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:>9} {:>8} {:>6} {:>10} {:>10} {:>11} {:>9} {:>8}",
+            mode(Some(&r.delivery)),
+            fmt(r.rate_achieved, 0),
+            r.kills,
+            r.committed,
+            r.received,
+            r.duplicates,
+            fmt(r.duplicates as f64 / r.kills as f64, 0),
+            r.missing,
+        );
+        if r.missing > 0 {
+            let _ = writeln!(
+                out,
+                "  !!!!! {} COMMITTED EVENTS MISSING ({}), e.g. {:?} !!!!!",
+                r.missing,
+                mode(Some(&r.delivery)),
+                r.missing_sample
+            );
+        }
+    }
+}
+
+/// A histogram summary of the relay's as text: "p50 <= a ms, p99 <= b ms, mean c ms".
+fn histogram_text(h: Option<&HistogramSummary>) -> Option<String> {
+    h.map(|h| {
+        format!(
+            "p50 <= {} ms, p99 <= {} ms, mean {} ms",
+            fmt_o(h.p50_at_most_ms, 1),
+            fmt_o(h.p99_at_most_ms, 1),
+            fmt_o(h.mean_ms, 1)
+        )
+    })
+}
+
+/// The relay's side of a latency row: its CPU and its own histograms.
+fn relay_text(l: &Latency) -> String {
+    let relay = match histogram_text(l.relay_commit_to_ack.as_ref()) {
+        Some(ack) => match histogram_text(l.relay_commit_to_read.as_ref()) {
+            Some(read) => format!("to ack {ack}; to read {read}"),
+            None => ack,
+        },
+        None => "(no /metrics histogram)".into(),
+    };
+    match l.relay_cpu_seconds {
+        Some(cpu) => format!("relay cpu {cpu:.2} s; {relay}"),
+        None => relay,
+    }
+}
+
+fn latency(out: &mut String, rows: &[Latency]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Latency, 1-row transactions at a steady rate (commit time -> consumer receive, ms)"
+    );
+    let _ = writeln!(
+        out,
+        "{:>12} {:>15} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   relay's own histograms (to read: PostgreSQL's share)",
+        "target ev/s", "delivery", "achieved/s", "committed", "received", "p50", "p99", "max"
+    );
+    for l in rows {
+        // `--tracing`: the same rate with a span per event.
+        let traces = if l.tracing.as_deref() == Some("on") {
+            "+traces"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{:>12} {:>15} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   {}",
+            l.rate_target,
+            format!("{}{traces}", mode(l.delivery.as_deref())),
+            fmt(l.rate_achieved, 0),
+            l.committed,
+            l.received,
+            fmt_o(l.p50_ms, 1),
+            fmt_o(l.p99_ms, 1),
+            fmt_o(l.max_ms, 1),
+            relay_text(l),
+        );
+    }
+    for l in rows {
+        let text = kafka_transactions_text(l.relay_kafka_transactions.as_ref());
+        if !text.is_empty() {
+            let _ = writeln!(out, "  {}/s, exactly-once: {text}", l.rate_target);
+        }
+    }
+}
+
+fn txn_probe(out: &mut String, r: &BenchResult) {
+    let Some(p) = &r.kafka_transaction_probe else {
+        return;
+    };
+    let (c, b) = (&p.commit, &p.begin_to_committed);
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Broker alone: a transactional producer, {} transactions of {} records: \
+         commit p50 {} / p99 {} ms; begin to committed p50 {} / p99 {} ms",
+        p.transactions,
+        p.records,
+        fmt(c.p50_ms, 1),
+        fmt(c.p99_ms, 1),
+        fmt(b.p50_ms, 1),
+        fmt(b.p99_ms, 1),
+    );
+}
+
+fn idle_and_errors(out: &mut String, r: &BenchResult) {
+    for i in r.idle.as_ref().map(|i| i.as_slice()).unwrap_or_default() {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "Idle ({}): {}% of one core over {} s with no traffic (relay RSS {} MB)",
+            mode(i.delivery.as_deref()),
+            fmt(i.cpu_percent, 2),
+            i.seconds,
+            fmt(i.vmrss_kb as f64 / 1024.0, 1),
+        );
+    }
+    for e in r.errors.as_deref().unwrap_or_default() {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "FAILED: {} ({}): {}",
+            e.phase,
+            mode(Some(&e.delivery)),
+            e.message
+        );
+    }
+}
