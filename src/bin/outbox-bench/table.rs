@@ -65,6 +65,22 @@ fn kafka_transactions_text(t: Option<&KafkaTransactions>) -> String {
     )
 }
 
+/// One section of the table: a blank line, its title, the column names and one line per row,
+/// each cell right-aligned to its column's width. A width of 0 is free text (the last column).
+fn section(out: &mut String, title: &str, columns: &[(&str, usize)], rows: &[Vec<String>]) {
+    let _ = writeln!(out);
+    let _ = writeln!(out, "{title}");
+    let names: Vec<String> = columns.iter().map(|(name, _)| name.to_string()).collect();
+    for cells in std::iter::once(&names).chain(rows) {
+        let line: Vec<String> = cells
+            .iter()
+            .zip(columns)
+            .map(|(cell, (_, width))| format!("{cell:>width$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join(" "));
+    }
+}
+
 fn header(out: &mut String, r: &BenchResult) {
     let m = &r.machine;
     let _ = writeln!(
@@ -78,39 +94,38 @@ fn drain(out: &mut String, rows: &[DrainRow]) {
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(out);
-    let _ = writeln!(
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|d| {
+            vec![
+                fmt(d.txn_rows, 0),
+                mode(d.delivery.as_deref()).into(),
+                fmt(d.events, 0),
+                fmt_o(d.pg_recvlogical_events_per_s, 0),
+                fmt(d.relay_events_per_s, 0),
+                fmt_o(d.ratio, 2),
+                d.ratio_target.map_or("-".into(), |t| format!(">={t}")),
+                fmt(d.relay_peak_rss_mb, 1),
+                fmt(d.relay_cpu_seconds_per_million_events, 2),
+            ]
+        })
+        .collect();
+    section(
         out,
-        "Drain of a backlog (events/s; relay = until the slot confirmed the last commit)"
+        "Drain of a backlog (events/s; relay = until the slot confirmed the last commit)",
+        &[
+            ("txn rows", 9),
+            ("delivery", 9),
+            ("events", 9),
+            ("pg_recvlogical/s", 16),
+            ("relay/s", 12),
+            ("ratio", 7),
+            ("target", 7),
+            ("peak RSS MB", 13),
+            ("CPU s/M events", 15),
+        ],
+        &cells,
     );
-    let _ = writeln!(
-        out,
-        "{:>9} {:>9} {:>9} {:>16} {:>12} {:>7} {:>7} {:>13} {:>15}",
-        "txn rows",
-        "delivery",
-        "events",
-        "pg_recvlogical/s",
-        "relay/s",
-        "ratio",
-        "target",
-        "peak RSS MB",
-        "CPU s/M events"
-    );
-    for d in rows {
-        let _ = writeln!(
-            out,
-            "{:>9} {:>9} {:>9} {:>16} {:>12} {:>7} {:>7} {:>13} {:>15}",
-            fmt(d.txn_rows, 0),
-            mode(d.delivery.as_deref()),
-            fmt(d.events, 0),
-            fmt_o(d.pg_recvlogical_events_per_s, 0),
-            fmt(d.relay_events_per_s, 0),
-            fmt_o(d.ratio, 2),
-            d.ratio_target.map_or("-".into(), |t| format!(">={t}")),
-            fmt(d.relay_peak_rss_mb, 1),
-            fmt(d.relay_cpu_seconds_per_million_events, 2),
-        );
-    }
     for d in rows {
         let text = kafka_transactions_text(d.relay_kafka_transactions.as_ref());
         if !text.is_empty() {
@@ -148,80 +163,78 @@ fn payload(out: &mut String, rows: &[DrainRow]) {
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(out);
-    let _ = writeln!(
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|d| {
+            vec![
+                fmt_o(d.payload_bytes_avg, 0),
+                mode(d.delivery.as_deref()).into(),
+                fmt(d.events, 0),
+                fmt_o(d.payload_mb, 0),
+                fmt_o(d.pg_recvlogical_payload_mb_per_s, 1),
+                fmt_o(d.relay_payload_mb_per_s, 1),
+                fmt(d.relay_events_per_s, 0),
+                fmt_o(d.ratio, 2),
+                fmt(d.relay_peak_rss_mb, 1),
+                fmt(d.relay_cpu_seconds_per_million_events, 1),
+            ]
+        })
+        .collect();
+    section(
         out,
-        "Big payloads (10-row transactions; MB = 10^6 bytes of payload text)"
+        "Big payloads (10-row transactions; MB = 10^6 bytes of payload text)",
+        &[
+            ("payload B", 9),
+            ("delivery", 9),
+            ("events", 8),
+            ("MB", 8),
+            ("pg_recvl. MB/s", 14),
+            ("relay MB/s", 10),
+            ("relay ev/s", 10),
+            ("ratio", 7),
+            ("peak RSS MB", 13),
+            ("CPU s/M events", 15),
+        ],
+        &cells,
     );
-    let _ = writeln!(
-        out,
-        "{:>9} {:>9} {:>8} {:>8} {:>14} {:>10} {:>10} {:>7} {:>13} {:>15}",
-        "payload B",
-        "delivery",
-        "events",
-        "MB",
-        "pg_recvl. MB/s",
-        "relay MB/s",
-        "relay ev/s",
-        "ratio",
-        "peak RSS MB",
-        "CPU s/M events"
-    );
-    for d in rows {
-        let _ = writeln!(
-            out,
-            "{:>9} {:>9} {:>8} {:>8} {:>14} {:>10} {:>10} {:>7} {:>13} {:>15}",
-            fmt_o(d.payload_bytes_avg, 0),
-            mode(d.delivery.as_deref()),
-            fmt(d.events, 0),
-            fmt_o(d.payload_mb, 0),
-            fmt_o(d.pg_recvlogical_payload_mb_per_s, 1),
-            fmt_o(d.relay_payload_mb_per_s, 1),
-            fmt(d.relay_events_per_s, 0),
-            fmt_o(d.ratio, 2),
-            fmt(d.relay_peak_rss_mb, 1),
-            fmt(d.relay_cpu_seconds_per_million_events, 1),
-        );
-    }
 }
 
 fn topics(out: &mut String, rows: &[DrainRow]) {
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(out);
-    let _ = writeln!(
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|d| {
+            vec![
+                fmt_o(d.aggregate_types, 0),
+                mode(d.delivery.as_deref()).into(),
+                fmt(d.events, 0),
+                fmt_o(d.pg_recvlogical_events_per_s, 0),
+                fmt(d.relay_events_per_s, 0),
+                fmt_o(d.relay_second_half_events_per_s, 0),
+                fmt_o(d.ratio, 2),
+                fmt(d.relay_peak_rss_mb, 1),
+                fmt(d.relay_cpu_seconds_per_million_events, 2),
+            ]
+        })
+        .collect();
+    section(
         out,
-        "Many topics (10-row transactions, one topic per aggregate type)"
+        "Many topics (10-row transactions, one topic per aggregate type)",
+        &[
+            ("topics", 7),
+            ("delivery", 9),
+            ("events", 9),
+            ("pg_recvlogical/s", 16),
+            ("relay/s", 12),
+            ("2nd half ev/s", 14),
+            ("ratio", 7),
+            ("peak RSS MB", 13),
+            ("CPU s/M events", 15),
+        ],
+        &cells,
     );
-    let _ = writeln!(
-        out,
-        "{:>7} {:>9} {:>9} {:>16} {:>12} {:>14} {:>7} {:>13} {:>15}",
-        "topics",
-        "delivery",
-        "events",
-        "pg_recvlogical/s",
-        "relay/s",
-        "2nd half ev/s",
-        "ratio",
-        "peak RSS MB",
-        "CPU s/M events"
-    );
-    for d in rows {
-        let _ = writeln!(
-            out,
-            "{:>7} {:>9} {:>9} {:>16} {:>12} {:>14} {:>7} {:>13} {:>15}",
-            fmt_o(d.aggregate_types, 0),
-            mode(d.delivery.as_deref()),
-            fmt(d.events, 0),
-            fmt_o(d.pg_recvlogical_events_per_s, 0),
-            fmt(d.relay_events_per_s, 0),
-            fmt_o(d.relay_second_half_events_per_s, 0),
-            fmt_o(d.ratio, 2),
-            fmt(d.relay_peak_rss_mb, 1),
-            fmt(d.relay_cpu_seconds_per_million_events, 2),
-        );
-    }
 }
 
 fn big_transaction(out: &mut String, r: &BenchResult) {
@@ -260,38 +273,44 @@ fn resend(out: &mut String, r: &BenchResult) {
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(out);
-    let _ = writeln!(
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                mode(Some(&r.delivery)).into(),
+                fmt(r.rate_achieved, 0),
+                r.kills.to_string(),
+                r.committed.to_string(),
+                r.received.to_string(),
+                r.duplicates.to_string(),
+                fmt(r.duplicates as f64 / r.kills as f64, 0),
+                r.missing.to_string(),
+            ]
+        })
+        .collect();
+    section(
         out,
-        "Re-sent events per SIGKILL (writers at a steady rate, read_committed consumer)"
+        "Re-sent events per SIGKILL (writers at a steady rate, read_committed consumer)",
+        &[
+            ("delivery", 9),
+            ("rate/s", 8),
+            ("kills", 6),
+            ("committed", 10),
+            ("received", 10),
+            ("duplicates", 11),
+            ("per kill", 9),
+            ("missing", 8),
+        ],
+        &cells,
     );
-    let _ = writeln!(
-        out,
-        "{:>9} {:>8} {:>6} {:>10} {:>10} {:>11} {:>9} {:>8}",
-        "delivery", "rate/s", "kills", "committed", "received", "duplicates", "per kill", "missing"
-    );
-    for r in rows {
+    for r in rows.iter().filter(|r| r.missing > 0) {
         let _ = writeln!(
             out,
-            "{:>9} {:>8} {:>6} {:>10} {:>10} {:>11} {:>9} {:>8}",
-            mode(Some(&r.delivery)),
-            fmt(r.rate_achieved, 0),
-            r.kills,
-            r.committed,
-            r.received,
-            r.duplicates,
-            fmt(r.duplicates as f64 / r.kills as f64, 0),
+            "  !!!!! {} COMMITTED EVENTS MISSING ({}), e.g. {:?} !!!!!",
             r.missing,
+            mode(Some(&r.delivery)),
+            r.missing_sample
         );
-        if r.missing > 0 {
-            let _ = writeln!(
-                out,
-                "  !!!!! {} COMMITTED EVENTS MISSING ({}), e.g. {:?} !!!!!",
-                r.missing,
-                mode(Some(&r.delivery)),
-                r.missing_sample
-            );
-        }
     }
 }
 
@@ -326,37 +345,44 @@ fn latency(out: &mut String, rows: &[Latency]) {
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(out);
-    let _ = writeln!(
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|l| {
+            // `--tracing`: the same rate with a span per event.
+            let traces = if l.tracing.as_deref() == Some("on") {
+                "+traces"
+            } else {
+                ""
+            };
+            vec![
+                l.rate_target.to_string(),
+                format!("{}{traces}", mode(l.delivery.as_deref())),
+                fmt(l.rate_achieved, 0),
+                l.committed.to_string(),
+                l.received.to_string(),
+                fmt_o(l.p50_ms, 1),
+                fmt_o(l.p99_ms, 1),
+                fmt_o(l.max_ms, 1),
+                format!("  {}", relay_text(l)),
+            ]
+        })
+        .collect();
+    section(
         out,
-        "Latency, 1-row transactions at a steady rate (commit time -> consumer receive, ms)"
+        "Latency, 1-row transactions at a steady rate (commit time -> consumer receive, ms)",
+        &[
+            ("target ev/s", 12),
+            ("delivery", 15),
+            ("achieved/s", 12),
+            ("committed", 10),
+            ("received", 10),
+            ("p50", 8),
+            ("p99", 8),
+            ("max", 8),
+            ("  relay's own histograms (to read: PostgreSQL's share)", 0),
+        ],
+        &cells,
     );
-    let _ = writeln!(
-        out,
-        "{:>12} {:>15} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   relay's own histograms (to read: PostgreSQL's share)",
-        "target ev/s", "delivery", "achieved/s", "committed", "received", "p50", "p99", "max"
-    );
-    for l in rows {
-        // `--tracing`: the same rate with a span per event.
-        let traces = if l.tracing.as_deref() == Some("on") {
-            "+traces"
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            out,
-            "{:>12} {:>15} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}   {}",
-            l.rate_target,
-            format!("{}{traces}", mode(l.delivery.as_deref())),
-            fmt(l.rate_achieved, 0),
-            l.committed,
-            l.received,
-            fmt_o(l.p50_ms, 1),
-            fmt_o(l.p99_ms, 1),
-            fmt_o(l.max_ms, 1),
-            relay_text(l),
-        );
-    }
     for l in rows {
         let text = kafka_transactions_text(l.relay_kafka_transactions.as_ref());
         if !text.is_empty() {
