@@ -281,15 +281,7 @@ async fn contract_end_to_end(
 
     let decoded = decode_as(&url, &topic, sent.len(), decoder);
     assert_eq!(decoded.len(), sent.len(), "one decoded record per event");
-    for event in &sent {
-        let original: serde_json::Value = serde_json::from_str(&event.payload).unwrap();
-        assert_eq!(
-            decoded.get(&event.id),
-            Some(&original),
-            "event {} decodes to its original content",
-            event.id
-        );
-    }
+    assert_decoded_to_originals(&decoded, &sent);
     relay.terminate(Duration::from_secs(30));
     db.cleanup().await;
 }
@@ -474,15 +466,7 @@ async fn a_schema_id_from_a_header_picks_each_records_schema() {
     );
 
     let decoded = decode_with_confluent(&url, &topic, 3);
-    for event in &sent[..3] {
-        let original: serde_json::Value = serde_json::from_str(&event.payload).unwrap();
-        assert_eq!(
-            decoded.get(&event.id),
-            Some(&original),
-            "event {}",
-            event.id
-        );
-    }
+    assert_decoded_to_originals(&decoded, &sent[..3]);
     relay.terminate(Duration::from_secs(30));
     db.cleanup().await;
 }
@@ -719,4 +703,17 @@ async fn check_verifies_the_subjects_against_the_registry() {
         "{down:?}"
     );
     db.cleanup().await;
+}
+
+/// Each event decoded (by Confluent's deserializer, keyed by event id) to its original payload.
+fn assert_decoded_to_originals(decoded: &HashMap<String, serde_json::Value>, events: &[Event]) {
+    for event in events {
+        let original: serde_json::Value = serde_json::from_str(&event.payload).unwrap();
+        assert_eq!(
+            decoded.get(&event.id),
+            Some(&original),
+            "event {} decodes to its original content",
+            event.id
+        );
+    }
 }
