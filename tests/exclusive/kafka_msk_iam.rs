@@ -24,7 +24,7 @@ use base64::Engine;
 use outbox_relay::config::{KafkaConfig, KafkaSecurityProtocol};
 use outbox_relay::sink::publisher::login::{self, TokenSource};
 use outbox_relay::sink::publisher::{admin_client, client_config, KafkaLogin, LoginContext};
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::OAuthToken;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, FutureProducer, FutureRecord, Producer, ThreadedProducer};
@@ -159,13 +159,7 @@ async fn every_client_logs_in_with_the_relays_tokens_renewed_before_expiry() {
     // The admin client: no token request ever reaches it through rust-rdkafka; without the
     // login thread it cannot create the topic.
     let admin = admin_client(&config, context(&admin_tokens), &login(&admin_tokens)).unwrap();
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
-    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT));
-    let created = tokio::time::timeout(TIMEOUT, admin.create_topics([&new], &options))
-        .await
-        .expect("the admin client logged in")
-        .unwrap();
-    assert!(created[0].is_ok(), "{created:?}");
+    create_topic(&admin, &topic).await;
 
     let producer = producer(&config, &producer_tokens);
     let started = Instant::now();
@@ -225,13 +219,7 @@ async fn a_reconnect_logs_in_with_a_token_made_after_the_connection_was_lost() {
         [(); 3].map(|_| Arc::new(CountingTokens::lasting(LASTING)));
 
     let admin = admin_client(&config, context(&admin_tokens), &login(&admin_tokens)).unwrap();
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
-    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT));
-    let created = tokio::time::timeout(TIMEOUT, admin.create_topics([&new], &options))
-        .await
-        .expect("the admin client logged in")
-        .unwrap();
-    assert!(created[0].is_ok(), "{created:?}");
+    create_topic(&admin, &topic).await;
     let producer = polled_producer(&config, &producer_tokens);
     let reader = Reader::start(&config, &topic, &consumer_tokens);
 
@@ -374,4 +362,15 @@ impl Drop for Reader {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
     }
+}
+
+/// Creates `topic` (one partition) through `admin`: only an admin client that logged in can.
+async fn create_topic<C: rdkafka::ClientContext + 'static>(admin: &AdminClient<C>, topic: &str) {
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT));
+    let created = tokio::time::timeout(TIMEOUT, admin.create_topics([&new], &options))
+        .await
+        .expect("the admin client logged in")
+        .unwrap();
+    assert!(created[0].is_ok(), "{created:?}");
 }
