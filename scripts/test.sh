@@ -91,6 +91,13 @@ cleanup() {
                     grep -E '^\[[^]]*\] (WARN|ERROR|FATAL) ' "$f" | tail -n 40 >&2 || true
                 fi
             done
+            # The registry's access log shows the last request each test made.
+            for f in "$OUTBOX_RUN_DIR"/{registry,registry-outage/registry}/registry.log; do
+                if [[ -s $f ]]; then
+                    printf -- '----- last lines of %s -----\n' "$f" >&2
+                    tail -n 30 "$f" | cut -c1-300 >&2 || true
+                fi
+            done
         fi
         log "stopping services"
         bash "$SERVICES" stop || true
