@@ -30,6 +30,11 @@
 #                                 MB/s of the relay against pg_recvlogical
 #                        topics   one topic per aggregate type (--topics-count):
 #                                 events/s and peak RSS
+#                        schema   the same backlog (N events, 10-row
+#                                 transactions) drained with values as they
+#                                 are and Avro-encoded (bench/order.avsc,
+#                                 against an Apicurio registry this script
+#                                 starts): ratio and CPU per event of each
 #                        big-txn  one transaction of --big-txn-rows rows
 #                                 committed while the relay streams: commit
 #                                 to last acknowledgement, peak RSS
@@ -102,6 +107,8 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 
 RELAY_BIN=
 KEEP_SERVICES=0
+# The schema shape needs a Schema Registry (scripts/registry.sh, in the same run dir).
+WANT_REGISTRY=0
 
 # Only what this script needs: which relay to build, whether to keep the
 # services. Every option is outbox-bench run's (it checks them); the values of
@@ -112,8 +119,11 @@ scan_args() {
         -h | --help) usage; exit 0 ;;
         --relay-bin) RELAY_BIN=$(realpath "$2"); shift ;;
         --keep-services) KEEP_SERVICES=1 ;;
+        --shapes)
+            [[ ${2:-} =~ (^|[ ,])(schema|all)([ ,]|$) ]] && WANT_REGISTRY=1
+            if (($# > 1)); then shift; fi ;;
         --events | --txn-sizes | --rates | --rate-seconds | --idle-seconds | --partitions | \
-            --writers | --delivery | --shapes | --payload-sizes | --payload-mb | --topics-count | \
+            --writers | --delivery | --payload-sizes | --payload-mb | --topics-count | \
             --big-txn-rows | --kill-rate | --kills | --kill-interval | --relay-env | --label | --output)
             if (($# > 1)); then shift; fi ;;
         esac
@@ -141,6 +151,11 @@ start_services() {
     # shellcheck disable=SC1090
     source "$env_file"
     trap cleanup EXIT
+    if ((WANT_REGISTRY)); then
+        OUTBOX_BENCH_REGISTRY_URL=$(bash "$SCRIPT_DIR/registry.sh" start) ||
+            die "the schema registry did not start (scripts/registry.sh)"
+        export OUTBOX_BENCH_REGISTRY_URL
+    fi
 }
 
 # On any exit (outbox-bench run has stopped its relays by then): the services,
@@ -148,6 +163,7 @@ start_services() {
 cleanup() {
     if ((KEEP_SERVICES == 0)); then
         log "stopping services in $OUTBOX_RUN_DIR"
+        # services.sh stops the registry too, when one runs there.
         bash "$SCRIPT_DIR/services.sh" stop || true
     fi
 }

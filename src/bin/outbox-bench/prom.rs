@@ -15,6 +15,7 @@ const KAFKA_TXN_COMMITTED: &str = "outbox_relay_kafka_transactions_committed_tot
 const KAFKA_TXN_ABORTED: &str = "outbox_relay_kafka_transactions_aborted_total";
 const KAFKA_TXN_RECORDS: &str = "outbox_relay_kafka_transaction_records_total";
 const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
+const EVENTS_DEAD_LETTERED: &str = "outbox_relay_events_dead_lettered_total";
 
 /// A Prometheus histogram: cumulative counts per upper bound (seconds), sum and count.
 #[derive(Debug, Clone, PartialEq)]
@@ -163,6 +164,7 @@ pub async fn relay_metrics(url: &str, delivery: &str) -> Option<RelayMetrics> {
         kafka_transactions: kafka_transactions(None, &text),
         commit_to_ack: PromHistogram::parse(&text, COMMIT_TO_ACK).map(|h| h.summary()),
         events_published: counter(&text, EVENTS_PUBLISHED),
+        events_dead_lettered: counter(&text, EVENTS_DEAD_LETTERED),
     })
 }
 
@@ -200,6 +202,7 @@ outbox_relay_commit_to_ack_seconds_bucket{le=\"+Inf\"} 100
 outbox_relay_commit_to_ack_seconds_sum 0.6
 outbox_relay_commit_to_ack_seconds_count 100
 outbox_relay_events_published_total 100
+outbox_relay_events_dead_lettered_total 2
 ";
 
     #[test]
@@ -218,5 +221,6 @@ outbox_relay_events_published_total 100
         assert_eq!(delta.quantile_bound(0.5), Some(0.01));
         assert!(PromHistogram::parse("other 1\n", COMMIT_TO_ACK).is_none());
         assert_eq!(counter(SCRAPE, EVENTS_PUBLISHED), Some(100.0));
+        assert_eq!(counter(SCRAPE, EVENTS_DEAD_LETTERED), Some(2.0));
     }
 }

@@ -94,7 +94,7 @@ pub struct LoadSample {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 // No deny_unknown_fields: serde does not support it with flatten.
 pub struct Backlog {
-    /// `txn`, `payload`, `topics` or `big_txn`: groups the report's tables.
+    /// `txn`, `payload`, `topics`, `schema` or `big_txn`: groups the report's tables.
     pub shape: String,
     /// Names the database, the slots and the topics.
     pub round: String,
@@ -107,6 +107,9 @@ pub struct Backlog {
     pub toast_mb: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aggregate_types: Option<u64>,
+    /// The relay's `outbox.serialization.format` (the schema shape; none elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serialization: Option<String>,
 }
 
 /// `pg_recvlogical` draining a slot to `/dev/null`: PostgreSQL's own limit.
@@ -184,6 +187,10 @@ pub struct RelayMetrics {
     pub kafka_transactions: Option<KafkaTransactions>,
     pub commit_to_ack: Option<HistogramSummary>,
     pub events_published: Option<f64>,
+    /// Dead letters since the relay started (0 expected: a schema the payloads do not fit
+    /// would make a drain look fast).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_dead_lettered: Option<f64>,
 }
 
 /// Latency at one steady rate of 1-row transactions. Older result files lack the later

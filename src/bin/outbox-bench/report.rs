@@ -124,6 +124,7 @@ fn drain_row(relay: &RelayDrain, recv_s: Option<f64>, metric: Option<&RelayMetri
         payload_bytes_avg: b.payload_bytes,
         payload_mb: ratio(mb, 1.0),
         aggregate_types: b.aggregate_types.map(|t| t as f64),
+        serialization: b.serialization.clone(),
         pg_recvlogical_seconds: recv_s,
         pg_recvlogical_events_per_s: ratio(events, recv),
         pg_recvlogical_payload_mb_per_s: ratio(mb, recv),
@@ -142,6 +143,7 @@ fn drain_row(relay: &RelayDrain, recv_s: Option<f64>, metric: Option<&RelayMetri
         relay_threads: r.threads as f64,
         relay_context_switches_per_1000_events: r.context_switches as f64 / events * 1000.0,
         relay_kafka_transactions: metric.and_then(|m| m.kafka_transactions.clone()),
+        relay_events_dead_lettered: metric.and_then(|m| m.events_dead_lettered),
         load_before: relay.load_before.clone(),
     }
 }
@@ -218,6 +220,7 @@ pub fn result_of(records: &[Record], run: RunMeta) -> BenchResult {
         drain,
         payload: Some(drains(records, "payload")),
         many_topics: Some(drains(records, "topics")),
+        serialization: Some(drains(records, "schema")).filter(|rows| !rows.is_empty()),
         big_transaction: Some(big_transaction(records)),
         resend_per_kill: Some(cloned(&of_kind!(records, Resend))),
         latency: sorted_latency(records),

@@ -21,6 +21,9 @@ pub struct BenchResult {
     pub payload: Option<Vec<DrainRow>>,
     #[serde(default)]
     pub many_topics: Option<Vec<DrainRow>>,
+    /// The schema shape: the same backlog drained with values Avro-encoded and not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serialization: Option<Vec<DrainRow>>,
     #[serde(default)]
     pub big_transaction: Option<BigTransaction>,
     #[serde(default)]
@@ -132,6 +135,9 @@ pub struct DrainRow {
     pub payload_mb: Option<f64>,
     #[serde(default)]
     pub aggregate_types: Option<f64>,
+    /// The relay's `outbox.serialization.format` (the schema shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serialization: Option<String>,
     pub pg_recvlogical_seconds: Option<f64>,
     pub pg_recvlogical_events_per_s: Option<f64>,
     #[serde(default)]
@@ -151,6 +157,9 @@ pub struct DrainRow {
     pub relay_context_switches_per_1000_events: f64,
     #[serde(default)]
     pub relay_kafka_transactions: Option<KafkaTransactions>,
+    /// Dead letters of the drain (from the relay's `/metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_events_dead_lettered: Option<f64>,
     pub load_before: String,
 }
 

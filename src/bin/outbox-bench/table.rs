@@ -19,6 +19,7 @@ pub fn render(r: &BenchResult) -> String {
     delivery_ratios(&mut out, r);
     payload(&mut out, r.payload.as_deref().unwrap_or_default());
     topics(&mut out, r.many_topics.as_deref().unwrap_or_default());
+    serialization(&mut out, r.serialization.as_deref().unwrap_or_default());
     big_transaction(&mut out, r);
     resend(&mut out, r);
     latency(&mut out, &r.latency);
@@ -232,6 +233,54 @@ fn topics(out: &mut String, rows: &[DrainRow]) {
             ("ratio", 7),
             ("peak RSS MB", 13),
             ("CPU s/M events", 15),
+        ],
+        &cells,
+    );
+}
+
+/// Avro against none: each row beside its own `pg_recvlogical` drain, and its CPU per event
+/// over that of `none` in the same delivery mode.
+fn serialization(out: &mut String, rows: &[DrainRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    let plain_cpu = |delivery: &Option<String>| {
+        rows.iter()
+            .find(|d| d.delivery == *delivery && d.serialization.as_deref() == Some("none"))
+            .map(|d| d.relay_cpu_seconds_per_million_events)
+    };
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|d| {
+            let cpu = d.relay_cpu_seconds_per_million_events;
+            vec![
+                d.serialization.clone().unwrap_or_else(|| "-".into()),
+                mode(d.delivery.as_deref()).into(),
+                fmt(d.events, 0),
+                fmt_o(d.pg_recvlogical_events_per_s, 0),
+                fmt(d.relay_events_per_s, 0),
+                fmt_o(d.ratio, 2),
+                fmt(d.relay_peak_rss_mb, 1),
+                fmt(cpu, 2),
+                fmt_o(plain_cpu(&d.delivery).map(|none| cpu / none), 2),
+                fmt_o(d.relay_events_dead_lettered, 0),
+            ]
+        })
+        .collect();
+    section(
+        out,
+        "Schema Registry serialization (10-row transactions; Avro against none, same backlog)",
+        &[
+            ("format", 6),
+            ("delivery", 9),
+            ("events", 9),
+            ("pg_recvlogical/s", 16),
+            ("relay/s", 12),
+            ("ratio", 7),
+            ("peak RSS MB", 13),
+            ("CPU s/M events", 15),
+            ("CPU vs none", 12),
+            ("dead letters", 13),
         ],
         &cells,
     );

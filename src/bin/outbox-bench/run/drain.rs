@@ -19,7 +19,7 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(900);
 pub struct Round {
     /// Names the database, the slots and the topics (an identifier).
     pub round: String,
-    /// `txn`, `payload` or `topics` (groups the report's tables).
+    /// `txn`, `payload`, `topics` or `schema` (groups the report's tables).
     pub shape: &'static str,
     pub txn_rows: u64,
     pub events: u64,
@@ -30,6 +30,9 @@ pub struct Round {
     /// in `{aggregatetype}`; none: the rows' type is 'order' and the relay publishes to one
     /// fixed topic (no template to render).
     pub types: Vec<String>,
+    /// The relay's `outbox.serialization` (`OUTBOX_RELAY__…` variables) and its format, for
+    /// the schema shape; empty and none elsewhere.
+    pub serialization: Option<(String, Vec<(String, String)>)>,
 }
 
 /// One drain round of the default phase: N events in transactions of `rows` rows.
@@ -43,6 +46,7 @@ pub fn txn_round(ctx: &Ctx, rows: u64) -> Round {
         preload: format!("CALL bench_preload({events}, {rows})"),
         partitions: ctx.settings.partitions,
         types: Vec::new(),
+        serialization: None,
     }
 }
 
@@ -81,6 +85,7 @@ async fn preload(r: &Round, client: &tokio_postgres::Client) -> anyhow::Result<(
         payload_bytes,
         toast_mb,
         aggregate_types: (!r.types.is_empty()).then_some(r.types.len() as u64),
+        serialization: r.serialization.as_ref().map(|(format, _)| format.clone()),
     };
     Ok((end_lsn, backlog))
 }
@@ -138,21 +143,42 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
 
     for mode in ctx.settings.delivery.clone() {
         let (_, template) = topics_of(ctx, r, &mode);
-        relay_drain(ctx, &db, &end_lsn, &mode, &template, &backlog).await?;
+        let serialization = r.serialization.as_ref().map(|(_, env)| env.clone());
+        let drain = Drain {
+            db: &db,
+            end_lsn: &end_lsn,
+            mode: &mode,
+            template: &template,
+            backlog: &backlog,
+            extra_env: serialization.unwrap_or_default(),
+        };
+        relay_drain(ctx, drain).await?;
     }
     // Frees the WAL the slots hold, so every round starts alike.
     ctx.drop_database(&db).await
 }
 
-/// The relay draining its slot of `db` up to `end_lsn` in delivery mode `mode`.
-async fn relay_drain(
-    ctx: &mut Ctx,
-    db: &str,
-    end_lsn: &str,
-    mode: &str,
-    template: &str,
-    backlog: &Backlog,
-) -> anyhow::Result<()> {
+/// One relay drain: its slot of `db` up to `end_lsn` in delivery mode `mode`.
+struct Drain<'a> {
+    db: &'a str,
+    end_lsn: &'a str,
+    mode: &'a str,
+    template: &'a str,
+    backlog: &'a Backlog,
+    /// More of the relay's environment (the schema shape's serialization).
+    extra_env: Vec<(String, String)>,
+}
+
+/// The relay draining its slot.
+async fn relay_drain(ctx: &mut Ctx, d: Drain<'_>) -> anyhow::Result<()> {
+    let Drain {
+        db,
+        end_lsn,
+        mode,
+        template,
+        backlog,
+        extra_env,
+    } = d;
     let tag = mode_tag(mode);
     let slot = format!("bench_relay_{}_{tag}", backlog.round);
     let name = format!("{}-{tag}", backlog.round);
@@ -176,6 +202,7 @@ async fn relay_drain(
         "OUTBOX_RELAY__POSTGRES__STATUS_INTERVAL_MS".into(),
         DRAIN_STATUS_INTERVAL_MS.to_string(),
     ));
+    env.extend(extra_env);
     let mut run = RelayRun::new(db, &slot, template, &format!("relay-{name}"), env);
     run.profile_as = ctx.settings.perf.then(|| name.clone());
     let relay = ctx.start_relay(run).await?;

@@ -141,6 +141,7 @@ async fn phases(ctx: &mut Ctx) -> anyhow::Result<()> {
         match shape.as_str() {
             "payload" => shapes::payload_shape(ctx).await?,
             "topics" => shapes::topics_shape(ctx).await?,
+            "schema" => shapes::schema_shape(ctx).await?,
             "big-txn" => shapes::big_txn_shape(ctx).await?,
             _ => shapes::sigkill_shape(ctx).await?,
         }

@@ -46,7 +46,7 @@ pub struct Options {
     /// Delivery modes measured side by side (space or comma separated).
     #[arg(long, default_value = "at_least_once exactly_once")]
     pub delivery: String,
-    /// Opt-in phases: payload, topics, big-txn, sigkill, all (space or comma separated).
+    /// Opt-in phases: payload, topics, schema, big-txn, sigkill, all (space or comma separated).
     #[arg(long, default_value = "")]
     pub shapes: String,
     /// Payload bytes of the payload shape.
@@ -96,7 +96,7 @@ pub struct Options {
 /// The delivery modes.
 pub const MODES: [&str; 2] = ["at_least_once", "exactly_once"];
 /// The opt-in shapes, in the order they run.
-pub const SHAPES: [&str; 4] = ["payload", "topics", "big-txn", "sigkill"];
+pub const SHAPES: [&str; 5] = ["payload", "topics", "schema", "big-txn", "sigkill"];
 
 /// The options resolved: `--quick`'s defaults applied, lists split and checked.
 #[derive(Debug, Clone)]
@@ -163,7 +163,7 @@ fn resolve_shapes(list: &str) -> anyhow::Result<Vec<String>> {
         shapes = SHAPES.iter().map(|s| s.to_string()).collect();
     }
     if let Some(s) = shapes.iter().find(|s| !SHAPES.contains(&s.as_str())) {
-        bail!("unknown shape '{s}' (payload, topics, big-txn, sigkill, all)");
+        bail!("unknown shape '{s}' (payload, topics, schema, big-txn, sigkill, all)");
     }
     Ok(shapes)
 }

@@ -1,4 +1,5 @@
-//! The opt-in shapes (`--shapes`): big payloads, many topics, one big transaction, SIGKILLs.
+//! The opt-in shapes (`--shapes`): big payloads, many topics, Avro against none, one big
+//! transaction, SIGKILLs.
 
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ pub async fn payload_shape(ctx: &mut Ctx) -> anyhow::Result<()> {
             preload: format!("CALL bench_preload_payload({events}, {SHAPE_TXN_ROWS}, {bytes})"),
             partitions: 1,
             types: Vec::new(),
+            serialization: None,
         };
         drain_backlog(ctx, &round).await?;
     }
@@ -48,8 +50,49 @@ pub async fn topics_shape(ctx: &mut Ctx) -> anyhow::Result<()> {
         preload: format!("CALL bench_preload_types({events}, {SHAPE_TXN_ROWS}, {count})"),
         partitions: 1,
         types: (0..count).map(|i| format!("a{i}")).collect(),
+        serialization: None,
     };
     drain_backlog(ctx, &round).await
+}
+
+/// The registry the schema shape encodes against (scripts/bench.sh starts one).
+const REGISTRY_URL_VAR: &str = "OUTBOX_BENCH_REGISTRY_URL";
+
+/// The same backlog of N events twice, drained with values sent as they are
+/// (`outbox.serialization.format = "none"`) and Avro-encoded against the registry's schema
+/// (`bench/order.avsc`, registered by the relay on first use): what the serializer costs
+/// in drain ratio and CPU per event. Each format is its own round, beside its own
+/// `pg_recvlogical` drain of an identical backlog.
+pub async fn schema_shape(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let url = std::env::var(REGISTRY_URL_VAR).map_err(|_| {
+        anyhow::anyhow!("the schema shape needs a schema registry in {REGISTRY_URL_VAR} (scripts/bench.sh starts one)")
+    })?;
+    let schema = ctx.repo.join("bench/order.avsc");
+    let avro = [
+        ("FORMAT", "avro".to_string()),
+        ("REGISTRY_URL", url),
+        ("AUTO_REGISTER", "true".into()),
+        ("SCHEMA_FILE", schema.display().to_string()),
+    ];
+    let env = avro
+        .into_iter()
+        .map(|(k, v)| (format!("OUTBOX_RELAY__OUTBOX__SERIALIZATION__{k}"), v))
+        .collect();
+    let events = ctx.settings.events;
+    for (format, env) in [("none", Vec::new()), ("avro", env)] {
+        let round = Round {
+            round: format!("schema_{format}"),
+            shape: "schema",
+            txn_rows: SHAPE_TXN_ROWS,
+            events,
+            preload: format!("CALL bench_preload({events}, {SHAPE_TXN_ROWS})"),
+            partitions: ctx.settings.partitions,
+            types: Vec::new(),
+            serialization: Some((format.to_string(), env)),
+        };
+        drain_backlog(ctx, &round).await?;
+    }
+    Ok(())
 }
 
 /// One transaction of `--big-txn-rows` rows, committed while the relay streams: from the
