@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -94,12 +95,25 @@ def protobuf(registry, proto):
 FORMATS = {"avro": avro, "json": json_schema, "protobuf": protobuf}
 
 
+def watchdog(seconds):
+    """Exits (status 3, with a message) after `seconds`, even inside a call that hangs: the
+    poll loop's own deadline is only checked between records."""
+
+    def expire(_signum, _frame):
+        print(f"consume.py: still running after {seconds:.0f} s: a broker or registry request hung", file=sys.stderr)
+        os._exit(3)
+
+    signal.signal(signal.SIGALRM, expire)
+    signal.alarm(int(seconds))
+
+
 def main() -> int:
     brokers, registry_url, topic, count = sys.argv[1:5]
     timeout = float(sys.argv[5]) if len(sys.argv) > 5 else 60.0
     form = sys.argv[6] if len(sys.argv) > 6 else "avro"
     proto = sys.argv[7] if len(sys.argv) > 7 else None
     count = int(count)
+    watchdog(timeout + 30)
     registry = SchemaRegistryClient({"url": registry_url, "timeout": REGISTRY_TIMEOUT_S})
     deserialize = FORMATS[form](registry, proto)
     consumer = Consumer(
