@@ -272,6 +272,7 @@ pub async fn latency(
         delivery: None,
         tracing: None,
         relay_cpu_seconds: None,
+        walsender_cpu_seconds: None,
         rate_target: load.rate,
         rate_achieved: committed as f64 / write_seconds,
         seconds: load.seconds,

@@ -206,6 +206,9 @@ pub struct Latency {
     pub tracing: Option<String>,
     #[serde(default)]
     pub relay_cpu_seconds: Option<f64>,
+    /// The relay's walsender over the same window: the limit a steady rate is held to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walsender_cpu_seconds: Option<f64>,
     pub rate_target: u64,
     pub rate_achieved: f64,
     pub seconds: u64,

@@ -412,6 +412,8 @@ fn latency(out: &mut String, rows: &[Latency]) {
                 fmt_o(l.p50_ms, 1),
                 fmt_o(l.p99_ms, 1),
                 fmt_o(l.max_ms, 1),
+                cpu_percent(l.relay_cpu_seconds, l.seconds),
+                cpu_percent(l.walsender_cpu_seconds, l.seconds),
                 format!("  {}", relay_text(l)),
             ]
         })
@@ -428,6 +430,8 @@ fn latency(out: &mut String, rows: &[Latency]) {
             ("p50", 8),
             ("p99", 8),
             ("max", 8),
+            ("relay CPU%", 11),
+            ("walsender%", 11),
             ("  relay's own histograms (to read: PostgreSQL's share)", 0),
         ],
         &cells,
@@ -438,6 +442,11 @@ fn latency(out: &mut String, rows: &[Latency]) {
             let _ = writeln!(out, "  {}/s, exactly-once: {text}", l.rate_target);
         }
     }
+}
+
+/// CPU seconds over a window of `seconds`, as a percentage of one core.
+fn cpu_percent(cpu_seconds: Option<f64>, seconds: u64) -> String {
+    fmt_o(cpu_seconds.map(|c| 100.0 * c / seconds.max(1) as f64), 1)
 }
 
 fn txn_probe(out: &mut String, r: &BenchResult) {

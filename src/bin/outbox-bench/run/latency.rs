@@ -11,9 +11,18 @@ use crate::records::{Idle, IdleKind, Record};
 use crate::util::loadavg;
 use crate::wait_slot::{wait_slot, SlotWait};
 
-/// Waits until the relay just started on `slot` streams: it confirmed the current position
-/// (an idle relay confirms the server's keepalive position), within 60 s.
+/// Waits until the relay just started on `slot` streams: a walsender serves the slot and the
+/// relay confirmed the current position (an idle relay confirms the server's keepalive
+/// position), within 60 s. A slot made just now is at the current position already, so its
+/// position alone would not say that the relay connected.
 pub async fn wait_streaming(ctx: &Ctx, db: &str, slot: &str, relay: &Relay) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while walsender_pid(ctx, db, slot).await?.is_none() {
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("no walsender serves slot {slot} after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let client = ctx.services.cluster.connect(db).await?;
     let lsn = current_lsn(&client).await?;
     let url = ctx.url(db);
@@ -28,6 +37,20 @@ pub async fn wait_streaming(ctx: &Ctx, db: &str, slot: &str, relay: &Relay) -> a
     })
     .await
     .map(|_| ())
+}
+
+/// The pid of the walsender serving `slot`, if one does.
+async fn walsender_pid(ctx: &Ctx, db: &str, slot: &str) -> anyhow::Result<Option<u32>> {
+    let client = ctx.services.cluster.connect(db).await?;
+    let row = client
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row
+        .and_then(|r| r.get::<_, Option<i32>>(0))
+        .map(|pid| pid as u32))
 }
 
 /// The relay's environment for `--tracing` run `tracing` (a span per event, exported to the
@@ -147,12 +170,15 @@ async fn one_rate(
         seconds: ctx.settings.rate_seconds,
         writers: ctx.settings.writers,
     };
-    let c0 = cpu_seconds(relay.pid(), ctx.clk_tck)?;
+    let walsender = walsender_pid(ctx, db, &format!("bench_latency_{tag}")).await?;
+    let cpu = |pid: Option<u32>| pid.and_then(|pid| cpu_seconds(pid, ctx.clk_tck).ok());
+    let (c0, w0) = (cpu_seconds(relay.pid(), ctx.clk_tck)?, cpu(walsender));
     let mut out = latency(&target, load, metrics_url).await?;
-    let c1 = cpu_seconds(relay.pid(), ctx.clk_tck)?;
+    let (c1, w1) = (cpu_seconds(relay.pid(), ctx.clk_tck)?, cpu(walsender));
     out.delivery = Some(mode.to_string());
     out.tracing = Some(tracing.to_string());
     out.relay_cpu_seconds = Some(round3(c1 - c0));
+    out.walsender_cpu_seconds = w0.zip(w1).map(|(w0, w1)| round3(w1 - w0));
     ctx.record(Record::Latency(out))
 }
 
