@@ -964,5 +964,28 @@ topic = "{p}.dlq"
     let decoded = decode_keyed(&url, &audit, 400, "json", "json");
     let audit_ids = (u64::from(audit_value), u64::from(audit_key));
     assert_each_table_encoded(&decoded, &audits, audit_ids, true, 2);
+
+    // `check` verifies each table's subjects with its own section: by the Avro one, the
+    // audit subjects' JSON Schemas would be "the wrong format".
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["check", "--json"])
+        .envs(env.iter().cloned())
+        .output()
+        .expect("run check");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let items: Vec<String> = report["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["check"] == "schema registry")
+        .map(|i| format!("{} {}", i["status"], i["detail"]))
+        .collect();
+    for subject in ["order-value", "order-key", "audit-value", "audit-key"] {
+        let wanted = format!("\"ok\" \"subject `{p}.{subject}`");
+        assert!(
+            items.iter().any(|i| i.starts_with(&wanted)),
+            "{subject}: {items:#?}"
+        );
+    }
     db.cleanup().await;
 }

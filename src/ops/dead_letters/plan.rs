@@ -320,6 +320,36 @@ mod tests {
     }
 
     #[test]
+    fn a_schema_dead_letter_is_mapped_again_with_its_tables_serialization_section() {
+        let mut config = OutboxConfig::default();
+        config.tables.push(crate::config::OutboxTableConfig {
+            table: "public.audit".into(),
+            serialization: Some(crate::config::SerializationConfig {
+                format: crate::config::SerializationFormat::JsonSchema,
+                registry_url: "http://r".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let mapping = OutboxMapping::new(&config).unwrap();
+        // As the session writes it: the record as it was, and its row in a header.
+        let of = |table: &str| {
+            let row = row("").replace("public.outbox", table);
+            let headers = vec![
+                h(HEADER_REASON, "schema"),
+                h(HEADER_ORIGINAL_TOPIC, "orders"),
+                h(HEADER_ROW, &row),
+            ];
+            match plan(&letter(headers, Some("{}")), &mapping, "dlq", 3) {
+                Action::Send(_, How::Remapped, profile) => profile,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(of("public.audit"), Some(1));
+        assert_eq!(of("public.outbox"), Some(0));
+    }
+
+    #[test]
     fn past_max_redrives_or_without_its_payload_a_dead_letter_is_left() {
         let mut l = letter(
             vec![
