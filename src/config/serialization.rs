@@ -445,6 +445,11 @@ key_format = "json_schema"
         let (profiles, of_table) = config.outbox.serialization_profiles();
         assert_eq!(profiles.len(), 2);
         assert_eq!(of_table, [0, 1]);
+        // `outbox-relay config` shows the table's own section, and it reads back the same.
+        let shown = config.to_redacted_toml();
+        assert!(shown.contains("[outbox.tables.serialization]"), "{shown}");
+        let again = load(&shown, &[]).unwrap();
+        assert_eq!(again.outbox.table_configs()[1].serialization, *audit);
 
         // A login of its own replaces the inherited one as a whole; so does a URL.
         let own = TWO_TABLES.replace(

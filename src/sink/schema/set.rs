@@ -24,6 +24,7 @@ impl Serializers {
             .filter(|p| p.enabled())
             .map(|p| p.registry_url.as_str())
             .collect();
+        urls.sort_unstable();
         urls.dedup();
         if urls.is_empty() {
             return Ok(Serializers::default());
