@@ -84,6 +84,9 @@ enum Part {
 #[derive(Debug)]
 pub struct Serializer {
     config: SerializationConfig,
+    /// Where the section is in the config (`outbox.serialization`,
+    /// `outbox.tables[1].serialization`), for the settings messages name.
+    section: String,
     client: RegistryClient,
     cache: Mutex<HashMap<String, Arc<Cached>>>,
     health: Arc<RegistryHealth>,
@@ -92,12 +95,14 @@ pub struct Serializer {
 impl Serializer {
     /// `None` when the section uses no registry. Reads the password or token file.
     pub fn new(config: &SerializationConfig) -> Result<Option<Arc<Serializer>>, ConfigError> {
-        Serializer::with_health(config, Arc::new(RegistryHealth::new(&config.registry_url)))
+        let health = Arc::new(RegistryHealth::new(&config.registry_url));
+        Serializer::with_health(config, "outbox.serialization", health)
     }
 
     /// [`Serializer::new`], reporting its blocks to `health` (shared by the sections).
     pub fn with_health(
         config: &SerializationConfig,
+        section: &str,
         health: Arc<RegistryHealth>,
     ) -> Result<Option<Arc<Serializer>>, ConfigError> {
         if !config.enabled() {
@@ -106,6 +111,7 @@ impl Serializer {
         let client = RegistryClient::new(config, config.read_secret()?);
         Ok(Some(Arc::new(Serializer {
             config: config.clone(),
+            section: section.to_string(),
             client,
             cache: Mutex::default(),
             health,
@@ -138,7 +144,8 @@ impl Serializer {
                 .filter(|v| !v.is_empty())
                 .ok_or_else(|| {
                     SerializeError::Payload(format!(
-                        "the record has no header `{header}` naming its record (outbox.serialization.record_name_header)"
+                        "the record has no header `{header}` naming its record ({}.record_name_header)",
+                        self.section
                     ))
                 })
         };
@@ -274,8 +281,9 @@ impl Serializer {
             .map(Some)
             .ok_or_else(|| {
                 SerializeError::Payload(format!(
-                    "header `{header}` is not a schema id: {:?} (outbox.serialization.schema_id_header)",
-                    String::from_utf8_lossy(value)
+                    "header `{header}` is not a schema id: {:?} ({}.schema_id_header)",
+                    String::from_utf8_lossy(value),
+                    self.section
                 ))
             })
     }
@@ -375,7 +383,8 @@ impl Serializer {
         let kind = registered.schema_type.as_deref().unwrap_or("AVRO");
         if kind != format.schema_type() {
             return Err(bad(format!(
-                "it is a {kind} schema, and outbox.serialization.{setting} is {}",
+                "it is a {kind} schema, and {}.{setting} is {}",
+                self.section,
                 SerializationFormat::NAMES[format as usize]
             )));
         }
@@ -568,6 +577,7 @@ mod tests {
         config.schema_id_header = Some("sid".into());
         let s = Serializer {
             config,
+            section: s.section.clone(),
             client: s.client.clone(),
             cache: Mutex::new(s.cache.lock().unwrap().clone()),
             health: s.health(),
@@ -605,6 +615,7 @@ mod tests {
         cache.insert("#key orders-key".into(), Arc::new(key));
         Arc::new(Serializer {
             config,
+            section: s.section.clone(),
             client: s.client.clone(),
             cache: Mutex::new(cache),
             health: s.health(),

@@ -32,7 +32,8 @@ impl Serializers {
         let health = Arc::new(RegistryHealth::new(&urls.join(", ")));
         let by_profile = profiles
             .iter()
-            .map(|p| Serializer::with_health(p, health.clone()))
+            .enumerate()
+            .map(|(i, p)| Serializer::with_health(p, &section(outbox, i), health.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Serializers {
             by_profile: by_profile.into(),
@@ -61,5 +62,51 @@ impl Serializers {
     /// True when more than one section is in force (a record's profile then matters).
     pub fn several(&self) -> bool {
         self.by_profile.len() > 1
+    }
+}
+
+/// Where section `profile` is in the config: the top-level one, or the first
+/// `[[outbox.tables]]` entry that has it.
+fn section(outbox: &OutboxConfig, profile: usize) -> String {
+    let (_, of_table) = outbox.serialization_profiles();
+    // `table_configs` lists `table` first when it is set, then the entries.
+    let skip = usize::from(!outbox.table.is_empty());
+    of_table
+        .iter()
+        .enumerate()
+        .skip(skip)
+        .find(|(_, p)| **p == profile && profile != 0)
+        .map_or("outbox.serialization".to_string(), |(i, _)| {
+            format!("outbox.tables[{}].serialization", i - skip)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_section_is_named_by_its_place_in_the_config() {
+        let mut outbox = OutboxConfig::default();
+        let json = crate::config::SerializationConfig {
+            format: crate::config::SerializationFormat::JsonSchema,
+            registry_url: "http://r".into(),
+            ..Default::default()
+        };
+        for own in [None, Some(json)] {
+            outbox.tables.push(crate::config::OutboxTableConfig {
+                table: format!("t{}", outbox.tables.len()),
+                serialization: own,
+                ..Default::default()
+            });
+        }
+        assert_eq!(section(&outbox, 0), "outbox.serialization");
+        assert_eq!(section(&outbox, 1), "outbox.tables[1].serialization");
+        let serializers = Serializers::new(&outbox).unwrap();
+        assert!(serializers.get(0).is_none(), "the top-level section is off");
+        assert_eq!(
+            serializers.get(1).unwrap().section,
+            "outbox.tables[1].serialization"
+        );
     }
 }
