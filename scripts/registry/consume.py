@@ -3,8 +3,10 @@ record as one JSON line: {"key", "schema_id", "value", "partition", "offset", "k
 show that what the relay writes decodes with a stock deserializer.
 
 Usage: consume.py [--key=KEY_FORMAT] BROKERS REGISTRY_URL TOPIC COUNT [TIMEOUT_S] [FORMAT] [PROTO_FILE]
-KEY_FORMAT: avro or json: the key is decoded by that deserializer too (a framed string key,
-`key_format`), and key_schema_id is its schema id; without it the key is printed as text.
+KEY_FORMAT: avro, json or protobuf:PROTO_FILE (its first message, one string field): the key
+is decoded by that deserializer too (a framed string key, `key_format`), and key_schema_id is
+its schema id; without it the key is printed as text. FORMAT plain: the value is unframed JSON
+(`format = "none"`), schema_id null.
 FORMAT: avro (default), json (JSONDeserializer: it fetches the writer's schema by the
 record's id and validates the value against it) or protobuf (ProtobufDeserializer, with the
 message class generated here from PROTO_FILE by protoc from grpcio-tools: the first message
@@ -93,7 +95,20 @@ def protobuf(registry, proto):
     return deserialize
 
 
-FORMATS = {"avro": avro, "json": json_schema, "protobuf": protobuf}
+def plain(_registry, _proto):
+    return lambda raw, _ctx: json.loads(raw)
+
+
+FORMATS = {"avro": avro, "json": json_schema, "protobuf": protobuf, "plain": plain}
+
+
+def key_deserializer(registry, key_form):
+    """KEY_FORMAT's deserializer, returning the key string (a Protobuf key's one field)."""
+    form, _, proto = key_form.partition(":")
+    deserialize = FORMATS[form](registry, proto or None)
+    if form != "protobuf":
+        return deserialize
+    return lambda raw, ctx: next(iter(deserialize(raw, ctx).values()))
 
 
 def main() -> int:
@@ -106,7 +121,7 @@ def main() -> int:
     count = int(count)
     registry = SchemaRegistryClient({"url": registry_url, "timeout": REGISTRY_TIMEOUT_S})
     deserialize = FORMATS[form](registry, proto)
-    deserialize_key = FORMATS[key_form](registry, None) if key_form else None
+    deserialize_key = key_deserializer(registry, key_form) if key_form else None
     consumer = Consumer(
         {
             "bootstrap.servers": brokers,
@@ -135,7 +150,7 @@ def main() -> int:
                 key_schema_id = int.from_bytes(raw_key[1:5], "big")
             else:
                 key = raw_key.decode() if raw_key is not None else None
-            schema_id = int.from_bytes(raw[1:5], "big")
+            schema_id = None if form == "plain" else int.from_bytes(raw[1:5], "big")
             row = {"key": key, "schema_id": schema_id, "value": value}
             row.update(partition=msg.partition(), offset=msg.offset(), key_schema_id=key_schema_id)
             print(json.dumps(row))

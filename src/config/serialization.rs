@@ -67,8 +67,8 @@ pub enum KeyFormat {
     /// The key as a JSON string (`"…"`), framed with the id of subject `<topic>-key`,
     /// whose schema is a JSON Schema of `"type": "string"`.
     JsonSchema,
-    /// Refused by validation: a Protobuf key would need a message type every consumer has
-    /// to generate for a single string; use `avro` or `json_schema`.
+    /// The key as message `outbox_relay.Key { string key = 1; }`, framed with the id of
+    /// subject `<topic>-key` (the first message of that subject's file is used).
     Protobuf,
 }
 
@@ -136,11 +136,12 @@ pub struct SerializationConfig {
     /// header uses the subject's; a value that is not a number is dead-lettered. Unset: off.
     #[serde(with = "unset")]
     pub schema_id_header: Option<String>,
-    /// The record key: `string` (default: its bytes as today), `avro` or `json_schema` (the
-    /// key as a string of that format, framed with the id of subject `<topic>-key` under
-    /// every `subject_strategy`, as Confluent's default key strategy names it). The partition
-    /// is still chosen from the unencoded key. Needs `registry_url`; with `auto_register` the
-    /// string schema is registered under a missing key subject (no file needed).
+    /// The record key: `string` (default: its bytes as today), `avro`, `json_schema` or
+    /// `protobuf` (the key as a string of that format, framed with the id of subject
+    /// `<topic>-key` under every `subject_strategy`, as Confluent's default key strategy
+    /// names it). The partition is still chosen from the unencoded key. Needs
+    /// `registry_url`; with `auto_register` the string schema is registered under a missing
+    /// key subject (no file needed).
     pub key_format: KeyFormat,
 }
 
@@ -231,12 +232,6 @@ impl SerializationConfig {
         formats: &[(String, Format)],
     ) -> Result<(), ConfigError> {
         let field = |key: &str| format!("{path}.{key}");
-        if self.key_format == KeyFormat::Protobuf {
-            return Err(ConfigError::invalid(
-                field("key_format"),
-                "`protobuf` keys are not supported (a message type every consumer would have to generate for one string); use `avro` or `json_schema` for a framed string key, or `string`",
-            ));
-        }
         if !self.enabled() {
             return Ok(());
         }
@@ -492,12 +487,15 @@ key_format = "json_schema"
     }
 
     #[test]
-    fn key_formats_parse_and_protobuf_keys_are_refused_by_name() {
-        let avro_keys = load(&format!("{AVRO}key_format = \"avro\"\n"), &[]).unwrap();
-        assert_eq!(
-            avro_keys.outbox.serialization.key_format,
-            super::KeyFormat::Avro
-        );
+    fn key_formats_parse_and_need_a_registry() {
+        for (name, format) in [
+            ("avro", super::KeyFormat::Avro),
+            ("json_schema", super::KeyFormat::JsonSchema),
+            ("protobuf", super::KeyFormat::Protobuf),
+        ] {
+            let config = load(&format!("{AVRO}key_format = \"{name}\"\n"), &[]).unwrap();
+            assert_eq!(config.outbox.serialization.key_format, format);
+        }
         // String keys by default; keys alone need a registry too.
         assert_eq!(
             load(AVRO, &[]).unwrap().outbox.serialization.key_format,
@@ -508,20 +506,17 @@ key_format = "json_schema"
             field_of(load(keys_only, &[])),
             "outbox.serialization.registry_url"
         );
+        // Without a schema file: the key's string schema needs none.
         let keys_only = format!("{keys_only}registry_url = \"http://r\"\nauto_register = true\n");
         assert!(load(&keys_only, &[])
             .unwrap()
             .outbox
             .serialization
             .enabled());
+        let table = "[outbox]\n[[outbox.tables]]\ntable = \"a\"\n[outbox.tables.serialization]\nkey_format = \"json_schema\"\n";
         assert_eq!(
-            field_of(load(&format!("{AVRO}key_format = \"protobuf\"\n"), &[])),
-            "outbox.serialization.key_format"
-        );
-        let table = TWO_TABLES.replace("key_format = \"json_schema\"", "key_format = \"protobuf\"");
-        assert_eq!(
-            field_of(load(&table, &[])),
-            "outbox.tables[1].serialization.key_format"
+            field_of(load(table, &[])),
+            "outbox.tables[0].serialization.registry_url"
         );
     }
 

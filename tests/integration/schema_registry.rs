@@ -723,7 +723,8 @@ fn assert_decoded_to_originals(decoded: &HashMap<String, serde_json::Value>, eve
 struct Decoded {
     key: String,
     key_schema_id: u64,
-    schema_id: u64,
+    /// `None` for an unframed value (`format = "none"`).
+    schema_id: Option<u64>,
     partition: i32,
     offset: i64,
     value: serde_json::Value,
@@ -751,7 +752,7 @@ fn decode_keyed(url: &str, topic: &str, count: usize, key: &str, value: &str) ->
             Decoded {
                 key: row["key"].as_str().expect("a decoded string key").into(),
                 key_schema_id: row["key_schema_id"].as_u64().unwrap(),
-                schema_id: row["schema_id"].as_u64().unwrap(),
+                schema_id: row["schema_id"].as_u64(),
                 partition: row["partition"].as_i64().unwrap() as i32,
                 offset: row["offset"].as_i64().unwrap(),
                 value: row["value"].clone(),
@@ -775,7 +776,7 @@ async fn subject_id(url: &str, subject: &str) -> u32 {
 fn assert_each_table_encoded(
     decoded: &[Decoded],
     events: &[Event],
-    ids: (u64, u64),
+    ids: (Option<u64>, u64),
     by_key: bool,
     copies: usize,
 ) {
@@ -831,23 +832,53 @@ fn assert_each_table_encoded(
     }
 }
 
+/// The string key's `.proto` as the relay registers it (`key_format = "protobuf"`).
+const KEY_PROTO: &str =
+    "syntax = \"proto3\";\npackage outbox_relay;\n\nmessage Key {\n  string key = 1;\n}\n";
+
+/// Inserts `events` into the outbox-shaped `table` in one statement.
+async fn insert_into(pg: &tokio_postgres::Client, table: &str, events: &[Event]) {
+    let column = |f: fn(&Event) -> &str| events.iter().map(f).collect::<Vec<&str>>();
+    pg.execute(
+        &format!(
+            "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload)
+             SELECT i::uuid, a, g, t, p::jsonb FROM unnest($1::text[], $2::text[],
+               $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(i, a, g, t, p, n)
+             ORDER BY n"
+        ),
+        &[
+            &column(|e| &e.id),
+            &column(|e| &e.aggregate_type),
+            &column(|e| &e.aggregate_id),
+            &column(|e| &e.event_type),
+            &column(|e| &e.payload),
+        ],
+    )
+    .await
+    .unwrap();
+}
+
 /// Issue 23, per-table sections and `key_format`: `public.outbox` is encoded by the top-level
 /// section (Avro values and Avro keys, both subjects auto-registered), `audit_outbox` by its
-/// own (JSON Schema values and keys, the registry inherited, `partition_by = "key"`). A
+/// own (JSON Schema values and keys, the registry inherited, `partition_by = "key"`),
+/// `ledger_outbox` by its own too (values as they are, Protobuf keys auto-registered). A
 /// consumer with Confluent's key and value deserializers decodes every record of each; each
 /// record is in the partition its plain string key would give; a replay of the range encodes
-/// each table's records by its own section again.
+/// each table's records by its own section again; `check` verifies each table's subjects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_table_is_encoded_by_its_own_section_and_keys_are_framed_strings() {
     let url = registry_url();
     let db = TestDb::new().await;
     let p = db.topic_prefix.clone();
-    let (order, audit) = (db.topic("order"), db.topic("audit"));
+    let (order, audit, ledger) = (db.topic("order"), db.topic("audit"), db.topic("ledger"));
     let pg = db.client().await;
-    pg.batch_execute("CREATE TABLE audit_outbox (LIKE outbox INCLUDING ALL)")
-        .await
-        .unwrap();
-    for topic in [&order, &audit] {
+    pg.batch_execute(
+        "CREATE TABLE audit_outbox (LIKE outbox INCLUDING ALL);
+         CREATE TABLE ledger_outbox (LIKE outbox INCLUDING ALL)",
+    )
+    .await
+    .unwrap();
+    for topic in [&order, &audit, &ledger] {
         create_topic(topic, 3).await;
     }
     let audit_value = client(&url)
@@ -882,6 +913,13 @@ partition_by = "key"
 [outbox.tables.serialization]
 format = "json_schema"
 key_format = "json_schema"
+[[outbox.tables]]
+table = "public.ledger_outbox"
+topic = "{ledger}"
+[outbox.tables.serialization]
+format = "none"
+key_format = "protobuf"
+auto_register = true
 [dead_letter]
 topic = "{p}.dlq"
 "#,
@@ -902,47 +940,27 @@ topic = "{p}.dlq"
         .await
         .unwrap()
         .get(0);
-    let (orders, audits) = (events(200, "order"), events(200, "audit"));
+    let (orders, audits, ledgers) = (
+        events(200, "order"),
+        events(200, "audit"),
+        events(200, "ledger"),
+    );
     write_in_batches(&db, &orders, 50).await;
-    pg.execute(
-        "INSERT INTO audit_outbox (id, aggregatetype, aggregateid, type, payload)
-         SELECT i::uuid, a, g, t, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[],
-           $4::text[], $5::text[]) WITH ORDINALITY AS u(i, a, g, t, p, n) ORDER BY n",
-        &[
-            &audits.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
-            &audits
-                .iter()
-                .map(|e| e.aggregate_type.as_str())
-                .collect::<Vec<_>>(),
-            &audits
-                .iter()
-                .map(|e| e.aggregate_id.as_str())
-                .collect::<Vec<_>>(),
-            &audits
-                .iter()
-                .map(|e| e.event_type.as_str())
-                .collect::<Vec<_>>(),
-            &audits
-                .iter()
-                .map(|e| e.payload.as_str())
-                .collect::<Vec<_>>(),
-        ],
-    )
-    .await
-    .unwrap();
+    insert_into(&pg, "audit_outbox", &audits).await;
+    insert_into(&pg, "ledger_outbox", &ledgers).await;
     let mut seen = 0;
     let live = read_until(
-        &[order.clone(), audit.clone()],
+        &[order.clone(), audit.clone(), ledger.clone()],
         3,
         Duration::from_secs(60),
         Duration::from_millis(500),
         move |_| {
             seen += 1;
-            seen >= 400
+            seen >= 600
         },
     )
     .await;
-    assert_eq!(live.len(), 400, "live records:\n{}", relay.log_text());
+    assert_eq!(live.len(), 600, "live records:\n{}", relay.log_text());
     relay.terminate(Duration::from_secs(30));
 
     let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
@@ -953,17 +971,24 @@ topic = "{p}.dlq"
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "replay: {report}");
     let report: serde_json::Value = serde_json::from_str(&report).unwrap();
-    assert_eq!(report["acknowledged"], 400, "{report:#}");
+    assert_eq!(report["acknowledged"], 600, "{report:#}");
 
     let order_ids = (
-        u64::from(subject_id(&url, &format!("{order}-value")).await),
+        Some(u64::from(subject_id(&url, &format!("{order}-value")).await)),
         u64::from(subject_id(&url, &format!("{order}-key")).await),
     );
     let decoded = decode_keyed(&url, &order, 400, "avro", "avro");
     assert_each_table_encoded(&decoded, &orders, order_ids, false, 2);
     let decoded = decode_keyed(&url, &audit, 400, "json", "json");
-    let audit_ids = (u64::from(audit_value), u64::from(audit_key));
+    let audit_ids = (Some(u64::from(audit_value)), u64::from(audit_key));
     assert_each_table_encoded(&decoded, &audits, audit_ids, true, 2);
+    // consume.py checks that the key's schema id names this very `.proto` text.
+    let key_proto = std::env::temp_dir().join(format!("{p}_key.proto"));
+    std::fs::write(&key_proto, KEY_PROTO).unwrap();
+    let key = format!("protobuf:{}", key_proto.display());
+    let decoded = decode_keyed(&url, &ledger, 400, &key, "plain");
+    let ledger_key = u64::from(subject_id(&url, &format!("{ledger}-key")).await);
+    assert_each_table_encoded(&decoded, &ledgers, (None, ledger_key), false, 2);
 
     // `check` verifies each table's subjects with its own section: by the Avro one, the
     // audit subjects' JSON Schemas would be "the wrong format".
@@ -980,12 +1005,19 @@ topic = "{p}.dlq"
         .filter(|i| i["check"] == "schema registry")
         .map(|i| format!("{} {}", i["status"], i["detail"]))
         .collect();
-    for subject in ["order-value", "order-key", "audit-value", "audit-key"] {
+    for subject in [
+        "order-value",
+        "order-key",
+        "audit-value",
+        "audit-key",
+        "ledger-key",
+    ] {
         let wanted = format!("\"ok\" \"subject `{p}.{subject}`");
         assert!(
             items.iter().any(|i| i.starts_with(&wanted)),
             "{subject}: {items:#?}"
         );
     }
+    std::fs::remove_file(key_proto).unwrap();
     db.cleanup().await;
 }

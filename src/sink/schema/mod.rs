@@ -233,7 +233,7 @@ impl Serializer {
                     error,
                 })?;
         self.health.clear(&subject);
-        let body = key::as_json(&record.key)
+        let body = key::as_json(self.format_of(Part::Key), &record.key)
             .and_then(|json| cached.schema.encode(&json))
             .map_err(|reason| {
                 SerializeError::Payload(format!(
@@ -317,6 +317,14 @@ impl Serializer {
             .cloned()
     }
 
+    /// `protobuf_message` for the value; a key is the first message of its subject's file.
+    fn message_of(&self, part: Part) -> Option<&str> {
+        match part {
+            Part::Value => self.config.protobuf_message.as_deref(),
+            Part::Key => None,
+        }
+    }
+
     /// The format `part` is encoded in.
     fn format_of(&self, part: Part) -> SerializationFormat {
         match part {
@@ -388,10 +396,10 @@ impl Serializer {
                 SerializationFormat::NAMES[format as usize]
             )));
         }
-        let message = self.config.protobuf_message.as_deref();
-        let codec = Codec::parse_as(format, message, &registered.schema).map_err(bad)?;
+        let codec =
+            Codec::parse_as(format, self.message_of(part), &registered.schema).map_err(bad)?;
         if part == Part::Key {
-            if let Err(reason) = key::as_json(b"").and_then(|json| codec.encode(&json)) {
+            if let Err(reason) = key::as_json(format, b"").and_then(|json| codec.encode(&json)) {
                 return Err(bad(format!("it does not take a string key: {reason}")));
             }
         }
@@ -435,7 +443,7 @@ impl Serializer {
         match self.client.version(subject, version).await {
             Err(RegistryError::NotFound { .. }) if self.config.auto_register => {
                 let text = self.schema_to_register(part)?;
-                let message = self.config.protobuf_message.as_deref();
+                let message = self.message_of(part);
                 Codec::parse_as(self.format_of(part), message, &text).map_err(|reason| {
                     RegistryError::BadSchema {
                         subject: subject.to_string(),
