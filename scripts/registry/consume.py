@@ -1,8 +1,12 @@
 """Reads a topic with Confluent's own deserializers, as a consumer would, and prints each
-record as one JSON line: {"key", "schema_id", "value"}. Used by tests/integration/schema_registry.rs to
+record as one JSON line: {"key", "schema_id", "value", "partition", "offset", "key_schema_id"}. Used by tests/integration/schema_registry.rs to
 show that what the relay writes decodes with a stock deserializer.
 
-Usage: consume.py BROKERS REGISTRY_URL TOPIC COUNT [TIMEOUT_S] [FORMAT] [PROTO_FILE]
+Usage: consume.py [--key=KEY_FORMAT] BROKERS REGISTRY_URL TOPIC COUNT [TIMEOUT_S] [FORMAT] [PROTO_FILE]
+KEY_FORMAT: avro, json or protobuf:PROTO_FILE (its first message, one string field): the key
+is decoded by that deserializer too (a framed string key, `key_format`), and key_schema_id is
+its schema id; without it the key is printed as text. FORMAT plain: the value is unframed JSON
+(`format = "none"`), schema_id null.
 FORMAT: avro (default), json (JSONDeserializer: it fetches the writer's schema by the
 record's id and validates the value against it) or protobuf (ProtobufDeserializer, with the
 message class generated here from PROTO_FILE by protoc from grpcio-tools: the first message
@@ -92,7 +96,20 @@ def protobuf(registry, proto):
     return deserialize
 
 
-FORMATS = {"avro": avro, "json": json_schema, "protobuf": protobuf}
+def plain(_registry, _proto):
+    return lambda raw, _ctx: json.loads(raw)
+
+
+FORMATS = {"avro": avro, "json": json_schema, "protobuf": protobuf, "plain": plain}
+
+
+def key_deserializer(registry, key_form):
+    """KEY_FORMAT's deserializer, returning the key string (a Protobuf key's one field)."""
+    form, _, proto = key_form.partition(":")
+    deserialize = FORMATS[form](registry, proto or None)
+    if form != "protobuf":
+        return deserialize
+    return lambda raw, ctx: next(iter(deserialize(raw, ctx).values()))
 
 
 def watchdog(seconds):
@@ -108,14 +125,17 @@ def watchdog(seconds):
 
 
 def main() -> int:
-    brokers, registry_url, topic, count = sys.argv[1:5]
-    timeout = float(sys.argv[5]) if len(sys.argv) > 5 else 60.0
-    form = sys.argv[6] if len(sys.argv) > 6 else "avro"
-    proto = sys.argv[7] if len(sys.argv) > 7 else None
+    args = [a for a in sys.argv[1:] if not a.startswith("--key=")]
+    key_form = next((a[len("--key="):] for a in sys.argv[1:] if a.startswith("--key=")), None)
+    brokers, registry_url, topic, count = args[0:4]
+    timeout = float(args[4]) if len(args) > 4 else 60.0
+    form = args[5] if len(args) > 5 else "avro"
+    proto = args[6] if len(args) > 6 else None
     count = int(count)
     watchdog(timeout + 30)
     registry = SchemaRegistryClient({"url": registry_url, "timeout": REGISTRY_TIMEOUT_S})
     deserialize = FORMATS[form](registry, proto)
+    deserialize_key = key_deserializer(registry, key_form) if key_form else None
     consumer = Consumer(
         {
             "bootstrap.servers": brokers,
@@ -137,9 +157,17 @@ def main() -> int:
                 continue
             raw = msg.value()
             value = deserialize(raw, SerializationContext(topic, MessageField.VALUE))
-            key = msg.key().decode() if msg.key() is not None else None
-            schema_id = int.from_bytes(raw[1:5], "big")
-            print(json.dumps({"key": key, "schema_id": schema_id, "value": value}))
+            raw_key = msg.key()
+            key_schema_id = None
+            if deserialize_key is not None:
+                key = deserialize_key(raw_key, SerializationContext(topic, MessageField.KEY))
+                key_schema_id = int.from_bytes(raw_key[1:5], "big")
+            else:
+                key = raw_key.decode() if raw_key is not None else None
+            schema_id = None if form == "plain" else int.from_bytes(raw[1:5], "big")
+            row = {"key": key, "schema_id": schema_id, "value": value}
+            row.update(partition=msg.partition(), offset=msg.offset(), key_schema_id=key_schema_id)
+            print(json.dumps(row))
             seen += 1
     finally:
         consumer.close()

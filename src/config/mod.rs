@@ -75,7 +75,7 @@ pub use sections::{
     BreakerPolicy, DeadLetterConfig, DeadLetterPolicy, HttpConfig, LogFormat, RelayConfig,
 };
 pub use serialization::{
-    SchemaVersion, SerializationConfig, SerializationFormat, SubjectStrategy,
+    KeyFormat, SchemaVersion, SerializationConfig, SerializationFormat, SubjectStrategy,
     DEFAULT_LATEST_TTL_MS, DEFAULT_RECORD_NAME_HEADER, DEFAULT_REGISTRY_TIMEOUT_MS,
 };
 pub use topic_creation::{TopicCreation, TopicCreationGroup, TopicSpec};
@@ -161,7 +161,9 @@ impl Config {
         let env = layering::env_vars()?;
         let config = Config::build(&origin, text.as_deref(), env)?;
         config.postgres.password()?;
-        config.outbox.serialization.read_secret()?;
+        for section in config.outbox.serialization_profiles().0 {
+            section.read_secret()?;
+        }
         if config.kafka.allow_unsafe_kafka_settings {
             for (key, value, reason) in config.kafka.unsafe_properties() {
                 tracing::warn!(

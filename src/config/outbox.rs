@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::layering::unset;
 use super::rules::{is_topic_byte, MAX_TOPIC_CHARS};
+use super::serialization::SerializationConfig;
 use super::validate::{check_header_name, check_identifier, check_range};
 use super::ConfigError;
 
@@ -156,7 +157,7 @@ pub struct OutboxConfig {
     /// `[outbox.sweeper]`: deletes old, already confirmed rows.
     pub sweeper: SweeperConfig,
     /// `[outbox.serialization]`: values encoded per a Schema Registry's schema (off by default).
-    pub serialization: super::serialization::SerializationConfig,
+    pub serialization: SerializationConfig,
 }
 
 /// The record format (`outbox.format`).
@@ -237,6 +238,11 @@ pub struct OutboxTableConfig {
     pub cloudevents_extensions: Option<BTreeMap<String, String>>,
     pub null_payload: Option<NullPayload>,
     pub partition_by: Option<String>,
+    /// `[outbox.tables.serialization]`: this table's own `[outbox.serialization]`, replacing
+    /// the top-level one as a whole except for the registry connection: `registry_url`, and
+    /// the login when the section sets none of its keys, are inherited when unset. Absent:
+    /// the top-level section.
+    pub serialization: Option<SerializationConfig>,
 }
 
 /// `[outbox.sweeper]`: keeps the outbox tables small. Off by default.
@@ -404,13 +410,43 @@ impl OutboxConfig {
         self.validate_serialization()
     }
 
-    /// `[outbox.serialization]` against the record format of every table and of messages.
+    /// Each `[outbox.serialization]` section against the record format of the tables (and
+    /// messages) it encodes: the top-level one, then each entry's own, resolved.
     fn validate_serialization(&self) -> Result<(), ConfigError> {
         let mut formats = vec![("outbox".to_string(), self.format)];
         for (i, entry) in self.tables.iter().enumerate() {
-            formats.push((format!("outbox.tables[{i}]"), entry.resolve(self).format));
+            let path = format!("outbox.tables[{i}]");
+            let resolved = entry.resolve(self);
+            match entry.serialization {
+                None => formats.push((path, resolved.format)),
+                Some(_) => resolved.serialization.validate(
+                    &format!("{path}.serialization"),
+                    &[(path.clone(), resolved.format)],
+                )?,
+            }
         }
-        self.serialization.validate(&formats)
+        self.serialization
+            .validate("outbox.serialization", &formats)
+    }
+
+    /// The distinct serialization sections in force, and which one each of
+    /// [`OutboxConfig::table_configs`] uses (by index). Index 0 is the top-level
+    /// `[outbox.serialization]` (also that of the logical messages); entries with equal
+    /// sections share one, so they share its schema cache.
+    pub fn serialization_profiles(&self) -> (Vec<SerializationConfig>, Vec<usize>) {
+        let mut profiles = vec![self.serialization.clone()];
+        let mut of_table = Vec::new();
+        for table in self.table_configs() {
+            let index = match profiles.iter().position(|p| *p == table.serialization) {
+                Some(index) => index,
+                None => {
+                    profiles.push(table.serialization);
+                    profiles.len() - 1
+                }
+            };
+            of_table.push(index);
+        }
+        (profiles, of_table)
     }
 
     /// The mapping keys; `path` is `outbox` or `outbox.tables[i]` for the error's field.
@@ -647,7 +683,10 @@ impl OutboxTableConfig {
             message_prefix: base.message_prefix.clone(),
             tables: Vec::new(),
             sweeper: base.sweeper.clone(),
-            serialization: base.serialization.clone(),
+            serialization: match &self.serialization {
+                Some(own) => own.inherit(&base.serialization),
+                None => base.serialization.clone(),
+            },
         }
     }
 }

@@ -55,6 +55,27 @@ impl SerializationFormat {
     }
 }
 
+/// How the record key is written (`outbox.serialization.key_format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyFormat {
+    /// The key's bytes as they are (the event id, or `key_column`), unframed.
+    #[default]
+    String,
+    /// The key as an Avro `"string"`, framed with the id of subject `<topic>-key`.
+    Avro,
+    /// The key as a JSON string (`"…"`), framed with the id of subject `<topic>-key`,
+    /// whose schema is a JSON Schema of `"type": "string"`.
+    JsonSchema,
+    /// The key as message `outbox_relay.Key { string key = 1; }`, framed with the id of
+    /// subject `<topic>-key` (the first message of that subject's file is used).
+    Protobuf,
+}
+
+impl KeyFormat {
+    pub const NAMES: &'static [&'static str] = &["string", "avro", "json_schema", "protobuf"];
+}
+
 /// Which subject a record's schema is under (Confluent's subject name strategies).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -115,6 +136,13 @@ pub struct SerializationConfig {
     /// header uses the subject's; a value that is not a number is dead-lettered. Unset: off.
     #[serde(with = "unset")]
     pub schema_id_header: Option<String>,
+    /// The record key: `string` (default: its bytes as today), `avro`, `json_schema` or
+    /// `protobuf` (the key as a string of that format, framed with the id of subject
+    /// `<topic>-key` under every `subject_strategy`, as Confluent's default key strategy
+    /// names it). The partition is still chosen from the unencoded key. Needs
+    /// `registry_url`; with `auto_register` the string schema is registered under a missing
+    /// key subject (no file needed).
+    pub key_format: KeyFormat,
 }
 
 impl Default for SerializationConfig {
@@ -134,6 +162,7 @@ impl Default for SerializationConfig {
             request_timeout_ms: DEFAULT_REGISTRY_TIMEOUT_MS,
             protobuf_message: None,
             schema_id_header: None,
+            key_format: KeyFormat::String,
         }
     }
 }
@@ -146,8 +175,29 @@ pub enum SchemaVersion {
 }
 
 impl SerializationConfig {
+    /// True when a registry is used: for the value, the key, or both.
     pub fn enabled(&self) -> bool {
-        self.format != SerializationFormat::None
+        self.format != SerializationFormat::None || self.key_format != KeyFormat::String
+    }
+
+    /// A `[[outbox.tables]]` entry's own section completed from the top-level `top`: the
+    /// registry connection (`registry_url`, and the login when the section sets none of
+    /// `registry_username`, `registry_password_file`, `registry_token_file`) is inherited
+    /// when unset; every other key is the section's own or its default.
+    pub fn inherit(&self, top: &SerializationConfig) -> SerializationConfig {
+        let mut own = self.clone();
+        if own.registry_url.is_empty() {
+            own.registry_url = top.registry_url.clone();
+        }
+        let no_login = own.registry_username.is_none()
+            && own.registry_password_file.is_none()
+            && own.registry_token_file.is_none();
+        if no_login {
+            own.registry_username = top.registry_username.clone();
+            own.registry_password_file = top.registry_password_file.clone();
+            own.registry_token_file = top.registry_token_file.clone();
+        }
+        own
     }
 
     /// `schema_version` parsed (validated by [`SerializationConfig::validate`]).
@@ -174,11 +224,15 @@ impl SerializationConfig {
         Ok(Some(Secret::new(text.trim().to_string())))
     }
 
-    /// `formats`: the `outbox.format` of every table (and of messages).
-    pub(super) fn validate(&self, formats: &[(String, Format)]) -> Result<(), ConfigError> {
-        const P: &str = "outbox.serialization";
-        let field = |key: &str| format!("{P}.{key}");
-        if self.format == SerializationFormat::None {
+    /// `path`: where the section is (`outbox.serialization`, `outbox.tables[1].serialization`);
+    /// `formats`: the `outbox.format` of every table (and of messages) it encodes.
+    pub(super) fn validate(
+        &self,
+        path: &str,
+        formats: &[(String, Format)],
+    ) -> Result<(), ConfigError> {
+        let field = |key: &str| format!("{path}.{key}");
+        if !self.enabled() {
             return Ok(());
         }
         if self.protobuf_message.is_some() && self.format != SerializationFormat::Protobuf {
@@ -212,7 +266,10 @@ impl SerializationConfig {
                 "must be `latest` or a version number",
             ));
         }
-        if self.auto_register && self.schema_file.is_none() {
+        if self.auto_register
+            && self.schema_file.is_none()
+            && self.format != SerializationFormat::None
+        {
             return Err(ConfigError::invalid(
                 field("schema_file"),
                 "auto_register = true needs the schema to register",
@@ -232,12 +289,15 @@ impl SerializationConfig {
                 return Err(ConfigError::invalid(field(key), "must be > 0"));
             }
         }
-        for (path, format) in formats {
+        for (table, format) in formats {
+            if self.format == SerializationFormat::None {
+                break;
+            }
             if matches!(format, Format::Envelope | Format::CloudeventsStructured) {
                 return Err(ConfigError::invalid(
-                    format!("{path}.format"),
+                    format!("{table}.format"),
                     format!(
-                        "`{}` wraps the payload in a JSON document, which outbox.serialization cannot encode; use `plain` or `cloudevents_binary` (the CloudEvents attributes then go in ce_* headers), or set outbox.serialization.format = \"none\"",
+                        "`{}` wraps the payload in a JSON document, which {path} cannot encode; use `plain` or `cloudevents_binary` (the CloudEvents attributes then go in ce_* headers), or set {path}.format = \"none\"",
                         Format::NAMES[*format as usize]
                     ),
                 ));
@@ -343,6 +403,121 @@ mod tests {
         assert_eq!(field_of(load(&table, &[])), "outbox.tables[0].format");
         let binary = format!("[outbox]\nformat = \"cloudevents_binary\"\n{AVRO}");
         assert!(load(&binary, &[]).is_ok());
+    }
+
+    const TWO_TABLES: &str = r#"
+[outbox]
+table = ""
+[outbox.serialization]
+format = "avro"
+registry_url = "http://r:8081"
+registry_username = "u"
+registry_password_file = "/p"
+schema_version = "3"
+[[outbox.tables]]
+table = "orders_outbox"
+[[outbox.tables]]
+table = "audit_outbox"
+[outbox.tables.serialization]
+format = "json_schema"
+key_format = "json_schema"
+"#;
+
+    #[test]
+    fn a_tables_section_replaces_the_top_level_one_but_inherits_the_registry() {
+        let config = load(TWO_TABLES, &[]).unwrap();
+        let tables = config.outbox.table_configs();
+        let orders = &tables[0].serialization;
+        assert_eq!(orders, &config.outbox.serialization);
+        let audit = &tables[1].serialization;
+        assert_eq!(audit.format, super::SerializationFormat::JsonSchema);
+        assert_eq!(audit.key_format, super::KeyFormat::JsonSchema);
+        // The connection is inherited...
+        assert_eq!(audit.registry_url, "http://r:8081");
+        assert_eq!(audit.registry_username.as_deref(), Some("u"));
+        // ...the contract is not: the pinned version was the Avro subject's.
+        assert_eq!(audit.version(), super::SchemaVersion::Latest);
+        let (profiles, of_table) = config.outbox.serialization_profiles();
+        assert_eq!(profiles.len(), 2);
+        assert_eq!(of_table, [0, 1]);
+        // `outbox-relay config` shows the table's own section, and it reads back the same.
+        let shown = config.to_redacted_toml();
+        assert!(shown.contains("[outbox.tables.serialization]"), "{shown}");
+        let again = load(&shown, &[]).unwrap();
+        assert_eq!(again.outbox.table_configs()[1].serialization, *audit);
+
+        // A login of its own replaces the inherited one as a whole; so does a URL.
+        let own = TWO_TABLES.replace(
+            "key_format = \"json_schema\"",
+            "registry_url = \"http://other\"\nregistry_token_file = \"/t\"",
+        );
+        let audit = &load(&own, &[]).unwrap().outbox.table_configs()[1].serialization;
+        assert_eq!(audit.registry_url, "http://other");
+        assert_eq!(audit.registry_username, None);
+        assert_eq!(audit.registry_token_file.as_deref(), Some("/t".as_ref()));
+        // `format = "none"` in a table: its values go out as they are, the others encoded.
+        let plain = TWO_TABLES.replace(
+            "format = \"json_schema\"\nkey_format = \"json_schema\"",
+            "format = \"none\"",
+        );
+        let config = load(&plain, &[]).unwrap();
+        assert!(!config.outbox.table_configs()[1].serialization.enabled());
+        assert!(config.outbox.table_configs()[0].serialization.enabled());
+    }
+
+    #[test]
+    fn a_tables_section_is_validated_under_its_own_key() {
+        let no_url = "[outbox]\n[[outbox.tables]]\ntable = \"a\"\n[[outbox.tables]]\ntable = \"b\"\n[outbox.tables.serialization]\nformat = \"avro\"\n";
+        assert_eq!(
+            field_of(load(no_url, &[])),
+            "outbox.tables[1].serialization.registry_url"
+        );
+        let envelope = "[outbox]\n[[outbox.tables]]\ntable = \"a\"\nformat = \"envelope\"\n[outbox.tables.serialization]\nformat = \"avro\"\nregistry_url = \"http://r\"\n";
+        let err = load(envelope, &[]).unwrap_err();
+        assert_eq!(field_of(Err(err)), "outbox.tables[0].format");
+        // The same envelope table is fine when its own section encodes nothing.
+        let plain_table = format!("[outbox]\n[[outbox.tables]]\ntable = \"a\"\nformat = \"envelope\"\n[outbox.tables.serialization]\nformat = \"none\"\n{AVRO}");
+        assert!(load(&plain_table, &[]).is_ok());
+        let bad_format = TWO_TABLES.replace("\"json_schema\"\nkey", "\"xml\"\nkey");
+        let err = load(&bad_format, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("outbox.tables") && err.contains("xml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn key_formats_parse_and_need_a_registry() {
+        for (name, format) in [
+            ("avro", super::KeyFormat::Avro),
+            ("json_schema", super::KeyFormat::JsonSchema),
+            ("protobuf", super::KeyFormat::Protobuf),
+        ] {
+            let config = load(&format!("{AVRO}key_format = \"{name}\"\n"), &[]).unwrap();
+            assert_eq!(config.outbox.serialization.key_format, format);
+        }
+        // String keys by default; keys alone need a registry too.
+        assert_eq!(
+            load(AVRO, &[]).unwrap().outbox.serialization.key_format,
+            super::KeyFormat::String
+        );
+        let keys_only = "[outbox.serialization]\nkey_format = \"avro\"\n";
+        assert_eq!(
+            field_of(load(keys_only, &[])),
+            "outbox.serialization.registry_url"
+        );
+        // Without a schema file: the key's string schema needs none.
+        let keys_only = format!("{keys_only}registry_url = \"http://r\"\nauto_register = true\n");
+        assert!(load(&keys_only, &[])
+            .unwrap()
+            .outbox
+            .serialization
+            .enabled());
+        let table = "[outbox]\n[[outbox.tables]]\ntable = \"a\"\n[outbox.tables.serialization]\nkey_format = \"json_schema\"\n";
+        assert_eq!(
+            field_of(load(table, &[])),
+            "outbox.tables[0].serialization.registry_url"
+        );
     }
 
     #[test]

@@ -145,6 +145,9 @@ pub struct OutboxMapping {
 pub struct OutboxEvent {
     pub id: String,
     pub record: Record,
+    /// Which serialization section encodes it: an index of
+    /// [`OutboxConfig::serialization_profiles`] (its table's; 0 for logical messages).
+    pub profile: usize,
 }
 
 /// What to do with a logical decoding message.
@@ -162,9 +165,11 @@ pub enum MessageRoute {
 impl OutboxMapping {
     pub fn new(config: &OutboxConfig) -> Result<Self, MappingError> {
         let mut tables = Vec::new();
-        for table_config in config.table_configs() {
+        let (_, profiles) = config.serialization_profiles();
+        for (table_config, profile) in config.table_configs().iter().zip(profiles) {
             let (schema, table) = table_config.schema_and_table();
-            tables.push(Arc::new(Rules::new(&table_config, schema, table)?));
+            let rules = Rules::new(table_config, schema, table)?.with_profile(profile);
+            tables.push(Arc::new(rules));
         }
         let messages = if config.messages_enabled() {
             Some(Arc::new(Rules::new(
@@ -336,6 +341,46 @@ mod tests {
     }
 
     #[test]
+    fn each_event_names_its_tables_serialization_section() {
+        let mut config = OutboxConfig::default();
+        let avro = crate::config::SerializationConfig {
+            format: crate::config::SerializationFormat::Avro,
+            registry_url: "http://r".into(),
+            ..Default::default()
+        };
+        for (table, own) in [
+            ("b.events", Some(avro.clone())),
+            ("c.events", None),
+            ("d.events", Some(avro)),
+        ] {
+            config.tables.push(crate::config::OutboxTableConfig {
+                table: table.into(),
+                serialization: own,
+                ..Default::default()
+            });
+        }
+        let m = OutboxMapping::new(&config).unwrap();
+        let profile = |namespace: &str| {
+            let mut rel = relation(&COLUMNS);
+            rel.namespace = namespace.into();
+            rel.name = "events".into();
+            let row = row(text("order"), text("{}"));
+            m.bind(&rel)
+                .unwrap()
+                .unwrap()
+                .to_event(&row, 1)
+                .unwrap()
+                .profile
+        };
+        // `public.outbox` and `c.events` the top-level section; `b` and `d` share theirs.
+        assert_eq!(
+            map_row(&m, &debezium_columns(text("{}"))).unwrap().profile,
+            0
+        );
+        assert_eq!([profile("b"), profile("c"), profile("d")], [1, 0, 1]);
+    }
+
+    #[test]
     fn several_tables_each_with_its_own_mapping() {
         let mut config = OutboxConfig::default();
         config.tables.push(crate::config::OutboxTableConfig {
@@ -360,6 +405,8 @@ mod tests {
         ]);
         let event = m.bind(&rel).unwrap().unwrap().to_event(&tuple, 5).unwrap();
         assert_eq!(event.record.topic, "b.invoice");
+        // Both tables use the top-level serialization section.
+        assert_eq!((a.profile, event.profile), (0, 0));
         assert_eq!(event.record.partition_key.as_deref(), Some(&b"inv-7"[..]));
     }
 }

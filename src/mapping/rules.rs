@@ -36,6 +36,8 @@ pub(super) struct Rules {
     null_payload: NullPayload,
     partition_by: PartitionBy,
     headers: HeaderRules,
+    /// The table's serialization section, for [`OutboxEvent::profile`].
+    profile: usize,
 }
 
 impl Rules {
@@ -94,7 +96,14 @@ impl Rules {
             null_payload: config.null_payload,
             partition_by,
             headers,
+            profile: 0,
         })
+    }
+
+    /// Events of these rules are encoded by serialization section `profile`.
+    pub(super) fn with_profile(mut self, profile: usize) -> Rules {
+        self.profile = profile;
+        self
     }
 
     pub(super) fn column(&self, role: Role) -> Option<&str> {
@@ -198,6 +207,7 @@ impl Rules {
                 partition_key,
             },
             id,
+            profile: self.profile,
         })
     }
 }

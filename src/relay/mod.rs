@@ -179,14 +179,14 @@ pub async fn run_with_metrics(
     let librdkafka = crate::sink::preflight::check(&config.kafka).await?;
     info!(librdkafka = %librdkafka.describe(), "the Kafka settings are valid for this librdkafka");
     metrics.watch_blocked(Arc::new(crate::sink::blocked::Blocked::new(&config.kafka)));
-    let serializer = crate::sink::schema::Serializer::new(&config.outbox.serialization)
+    let serializers = crate::sink::schema::Serializers::new(&config.outbox)
         .map_err(|e| RelayError::SchemaRegistry(e.to_string()))?;
-    if let Some(serializer) = &serializer {
-        metrics.watch_registry(serializer.health());
+    if let Some(health) = serializers.health() {
+        metrics.watch_registry(health);
     }
     let mapping = Mapped {
         mapping: &mapping,
-        serializer,
+        serializers,
     };
     let transactional = config.kafka.delivery == crate::config::Delivery::ExactlyOnce;
     let failures = metrics.trace_export_failures.clone();
@@ -311,11 +311,10 @@ async fn run_session(
     session.run(shutdown).await
 }
 
-/// The mapping and the serializer of every session (the serializer's schema cache outlives
-/// them).
+/// The mapping and the serializers of every session (their schema caches outlive them).
 struct Mapped<'a> {
     mapping: &'a OutboxMapping,
-    serializer: Option<Arc<crate::sink::schema::Serializer>>,
+    serializers: crate::sink::schema::Serializers,
 }
 
 /// Exponential backoff between sessions.
@@ -483,7 +482,7 @@ async fn connect<'a>(
     metrics.set_receive_timeout(stream.receive_timeout());
     metrics.set_state(RelayState::Streaming);
     let mut settings = Settings::from_config(config, status_interval);
-    settings.serializer = mapping.serializer.clone();
+    settings.serializers = mapping.serializers.clone();
     let ends = Ends {
         source: stream,
         sink: publisher,

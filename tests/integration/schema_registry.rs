@@ -717,3 +717,307 @@ fn assert_decoded_to_originals(decoded: &HashMap<String, serde_json::Value>, eve
         );
     }
 }
+
+/// One record as `consume.py --key=…` decoded it with Confluent's deserializers.
+#[derive(Debug)]
+struct Decoded {
+    key: String,
+    key_schema_id: u64,
+    /// `None` for an unframed value (`format = "none"`).
+    schema_id: Option<u64>,
+    partition: i32,
+    offset: i64,
+    value: serde_json::Value,
+}
+
+/// Decodes `count` records of `topic`, key and value, with Confluent's deserializers
+/// (`consume.py`'s KEY_FORMAT and FORMAT).
+fn decode_keyed(url: &str, topic: &str, count: usize, key: &str, value: &str) -> Vec<Decoded> {
+    let out = Command::new(python())
+        .arg(repo_path("scripts/registry/consume.py"))
+        .arg(format!("--key={key}"))
+        .args([&brokers(), url, topic, &count.to_string(), "120", value])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run consume.py");
+    assert!(
+        out.status.success(),
+        "consume.py --key={key} {topic} failed"
+    );
+    let lines = String::from_utf8(out.stdout).unwrap();
+    lines
+        .lines()
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            Decoded {
+                key: row["key"].as_str().expect("a decoded string key").into(),
+                key_schema_id: row["key_schema_id"].as_u64().unwrap(),
+                schema_id: row["schema_id"].as_u64(),
+                partition: row["partition"].as_i64().unwrap() as i32,
+                offset: row["offset"].as_i64().unwrap(),
+                value: row["value"].clone(),
+            }
+        })
+        .collect()
+}
+
+/// The latest schema id of `subject`.
+async fn subject_id(url: &str, subject: &str) -> u32 {
+    client(url)
+        .version(subject, outbox_relay::config::SchemaVersion::Latest)
+        .await
+        .unwrap_or_else(|e| panic!("subject {subject}: {e}"))
+        .id
+}
+
+/// Each of `events` arrived `copies` times, every copy framed (value and key) with the given
+/// ids, decoded to the original, and in the partition its string key would have had (the
+/// aggregate's, or with `by_key` the event id's), each aggregate in order.
+fn assert_each_table_encoded(
+    decoded: &[Decoded],
+    events: &[Event],
+    ids: (Option<u64>, u64),
+    by_key: bool,
+    copies: usize,
+) {
+    use outbox_relay::mapping::partition::partition_for_key;
+    assert_eq!(decoded.len(), events.len() * copies, "records on the topic");
+    let by_id: HashMap<&str, &Event> = events.iter().map(|e| (e.id.as_str(), e)).collect();
+    let mut runs: HashMap<(i32, &str), Vec<i64>> = HashMap::new();
+    let mut in_order: Vec<&Decoded> = decoded.iter().collect();
+    in_order.sort_by_key(|d| (d.partition, d.offset));
+    for d in in_order {
+        let event = by_id.get(d.key.as_str()).unwrap_or_else(|| {
+            panic!(
+                "key {:?} is no event id (not decoded as a string key)",
+                d.key
+            )
+        });
+        assert_eq!((d.schema_id, d.key_schema_id), ids, "record {}", d.key);
+        let original: serde_json::Value = serde_json::from_str(&event.payload).unwrap();
+        assert_eq!(d.value, original, "record {}", d.key);
+        let hashed = if by_key {
+            &event.id
+        } else {
+            &event.aggregate_id
+        };
+        assert_eq!(
+            d.partition,
+            partition_for_key(hashed.as_bytes(), 3),
+            "record {}: not the partition of its string key",
+            d.key
+        );
+        let seq = original["seq"].as_i64().unwrap();
+        runs.entry((d.partition, &event.aggregate_id))
+            .or_default()
+            .push(seq);
+    }
+    // Per aggregate, in offset order: its events as written (live), then the same again (a
+    // replay, whose own order within a transaction is not the point here).
+    for ((partition, aggregate), seqs) in runs {
+        let mut once: Vec<i64> = seqs.clone();
+        once.sort_unstable();
+        once.dedup();
+        assert_eq!(seqs.len(), once.len() * copies, "aggregate {aggregate}");
+        assert_eq!(
+            seqs[..once.len()],
+            once[..],
+            "aggregate {aggregate} in partition {partition}: live records out of order"
+        );
+        for copy in seqs.chunks(once.len()).skip(1) {
+            let mut copy = copy.to_vec();
+            copy.sort_unstable();
+            assert_eq!(copy, once, "aggregate {aggregate}: a replayed copy");
+        }
+    }
+}
+
+/// The string key's `.proto` as the relay registers it (`key_format = "protobuf"`).
+const KEY_PROTO: &str =
+    "syntax = \"proto3\";\npackage outbox_relay;\n\nmessage Key {\n  string key = 1;\n}\n";
+
+/// Inserts `events` into the outbox-shaped `table` in one statement.
+async fn insert_into(pg: &tokio_postgres::Client, table: &str, events: &[Event]) {
+    let column = |f: fn(&Event) -> &str| events.iter().map(f).collect::<Vec<&str>>();
+    pg.execute(
+        &format!(
+            "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload)
+             SELECT i::uuid, a, g, t, p::jsonb FROM unnest($1::text[], $2::text[],
+               $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(i, a, g, t, p, n)
+             ORDER BY n"
+        ),
+        &[
+            &column(|e| &e.id),
+            &column(|e| &e.aggregate_type),
+            &column(|e| &e.aggregate_id),
+            &column(|e| &e.event_type),
+            &column(|e| &e.payload),
+        ],
+    )
+    .await
+    .unwrap();
+}
+
+/// Issue 23, per-table sections and `key_format`: `public.outbox` is encoded by the top-level
+/// section (Avro values and Avro keys, both subjects auto-registered), `audit_outbox` by its
+/// own (JSON Schema values and keys, the registry inherited, `partition_by = "key"`),
+/// `ledger_outbox` by its own too (values as they are, Protobuf keys auto-registered). A
+/// consumer with Confluent's key and value deserializers decodes every record of each; each
+/// record is in the partition its plain string key would give; a replay of the range encodes
+/// each table's records by its own section again; `check` verifies each table's subjects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_table_is_encoded_by_its_own_section_and_keys_are_framed_strings() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    let p = db.topic_prefix.clone();
+    let (order, audit, ledger) = (db.topic("order"), db.topic("audit"), db.topic("ledger"));
+    let pg = db.client().await;
+    pg.batch_execute(
+        "CREATE TABLE audit_outbox (LIKE outbox INCLUDING ALL);
+         CREATE TABLE ledger_outbox (LIKE outbox INCLUDING ALL)",
+    )
+    .await
+    .unwrap();
+    for topic in [&order, &audit, &ledger] {
+        create_topic(topic, 3).await;
+    }
+    let audit_value = client(&url)
+        .register(&format!("{audit}-value"), EVENT_JSON_SCHEMA, "JSON")
+        .await
+        .unwrap();
+    let audit_key = client(&url)
+        .register(
+            &format!("{audit}-key"),
+            r#"{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}"#,
+            "JSON",
+        )
+        .await
+        .unwrap();
+    let schema_file = write_config(&format!("{p}-event.avsc"), EVENT_SCHEMA);
+    db.create_slot().await;
+    let config = format!(
+        r#"
+[outbox]
+table = "public.outbox"
+topic = "{order}"
+[outbox.serialization]
+format = "avro"
+key_format = "avro"
+registry_url = "{url}"
+auto_register = true
+schema_file = "{}"
+[[outbox.tables]]
+table = "public.audit_outbox"
+topic = "{audit}"
+partition_by = "key"
+[outbox.tables.serialization]
+format = "json_schema"
+key_format = "json_schema"
+[[outbox.tables]]
+table = "public.ledger_outbox"
+topic = "{ledger}"
+[outbox.tables.serialization]
+format = "none"
+key_format = "protobuf"
+auto_register = true
+[dead_letter]
+topic = "{p}.dlq"
+"#,
+        schema_file.display()
+    );
+    let mut env: Vec<(String, String)> = db
+        .relay_env()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("OUTBOX_RELAY__OUTBOX__"))
+        .collect();
+    let path = write_config(&format!("{p}-tables"), &config);
+    env.push(("OUTBOX_RELAY_CONFIG".into(), path.display().to_string()));
+    let mut relay = RelayProcess::start(&env, "registry_tables");
+    wait_for_slot(&db, &mut relay).await;
+
+    let since: String = pg
+        .query_one("SELECT clock_timestamp()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (orders, audits, ledgers) = (
+        events(200, "order"),
+        events(200, "audit"),
+        events(200, "ledger"),
+    );
+    write_in_batches(&db, &orders, 50).await;
+    insert_into(&pg, "audit_outbox", &audits).await;
+    insert_into(&pg, "ledger_outbox", &ledgers).await;
+    let mut seen = 0;
+    let live = read_until(
+        &[order.clone(), audit.clone(), ledger.clone()],
+        3,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        move |_| {
+            seen += 1;
+            seen >= 600
+        },
+    )
+    .await;
+    assert_eq!(live.len(), 600, "live records:\n{}", relay.log_text());
+    relay.terminate(Duration::from_secs(30));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["replay", "--since", &since, "--json"])
+        .envs(env.iter().cloned())
+        .output()
+        .expect("run replay");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "replay: {report}");
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["acknowledged"], 600, "{report:#}");
+
+    let order_ids = (
+        Some(u64::from(subject_id(&url, &format!("{order}-value")).await)),
+        u64::from(subject_id(&url, &format!("{order}-key")).await),
+    );
+    let decoded = decode_keyed(&url, &order, 400, "avro", "avro");
+    assert_each_table_encoded(&decoded, &orders, order_ids, false, 2);
+    let decoded = decode_keyed(&url, &audit, 400, "json", "json");
+    let audit_ids = (Some(u64::from(audit_value)), u64::from(audit_key));
+    assert_each_table_encoded(&decoded, &audits, audit_ids, true, 2);
+    // consume.py checks that the key's schema id names this very `.proto` text.
+    let key_proto = std::env::temp_dir().join(format!("{p}_key.proto"));
+    std::fs::write(&key_proto, KEY_PROTO).unwrap();
+    let key = format!("protobuf:{}", key_proto.display());
+    let decoded = decode_keyed(&url, &ledger, 400, &key, "plain");
+    let ledger_key = u64::from(subject_id(&url, &format!("{ledger}-key")).await);
+    assert_each_table_encoded(&decoded, &ledgers, (None, ledger_key), false, 2);
+
+    // `check` verifies each table's subjects with its own section: by the Avro one, the
+    // audit subjects' JSON Schemas would be "the wrong format".
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["check", "--json"])
+        .envs(env.iter().cloned())
+        .output()
+        .expect("run check");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let items: Vec<String> = report["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["check"] == "schema registry")
+        .map(|i| format!("{} {}", i["status"], i["detail"]))
+        .collect();
+    for subject in [
+        "order-value",
+        "order-key",
+        "audit-value",
+        "audit-key",
+        "ledger-key",
+    ] {
+        let wanted = format!("\"ok\" \"subject `{p}.{subject}`");
+        assert!(
+            items.iter().any(|i| i.starts_with(&wanted)),
+            "{subject}: {items:#?}"
+        );
+    }
+    std::fs::remove_file(key_proto).unwrap();
+    db.cleanup().await;
+}

@@ -82,7 +82,7 @@ pub(super) async fn access_item(config: &Config, plan: &TopicPlan) -> Item {
 /// exactly-once.
 fn topics_to_check(config: &Config, plan: &TopicPlan) -> BTreeSet<String> {
     let mut names = match plan {
-        TopicPlan::Known(topics) => topics.clone(),
+        TopicPlan::Known(topics, _) => topics.clone(),
         TopicPlan::Unknown(_) => BTreeSet::new(),
     };
     names.insert(config.dead_letter.topic.clone());

@@ -1,7 +1,7 @@
 //! The Kafka items of `check`: brokers reachable, target topics present (or auto-created), and a
 //! producer that keeps the delivery guarantee.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,8 +31,10 @@ const MAX_LISTED_ROW_ERRORS: usize = 3;
 
 /// Which topics the relay will write to, as far as can be known before it runs.
 pub(super) enum TopicPlan {
-    /// These topics (from templates without placeholders and from a sample of the rows).
-    Known(BTreeSet<String>),
+    /// These topics (from templates without placeholders and from a sample of the rows),
+    /// and the same by the serialization section of the tables that write them (an index
+    /// of `OutboxConfig::serialization_profiles`).
+    Known(BTreeSet<String>, BTreeMap<usize, BTreeSet<String>>),
     /// Not knowable ahead; the reason.
     Unknown(&'static str),
 }
@@ -46,41 +48,55 @@ impl TopicPlan {
         items: &mut Vec<Item>,
     ) -> TopicPlan {
         let configs = config.outbox.table_configs();
-        let templates: Vec<&String> = configs
+        let (_, profiles) = config.outbox.serialization_profiles();
+        let templates: Vec<(usize, &String)> = configs
             .iter()
-            .flat_map(|c| std::iter::once(&c.topic).chain(c.topic_overrides.values()))
+            .zip(profiles)
+            .flat_map(|(c, p)| {
+                std::iter::once(&c.topic)
+                    .chain(c.topic_overrides.values())
+                    .map(move |t| (p, t))
+            })
             .collect();
         if templates
             .iter()
-            .any(|t| t.contains("{id}") || t.contains("{aggregateid}"))
+            .any(|(_, t)| t.contains("{id}") || t.contains("{aggregateid}"))
         {
             return TopicPlan::Unknown("the topic template names one topic per event or aggregate");
         }
-        let mut topics: BTreeSet<String> = templates
+        let mut found: BTreeSet<(usize, String)> = templates
             .iter()
-            .filter(|t| !t.contains('{'))
-            .map(|t| t.to_string())
+            .filter(|(_, t)| !t.contains('{'))
+            .map(|(p, t)| (*p, t.to_string()))
             .collect();
         if let Some(control) = control {
-            topics.extend(sample_topics(control, config, tables, items).await);
+            found.extend(sample_topics(control, config, tables, items).await);
         }
-        if topics.is_empty() {
+        if found.is_empty() {
             return TopicPlan::Unknown(
                 "the topic names depend on row values and the outbox has no rows yet",
             );
         }
-        TopicPlan::Known(topics)
+        let mut by_profile: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+        for (profile, topic) in &found {
+            by_profile
+                .entry(*profile)
+                .or_default()
+                .insert(topic.clone());
+        }
+        TopicPlan::Known(found.into_iter().map(|(_, t)| t).collect(), by_profile)
     }
 }
 
-/// Maps a sample of each table's rows with the live mapping: the topics they go to. Rows that
-/// cannot be mapped are reported (once per distinct error).
+/// Maps a sample of each table's rows with the live mapping: the topics they go to, with the
+/// table's serialization section. Rows that cannot be mapped are reported (once per distinct
+/// error).
 async fn sample_topics(
     control: &Control,
     config: &Config,
     tables: &[OutboxTable],
     items: &mut Vec<Item>,
-) -> BTreeSet<String> {
+) -> BTreeSet<(usize, String)> {
     let mut topics = BTreeSet::new();
     let mut errors = BTreeSet::new();
     let Ok(mapping) = OutboxMapping::new(&config.outbox) else {
@@ -116,7 +132,7 @@ async fn sample_topics(
         for row in &rows {
             match bound.to_event(&table.tuple(row), 0) {
                 Ok(event) => {
-                    topics.insert(event.record.topic);
+                    topics.insert((event.profile, event.record.topic));
                 }
                 Err(e) => {
                     errors.insert(e.to_string());
@@ -325,7 +341,7 @@ fn topics_item(
         None => "auto.create.topics.enable unknown (cannot read the broker's config)",
     };
     let wanted = match plan {
-        TopicPlan::Known(topics) => topics,
+        TopicPlan::Known(topics, _) => topics,
         TopicPlan::Unknown(detail) => {
             return match auto_create {
                 Some(true) => ok("kafka topics", format!("{detail}; {auto}: they are created on first use")),
@@ -481,7 +497,9 @@ mod tests {
             .topic_overrides
             .insert("order".into(), "orders.{type}".into());
         let plan = TopicPlan::find(None, &config, &[], &mut Vec::new()).await;
-        assert!(matches!(plan, TopicPlan::Known(t) if t == BTreeSet::from(["events".to_string()])));
+        assert!(
+            matches!(plan, TopicPlan::Known(t, _) if t == BTreeSet::from(["events".to_string()]))
+        );
         config.outbox.topic = "e.{aggregatetype}".into();
         config.outbox.topic_overrides.clear();
         let plan = TopicPlan::find(None, &config, &[], &mut Vec::new()).await;

@@ -1,43 +1,62 @@
-//! `check` for `[outbox.serialization]`: the registry answers, and each known topic's subject
-//! has a schema that parses (or `auto_register` is on and `schema_file` parses).
+//! `check` for `[outbox.serialization]` and each `[outbox.tables.serialization]`: the
+//! registry answers, and each known topic's subjects (the value's, and with `key_format` the
+//! key's) have a schema that parses (or `auto_register` is on and the schema to register
+//! parses), each checked by the section of the tables that write the topic.
+
+use std::collections::BTreeSet;
 
 use super::kafka::TopicPlan;
 use super::{ok, problem, warning, Item};
-use crate::config::{Config, SubjectStrategy};
+use crate::config::{Config, SerializationFormat, SubjectStrategy};
 use crate::mapping::Record;
 use crate::sink::schema::registry::RegistryError;
-use crate::sink::schema::Serializer;
+use crate::sink::schema::{Serializer, Serializers};
 
 const CHECK: &str = "schema registry";
 
 pub(super) async fn registry(config: &Config, topics: &TopicPlan, items: &mut Vec<Item>) {
-    let settings = &config.outbox.serialization;
-    let serializer = match Serializer::new(settings) {
-        Ok(Some(serializer)) => serializer,
-        Ok(None) => return,
+    let serializers = match Serializers::new(&config.outbox) {
+        Ok(serializers) => serializers,
         Err(e) => {
             items.push(problem(
                 CHECK,
                 e.to_string(),
-                "fix outbox.serialization's secret files",
+                "fix the serialization sections' secret files",
             ));
             return;
         }
     };
-    let subjects: Vec<String> = match (settings.subject_strategy, topics) {
-        (SubjectStrategy::Topic, TopicPlan::Known(topics)) => topics
-            .iter()
-            .filter_map(|topic| {
-                let record = Record {
-                    topic: topic.clone(),
-                    ..Record::default()
-                };
-                serializer.subject_for(&record).ok()
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    if subjects.is_empty() {
+    let (profiles, _) = config.outbox.serialization_profiles();
+    let none = BTreeSet::new();
+    for profile in 0..profiles.len() {
+        let Some(serializer) = serializers.get(profile) else {
+            continue;
+        };
+        let topics = match topics {
+            TopicPlan::Known(_, by_profile) => by_profile.get(&profile).unwrap_or(&none),
+            TopicPlan::Unknown(_) => &none,
+        };
+        section(serializer, topics, items).await;
+    }
+}
+
+/// One section's subjects, for the topics its tables write.
+async fn section(serializer: &Serializer, topics: &BTreeSet<String>, items: &mut Vec<Item>) {
+    let settings = serializer.config();
+    let by_topic = settings.subject_strategy == SubjectStrategy::Topic;
+    let mut values = Vec::new();
+    let mut keys = Vec::new();
+    for topic in topics {
+        let record = Record {
+            topic: topic.clone(),
+            ..Record::default()
+        };
+        if by_topic && serializer.format() != SerializationFormat::None {
+            values.extend(serializer.subject_for(&record).ok());
+        }
+        keys.extend(serializer.key_subject_for(&record));
+    }
+    if values.is_empty() && keys.is_empty() {
         match serializer.verify_reachable().await {
             Ok(()) => items.push(warning(
                 CHECK,
@@ -48,14 +67,21 @@ pub(super) async fn registry(config: &Config, topics: &TopicPlan, items: &mut Ve
         }
         return;
     }
-    for subject in subjects {
-        match serializer.verify(&subject).await {
-            Ok(id) => items.push(ok(
-                CHECK,
-                format!("subject `{subject}`: schema id {id} parses"),
-            )),
-            Err(e) => items.push(problem(CHECK, format!("subject `{subject}`: {e}"), fix(&e))),
-        }
+    for subject in values {
+        item(&subject, serializer.verify(&subject).await, items);
+    }
+    for subject in keys {
+        item(&subject, serializer.verify_key(&subject).await, items);
+    }
+}
+
+fn item(subject: &str, verified: Result<u32, RegistryError>, items: &mut Vec<Item>) {
+    match verified {
+        Ok(id) => items.push(ok(
+            CHECK,
+            format!("subject `{subject}`: schema id {id} parses"),
+        )),
+        Err(e) => items.push(problem(CHECK, format!("subject `{subject}`: {e}"), fix(&e))),
     }
 }
 

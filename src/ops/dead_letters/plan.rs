@@ -94,7 +94,9 @@ pub(super) enum How {
 
 #[derive(Debug)]
 pub(super) enum Action {
-    Send(Record, How),
+    /// The record, and the serialization section of its table when it was mapped again
+    /// (`OutboxEvent::profile`; `None` for a record re-sent as it was).
+    Send(Record, How, Option<usize>),
     /// Still unmappable: a new dead letter (count raised) stands in for it.
     DeadLetterAgain(Record),
     /// Not redriven; why.
@@ -156,7 +158,7 @@ fn remap(
         Ok(event) => {
             let mut record = event.record;
             set_count(&mut record.headers, count + 1);
-            Action::Send(record, How::Remapped)
+            Action::Send(record, How::Remapped, Some(event.profile))
         }
         Err(Remap::Failed(why)) => Action::DeadLetterAgain(again(letter, dlq, None, &why)),
         Err(Remap::Unusable(why)) => Action::Leave(why),
@@ -195,7 +197,7 @@ fn resend(letter: &Letter, topic: &str, count: u32) -> Action {
             .find(|(k, _)| &**k == HEADER_PARTITION_KEY)
             .map(|(_, v)| v.clone()),
     };
-    Action::Send(record, How::Resent)
+    Action::Send(record, How::Resent, None)
 }
 
 /// The dead letter again, for `dlq`, with the redrive count raised and the new error (and
@@ -285,7 +287,7 @@ mod tests {
             ],
             Some("big"),
         );
-        let Action::Send(r, How::Resent) = plan(&l, &mapping(), "dlq", 3) else {
+        let Action::Send(r, How::Resent, None) = plan(&l, &mapping(), "dlq", 3) else {
             panic!("resent");
         };
         assert_eq!((r.topic.as_str(), r.partition), ("orders", Some(2)));
@@ -302,7 +304,7 @@ mod tests {
             h(HEADER_TABLE, "public.outbox"),
         ];
         let fixed = letter(headers.clone(), Some(&row("orders")));
-        let Action::Send(r, How::Remapped) = plan(&fixed, &mapping(), "dlq", 3) else {
+        let Action::Send(r, How::Remapped, Some(0)) = plan(&fixed, &mapping(), "dlq", 3) else {
             panic!("remapped");
         };
         assert_eq!(r.topic, "orders");
@@ -315,6 +317,36 @@ mod tests {
         assert_eq!(value(&d, HEADER_REDRIVES).as_deref(), Some("1"));
         assert_eq!(value(&d, HEADER_REASON).as_deref(), Some("invalid_topic"));
         assert_eq!(d.payload, still_bad.payload, "the row image travels on");
+    }
+
+    #[test]
+    fn a_schema_dead_letter_is_mapped_again_with_its_tables_serialization_section() {
+        let mut config = OutboxConfig::default();
+        config.tables.push(crate::config::OutboxTableConfig {
+            table: "public.audit".into(),
+            serialization: Some(crate::config::SerializationConfig {
+                format: crate::config::SerializationFormat::JsonSchema,
+                registry_url: "http://r".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let mapping = OutboxMapping::new(&config).unwrap();
+        // As the session writes it: the record as it was, and its row in a header.
+        let of = |table: &str| {
+            let row = row("").replace("public.outbox", table);
+            let headers = vec![
+                h(HEADER_REASON, "schema"),
+                h(HEADER_ORIGINAL_TOPIC, "orders"),
+                h(HEADER_ROW, &row),
+            ];
+            match plan(&letter(headers, Some("{}")), &mapping, "dlq", 3) {
+                Action::Send(_, How::Remapped, profile) => profile,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(of("public.audit"), Some(1));
+        assert_eq!(of("public.outbox"), Some(0));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::ops::replay::progress::Progress;
 use crate::ops::OpsError;
 use crate::sink::dead_letter::{Reason, HEADER_REASON};
 use crate::sink::publisher::{self, Delivery, Publisher};
-use crate::sink::schema::{SerializeError, Serializer};
+use crate::sink::schema::{SerializeError, Serializers};
 use crate::sink::window::InFlight;
 
 /// The consumer group whose committed offsets say how far redrives got.
@@ -70,8 +70,9 @@ struct Run<'a> {
     config: &'a Config,
     options: &'a RedriveOptions,
     mapping: OutboxMapping,
-    /// `[outbox.serialization]`: what is mapped again is encoded as the live relay encodes it.
-    serializer: Option<Arc<Serializer>>,
+    /// `[outbox.serialization]` and each table's own: what is mapped again is encoded as the
+    /// live relay encodes it, by its table's serializer.
+    serializers: Serializers,
     publisher: Option<(Publisher, tokio::sync::mpsc::UnboundedReceiver<Delivery>)>,
     window: InFlight,
     in_flight: BTreeMap<u64, Sent>,
@@ -216,7 +217,7 @@ impl<'a> Run<'a> {
             .map(Duration::from_millis);
         Ok(Run {
             mapping: OutboxMapping::new(&config.outbox)?,
-            serializer: Serializer::new(&config.outbox.serialization)?,
+            serializers: Serializers::new(&config.outbox)?,
             window: InFlight::new(
                 config.kafka.max_in_flight_messages.clamp(1, MAX_IN_FLIGHT),
                 config.kafka.max_in_flight_bytes,
@@ -310,7 +311,7 @@ impl<'a> Run<'a> {
                 self.positions.handled(partition, offset, false);
                 return Ok(());
             }
-            Action::Send(record, how) => (record, Some(how)),
+            Action::Send(record, how, _) => (record, Some(how)),
             Action::DeadLetterAgain(record) => (record, None),
         };
         if self.publisher.is_none() {
@@ -330,18 +331,27 @@ impl<'a> Run<'a> {
     /// redrive, committing nothing past this dead letter). A record Kafka refused was encoded
     /// before it was refused, so it goes as it was.
     async fn serialize(&self, action: Action, letter: &Letter) -> Result<Action, String> {
-        let Some(serializer) = &self.serializer else {
-            return Ok(action);
-        };
-        let Action::Send(mut record, how) = action else {
+        let Action::Send(mut record, how, profile) = action else {
             return Ok(action);
         };
         let unencoded = letter.header(HEADER_REASON).as_deref() == Some(Reason::Schema.code());
         if how != How::Remapped && !unencoded {
-            return Ok(Action::Send(record, how));
+            return Ok(Action::Send(record, how, profile));
         }
+        // A `schema` dead letter re-sent as it was (no row image) names no table: with one
+        // section in force it is that one's; with several it cannot be told.
+        let profile = match profile {
+            Some(profile) => profile,
+            None if !self.serializers.several() => 0,
+            None => return Ok(Action::Leave(
+                "a `schema` dead letter without its row image names no table, and the tables are encoded by different [outbox.tables.serialization] sections; re-send it with the application".into(),
+            )),
+        };
+        let Some(serializer) = self.serializers.get(profile) else {
+            return Ok(Action::Send(record, how, Some(profile)));
+        };
         match serializer.serialize(&mut record).await {
-            Ok(()) => Ok(Action::Send(record, how)),
+            Ok(()) => Ok(Action::Send(record, how, Some(profile))),
             Err(SerializeError::Payload(why)) => {
                 let dlq = &self.config.dead_letter.topic;
                 let code = Some(Reason::Schema.code());

@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::mapping::OutboxEvent;
 use crate::ops::OpsError;
 use crate::sink::publisher::{Delivery, Publisher};
-use crate::sink::schema::Serializer;
+use crate::sink::schema::Serializers;
 use crate::sink::window::InFlight;
 
 /// Most records in flight during a replay (`kafka.max_in_flight_messages` if lower): a replay
@@ -29,8 +29,9 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
 pub(super) struct Sender {
     publisher: Publisher,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
-    /// `[outbox.serialization]`: values encoded as the live relay encodes them.
-    serializer: Option<std::sync::Arc<Serializer>>,
+    /// `[outbox.serialization]` and each table's own: records encoded as the live relay
+    /// encodes them, by their table's serializer.
+    serializers: Serializers,
     window: InFlight,
     pub(super) sent: u64,
     pub(super) acknowledged: u64,
@@ -42,11 +43,11 @@ impl Sender {
     pub(super) fn new(config: &Config) -> Result<Sender, OpsError> {
         let kafka = &config.kafka;
         let (publisher, deliveries) = Publisher::new(kafka)?;
-        let serializer = Serializer::new(&config.outbox.serialization)?;
+        let serializers = Serializers::new(&config.outbox)?;
         Ok(Sender {
             publisher,
             deliveries,
-            serializer,
+            serializers,
             window: InFlight::new(
                 kafka.max_in_flight_messages.clamp(1, MAX_IN_FLIGHT),
                 kafka.max_in_flight_bytes,
@@ -79,7 +80,7 @@ impl Sender {
             return Err("Kafka did not acknowledge a record (see the failures)".into());
         }
         let mut record = std::borrow::Cow::Borrowed(&event.record);
-        if let Some(serializer) = &self.serializer {
+        if let Some(serializer) = self.serializers.get(event.profile) {
             // A replay is run by hand: a payload the schema refuses, or a registry that
             // gives no schema, stops it with the reason (nothing is dead-lettered).
             serializer

@@ -74,8 +74,9 @@ pub struct Settings {
     /// `kafka.batching = "adaptive"` (at-least-once): a record sent while no other is in
     /// flight skips the producer's linger, so that a trickle is not delayed by it.
     pub adaptive: bool,
-    /// `[outbox.serialization]` on: values are encoded and framed before they are sent.
-    pub serializer: Option<Arc<crate::sink::schema::Serializer>>,
+    /// `[outbox.serialization]` (and each table's own): records are encoded and framed
+    /// before they are sent, by their table's serializer.
+    pub serializers: crate::sink::schema::Serializers,
 }
 
 impl Settings {
@@ -102,7 +103,7 @@ impl Settings {
                 }
             }),
             adaptive: config.kafka.adaptive_batching(),
-            serializer: None,
+            serializers: Default::default(),
         }
     }
 }

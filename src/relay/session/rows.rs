@@ -235,9 +235,16 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 return self.dead_letter_unmapped(seq, &e, &row).await;
             }
         };
-        if let Err(why) = self.serialize(&mut event.record).await? {
+        if let Err(why) = self.serialize(&mut event).await? {
             let dlq = &self.settings.dead_letter_topic;
-            let record = dead_letter::from_record(dlq, &event.record, Reason::Schema, &why);
+            let mut record = dead_letter::from_record(dlq, &event.record, Reason::Schema, &why);
+            // With the row, a redrive maps it again, so it is encoded by its table's section.
+            let row = SourceRow {
+                relation,
+                tuple,
+                commit_time_ms,
+            };
+            dead_letter::with_row(&mut record, row.as_row());
             return self.dead_letter(seq, record, &event.id, &why, false).await;
         }
         if let Some(traces) = traces::active() {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Session;
-use crate::mapping::Record;
+use crate::mapping::OutboxEvent;
 use crate::relay::seams::{Catalog, FrameSource, RecordSink};
 use crate::relay::RelayError;
 use crate::sink::schema::SerializeError;
@@ -20,16 +20,18 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
-    /// Serializes `record` in place when serialization is on. `Ok(Err(why))`: the payload
-    /// does not fit its schema (dead-letter it). Waits while the registry fails; `Err` only
-    /// when shutdown comes meanwhile (the record is sent again after the restart).
+    /// Serializes the event's record in place when its table's serialization is on.
+    /// `Ok(Err(why))`: the payload (or key) does not fit its schema (dead-letter it). Waits
+    /// while the registry fails; `Err` only when shutdown comes meanwhile (the record is sent
+    /// again after the restart).
     pub(super) async fn serialize(
         &mut self,
-        record: &mut Record,
+        event: &mut OutboxEvent,
     ) -> Result<Result<(), String>, RelayError> {
-        let Some(serializer) = self.settings.serializer.clone() else {
+        let Some(serializer) = self.settings.serializers.get(event.profile).cloned() else {
             return Ok(Ok(()));
         };
+        let record = &mut event.record;
         let mut backoff = INITIAL_BACKOFF;
         loop {
             match serializer.serialize(record).await {

@@ -526,7 +526,7 @@ fn settings() -> Settings {
         publication: "outbox_relay_pub".into(),
         transactions: None,
         adaptive: false,
-        serializer: None,
+        serializers: Default::default(),
     }
 }
 
@@ -1850,7 +1850,7 @@ async fn a_registry_that_gives_no_schema_blocks_the_record_and_confirms_nothing_
     .unwrap();
     let health = serializer.health();
     let settings = Settings {
-        serializer: Some(serializer),
+        serializers: crate::sink::schema::Serializers::single(serializer),
         ..settings()
     };
     let session = rig.session(settings, &mapping, &metrics);

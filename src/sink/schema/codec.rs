@@ -16,13 +16,19 @@ impl Codec {
     /// Parses the registry's schema text as `config.format` says (for Protobuf, picking
     /// `config.protobuf_message`); the error says what is wrong with it.
     pub fn parse(config: &SerializationConfig, text: &str) -> Result<Codec, String> {
-        Ok(match config.format {
+        Codec::parse_as(config.format, config.protobuf_message.as_deref(), text)
+    }
+
+    /// [`Codec::parse`] as `format` (for Protobuf, as `message`, or the file's first).
+    pub fn parse_as(
+        format: SerializationFormat,
+        message: Option<&str>,
+        text: &str,
+    ) -> Result<Codec, String> {
+        Ok(match format {
             SerializationFormat::Avro => Codec::Avro(AvroSchema::parse(text)?),
             SerializationFormat::JsonSchema => Codec::Json(JsonSchema::parse(text)?),
-            SerializationFormat::Protobuf => Codec::Protobuf(ProtoSchema::parse(
-                text,
-                config.protobuf_message.as_deref(),
-            )?),
+            SerializationFormat::Protobuf => Codec::Protobuf(ProtoSchema::parse(text, message)?),
             SerializationFormat::None => return Err("format `none` has no schema".into()),
         })
     }

@@ -10,7 +10,9 @@
 //! | `.proto` text compiled, JSON → Protobuf binary | `protobuf.rs` | none |
 //! | the format's schema parsed, a payload encoded | `codec.rs` | none |
 //! | the registry's REST API | `registry.rs` | HTTP |
+//! | a string key's subject and schema (`key_format`) | `key.rs` | none |
 //! | subjects, the schema cache, what blocks | here, `health.rs` | through `registry.rs` |
+//! | one serializer per section (`[outbox.tables.serialization]`) | `set.rs` | none |
 //!
 //! Two kinds of failure, never mixed up: a payload the schema refuses is the record's fault
 //! ([`SerializeError::Payload`]: dead-lettered, reason `schema`); a registry that is down,
@@ -23,8 +25,10 @@ mod avro;
 mod codec;
 mod health;
 mod json_schema;
+mod key;
 mod protobuf;
 pub mod registry;
+mod set;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -43,6 +47,7 @@ pub use health::RegistryHealth;
 pub use json_schema::JsonSchema;
 pub use protobuf::ProtoSchema;
 use registry::{RegistryClient, RegistryError};
+pub use set::Serializers;
 
 /// Why a record could not be serialized.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,25 +71,47 @@ struct Cached {
     fetched: Instant,
 }
 
-/// Serializes record values; shared by every session (the cache outlives them).
+/// Which half of a record a subject's schema encodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Value,
+    /// `key_format`: a string, under `<topic>-key`.
+    Key,
+}
+
+/// Serializes record values (and keys, with `key_format`) per one serialization section;
+/// shared by every session (the cache outlives them).
 #[derive(Debug)]
 pub struct Serializer {
     config: SerializationConfig,
+    /// Where the section is in the config (`outbox.serialization`,
+    /// `outbox.tables[1].serialization`), for the settings messages name.
+    section: String,
     client: RegistryClient,
     cache: Mutex<HashMap<String, Arc<Cached>>>,
     health: Arc<RegistryHealth>,
 }
 
 impl Serializer {
-    /// `None` when `format = "none"`. Reads the password or token file.
+    /// `None` when the section uses no registry. Reads the password or token file.
     pub fn new(config: &SerializationConfig) -> Result<Option<Arc<Serializer>>, ConfigError> {
+        let health = Arc::new(RegistryHealth::new(&config.registry_url));
+        Serializer::with_health(config, "outbox.serialization", health)
+    }
+
+    /// [`Serializer::new`], reporting its blocks to `health` (shared by the sections).
+    pub fn with_health(
+        config: &SerializationConfig,
+        section: &str,
+        health: Arc<RegistryHealth>,
+    ) -> Result<Option<Arc<Serializer>>, ConfigError> {
         if !config.enabled() {
             return Ok(None);
         }
         let client = RegistryClient::new(config, config.read_secret()?);
-        let health = Arc::new(RegistryHealth::new(client.url()));
         Ok(Some(Arc::new(Serializer {
             config: config.clone(),
+            section: section.to_string(),
             client,
             cache: Mutex::default(),
             health,
@@ -100,7 +127,12 @@ impl Serializer {
         self.config.format
     }
 
-    /// The record's subject under the configured strategy.
+    /// The section this serializer encodes with.
+    pub fn config(&self) -> &SerializationConfig {
+        &self.config
+    }
+
+    /// The record's value subject under the configured strategy.
     pub fn subject_for(&self, record: &Record) -> Result<String, SerializeError> {
         let record_name = || {
             let header = &self.config.record_name_header;
@@ -112,7 +144,8 @@ impl Serializer {
                 .filter(|v| !v.is_empty())
                 .ok_or_else(|| {
                     SerializeError::Payload(format!(
-                        "the record has no header `{header}` naming its record (outbox.serialization.record_name_header)"
+                        "the record has no header `{header}` naming its record ({}.record_name_header)",
+                        self.section
                     ))
                 })
         };
@@ -123,12 +156,43 @@ impl Serializer {
         })
     }
 
-    /// Encodes and frames the record's value in place (a tombstone stays null), and sets a
-    /// CloudEvents `content-type` header to the format's media type.
+    /// The record's key subject with `key_format`, `None` for string keys.
+    pub fn key_subject_for(&self, record: &Record) -> Option<String> {
+        key::format_of(self.config.key_format).map(|_| key::subject(&record.topic))
+    }
+
+    /// Encodes and frames the record's value (a tombstone stays null) and, with `key_format`,
+    /// its key (a tombstone's too, so that compaction still matches it) in place, and sets a
+    /// CloudEvents `content-type` header to the format's media type. Nothing changes unless
+    /// both succeed, so a record that waits for the registry is retried as it was.
     pub async fn serialize(&self, record: &mut Record) -> Result<(), SerializeError> {
-        let Some(payload) = &record.payload else {
-            return Ok(());
+        let value = match &record.payload {
+            Some(payload) if self.config.format != SerializationFormat::None => {
+                Some(self.encode_value(record, payload).await?)
+            }
+            _ => None,
         };
+        let key = self.encode_key(record).await?;
+        if let Some(value) = value {
+            record.payload = Some(value);
+            for (name, value) in &mut record.headers {
+                if &**name == "content-type" {
+                    *value = Bytes::from_static(self.config.format.content_type().as_bytes());
+                }
+            }
+        }
+        if let Some(key) = key {
+            // The partition is chosen from the unencoded key, as with string keys: the same
+            // aggregate (or key) keeps its partition, and so its order.
+            if record.partition.is_none() && record.partition_key.is_none() {
+                record.partition_key = Some(record.key.clone()).filter(|k| !k.is_empty());
+            }
+            record.key = key;
+        }
+        Ok(())
+    }
+
+    async fn encode_value(&self, record: &Record, payload: &[u8]) -> Result<Bytes, SerializeError> {
         // What the schema is looked up by: the subject, or the id a header names; the label
         // of a registry block either way.
         let (subject, cached) = match self.pinned_id(record)? {
@@ -138,7 +202,7 @@ impl Serializer {
             }
             None => {
                 let subject = self.subject_for(record)?;
-                let cached = self.schema(&subject).await;
+                let cached = self.schema(&subject, Part::Value).await;
                 (subject, cached)
             }
         };
@@ -153,30 +217,52 @@ impl Serializer {
                 cached.id
             ))
         })?;
-        record.payload = Some(wire::frame(cached.id, &body));
-        for (name, value) in &mut record.headers {
-            if &**name == "content-type" {
-                *value = Bytes::from_static(self.config.format.content_type().as_bytes());
-            }
-        }
-        Ok(())
+        Ok(wire::frame(cached.id, &body))
     }
 
-    /// The subject's schema: from the cache while fresh, else from the registry.
-    async fn schema(&self, subject: &str) -> Result<Arc<Cached>, RegistryError> {
+    /// The framed key with `key_format`; `None` for string keys.
+    async fn encode_key(&self, record: &Record) -> Result<Option<Bytes>, SerializeError> {
+        let Some(subject) = self.key_subject_for(record) else {
+            return Ok(None);
+        };
+        let cached =
+            self.schema(&subject, Part::Key)
+                .await
+                .map_err(|error| SerializeError::Registry {
+                    subject: subject.clone(),
+                    error,
+                })?;
+        self.health.clear(&subject);
+        let body = key::as_json(self.format_of(Part::Key), &record.key)
+            .and_then(|json| cached.schema.encode(&json))
+            .map_err(|reason| {
+                SerializeError::Payload(format!(
+                    "key subject `{subject}` (schema id {}): {reason}",
+                    cached.id
+                ))
+            })?;
+        Ok(Some(wire::frame(cached.id, &body)))
+    }
+
+    /// The subject's schema: from the cache while fresh, else from the registry. A key
+    /// subject is always at its latest version.
+    async fn schema(&self, subject: &str, part: Part) -> Result<Arc<Cached>, RegistryError> {
         let ttl = Duration::from_millis(self.config.latest_ttl_ms);
-        let version = self.config.version();
-        if let Some(cached) = self.cached(subject) {
+        let (version, entry) = match part {
+            Part::Value => (self.config.version(), subject.to_string()),
+            Part::Key => (SchemaVersion::Latest, format!("#key {subject}")),
+        };
+        if let Some(cached) = self.cached(&entry) {
             if version != SchemaVersion::Latest || cached.fetched.elapsed() < ttl {
                 return Ok(cached);
             }
         }
-        let fetched = self.fetch(subject, version).await?;
+        let fetched = self.fetch(subject, version, part).await?;
         let cached = Arc::new(fetched);
         self.cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(subject.to_string(), cached.clone());
+            .insert(entry, cached.clone());
         Ok(cached)
     }
 
@@ -195,8 +281,9 @@ impl Serializer {
             .map(Some)
             .ok_or_else(|| {
                 SerializeError::Payload(format!(
-                    "header `{header}` is not a schema id: {:?} (outbox.serialization.schema_id_header)",
-                    String::from_utf8_lossy(value)
+                    "header `{header}` is not a schema id: {:?} ({}.schema_id_header)",
+                    String::from_utf8_lossy(value),
+                    self.section
                 ))
             })
     }
@@ -208,7 +295,7 @@ impl Serializer {
             return Ok(cached);
         }
         let registered = self.client.by_id(id).await?;
-        let schema = self.parse(&format!("schema id {id}"), &registered)?;
+        let schema = self.parse(&format!("schema id {id}"), &registered, Part::Value)?;
         tracing::info!(schema_id = id, "schema fetched from the registry by id");
         let cached = Arc::new(Cached {
             id,
@@ -222,23 +309,45 @@ impl Serializer {
         Ok(cached)
     }
 
-    fn cached(&self, subject: &str) -> Option<Arc<Cached>> {
+    fn cached(&self, entry: &str) -> Option<Arc<Cached>> {
         self.cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(subject)
+            .get(entry)
             .cloned()
     }
 
-    /// Asks the registry (registering `schema_file` first when the subject is missing and
-    /// `auto_register` is on) and parses what it holds.
-    async fn fetch(&self, subject: &str, version: SchemaVersion) -> Result<Cached, RegistryError> {
+    /// `protobuf_message` for the value; a key is the first message of its subject's file.
+    fn message_of(&self, part: Part) -> Option<&str> {
+        match part {
+            Part::Value => self.config.protobuf_message.as_deref(),
+            Part::Key => None,
+        }
+    }
+
+    /// The format `part` is encoded in.
+    fn format_of(&self, part: Part) -> SerializationFormat {
+        match part {
+            Part::Value => self.config.format,
+            Part::Key => key::format_of(self.config.key_format).unwrap_or_default(),
+        }
+    }
+
+    /// Asks the registry (registering the schema first when the subject is missing and
+    /// `auto_register` is on: `schema_file` for a value, the string schema for a key) and
+    /// parses what it holds.
+    async fn fetch(
+        &self,
+        subject: &str,
+        version: SchemaVersion,
+        part: Part,
+    ) -> Result<Cached, RegistryError> {
         let registered = match self.client.version(subject, version).await {
             Err(RegistryError::NotFound { .. }) if self.config.auto_register => {
-                let text = self.schema_file()?;
+                let text = self.schema_to_register(part)?;
                 let id = self
                     .client
-                    .register(subject, &text, self.config.format.schema_type())
+                    .register(subject, &text, self.format_of(part).schema_type())
                     .await?;
                 registry::Registered {
                     id,
@@ -248,7 +357,7 @@ impl Serializer {
             }
             other => other?,
         };
-        let schema = self.parse(subject, &registered)?;
+        let schema = self.parse(subject, &registered, part)?;
         tracing::info!(
             subject,
             schema_id = registered.id,
@@ -261,28 +370,46 @@ impl Serializer {
         })
     }
 
-    /// The registered schema parsed, when it is of the configured format.
+    /// The registered schema parsed, when it is of `part`'s format (and, for a key, takes
+    /// a string: otherwise every key would be refused, a deployment error).
     fn parse(
         &self,
         subject: &str,
         registered: &registry::Registered,
+        part: Part,
     ) -> Result<Codec, RegistryError> {
         let bad = |reason| RegistryError::BadSchema {
             subject: subject.to_string(),
             reason,
         };
+        let format = self.format_of(part);
+        let setting = match part {
+            Part::Value => "format",
+            Part::Key => "key_format",
+        };
         // The registry leaves `schemaType` out for Avro, the default.
         let kind = registered.schema_type.as_deref().unwrap_or("AVRO");
-        if kind != self.config.format.schema_type() {
+        if kind != format.schema_type() {
             return Err(bad(format!(
-                "it is a {kind} schema, and outbox.serialization.format is {}",
-                SerializationFormat::NAMES[self.config.format as usize]
+                "it is a {kind} schema, and {}.{setting} is {}",
+                self.section,
+                SerializationFormat::NAMES[format as usize]
             )));
         }
-        Codec::parse(&self.config, &registered.schema).map_err(bad)
+        let codec =
+            Codec::parse_as(format, self.message_of(part), &registered.schema).map_err(bad)?;
+        if part == Part::Key {
+            if let Err(reason) = key::as_json(format, b"").and_then(|json| codec.encode(&json)) {
+                return Err(bad(format!("it does not take a string key: {reason}")));
+            }
+        }
+        Ok(codec)
     }
 
-    fn schema_file(&self) -> Result<String, RegistryError> {
+    fn schema_to_register(&self, part: Part) -> Result<String, RegistryError> {
+        if part == Part::Key {
+            return Ok(key::string_schema(self.format_of(part)).to_string());
+        }
         let path = self.config.schema_file.clone().unwrap_or_default();
         std::fs::read_to_string(&path).map_err(|e| RegistryError::SchemaFile {
             path: path.display().to_string(),
@@ -295,12 +422,29 @@ impl Serializer {
         self.client.subjects().await.map(drop)
     }
 
-    /// For `check`: the subject's schema is there and parses. Bypasses the cache. Never
-    /// registers: with `auto_register` a missing subject is checked against `schema_file`.
+    /// For `check`: the value subject's schema is there and parses. Bypasses the cache.
+    /// Never registers: with `auto_register` a missing subject is checked against
+    /// `schema_file` (id 0).
     pub async fn verify(&self, subject: &str) -> Result<u32, RegistryError> {
-        match self.client.version(subject, self.config.version()).await {
+        self.verify_part(subject, Part::Value).await
+    }
+
+    /// For `check`: [`Serializer::verify`] of a key subject (a missing one is fine with
+    /// `auto_register`: the string schema is known).
+    pub async fn verify_key(&self, subject: &str) -> Result<u32, RegistryError> {
+        self.verify_part(subject, Part::Key).await
+    }
+
+    async fn verify_part(&self, subject: &str, part: Part) -> Result<u32, RegistryError> {
+        let version = match part {
+            Part::Value => self.config.version(),
+            Part::Key => SchemaVersion::Latest,
+        };
+        match self.client.version(subject, version).await {
             Err(RegistryError::NotFound { .. }) if self.config.auto_register => {
-                Codec::parse(&self.config, &self.schema_file()?).map_err(|reason| {
+                let text = self.schema_to_register(part)?;
+                let message = self.message_of(part);
+                Codec::parse_as(self.format_of(part), message, &text).map_err(|reason| {
                     RegistryError::BadSchema {
                         subject: subject.to_string(),
                         reason: format!("schema_file: {reason}"),
@@ -309,7 +453,9 @@ impl Serializer {
                 Ok(0)
             }
             Err(e) => Err(e),
-            Ok(registered) => self.parse(subject, &registered).map(|_| registered.id),
+            Ok(registered) => self
+                .parse(subject, &registered, part)
+                .map(|_| registered.id),
         }
     }
 }
@@ -439,6 +585,7 @@ mod tests {
         config.schema_id_header = Some("sid".into());
         let s = Serializer {
             config,
+            section: s.section.clone(),
             client: s.client.clone(),
             cache: Mutex::new(s.cache.lock().unwrap().clone()),
             health: s.health(),
@@ -458,6 +605,78 @@ mod tests {
             s.serialize(&mut plain).await,
             Err(SerializeError::Registry { subject, .. }) if subject == "orders-value"
         ));
+    }
+
+    /// An Avro serializer with Avro keys: `orders-value` cached as id 9, the key subject
+    /// `orders-key` as id 5.
+    fn with_avro_keys() -> Arc<Serializer> {
+        let s = serializer(SubjectStrategy::Topic, "orders-value");
+        let mut config = s.config.clone();
+        config.key_format = crate::config::KeyFormat::Avro;
+        let string = Codec::Avro(AvroSchema::parse(key::AVRO_STRING).unwrap());
+        let mut cache = s.cache.lock().unwrap().clone();
+        let key = Cached {
+            id: 5,
+            schema: string,
+            fetched: Instant::now(),
+        };
+        cache.insert("#key orders-key".into(), Arc::new(key));
+        Arc::new(Serializer {
+            config,
+            section: s.section.clone(),
+            client: s.client.clone(),
+            cache: Mutex::new(cache),
+            health: s.health(),
+        })
+    }
+
+    #[tokio::test]
+    async fn an_avro_key_is_framed_and_the_partition_still_follows_the_plain_key() {
+        let s = with_avro_keys();
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        r.key = Bytes::from_static(b"e-1");
+        r.partition_key = Some(Bytes::from_static(b"agg-7"));
+        s.serialize(&mut r).await.unwrap();
+        assert_eq!(&r.key[..], b"\0\0\0\0\x05\x06e-1");
+        assert_eq!(r.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 6][..]));
+        assert_eq!(r.partition_key.as_deref(), Some(&b"agg-7"[..]), "kept");
+        // partition_by = "key": the partition is hashed from the key as it was.
+        let mut by_key = record("orders", Some(r#"{"n": 3}"#), &[]);
+        by_key.key = Bytes::from_static(b"e-2");
+        s.serialize(&mut by_key).await.unwrap();
+        assert_eq!(by_key.partition_key.as_deref(), Some(&b"e-2"[..]));
+        // A tombstone's key is encoded too, so compaction matches it with its records.
+        let mut tombstone = record("orders", None, &[]);
+        tombstone.key = Bytes::from_static(b"e-1");
+        s.serialize(&mut tombstone).await.unwrap();
+        assert_eq!(&tombstone.key[..], b"\0\0\0\0\x05\x06e-1");
+        assert_eq!(tombstone.payload, None);
+    }
+
+    #[tokio::test]
+    async fn a_key_that_is_no_string_is_the_records_fault_and_a_missing_key_schema_blocks() {
+        let s = with_avro_keys();
+        let mut bytes_key = record("orders", Some(r#"{"n": 3}"#), &[]);
+        bytes_key.key = Bytes::from_static(&[0xff]);
+        match s.serialize(&mut bytes_key).await {
+            Err(SerializeError::Payload(why)) => {
+                assert!(why.contains("key subject `orders-key`"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // `users-key` is not cached and the registry does not answer: it blocks, and the
+        // record is left as it was (its value is not half encoded).
+        let s = with_avro_keys();
+        let value = s.cached("orders-value").unwrap();
+        s.cache.lock().unwrap().insert("users-value".into(), value);
+        let mut users = record("users", Some(r#"{"n": 1}"#), &[]);
+        users.key = Bytes::from_static(b"u-1");
+        let before = users.clone();
+        match s.serialize(&mut users).await {
+            Err(SerializeError::Registry { subject, .. }) => assert_eq!(subject, "users-key"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(users, before);
     }
 
     #[tokio::test]
