@@ -10,6 +10,11 @@
 //! back-off and reported as [`Blocked`](super::blocked::Blocked), for as long as it takes —
 //! never failed, so never dead-lettered, and the slot is never confirmed past them. Records of
 //! other topics go on meanwhile.
+//!
+//! First reads are batched: one task reads the counts of every topic waiting for one at that
+//! moment in ONE metadata request (and creates the missing ones in one CreateTopics request),
+//! so that a burst of new topics (1,000 aggregate types) is not a thousand requests at once,
+//! each on a blocking thread of its own, timing out under load.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -28,6 +33,7 @@ use tracing::{info, warn};
 
 use super::delivery::{owned_headers, Delivery, DeliveryFailure, DEAD_LETTER_BIT};
 use super::producer::Shared;
+use super::topic_handles::TopicCounts;
 use crate::config::TopicCreation;
 use crate::mapping::{partition, Record};
 use crate::sink::blocked::BlockReason;
@@ -42,6 +48,89 @@ struct Topics {
     waiting: HashMap<String, VecDeque<Waiting>>,
     /// Topics whose count is being read again; their records use the known count meanwhile.
     refreshing: HashSet<String>,
+    /// Topics whose first count is not read yet (their records are in `waiting`), with when
+    /// to read it.
+    first_reads: HashMap<String, FirstRead>,
+    /// The task that reads first counts runs (there is at most one).
+    reader: bool,
+}
+
+/// When a topic's first count is read next, and what its earlier reads found.
+struct FirstRead {
+    started: Instant,
+    due: Instant,
+    pause: Duration,
+    warned: bool,
+}
+
+impl FirstRead {
+    fn new(now: Instant) -> FirstRead {
+        FirstRead {
+            started: now,
+            due: now,
+            pause: METADATA_RETRY,
+            warned: false,
+        }
+    }
+
+    /// The read failed: the next one after the pause, which doubles up to the maximum.
+    fn retry(&mut self, now: Instant) {
+        self.due = now + self.pause;
+        self.pause = (self.pause * 2).min(METADATA_RETRY_MAX);
+    }
+}
+
+/// What the first-count reader does next.
+#[derive(Debug, PartialEq, Eq)]
+enum Turn {
+    /// Read the counts of these topics (one request).
+    Read(Vec<String>),
+    /// Nothing is due before then.
+    Sleep(Instant),
+    /// No topic waits for a first count: the reader ends.
+    Done,
+}
+
+impl Topics {
+    /// Queues `topic`'s first read, and says whether a reader must be started for it.
+    fn queue_first_read(&mut self, topic: &str, now: Instant) -> bool {
+        self.first_reads
+            .entry(topic.to_string())
+            .or_insert_with(|| FirstRead::new(now));
+        !std::mem::replace(&mut self.reader, true)
+    }
+
+    /// The reader's next turn: every topic due now, in one batch. `Done` marks the reader
+    /// stopped, under the same lock as `queue_first_read` starts one: none is lost.
+    fn next_turn(&mut self, now: Instant) -> Turn {
+        let mut due: Vec<String> = self
+            .first_reads
+            .iter()
+            .filter(|(_, r)| r.due <= now)
+            .map(|(t, _)| t.clone())
+            .collect();
+        if !due.is_empty() {
+            due.sort();
+            return Turn::Read(due);
+        }
+        match self.first_reads.values().map(|r| r.due).min() {
+            Some(next) => Turn::Sleep(next),
+            None => {
+                self.reader = false;
+                Turn::Done
+            }
+        }
+    }
+}
+
+/// What a failed first read of a topic leads to.
+enum AfterFailure {
+    /// Read again after the pause.
+    Retry,
+    /// Create the topic (reporting a refusal as a block when `report`), then read again.
+    Create { report: bool },
+    /// Fail its records with this error.
+    Fail(KafkaError),
 }
 
 /// A record that waits for its topic's partition count.
@@ -79,6 +168,9 @@ pub(super) struct PartitionCounts {
     admin_config: ClientConfig,
     login: KafkaLogin,
     admin: Mutex<Option<Arc<LoggedInAdmin<LoginContext>>>>,
+    /// First-count metadata requests made (batches read), for the tests.
+    #[cfg(test)]
+    pub(super) metadata_requests: std::sync::atomic::AtomicUsize,
 }
 
 impl PartitionCounts {
@@ -95,6 +187,8 @@ impl PartitionCounts {
             admin_config,
             login,
             admin: Mutex::new(None),
+            #[cfg(test)]
+            metadata_requests: Default::default(),
         }
     }
 
@@ -143,64 +237,109 @@ impl PartitionCounts {
                 topics
                     .waiting
                     .insert(record.topic.clone(), VecDeque::from([first]));
-                tokio::spawn(self.clone().read_first_count(record.topic.clone()));
+                if topics.queue_first_read(&record.topic, Instant::now()) {
+                    tokio::spawn(self.clone().read_first_counts());
+                }
                 None
             }
         }
     }
 
-    /// Reads a topic's first partition count (creating the topic when it is missing and
-    /// `kafka.topic_creation` says so), then produces its waiting records in order, or fails
-    /// them all. Brokers that cannot be reached are waited for as long as librdkafka waits for
-    /// the records in its own queue (`message.timeout.ms`); a deployment error for as long as
-    /// it lasts.
-    async fn read_first_count(self: Arc<Self>, topic: String) {
-        let started = Instant::now();
-        let mut pause = METADATA_RETRY;
-        let mut warned = false;
-        let outcome = loop {
-            let error = match self.fetch_count(&topic, METADATA_TIMEOUT).await {
-                Ok(count) => break Ok(count),
-                Err(e) => e,
+    /// Reads the first partition counts of the topics waiting for one, every topic due at
+    /// that moment in one request, until none waits: creates the missing ones (when
+    /// `kafka.topic_creation` says so), produces each topic's waiting records in order once
+    /// its count is known, or fails them. Brokers that cannot be reached are waited for as
+    /// long as librdkafka waits for the records in its own queue (`message.timeout.ms`); a
+    /// deployment error for as long as it lasts.
+    async fn read_first_counts(self: Arc<Self>) {
+        loop {
+            let turn = self.topics().next_turn(Instant::now());
+            let batch = match turn {
+                Turn::Read(batch) => batch,
+                Turn::Sleep(until) => {
+                    tokio::select! {
+                        _ = self.shared.stop.cancelled() => return,
+                        _ = tokio::time::sleep_until(until.into()) => continue,
+                    }
+                }
+                Turn::Done => return,
             };
-            if let Err(give_up) = self.first_count_failed(&topic, &error, started).await {
-                break Err(give_up);
+            let counts = self.fetch_counts(&batch, METADATA_TIMEOUT).await;
+            let mut create = Vec::new();
+            for topic in batch {
+                let count = match &counts {
+                    Ok(counts) => counts
+                        .get(&topic)
+                        .cloned()
+                        .unwrap_or(Err(RDKafkaErrorCode::UnknownTopicOrPartition))
+                        .map_err(KafkaError::MetadataFetch),
+                    Err(error) => Err(error.clone()),
+                };
+                match count {
+                    Ok(count) => self.first_count_read(&topic, Ok(count)).await,
+                    Err(error) => match self.first_count_failed(&topic, &error) {
+                        AfterFailure::Fail(give_up) => {
+                            self.first_count_read(&topic, Err(give_up)).await
+                        }
+                        AfterFailure::Create { report } => create.push((topic, report)),
+                        AfterFailure::Retry => {}
+                    },
+                }
+                if self.shared.stop.is_cancelled() {
+                    return;
+                }
             }
-            if !warned {
-                warn!(topic, error = %error, "cannot read the topic's partition count yet; its records wait");
-                warned = true;
-            }
-            tokio::select! {
-                _ = self.shared.stop.cancelled() => return,
-                _ = tokio::time::sleep(pause) => {}
-            }
-            pause = (pause * 2).min(METADATA_RETRY_MAX);
-        };
-        if let Ok(count) = outcome {
-            self.shared.blocked.clear(BlockReason::UnknownTopic, &topic);
-            self.shared
-                .blocked
-                .clear(BlockReason::TopicCreation, &topic);
-            self.topics()
-                .counts
-                .insert(topic.clone(), (count, Instant::now()));
+            self.create_topics(&create).await;
         }
-        self.release_waiting(&topic, outcome).await;
     }
 
-    /// What a failed first read of `topic`'s count means: `Ok` to try again (after creating
-    /// the topic, or reporting a block), `Err` to fail its records with that error.
-    async fn first_count_failed(
-        &self,
-        topic: &str,
-        error: &KafkaError,
-        started: Instant,
-    ) -> Result<(), KafkaError> {
-        let waited = started.elapsed();
+    /// A topic's first read ended: with its count (its blocks end), or with the error its
+    /// waiting records fail with. Its records go, oldest first.
+    async fn first_count_read(&self, topic: &str, outcome: Result<i32, KafkaError>) {
+        {
+            let mut topics = self.topics();
+            topics.first_reads.remove(topic);
+            if let Ok(count) = outcome {
+                topics
+                    .counts
+                    .insert(topic.to_string(), (count, Instant::now()));
+            }
+        }
+        if outcome.is_ok() {
+            self.shared.blocked.clear(BlockReason::UnknownTopic, topic);
+            self.shared.blocked.clear(BlockReason::TopicCreation, topic);
+        }
+        self.release_waiting(topic, outcome).await;
+    }
+
+    /// What a failed first read of `topic`'s count means (a block is reported here, once it
+    /// lasted [`BLOCK_GRACE`]); unless its records fail, its next read is scheduled.
+    fn first_count_failed(&self, topic: &str, error: &KafkaError) -> AfterFailure {
+        let now = Instant::now();
+        let (waited, warn_now) = {
+            let mut topics = self.topics();
+            let Some(read) = topics.first_reads.get_mut(topic) else {
+                return AfterFailure::Retry;
+            };
+            read.retry(now);
+            (
+                now.duration_since(read.started),
+                !std::mem::replace(&mut read.warned, true),
+            )
+        };
+        let next = self.after_failure(topic, error, waited);
+        if warn_now && !matches!(next, AfterFailure::Fail(_)) {
+            warn!(topic, error = %error, "cannot read the topic's partition count yet; its records wait");
+        }
+        next
+    }
+
+    fn after_failure(&self, topic: &str, error: &KafkaError, waited: Duration) -> AfterFailure {
         match BlockReason::of(error) {
             Some(BlockReason::UnknownTopic) if self.creation.enabled => {
-                self.create_topic(topic, waited >= BLOCK_GRACE).await;
-                return Ok(());
+                return AfterFailure::Create {
+                    report: waited >= BLOCK_GRACE,
+                };
             }
             // Reported by librdkafka's error callback; waited for like an unreachable broker.
             Some(BlockReason::Authentication) | None => {}
@@ -208,7 +347,7 @@ impl PartitionCounts {
                 if waited >= BLOCK_GRACE {
                     self.shared.blocked.block(reason, topic, error);
                 }
-                return Ok(());
+                return AfterFailure::Retry;
             }
         }
         let unreachable = matches!(
@@ -221,54 +360,79 @@ impl PartitionCounts {
             )
         );
         if !unreachable && waited >= METADATA_WAIT {
-            return Err(error.clone());
+            return AfterFailure::Fail(error.clone());
         }
         if waited >= self.shared.message_timeout {
-            return Err(KafkaError::MessageProduction(
+            return AfterFailure::Fail(KafkaError::MessageProduction(
                 RDKafkaErrorCode::MessageTimedOut,
             ));
         }
-        Ok(())
+        AfterFailure::Retry
     }
 
-    /// Creates `topic` as `kafka.topic_creation` says (a topic that exists by now is fine). A
-    /// refusal is a block (once `report` is set); a request that failed as a whole is tried
-    /// again with the next metadata read.
-    async fn create_topic(&self, topic: &str, report: bool) {
-        let spec = self.creation.spec_for(topic);
+    /// Creates `topics` as `kafka.topic_creation` says, in one request (a topic that exists
+    /// by now is fine). A refusal is a block (for a topic whose `report` is set); a request
+    /// that failed as a whole is tried again with the next metadata read.
+    async fn create_topics(&self, topics: &[(String, bool)]) {
+        if topics.is_empty() {
+            return;
+        }
         let admin = match self.admin() {
             Ok(admin) => admin,
             Err(e) => {
-                return warn!(topic, error = %e, "cannot create an admin client to create the topic")
+                return warn!(topics = topics.len(), error = %e, "cannot create an admin client to create topics")
             }
         };
-        let mut new = NewTopic::new(
-            topic,
-            spec.partitions,
-            TopicReplication::Fixed(spec.replication_factor),
-        );
-        for (key, value) in &spec.configs {
-            new = new.set(key, value);
-        }
+        let specs: Vec<_> = topics
+            .iter()
+            .map(|(topic, _)| self.creation.spec_for(topic))
+            .collect();
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .zip(&specs)
+            .map(|((topic, _), spec)| {
+                let mut new = NewTopic::new(
+                    topic,
+                    spec.partitions,
+                    TopicReplication::Fixed(spec.replication_factor),
+                );
+                for (key, value) in &spec.configs {
+                    new = new.set(key, value);
+                }
+                new
+            })
+            .collect();
         let options = AdminOptions::new().operation_timeout(Some(CREATE_TIMEOUT));
-        let results = match admin.create_topics([&new], &options).await {
+        let results = match admin.create_topics(&new, &options).await {
             Ok(results) => results,
-            Err(e) => return warn!(topic, error = %e, "cannot create the topic; trying again"),
+            Err(e) => {
+                return warn!(topics = topics.len(), error = %e, "cannot create the topics; trying again")
+            }
         };
         for result in results {
-            match result {
-                Ok(_) => info!(topic, partitions = spec.partitions,
-                    replication_factor = spec.replication_factor, configs = ?spec.configs,
-                    "created the topic (kafka.topic_creation)"),
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) if report => {
-                    self.shared
-                        .blocked
-                        .block(BlockReason::TopicCreation, topic, &code);
+            let (topic, code) = match result {
+                Ok(topic) => {
+                    if let Some(spec) = topics
+                        .iter()
+                        .position(|(t, _)| *t == topic)
+                        .map(|i| &specs[i])
+                    {
+                        info!(topic, partitions = spec.partitions,
+                            replication_factor = spec.replication_factor, configs = ?spec.configs,
+                            "created the topic (kafka.topic_creation)");
+                    }
+                    continue;
                 }
-                Err((_, code)) => {
-                    warn!(topic, error = %code, "the brokers refused to create the topic; trying again")
-                }
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => continue,
+                Err((topic, code)) => (topic, code),
+            };
+            let report = topics.iter().any(|(t, report)| *t == topic && *report);
+            if report {
+                self.shared
+                    .blocked
+                    .block(BlockReason::TopicCreation, &topic, &code);
+            } else {
+                warn!(topic, error = %code, "the brokers refused to create the topic; trying again")
             }
         }
     }
@@ -336,6 +500,33 @@ impl PartitionCounts {
         topics.refreshing.remove(&topic);
     }
 
+    /// The counts of `topics` in one metadata request: for a single topic, a request for it
+    /// alone; for more, one for every topic the producer knows (see
+    /// `TopicHandles::fetch_counts`). Runs on the blocking pool, as [`Self::fetch_count`].
+    async fn fetch_counts(
+        &self,
+        topics: &[String],
+        timeout: Duration,
+    ) -> Result<TopicCounts, KafkaError> {
+        #[cfg(test)]
+        self.metadata_requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let [topic] = topics {
+            let count = match self.fetch_count(topic, timeout).await {
+                Ok(count) => Ok(count),
+                Err(KafkaError::MetadataFetch(code)) => Err(code),
+                Err(other) => return Err(other),
+            };
+            return Ok(TopicCounts::from([(topic.clone(), count)]));
+        }
+        let shared = self.shared.clone();
+        let topics = topics.to_vec();
+        tokio::task::spawn_blocking(move || shared.handles.fetch_counts(&topics, timeout))
+            .await
+            // Only a panic or a runtime shutting down get here.
+            .map_err(|_| KafkaError::MetadataFetch(RDKafkaErrorCode::Fail))?
+    }
+
     /// One metadata request for `topic` (which creates it when the brokers auto-create
     /// topics). librdkafka's request blocks its caller, so it runs on the blocking pool.
     async fn fetch_count(&self, topic: &str, timeout: Duration) -> Result<i32, KafkaError> {
@@ -398,3 +589,7 @@ fn needs_count(record: &Record) -> Option<&[u8]> {
         .as_deref()
         .filter(|_| record.partition.is_none())
 }
+
+#[cfg(test)]
+#[path = "partition_counts_tests.rs"]
+mod tests;

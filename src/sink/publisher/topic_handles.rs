@@ -10,9 +10,10 @@
 //! delivery report (read back by rust-rdkafka, opaque included) is the same.
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::{c_void, CStr, CString};
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use rdkafka::bindings as rdsys;
 use rdkafka::bindings::rd_kafka_vtype_t::*;
@@ -115,6 +116,43 @@ impl<C: ProducerContext> TopicHandles<C> {
         Ok(raw)
     }
 
+    /// The partition count (or the brokers' error) of each of `topics`, from ONE metadata
+    /// request: that of every topic librdkafka knows locally (those with a handle and those
+    /// in its metadata cache), after making a handle for each of `topics` so that they are
+    /// among them. A request per topic instead, for a burst of new topics, made as many
+    /// requests at once (one blocking thread each) and timed out under load.
+    ///
+    /// The request may create missing topics, as one for a single topic does, when the
+    /// brokers auto-create topics. It blocks its caller for up to `timeout`.
+    pub(super) fn fetch_counts(
+        &self,
+        topics: &[String],
+        timeout: Duration,
+    ) -> Result<TopicCounts, KafkaError> {
+        let mut counts = TopicCounts::new();
+        for topic in topics {
+            if let Err(e) = self.handle(topic) {
+                let code = match e {
+                    KafkaError::MessageProduction(code) => code,
+                    _ => RDKafkaErrorCode::InvalidArgument,
+                };
+                counts.insert(topic.clone(), Err(code));
+            }
+        }
+        let metadata = LocalMetadata::fetch(self.producer.client().native_ptr(), timeout)?;
+        for (name, count) in metadata.counts() {
+            if let Some(topic) = topics.iter().find(|t| **t == name) {
+                counts.entry(topic.clone()).or_insert(count);
+            }
+        }
+        for topic in topics {
+            counts
+                .entry(topic.clone())
+                .or_insert(Err(RDKafkaErrorCode::UnknownTopicOrPartition));
+        }
+        Ok(counts)
+    }
+
     /// How many topic handles are alive.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
@@ -122,6 +160,65 @@ impl<C: ProducerContext> TopicHandles<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+    }
+}
+
+/// What a metadata response said of each topic asked for: its partition count, or the
+/// brokers' error for it (a topic without partitions counts as unknown).
+pub(super) type TopicCounts = HashMap<String, Result<i32, RDKafkaErrorCode>>;
+
+/// A metadata response of librdkafka's, freed on drop.
+struct LocalMetadata(NonNull<rdsys::rd_kafka_metadata>);
+
+impl LocalMetadata {
+    /// One metadata request for the client's local topics (`all_topics = 0`, no single topic).
+    fn fetch(client: *mut rdsys::rd_kafka_t, timeout: Duration) -> Result<Self, KafkaError> {
+        let mut raw: *const rdsys::rd_kafka_metadata = ptr::null();
+        let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `client` is a live client (the caller holds it); librdkafka writes a
+        // metadata pointer that is ours to free (with rd_kafka_metadata_destroy) on success.
+        let code =
+            unsafe { rdsys::rd_kafka_metadata(client, 0, ptr::null_mut(), &mut raw, timeout_ms) };
+        if code.is_error() {
+            return Err(KafkaError::MetadataFetch(code.into()));
+        }
+        NonNull::new(raw.cast_mut())
+            .map(LocalMetadata)
+            .ok_or(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail))
+    }
+
+    /// Each topic of the response, by name, with its count or error.
+    fn counts(&self) -> Vec<(String, Result<i32, RDKafkaErrorCode>)> {
+        // SAFETY: the response is alive (ours until drop) and nothing else writes it.
+        let metadata = unsafe { self.0.as_ref() };
+        let n = usize::try_from(metadata.topic_cnt).unwrap_or(0);
+        if n == 0 || metadata.topics.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: librdkafka filled `topics` with `topic_cnt` entries, alive with the response.
+        let topics = unsafe { std::slice::from_raw_parts(metadata.topics, n) };
+        topics
+            .iter()
+            .map(|t| {
+                // SAFETY: each topic name is a NUL-terminated string of the response.
+                let name = unsafe { CStr::from_ptr(t.topic) };
+                let count = if t.err.is_error() {
+                    Err(t.err.into())
+                } else if t.partition_cnt <= 0 {
+                    Err(RDKafkaErrorCode::UnknownTopicOrPartition)
+                } else {
+                    Ok(t.partition_cnt)
+                };
+                (name.to_string_lossy().into_owned(), count)
+            })
+            .collect()
+    }
+}
+
+impl Drop for LocalMetadata {
+    fn drop(&mut self) {
+        // SAFETY: the response came from rd_kafka_metadata and is freed once, here.
+        unsafe { rdsys::rd_kafka_metadata_destroy(self.0.as_ptr()) }
     }
 }
 
