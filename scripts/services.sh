@@ -808,6 +808,10 @@ delete.topic.enable=true
 group.initial.rebalance.delay.ms=0
 # The default; a test relies on a 5 MB record being rejected.
 message.max.bytes=1048588
+# No time-based retention: tests write records stamped years ago (a timestamp_column of
+# 2021), and the broker's retention check (every 5 min) deleted them, by their timestamp,
+# between a test's two reads of a topic.
+log.retention.ms=-1
 num.network.threads=2
 num.io.threads=4
 EOF
