@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::ctx::{mode_tag, Ctx, RelayRun, DRAIN_STATUS_INTERVAL_MS};
-use super::drain::{drain_backlog, record_relay_metrics, Round, DRAIN_TIMEOUT};
+use super::drain::{drain_backlog, record_relay_metrics, txn_round, Round, DRAIN_TIMEOUT};
 use super::latency::wait_streaming;
 use crate::latency::{Load, Target};
 use crate::pg::{create_slot, current_lsn, drop_slot};
@@ -78,17 +78,13 @@ pub async fn schema_shape(ctx: &mut Ctx) -> anyhow::Result<()> {
         .into_iter()
         .map(|(k, v)| (format!("OUTBOX_RELAY__OUTBOX__SERIALIZATION__{k}"), v))
         .collect();
-    let events = ctx.settings.events;
     for (format, env) in [("none", Vec::new()), ("avro", env)] {
+        // The drain's own round of SHAPE_TXN_ROWS-row transactions, under its own name.
         let round = Round {
             round: format!("schema_{format}"),
             shape: "schema",
-            txn_rows: SHAPE_TXN_ROWS,
-            events,
-            preload: format!("CALL bench_preload({events}, {SHAPE_TXN_ROWS})"),
-            partitions: ctx.settings.partitions,
-            types: Vec::new(),
             serialization: Some((format.to_string(), env)),
+            ..txn_round(ctx, SHAPE_TXN_ROWS)
         };
         drain_backlog(ctx, &round).await?;
     }
