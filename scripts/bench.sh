@@ -53,6 +53,15 @@
 #   --kill-rate R      writers' events/s in the sigkill shape (default 5000)
 #   --kills K          SIGKILLs per delivery mode (default 3)
 #   --kill-interval S  seconds between kills (default 5)
+#   --peer debezium    the incumbent on the same backlogs: after the relays, each
+#                      txn round's backlog is drained once more, from a third
+#                      copy of the slot, by Debezium's embedded engine with its
+#                      Outbox Event Router (bench/debezium, compiled with Maven
+#                      into the run dir; Kafka acknowledges every batch before
+#                      its offsets are committed); timed from when it streams
+#                      (its JVM and connector start-up is reported apart) until
+#                      its slot confirmed the last commit; all N events must be
+#                      in its topic
 #   --relay-env K=V    extra OUTBOX_RELAY__K=V for every relay run (repeatable),
 #                      e.g. --relay-env KAFKA__LINGER_MS=10
 #   --perf             in each drain round, profile the relay (perf record with
@@ -109,6 +118,8 @@ RELAY_BIN=
 KEEP_SERVICES=0
 # The schema shape needs a Schema Registry (scripts/registry.sh, in the same run dir).
 WANT_REGISTRY=0
+# --peer debezium needs bench/debezium compiled.
+WANT_DEBEZIUM=0
 
 # Only what this script needs: which relay to build, whether to keep the
 # services. Every option is outbox-bench run's (it checks them); the values of
@@ -121,6 +132,9 @@ scan_args() {
         --keep-services) KEEP_SERVICES=1 ;;
         --shapes)
             [[ ${2:-} =~ (^|[ ,])(schema|all)([ ,]|$) ]] && WANT_REGISTRY=1
+            if (($# > 1)); then shift; fi ;;
+        --peer)
+            [[ ${2:-} == debezium ]] && WANT_DEBEZIUM=1
             if (($# > 1)); then shift; fi ;;
         --events | --txn-sizes | --rates | --rate-seconds | --idle-seconds | --partitions | \
             --writers | --delivery | --payload-sizes | --payload-mb | --topics-count | \
@@ -158,6 +172,19 @@ start_services() {
     fi
 }
 
+# The Debezium peer (bench/debezium): compiled into the run dir, its jars resolved by
+# Maven into ~/.m2 (Maven Central the first time); java and mvn are there once
+# services.sh has started (it installs them when missing).
+build_debezium_peer() {
+    local dir="$OUTBOX_RUN_DIR/debezium-peer"
+    log "compiling the Debezium peer (mvn -f bench/debezium/pom.xml) into $dir"
+    mvn -B -q -f "$REPO/bench/debezium/pom.xml" -Dpeer.build="$dir" compile \
+        dependency:build-classpath -Dmdep.outputFile="$dir/classpath.txt" >&2 ||
+        die "the Debezium peer did not build (mvn -f bench/debezium/pom.xml compile)"
+    OUTBOX_BENCH_DEBEZIUM_CLASSPATH="$dir/classes:$(cat "$dir/classpath.txt")"
+    export OUTBOX_BENCH_DEBEZIUM_CLASSPATH
+}
+
 # On any exit (outbox-bench run has stopped its relays by then): the services,
 # unless kept.
 cleanup() {
@@ -174,6 +201,7 @@ main() {
     # Bad options fail here, before the services start.
     "$BENCH_BIN" run --check-options "$@"
     start_services
+    if ((WANT_DEBEZIUM)); then build_debezium_peer; fi
     # Not exec: the services are stopped when it ends.
     "$BENCH_BIN" run "$@"
 }

@@ -15,7 +15,7 @@ use crate::util::unix_ns;
 const STOP_GRACE: Duration = Duration::from_secs(60);
 
 /// Sends `signal` (TERM, INT, KILL) to `pid` with kill(1): the binary denies `unsafe`.
-fn signal(pid: u32, signal: &str) {
+pub fn signal(pid: u32, signal: &str) {
     let _ = std::process::Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(pid.to_string())
@@ -24,7 +24,7 @@ fn signal(pid: u32, signal: &str) {
 }
 
 /// Waits up to `grace` for `child` to exit (blocking: used from `Drop`), then SIGKILLs it.
-fn reap(child: &mut Child, grace: Duration) {
+pub fn reap(child: &mut Child, grace: Duration) {
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if !matches!(child.try_wait(), Ok(None)) {

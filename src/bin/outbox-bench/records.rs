@@ -43,6 +43,7 @@ kind_tag!(BigTxnKind, "big_txn");
 kind_tag!(ResendKind, "resend");
 kind_tag!(ErrorKind, "error");
 kind_tag!(TxnProbeKind, "txn_probe");
+kind_tag!(PeerDrainKind, "peer_drain");
 
 /// One line of `results.jsonl`.
 #[derive(Debug, Clone, Serialize)]
@@ -58,6 +59,7 @@ pub enum Record {
     Resend(Resend),
     Error(Failure),
     TxnProbe(TxnProbe),
+    PeerDrain(PeerDrain),
 }
 
 impl Record {
@@ -76,6 +78,7 @@ impl Record {
             "resend" => Record::Resend(serde_json::from_value(value)?),
             "error" => Record::Error(serde_json::from_value(value)?),
             "txn_probe" => Record::TxnProbe(serde_json::from_value(value)?),
+            "peer_drain" => Record::PeerDrain(serde_json::from_value(value)?),
             other => return Err(serde_json::Error::custom(format!("unknown kind {other:?}"))),
         })
     }
@@ -148,6 +151,27 @@ pub struct RelayDrain {
     #[serde(flatten)]
     pub backlog: Backlog,
     pub load_before: String,
+    #[serde(flatten)]
+    pub reached: SlotReached,
+}
+
+/// A peer (`--peer debezium`) draining its own copy of a round's slot after the relays.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// No deny_unknown_fields: serde does not support it with flatten.
+pub struct PeerDrain {
+    pub kind: PeerDrainKind,
+    /// `debezium`.
+    pub peer: String,
+    #[serde(flatten)]
+    pub backlog: Backlog,
+    pub load_before: String,
+    /// From the process start until its slot was active (JVM, connector start): left out of
+    /// `seconds`, which run from that moment.
+    pub startup_seconds: f64,
+    /// CPU seconds used by then (`cpu_seconds` includes them).
+    pub startup_cpu_seconds: f64,
+    /// Records in its topic when the slot reached the end (the sum of the end offsets).
+    pub kafka_events: u64,
     #[serde(flatten)]
     pub reached: SlotReached,
 }

@@ -4,9 +4,11 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::records::{BigTxn, KafkaTransactions, Latency, Record, RelayDrain, RelayMetrics};
+use crate::records::RelayMetrics;
+use crate::records::{BigTxn, KafkaTransactions, Latency, PeerDrain, Record, RelayDrain};
 use crate::results::{
-    BenchResult, BigTransaction, DeliveryRatio, DrainRow, Machine, OneOrMany, RunMeta, Targets,
+    BenchResult, BigTransaction, DeliveryRatio, DrainRow, Machine, OneOrMany, PeerRow, RunMeta,
+    Targets,
 };
 
 /// Reads `results.jsonl`: one typed record a line.
@@ -148,6 +150,62 @@ fn drain_row(relay: &RelayDrain, recv_s: Option<f64>, metric: Option<&RelayMetri
     }
 }
 
+/// One row per peer drain, beside the same round's `pg_recvlogical` drain and relay drain
+/// (at-least-once when it ran, else the first mode).
+fn peer_rows(records: &[Record], drain: &[DrainRow]) -> Vec<PeerRow> {
+    let recvs = of_kind!(records, Recvlogical);
+    of_kind!(records, PeerDrain)
+        .into_iter()
+        .map(|peer| {
+            let round = &peer.backlog.round;
+            let recv = recvs
+                .iter()
+                .find(|v| v.backlog.shape == peer.backlog.shape && &v.backlog.round == round);
+            let relay = drain
+                .iter()
+                .filter(|d| d.round.as_ref() == Some(round))
+                .min_by_key(|d| delivery_rank(d.delivery.as_deref()));
+            peer_row(peer, recv.map(|r| r.seconds), relay)
+        })
+        .collect()
+}
+
+fn peer_row(peer: &PeerDrain, recv_s: Option<f64>, relay: Option<&DrainRow>) -> PeerRow {
+    let (b, r) = (&peer.backlog, &peer.reached);
+    let events = b.events as f64;
+    let missing = b.events.saturating_sub(peer.kafka_events) as f64;
+    let peer_events_per_s = (missing == 0.0).then(|| ratio(events, r.seconds)).flatten();
+    let recv_events_per_s = recv_s.and_then(|s| ratio(events, s));
+    let cpu = r.cpu_seconds - peer.startup_cpu_seconds;
+    PeerRow {
+        peer: peer.peer.clone(),
+        round: b.round.clone(),
+        txn_rows: b.txn_rows.unwrap_or(0) as f64,
+        events,
+        kafka_events: peer.kafka_events as f64,
+        events_missing: missing,
+        pg_recvlogical_events_per_s: recv_events_per_s,
+        peer_seconds: r.seconds,
+        peer_events_per_s,
+        ratio: peer_events_per_s
+            .zip(recv_events_per_s)
+            .and_then(|(p, v)| ratio(p, v)),
+        relay_delivery: relay.and_then(|d| d.delivery.clone()),
+        relay_events_per_s: relay.map(|d| d.relay_events_per_s),
+        relay_over_peer: relay
+            .zip(peer_events_per_s)
+            .and_then(|(d, p)| ratio(d.relay_events_per_s, p)),
+        peer_startup_seconds: peer.startup_seconds,
+        peer_startup_cpu_seconds: peer.startup_cpu_seconds,
+        peer_peak_rss_mb: r.vmhwm_kb as f64 / 1024.0,
+        peer_cpu_seconds: cpu,
+        peer_cpu_seconds_per_million_events: cpu / events * 1e6,
+        relay_peak_rss_mb: relay.map(|d| d.relay_peak_rss_mb),
+        relay_cpu_seconds_per_million_events: relay.map(|d| d.relay_cpu_seconds_per_million_events),
+        load_before: peer.load_before.clone(),
+    }
+}
+
 /// exactly_once ÷ at_least_once for every round that has both.
 fn delivery_ratios(drain: &[DrainRow]) -> Vec<DeliveryRatio> {
     let find = |round: &str, d: &str| {
@@ -217,6 +275,7 @@ pub fn result_of(records: &[Record], run: RunMeta) -> BenchResult {
         run,
         machine: Machine::here(),
         drain_exactly_once_over_at_least_once: Some(delivery_ratios(&drain)),
+        peer_drain: Some(peer_rows(records, &drain)).filter(|rows| !rows.is_empty()),
         drain,
         payload: Some(drains(records, "payload")),
         many_topics: Some(drains(records, "topics")),
@@ -257,4 +316,116 @@ pub fn report(
     write_result(output, &result)?;
     println!("\nJSON: {}", output.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{Backlog, PeerDrainKind, Recvlogical, RecvlogicalKind, SlotReached};
+
+    fn backlog(round: &str, events: u64) -> Backlog {
+        Backlog {
+            shape: "txn".into(),
+            round: round.into(),
+            txn_rows: Some(100),
+            events,
+            ..Backlog::default()
+        }
+    }
+
+    fn peer(round: &str, events: u64, kafka_events: u64) -> PeerDrain {
+        PeerDrain {
+            kind: PeerDrainKind,
+            peer: "debezium".into(),
+            backlog: backlog(round, events),
+            load_before: "0.5 0.4 0.3".into(),
+            startup_seconds: 4.0,
+            startup_cpu_seconds: 6.0,
+            kafka_events,
+            reached: SlotReached {
+                seconds: 10.0,
+                confirmed_flush_lsn: Some("0/2".into()),
+                target_lsn: "0/2".into(),
+                vmhwm_kb: 512 * 1024,
+                vmrss_kb: 400 * 1024,
+                cpu_seconds: 26.0,
+                threads: 40,
+                context_switches: 0,
+                half_way_seconds: None,
+                half_way_fraction: None,
+            },
+        }
+    }
+
+    fn relay_row(round: &str, delivery: &str, events_per_s: f64) -> DrainRow {
+        DrainRow {
+            round: Some(round.into()),
+            delivery: Some(delivery.into()),
+            relay_events_per_s: events_per_s,
+            relay_peak_rss_mb: 30.0,
+            relay_cpu_seconds_per_million_events: 4.0,
+            ..DrainRow::default()
+        }
+    }
+
+    #[test]
+    fn a_peer_that_delivered_every_event_gets_its_rate_and_ratios() {
+        let relay = relay_row("tx100", "at_least_once", 300_000.0);
+        let row = peer_row(
+            &peer("tx100", 1_000_000, 1_000_000),
+            Some(4.0),
+            Some(&relay),
+        );
+        assert_eq!(row.peer_events_per_s, Some(100_000.0));
+        assert_eq!(row.pg_recvlogical_events_per_s, Some(250_000.0));
+        assert_eq!(row.ratio, Some(0.4));
+        assert_eq!(row.relay_over_peer, Some(3.0));
+        assert_eq!(row.events_missing, 0.0);
+        // 26 s in all, 6 of them before streaming.
+        assert_eq!(row.peer_cpu_seconds, 20.0);
+        assert_eq!(row.peer_cpu_seconds_per_million_events, 20.0);
+        assert_eq!(row.peer_peak_rss_mb, 512.0);
+        assert_eq!(row.relay_delivery.as_deref(), Some("at_least_once"));
+    }
+
+    #[test]
+    fn a_peer_that_lost_events_has_no_rate() {
+        let relay = relay_row("tx100", "at_least_once", 300_000.0);
+        let row = peer_row(&peer("tx100", 1_000_000, 999_995), Some(4.0), Some(&relay));
+        assert_eq!(row.events_missing, 5.0);
+        assert_eq!(row.peer_events_per_s, None);
+        assert_eq!(row.ratio, None);
+        assert_eq!(row.relay_over_peer, None);
+        // More records than events (at-least-once duplicates) lose nothing.
+        let row = peer_row(&peer("tx100", 1_000, 1_002), Some(4.0), Some(&relay));
+        assert_eq!(row.events_missing, 0.0);
+        assert_eq!(row.peer_events_per_s, Some(100.0));
+    }
+
+    #[test]
+    fn a_peer_row_is_beside_its_own_round_and_the_at_least_once_relay() {
+        let records = vec![
+            Record::Recvlogical(Recvlogical {
+                kind: RecvlogicalKind,
+                backlog: backlog("tx1", 1_000),
+                seconds: 1.0,
+            }),
+            Record::Recvlogical(Recvlogical {
+                kind: RecvlogicalKind,
+                backlog: backlog("tx100", 1_000),
+                seconds: 2.0,
+            }),
+            Record::PeerDrain(peer("tx100", 1_000, 1_000)),
+        ];
+        let drain = vec![
+            relay_row("tx1", "at_least_once", 7.0),
+            relay_row("tx100", "exactly_once", 200.0),
+            relay_row("tx100", "at_least_once", 300.0),
+        ];
+        let rows = peer_rows(&records, &drain);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].pg_recvlogical_events_per_s, Some(500.0));
+        assert_eq!(rows[0].relay_events_per_s, Some(300.0));
+        assert_eq!(rows[0].relay_delivery.as_deref(), Some("at_least_once"));
+    }
 }

@@ -17,6 +17,9 @@ pub struct BenchResult {
     pub drain: Vec<DrainRow>,
     #[serde(default)]
     pub drain_exactly_once_over_at_least_once: Option<Vec<DeliveryRatio>>,
+    /// `--peer debezium`: the peer's drains of the same backlogs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_drain: Option<Vec<PeerRow>>,
     #[serde(default)]
     pub payload: Option<Vec<DrainRow>>,
     #[serde(default)]
@@ -160,6 +163,41 @@ pub struct DrainRow {
     /// Dead letters of the drain (from the relay's `/metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_events_dead_lettered: Option<f64>,
+    pub load_before: String,
+}
+
+/// A peer's drain of one round's backlog beside `pg_recvlogical`'s and the relay's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerRow {
+    pub peer: String,
+    pub round: String,
+    pub txn_rows: f64,
+    pub events: f64,
+    /// Records in the peer's topic once its slot reached the end.
+    pub kafka_events: f64,
+    /// Events of the backlog not in its topic (0 expected).
+    pub events_missing: f64,
+    pub pg_recvlogical_events_per_s: Option<f64>,
+    /// From streaming (its slot active) until the slot confirmed the last commit.
+    pub peer_seconds: f64,
+    /// None when events are missing: a peer that lost events does not show as fast.
+    pub peer_events_per_s: Option<f64>,
+    /// Peer events/s ÷ pg_recvlogical events/s (none when events are missing).
+    pub ratio: Option<f64>,
+    /// The relay compared (at-least-once when it ran, as the peer delivers).
+    pub relay_delivery: Option<String>,
+    pub relay_events_per_s: Option<f64>,
+    pub relay_over_peer: Option<f64>,
+    /// Process start to streaming (JVM, connector start), not in `peer_seconds`.
+    pub peer_startup_seconds: f64,
+    pub peer_startup_cpu_seconds: f64,
+    pub peer_peak_rss_mb: f64,
+    /// CPU seconds of the drain alone (the start-up's left out).
+    pub peer_cpu_seconds: f64,
+    pub peer_cpu_seconds_per_million_events: f64,
+    pub relay_peak_rss_mb: Option<f64>,
+    pub relay_cpu_seconds_per_million_events: Option<f64>,
     pub load_before: String,
 }
 

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::records::{HistogramSummary, KafkaTransactions, Latency};
-use crate::results::{BenchResult, DrainRow};
+use crate::results::{BenchResult, DrainRow, PeerRow};
 
 /// Prints the table.
 pub fn print(r: &BenchResult) {
@@ -16,6 +16,7 @@ pub fn render(r: &BenchResult) -> String {
     let mut out = String::new();
     header(&mut out, r);
     drain(&mut out, &r.drain);
+    peer_drain(&mut out, r.peer_drain.as_deref().unwrap_or_default());
     delivery_ratios(&mut out, r);
     payload(&mut out, r.payload.as_deref().unwrap_or_default());
     topics(&mut out, r.many_topics.as_deref().unwrap_or_default());
@@ -133,6 +134,62 @@ fn drain(out: &mut String, rows: &[DrainRow]) {
             let _ = writeln!(out, "  {}-row, exactly-once: {text}", fmt(d.txn_rows, 0));
         }
     }
+}
+
+/// `--peer`: the peer beside pg_recvlogical and the relay on the same backlogs.
+fn peer_drain(out: &mut String, rows: &[PeerRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|p| {
+            vec![
+                fmt(p.txn_rows, 0),
+                p.peer.clone(),
+                fmt(p.events, 0),
+                fmt_o(p.pg_recvlogical_events_per_s, 0),
+                match p.peer_events_per_s {
+                    Some(v) => fmt(v, 0),
+                    None if p.events_missing > 0.0 => format!("LOST {}", fmt(p.events_missing, 0)),
+                    None => "-".into(),
+                },
+                fmt_o(p.ratio, 2),
+                fmt_o(p.relay_events_per_s, 0),
+                fmt_o(p.relay_over_peer, 2),
+                fmt(p.peer_startup_seconds, 1),
+                format!(
+                    "{} / {}",
+                    fmt(p.peer_peak_rss_mb, 0),
+                    fmt_o(p.relay_peak_rss_mb, 0)
+                ),
+                format!(
+                    "{} / {}",
+                    fmt(p.peer_cpu_seconds_per_million_events, 1),
+                    fmt_o(p.relay_cpu_seconds_per_million_events, 1)
+                ),
+            ]
+        })
+        .collect();
+    section(
+        out,
+        "Peer on the same backlogs (peer/s from streaming until its slot confirmed the last \
+         commit; start-up apart; relay = at-least-once)",
+        &[
+            ("txn rows", 9),
+            ("peer", 9),
+            ("events", 9),
+            ("pg_recvlogical/s", 16),
+            ("peer/s", 12),
+            ("ratio", 7),
+            ("relay/s", 10),
+            ("relay/peer", 10),
+            ("start-up s", 10),
+            ("RSS MB peer/relay", 17),
+            ("CPU s/M peer/relay", 18),
+        ],
+        &cells,
+    );
 }
 
 fn delivery_ratios(out: &mut String, r: &BenchResult) {

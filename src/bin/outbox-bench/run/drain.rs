@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::ctx::{mode_tag, Ctx, RelayRun, DRAIN_STATUS_INTERVAL_MS};
+use super::peer;
 use crate::pg::{create_slot, current_lsn, drop_slot, scalar};
 use crate::process::{recvlogical, SystemPerf};
 use crate::prom::relay_metrics;
@@ -111,6 +112,7 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
             )
             .await?;
     }
+    let peer = peer::prepare(ctx, &client, r, &recv_slot).await?;
     let (end_lsn, backlog) = preload(r, &client).await?;
     let mut topics = Vec::new();
     for mode in &ctx.settings.delivery {
@@ -153,6 +155,9 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
             extra_env: serialization.unwrap_or_default(),
         };
         relay_drain(ctx, drain).await?;
+    }
+    if let Some(p) = peer {
+        peer::drain(ctx, &p, &db, &end_lsn, &backlog).await?;
     }
     // Frees the WAL the slots hold, so every round starts alike.
     ctx.drop_database(&db).await

@@ -7,13 +7,15 @@
 //!
 //! - `options`: the command line (bench.sh's) and what it resolves to;
 //! - `ctx`: what every phase shares (settings, services, names, the records);
-//! - `drain`, `latency`, `shapes`: the phases; `meta`: the result file's `run` section.
+//! - `drain`, `latency`, `shapes`: the phases; `meta`: the result file's `run` section;
+//! - `peer`: `--peer debezium`, the incumbent draining the same backlogs.
 
 mod ctx;
 mod drain;
 mod latency;
 mod meta;
 pub mod options;
+mod peer;
 mod shapes;
 
 use std::path::PathBuf;

@@ -70,6 +70,10 @@ pub struct Options {
     /// Seconds between kills.
     #[arg(long, default_value_t = 5)]
     pub kill_interval: u64,
+    /// A peer measured on the same drain backlogs: `debezium` (bench/debezium; scripts/bench.sh
+    /// compiles it and sets OUTBOX_BENCH_DEBEZIUM_CLASSPATH).
+    #[arg(long)]
+    pub peer: Option<String>,
     /// Extra OUTBOX_RELAY__K=V for every relay run (repeatable).
     #[arg(long = "relay-env", value_name = "K=V")]
     pub relay_env: Vec<String>,
@@ -97,6 +101,8 @@ pub struct Options {
 pub const MODES: [&str; 2] = ["at_least_once", "exactly_once"];
 /// The opt-in shapes, in the order they run.
 pub const SHAPES: [&str; 5] = ["payload", "topics", "schema", "big-txn", "sigkill"];
+/// The peers `--peer` knows.
+pub const PEERS: [&str; 1] = ["debezium"];
 
 /// The options resolved: `--quick`'s defaults applied, lists split and checked.
 #[derive(Debug, Clone)]
@@ -121,6 +127,8 @@ pub struct Settings {
     pub kill_rate: u64,
     pub kills: u64,
     pub kill_interval: u64,
+    /// `--peer`: drains each txn round's backlog after the relays.
+    pub peer: Option<String>,
     /// `OUTBOX_RELAY__K=V` assignments.
     pub relay_env: Vec<String>,
     pub perf: bool,
@@ -168,6 +176,13 @@ fn resolve_shapes(list: &str) -> anyhow::Result<Vec<String>> {
     Ok(shapes)
 }
 
+fn check_peer(peer: Option<String>) -> anyhow::Result<Option<String>> {
+    match peer {
+        Some(p) if !PEERS.contains(&p.as_str()) => bail!("unknown peer '{p}' (debezium)"),
+        peer => Ok(peer),
+    }
+}
+
 impl Options {
     pub fn resolve(self) -> anyhow::Result<Settings> {
         let quick = |full: u64, short: u64| if self.quick { short } else { full };
@@ -213,6 +228,7 @@ impl Options {
             kill_rate: self.kill_rate,
             kills: self.kills,
             kill_interval: self.kill_interval,
+            peer: check_peer(self.peer)?,
             relay_env: self
                 .relay_env
                 .iter()
@@ -231,4 +247,39 @@ impl Options {
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        options: Options,
+    }
+
+    /// The settings of `outbox-bench run ARGS` (with a relay binary that exists).
+    fn resolve(args: &[&str]) -> anyhow::Result<Settings> {
+        let exe = std::env::current_exe().unwrap();
+        let relay_bin = ["--relay-bin", exe.to_str().unwrap()];
+        let argv = ["run"].iter().chain(&relay_bin).chain(args);
+        Cli::try_parse_from(argv)?.options.resolve()
+    }
+
+    #[test]
+    fn peer_debezium_is_taken_and_an_unknown_peer_is_refused() {
+        assert_eq!(resolve(&[]).unwrap().peer, None);
+        let settings = resolve(&["--peer", "debezium", "--no-latency"]).unwrap();
+        assert_eq!(settings.peer.as_deref(), Some("debezium"));
+        assert!(
+            !settings.latency,
+            "--peer took the next option as its value"
+        );
+        let err = resolve(&["--peer", "flink"]).unwrap_err();
+        assert!(err.to_string().contains("unknown peer 'flink'"), "{err}");
+        assert!(resolve(&["--peer"]).is_err(), "--peer needs a value");
+    }
 }
