@@ -106,8 +106,12 @@ impl Jvm {
             format!("topic={}", p.topic),
             format!("offsets={}", offsets.display()),
         ];
+        // Default JVM settings, as a user who sizes nothing; OUTBOX_BENCH_DEBEZIUM_JVM_OPTS
+        // (e.g. "-Xmx512m") to measure another choice.
+        let jvm_opts = std::env::var("OUTBOX_BENCH_DEBEZIUM_JVM_OPTS").unwrap_or_default();
         let started_ns = unix_ns();
         let child = Command::new("java")
+            .args(jvm_opts.split_whitespace())
             .arg("-cp")
             .arg(classpath()?)
             .arg(MAIN_CLASS)
