@@ -1,17 +1,25 @@
 //! The producer every part of the publisher sends through: librdkafka's producer, its topic
-//! handles, and the channel failed records are reported on. [`Shared`] is held by the
+//! handles, the pacer in front of its partitions, and the channel failed records are
+//! reported on. [`Shared`] is held by the
 //! [`Publisher`](super::Publisher) and by the background partition-count readers.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedMessage;
 use rdkafka::producer::BaseProducer;
+use rdkafka::Timestamp;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
-use super::delivery::{Delivery, DeliveryReporter};
+use super::delivery::{
+    owned_headers, transaction_seq, Delivery, DeliveryFailure, DeliveryReporter, DEAD_LETTER_BIT,
+    PROGRESS_OPAQUE,
+};
+use super::pacing::{self, Pacer};
 use super::topic_handles::TopicHandles;
 use crate::mapping::Record;
 use crate::sink::blocked::Blocked;
@@ -37,8 +45,9 @@ pub(super) struct Shared {
     /// A record of the open Kafka transaction failed before librdkafka saw it
     /// (`exactly_once`): the transaction must abort, never commit.
     pub(super) doomed: AtomicBool,
-    /// A `skip_linger` runs.
-    pub(super) skipping_linger: AtomicBool,
+    /// Holds a partition's records while librdkafka has its fill of them (shared with the
+    /// delivery callback, which releases them).
+    pub(super) pacer: Arc<Pacer>,
 }
 
 /// How long a record waits for room in a full librdkafka queue before it is refused.
@@ -63,7 +72,9 @@ impl Shared {
         Ok(())
     }
 
-    /// Hands one record to librdkafka, waiting out a full queue on the runtime's timer.
+    /// Hands one record to librdkafka, or to the pacer when its partition is known (every
+    /// record but the progress record and those librdkafka partitions by their key),
+    /// waiting out a full queue on the runtime's timer.
     pub(super) async fn produce(
         &self,
         record: &Record,
@@ -72,7 +83,11 @@ impl Shared {
     ) -> Result<(), KafkaError> {
         let give_up = Instant::now() + QUEUE_FULL_WAIT;
         loop {
-            match self.handles.send(record, partition, opaque) {
+            let sent = match partition {
+                Some(p) if opaque != PROGRESS_OPAQUE => self.pacer.offer(self, record, opaque, p),
+                _ => self.handles.send(record, partition, opaque),
+            };
+            match sent {
                 Ok(()) => return Ok(()),
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
                     if Instant::now() < give_up =>
@@ -84,5 +99,41 @@ impl Shared {
                 Err(error) => return Err(error),
             }
         }
+    }
+}
+
+impl pacing::Sender for Shared {
+    fn send(&self, record: &Record, partition: i32, opaque: usize) -> Result<(), KafkaError> {
+        self.handles.send(record, Some(partition), opaque)
+    }
+
+    fn fail(&self, record: Record, opaque: usize, error: KafkaError) {
+        warn!(topic = %record.topic, error = %error, "a record held for room in its partition could not be handed to librdkafka");
+        self.fail_unsent(&record, opaque, error);
+    }
+}
+
+impl Shared {
+    /// Reports a record that never reached librdkafka as a failed delivery, as librdkafka
+    /// would have: the session then decides (dead letter, or restart from the slot).
+    pub(super) fn fail_unsent(&self, record: &Record, opaque: usize, error: KafkaError) {
+        self.doomed.store(true, Ordering::Release);
+        let message = OwnedMessage::new(
+            record.payload.as_ref().map(|p| p.to_vec()),
+            Some(record.key.to_vec()),
+            record.topic.clone(),
+            record
+                .timestamp_ms
+                .map_or(Timestamp::NotAvailable, Timestamp::CreateTime),
+            -1,
+            -1,
+            Some(owned_headers(record)),
+        );
+        let _ = self.deliveries.send(Delivery {
+            seq: transaction_seq(opaque),
+            dead_letter: opaque & DEAD_LETTER_BIT != 0,
+            bytes: record.size(),
+            result: Err(DeliveryFailure { error, message }),
+        });
     }
 }
