@@ -13,6 +13,7 @@
 #   --idle-seconds S   idle CPU window (default 30)
 #   --partitions P     partitions of each benchmark topic (default 3)
 #   --writers W        latency writer connections (default 4)
+#   --latency-topics T topics each latency rate's rows spread over (default 1)
 #   --no-drain, --no-latency
 #                      skip a phase
 #   --tracing          each latency rate runs twice per mode, with [tracing]
@@ -137,7 +138,7 @@ scan_args() {
             [[ ${2:-} == debezium ]] && WANT_DEBEZIUM=1
             if (($# > 1)); then shift; fi ;;
         --events | --txn-sizes | --rates | --rate-seconds | --idle-seconds | --partitions | \
-            --writers | --delivery | --payload-sizes | --payload-mb | --topics-count | \
+            --writers | --latency-topics | --delivery | --payload-sizes | --payload-mb | --topics-count | \
             --big-txn-rows | --kill-rate | --kills | --kill-interval | --relay-env | --label | --output)
             if (($# > 1)); then shift; fi ;;
         esac

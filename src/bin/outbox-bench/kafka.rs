@@ -147,7 +147,7 @@ fn spread(v: &mut [f64]) -> Spread {
     }
 }
 
-/// A read_committed consumer of every partition of `topic` from the beginning.
+/// A read_committed consumer of every partition of `topics` from the beginning.
 ///
 /// Commit-to-visible: with `kafka.delivery = "exactly_once"` a record counts once its Kafka
 /// transaction committed; records of a non-transactional producer are visible at once either
@@ -155,7 +155,7 @@ fn spread(v: &mut [f64]) -> Spread {
 /// the wait when there is nothing, so they cannot delay a record.
 pub fn assigned_consumer(
     brokers: &str,
-    topic: &str,
+    topics: &[String],
     group_prefix: &str,
 ) -> anyhow::Result<BaseConsumer> {
     let consumer: BaseConsumer = ClientConfig::new()
@@ -168,17 +168,22 @@ pub fn assigned_consumer(
         .set("isolation.level", "read_committed")
         .create()
         .context("create the Kafka consumer")?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .context("topic metadata")?;
     let mut assignment = TopicPartitionList::new();
-    for t in metadata.topics() {
-        for p in t.partitions() {
-            assignment.add_partition_offset(topic, p.id(), Offset::Beginning)?;
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .with_context(|| format!("metadata of topic {topic}"))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            bail!("topic {topic} has no partitions; create it first");
         }
-    }
-    if assignment.count() == 0 {
-        bail!("topic {topic} has no partitions; create it first");
+        for p in partitions {
+            assignment.add_partition_offset(topic, p, Offset::Beginning)?;
+        }
     }
     consumer.assign(&assignment)?;
     Ok(consumer)

@@ -64,12 +64,41 @@ pub struct Target<'a> {
     pub topic: &'a str,
     /// The rows' aggregatetype (selects the topic through the relay's template).
     pub aggregate_type: &'a str,
+    /// Topics the rows spread over: with more than one, row `i` has aggregate type
+    /// `{aggregate_type}-t{i % spread}` and goes to [`spread_topic`]`(topic, i % spread)`.
+    pub spread: u64,
+}
+
+/// The `j`th topic of a [`Target`] spread over several.
+pub fn spread_topic(topic: &str, j: u64) -> String {
+    format!("{topic}-t{j}")
+}
+
+impl Target<'_> {
+    /// Every topic the rows go to.
+    pub fn topics(&self) -> Vec<String> {
+        match self.spread {
+            0 | 1 => vec![self.topic.to_string()],
+            n => (0..n).map(|j| spread_topic(self.topic, j)).collect(),
+        }
+    }
+
+    /// The aggregate type of every writer's row `i`, by `i % aggregate_types.len()`.
+    fn aggregate_types(&self) -> Vec<String> {
+        match self.spread {
+            0 | 1 => vec![self.aggregate_type.to_string()],
+            n => (0..n)
+                .map(|j| format!("{}-t{j}", self.aggregate_type))
+                .collect(),
+        }
+    }
 }
 
 /// One writer connection's share of a [`Load`].
 struct WriterPlan {
     url: String,
-    aggregate_type: String,
+    /// Row `i` has the `i % len`th.
+    aggregate_types: Arc<Vec<String>>,
     /// Rows per second of this writer.
     rate: f64,
     /// Rows are numbered from here.
@@ -109,7 +138,9 @@ async fn writer(plan: WriterPlan) -> anyhow::Result<u64> {
         let due = (plan.start.elapsed().as_secs_f64() * plan.rate) as u64;
         while sent < due && pending.len() < MAX_PENDING_INSERTS {
             let i = plan.first_id + sent;
-            let (client, insert, aggregate_type) = (&client, &insert, &plan.aggregate_type);
+            let types = &plan.aggregate_types;
+            let (client, insert) = (&client, &insert);
+            let aggregate_type = &types[(i % types.len() as u64) as usize];
             pending.push(async move {
                 let (aggregate_id, body, id) = (i.to_string(), payload(i), numbered_id(i));
                 match plan.ids {
@@ -151,11 +182,12 @@ pub async fn write(
     first_id: fn(u64) -> u64,
 ) -> anyhow::Result<(Vec<(u64, u64)>, f64)> {
     let start = Instant::now();
+    let aggregate_types = Arc::new(target.aggregate_types());
     let tasks: Vec<_> = (0..load.writers)
         .map(|w| {
             tokio::spawn(writer(WriterPlan {
                 url: target.url.to_string(),
-                aggregate_type: target.aggregate_type.to_string(),
+                aggregate_types: aggregate_types.clone(),
                 rate: load.rate as f64 / load.writers as f64,
                 first_id: first_id(w),
                 ids,
@@ -199,10 +231,10 @@ impl Expect {
     }
 }
 
-/// Reads `topic` from the beginning until the expected records arrived (or the settle
+/// Reads `topics` from the beginning until the expected records arrived (or the settle
 /// timeout); returns each record's latency in ms (receive time − record timestamp).
-fn consume_latencies(brokers: &str, topic: &str, expect: Expect) -> anyhow::Result<Vec<f64>> {
-    let consumer = assigned_consumer(brokers, topic, "outbox-bench")?;
+fn consume_latencies(brokers: &str, topics: &[String], expect: Expect) -> anyhow::Result<Vec<f64>> {
+    let consumer = assigned_consumer(brokers, topics, "outbox-bench")?;
     let mut latencies = Vec::new();
     let mut settle_deadline: Option<Instant> = None;
     loop {
@@ -240,12 +272,9 @@ pub async fn latency(
 ) -> anyhow::Result<Latency> {
     let expect = Expect::new();
     let consumer = {
-        let (brokers, topic, expect) = (
-            target.brokers.to_string(),
-            target.topic.to_string(),
-            expect.clone(),
-        );
-        std::thread::spawn(move || consume_latencies(&brokers, &topic, expect))
+        let (brokers, topics, expect) =
+            (target.brokers.to_string(), target.topics(), expect.clone());
+        std::thread::spawn(move || consume_latencies(&brokers, &topics, expect))
     };
     // Let the consumer join before the first row, so that no record waits for it.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -273,6 +302,7 @@ pub async fn latency(
         tracing: None,
         relay_cpu_seconds: None,
         walsender_cpu_seconds: None,
+        topics: (target.spread > 1).then_some(target.spread),
         rate_target: load.rate,
         rate_achieved: committed as f64 / write_seconds,
         seconds: load.seconds,

@@ -74,6 +74,7 @@ impl LoadArgs {
             brokers: &self.brokers,
             topic: &self.topic,
             aggregate_type: &self.aggregate_type,
+            spread: 1,
         };
         let load = Load {
             rate: self.rate,

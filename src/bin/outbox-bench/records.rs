@@ -233,6 +233,9 @@ pub struct Latency {
     /// The relay's walsender over the same window: the limit a steady rate is held to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub walsender_cpu_seconds: Option<f64>,
+    /// Topics the rate's rows spread over (`--latency-topics`), when more than one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topics: Option<u64>,
     pub rate_target: u64,
     pub rate_achieved: f64,
     pub seconds: u64,

@@ -61,7 +61,7 @@ fn count_copies(
     expect: Expect,
     settle: Duration,
 ) -> anyhow::Result<Counts> {
-    let consumer = assigned_consumer(brokers, topic, "outbox-bench-resend")?;
+    let consumer = assigned_consumer(brokers, &[topic.to_string()], "outbox-bench-resend")?;
     let mut counts = Counts::default();
     let mut settle_deadline: Option<Instant> = None;
     let mut complete_at: Option<Instant> = None;

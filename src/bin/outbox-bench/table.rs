@@ -460,8 +460,10 @@ fn latency(out: &mut String, rows: &[Latency]) {
             } else {
                 ""
             };
+            // `--latency-topics`: the rate's rows spread over that many topics.
+            let spread = l.topics.map_or(String::new(), |t| format!(" /{t}t"));
             vec![
-                l.rate_target.to_string(),
+                format!("{}{spread}", l.rate_target),
                 format!("{}{traces}", mode(l.delivery.as_deref())),
                 fmt(l.rate_achieved, 0),
                 l.committed.to_string(),

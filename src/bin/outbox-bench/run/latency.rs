@@ -94,8 +94,18 @@ pub async fn latency_phase(ctx: &mut Ctx, mode: &str, tracing: &str) -> anyhow::
     let client = ctx.fresh_database(&db).await?;
     create_slot(&client, &slot).await?;
     drop(client);
-    let topic_of = |rate: u64| format!("{}-lat-{tag}-r{rate}", ctx.topic_prefix());
-    let topics: Vec<String> = ctx.settings.rates.iter().map(|&r| topic_of(r)).collect();
+    let mut topics = Vec::new();
+    for &rate in &ctx.settings.rates {
+        let (topic, aggregate_type) = rate_names(ctx, &tag, rate);
+        let target = Target {
+            url: "",
+            brokers: "",
+            topic: &topic,
+            aggregate_type: &aggregate_type,
+            spread: ctx.settings.latency_topics,
+        };
+        topics.extend(target.topics());
+    }
     ctx.create_topics(ctx.settings.partitions, &topics).await?;
     // One relay for all rates; the topic follows the rows' aggregatetype.
     let mut env = ctx.mode_env(mode);
@@ -154,16 +164,13 @@ async fn one_rate(
         loadavg()
     );
     ctx.record_load(format!("latency-{tag}-{rate}"))?;
-    let (url, topic, aggregate_type) = (
-        ctx.url(db),
-        format!("{}-lat-{tag}-r{rate}", ctx.topic_prefix()),
-        format!("r{rate}"),
-    );
+    let (url, (topic, aggregate_type)) = (ctx.url(db), rate_names(ctx, tag, rate));
     let target = Target {
         url: &url,
         brokers: &ctx.services.brokers,
         topic: &topic,
         aggregate_type: &aggregate_type,
+        spread: ctx.settings.latency_topics,
     };
     let load = Load {
         rate,
@@ -180,6 +187,15 @@ async fn one_rate(
     out.relay_cpu_seconds = Some(round3(c1 - c0));
     out.walsender_cpu_seconds = w0.zip(w1).map(|(w0, w1)| round3(w1 - w0));
     ctx.record(Record::Latency(out))
+}
+
+/// Rate `rate`'s topic `…-lat-{tag}-r{rate}` and aggregate type `r{rate}`; with
+/// `--latency-topics` its rows spread over that many topics ([`Target::topics`]).
+fn rate_names(ctx: &Ctx, tag: &str, rate: u64) -> (String, String) {
+    (
+        format!("{}-lat-{tag}-r{rate}", ctx.topic_prefix()),
+        format!("r{rate}"),
+    )
 }
 
 /// Rounded to 3 decimals, as the figures of `/proc` differences are printed.

@@ -36,6 +36,9 @@ pub struct Options {
     /// Latency writer connections.
     #[arg(long, default_value_t = 4)]
     pub writers: u64,
+    /// Topics each latency rate's rows spread over (one aggregate type each).
+    #[arg(long, default_value_t = 1)]
+    pub latency_topics: u64,
     #[arg(long)]
     pub no_drain: bool,
     #[arg(long)]
@@ -114,6 +117,7 @@ pub struct Settings {
     pub idle_seconds: u64,
     pub partitions: i32,
     pub writers: u64,
+    pub latency_topics: u64,
     pub drain: bool,
     pub latency: bool,
     /// `off`, or `off` and `on` (`--tracing`).
@@ -212,6 +216,7 @@ impl Options {
             },
             partitions: self.partitions,
             writers: self.writers,
+            latency_topics: self.latency_topics.max(1),
             drain: !self.no_drain,
             latency: !self.no_latency,
             tracing_runs: if self.tracing {

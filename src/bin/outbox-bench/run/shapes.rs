@@ -306,6 +306,7 @@ async fn sigkill_mode(ctx: &mut Ctx, mode: &str) -> anyhow::Result<()> {
         brokers: &brokers,
         topic: &topic,
         aggregate_type: "kill",
+        spread: 1,
     };
     let load = Load {
         rate: s.kill_rate,
