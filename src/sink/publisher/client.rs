@@ -59,8 +59,7 @@ pub(super) fn one_request(client: &ClientConfig) -> RequestSize {
     };
     RequestSize {
         messages: setting("batch.num.messages", LIBRDKAFKA_BATCH_NUM_MESSAGES),
-        bytes: setting("batch.size", LIBRDKAFKA_BATCH_SIZE)
-            .min(setting("message.max.bytes", LIBRDKAFKA_MESSAGE_MAX_BYTES)),
+        bytes: setting("batch.size", LIBRDKAFKA_BATCH_SIZE).min(max_message_bytes(client)),
     }
 }
 
@@ -69,6 +68,14 @@ pub(super) fn one_request(client: &ClientConfig) -> RequestSize {
 pub(super) struct RequestSize {
     pub(super) messages: usize,
     pub(super) bytes: usize,
+}
+
+/// librdkafka's `message.max.bytes`: it refuses a larger record when it is produced.
+pub(super) fn max_message_bytes(client: &ClientConfig) -> usize {
+    client
+        .get("message.max.bytes")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(LIBRDKAFKA_MESSAGE_MAX_BYTES)
 }
 
 /// librdkafka's defaults of the settings [`one_request`] reads.

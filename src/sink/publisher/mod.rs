@@ -55,7 +55,7 @@ use crate::config::KafkaConfig;
 use crate::mapping::Record;
 use crate::serve::traces;
 use crate::sink::TxnSeq;
-use client::{admin_config, one_request};
+use client::{admin_config, max_message_bytes, one_request};
 pub use client::{client_config, consumer_config, transaction_timeout_ms};
 pub use delivery::{
     is_permanent, Delivery, DeliveryFailure, DeliveryReporter, PublishError, Rejection,
@@ -197,6 +197,7 @@ impl Publisher {
             blocked,
             doomed: AtomicBool::new(false),
             pacer: pacer.clone(),
+            max_message_bytes: max_message_bytes(&client),
         });
         let sender: Weak<dyn pacing::Sender> = Arc::downgrade(&shared) as Weak<dyn pacing::Sender>;
         pacer.attach(sender);

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::client::RequestSize;
 use crate::mapping::Record;
@@ -122,8 +122,10 @@ impl Pacer {
 
     /// A paced record of `topic`'s `partition` was delivered (or failed): its room goes to
     /// the records waiting there, one request's worth at a time while there is room. A
-    /// record that cannot be handed over fails, and every one behind it with it (none may
-    /// overtake it); the session restarts from the slot for them.
+    /// record librdkafka refuses for itself (too large) fails alone, as it would have when
+    /// sent at once, and the session dead-letters it; when librdkafka's queue is full, it
+    /// fails with every record behind it (none may overtake it), and the session restarts
+    /// from the slot for them.
     pub(super) fn delivered(&self, topic: &str, partition: i32) {
         let Some(sender) = self.sender.get().and_then(Weak::upgrade) else {
             return;
@@ -148,6 +150,7 @@ impl Pacer {
         sender: &dyn Sender,
         partition: i32,
     ) -> Vec<(Record, usize, KafkaError)> {
+        let mut failed = Vec::new();
         while gate.outstanding < PARTITION_LIMIT && !gate.held.is_empty() {
             let (mut messages, mut bytes) = (0, 0);
             while let Some((record, opaque)) = gate.held.pop_front() {
@@ -158,15 +161,21 @@ impl Pacer {
                     break;
                 }
                 self.held.fetch_sub(1, Ordering::AcqRel);
-                if let Err(error) = sender.send(&record, partition, opaque) {
-                    return self.fail_all(gate, (record, opaque), error);
+                match sender.send(&record, partition, opaque) {
+                    Ok(()) => {
+                        gate.outstanding += 1;
+                        messages += 1;
+                        bytes += record.size();
+                    }
+                    Err(error) if is_queue_full(&error) => {
+                        failed.extend(self.fail_all(gate, (record, opaque), error));
+                        return failed;
+                    }
+                    Err(error) => failed.push((record, opaque, error)),
                 }
-                gate.outstanding += 1;
-                messages += 1;
-                bytes += record.size();
             }
         }
-        Vec::new()
+        failed
     }
 
     /// `first` and everything still held in `gate`, failed with `error`.
@@ -183,6 +192,11 @@ impl Pacer {
             .map(|(record, opaque)| (record, opaque, error.clone()))
             .collect()
     }
+}
+
+/// librdkafka's queue is full: a refusal of every record, not of this one.
+fn is_queue_full(error: &KafkaError) -> bool {
+    error.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull)
 }
 
 #[cfg(test)]

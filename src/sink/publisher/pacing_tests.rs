@@ -9,12 +9,24 @@ use super::{Pacer, RequestSize, Sender, PACED_BIT, PARTITION_LIMIT};
 use crate::mapping::Record;
 
 /// What the fake producer saw: sends as (topic, partition, opaque without the bit), and
-/// failures as opaques; it refuses every send while `refuse` is set.
-#[derive(Default)]
+/// failures as opaques; it refuses every send while `refuse` is set (its queue is full),
+/// and records over `max_bytes` as too large.
 struct Fake {
     sent: Mutex<Vec<(String, i32, usize)>>,
     failed: Mutex<Vec<usize>>,
     refuse: Mutex<bool>,
+    max_bytes: usize,
+}
+
+impl Default for Fake {
+    fn default() -> Fake {
+        Fake {
+            sent: Mutex::default(),
+            failed: Mutex::default(),
+            refuse: Mutex::default(),
+            max_bytes: usize::MAX,
+        }
+    }
 }
 
 impl Sender for Fake {
@@ -22,6 +34,11 @@ impl Sender for Fake {
         assert_ne!(opaque & PACED_BIT, 0, "a paced record without its bit");
         if *self.refuse.lock().unwrap() {
             return Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull));
+        }
+        if record.size() > self.max_bytes {
+            return Err(KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageSizeTooLarge,
+            ));
         }
         let entry = (record.topic.clone(), partition, opaque & !PACED_BIT);
         self.sent.lock().unwrap().push(entry);
@@ -221,4 +238,39 @@ fn a_report_after_the_producer_went_does_nothing() {
     }
     pacer.delivered("t", 0);
     assert_eq!(fake.sent_opaques().len(), PARTITION_LIMIT);
+}
+
+#[test]
+fn a_record_refused_for_itself_fails_alone_and_the_ones_behind_it_go() {
+    let pacer = Pacer::new(RequestSize {
+        messages: 100,
+        bytes: 1 << 20,
+    });
+    let fake = Arc::new(Fake {
+        max_bytes: 1_000,
+        ..Fake::default()
+    });
+    pacer.attach(Arc::downgrade(&fake) as Weak<dyn Sender>);
+    for opaque in 0..PARTITION_LIMIT {
+        pacer
+            .offer(fake.as_ref(), &record("t", 1), opaque, 0)
+            .unwrap();
+    }
+    let too_large = record("t", 5_000);
+    pacer
+        .offer(fake.as_ref(), &too_large, PARTITION_LIMIT, 0)
+        .unwrap();
+    for opaque in PARTITION_LIMIT + 1..PARTITION_LIMIT + 3 {
+        pacer
+            .offer(fake.as_ref(), &record("t", 1), opaque, 0)
+            .unwrap();
+    }
+    pacer.delivered("t", 0);
+    assert_eq!(*fake.failed.lock().unwrap(), [PARTITION_LIMIT]);
+    assert_eq!(
+        fake.sent_opaques()[PARTITION_LIMIT..],
+        [PARTITION_LIMIT + 1, PARTITION_LIMIT + 2],
+        "the records behind the refused one were held back"
+    );
+    assert!(!pacer.holds_any());
 }

@@ -48,6 +48,8 @@ pub(super) struct Shared {
     /// Holds a partition's records while librdkafka has its fill of them (shared with the
     /// delivery callback, which releases them).
     pub(super) pacer: Arc<Pacer>,
+    /// librdkafka's `message.max.bytes`.
+    pub(super) max_message_bytes: usize,
 }
 
 /// How long a record waits for room in a full librdkafka queue before it is refused.
@@ -84,7 +86,9 @@ impl Shared {
         let give_up = Instant::now() + QUEUE_FULL_WAIT;
         loop {
             let sent = match partition {
-                Some(p) if opaque != PROGRESS_OPAQUE => self.pacer.offer(self, record, opaque, p),
+                Some(p) if opaque != PROGRESS_OPAQUE && !self.too_large(record) => {
+                    self.pacer.offer(self, record, opaque, p)
+                }
                 _ => self.handles.send(record, partition, opaque),
             };
             match sent {
@@ -99,6 +103,21 @@ impl Shared {
                 Err(error) => return Err(error),
             }
         }
+    }
+}
+
+impl Shared {
+    /// librdkafka will refuse the record as soon as it is produced (its key, value and
+    /// headers alone are over `message.max.bytes`). Such a record goes straight to it, so
+    /// that the refusal comes back from the send and the session dead-letters the record in
+    /// its place, in either delivery mode; held, it would fail later, on a delivery thread,
+    /// which an exactly-once session cannot dead-letter. It never reaches Kafka, so it
+    /// overtakes nothing.
+    fn too_large(&self, record: &Record) -> bool {
+        let headers: usize = (record.headers.iter())
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        record.size() + headers > self.max_message_bytes
     }
 }
 
