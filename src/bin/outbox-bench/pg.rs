@@ -2,8 +2,9 @@
 //! and drops.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 pub async fn pg_connect(url: &str) -> anyhow::Result<Client> {
@@ -121,6 +122,47 @@ pub async fn current_lsn(client: &Client) -> anyhow::Result<String> {
     scalar(client, "SELECT pg_current_wal_insert_lsn()")
         .await?
         .context("no current WAL position")
+}
+
+/// The pid of the walsender serving `slot`, if one does; an error if the slot is gone.
+pub async fn slot_active_pid(client: &Client, slot: &str) -> anyhow::Result<Option<u32>> {
+    let row = client
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?
+        .with_context(|| format!("slot {slot} does not exist"))?;
+    Ok(row.get::<_, Option<i32>>(0).map(|pid| pid as u32))
+}
+
+/// How often [`wait_slot_active`] asks: finely, since the moment it returns may start a
+/// drain's clock (the Debezium peer's).
+const ACTIVE_POLL: Duration = Duration::from_millis(10);
+
+/// Waits up to `timeout` until a walsender serves `slot`; fails at once when `alive` says
+/// that `who`, the client that should stream it, has exited.
+pub async fn wait_slot_active(
+    client: &Client,
+    slot: &str,
+    timeout: Duration,
+    who: &str,
+    mut alive: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while slot_active_pid(client, slot).await?.is_none() {
+        if !alive() {
+            bail!("{who} exited before it streamed slot {slot}");
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "no walsender serves slot {slot} after {} s",
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(ACTIVE_POLL).await;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::ctx::{mode_tag, Ctx, RelayRun};
 use crate::latency::{latency, Load, Target};
-use crate::pg::{create_slot, current_lsn};
+use crate::pg::{create_slot, current_lsn, slot_active_pid, wait_slot_active};
 use crate::proc_stat::{cpu_seconds, sample_proc};
 use crate::process::Relay;
 use crate::records::{Idle, IdleKind, Record};
@@ -15,15 +15,17 @@ use crate::wait_slot::{wait_slot, SlotWait};
 /// relay confirmed the current position (an idle relay confirms the server's keepalive
 /// position), within 60 s. A slot made just now is at the current position already, so its
 /// position alone would not say that the relay connected.
-pub async fn wait_streaming(ctx: &Ctx, db: &str, slot: &str, relay: &Relay) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while walsender_pid(ctx, db, slot).await?.is_none() {
-        if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("no walsender serves slot {slot} after 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+pub async fn wait_streaming(
+    ctx: &Ctx,
+    db: &str,
+    slot: &str,
+    relay: &mut Relay,
+) -> anyhow::Result<()> {
     let client = ctx.services.cluster.connect(db).await?;
+    wait_slot_active(&client, slot, STREAMING_TIMEOUT, "the relay", || {
+        relay.running()
+    })
+    .await?;
     let lsn = current_lsn(&client).await?;
     let url = ctx.url(db);
     wait_slot(&SlotWait {
@@ -33,25 +35,14 @@ pub async fn wait_streaming(ctx: &Ctx, db: &str, slot: &str, relay: &Relay) -> a
         pid: relay.pid(),
         started_ns: relay.started_ns,
         clk_tck: ctx.clk_tck,
-        timeout: Duration::from_secs(60),
+        timeout: STREAMING_TIMEOUT,
     })
     .await
     .map(|_| ())
 }
 
-/// The pid of the walsender serving `slot`, if one does.
-async fn walsender_pid(ctx: &Ctx, db: &str, slot: &str) -> anyhow::Result<Option<u32>> {
-    let client = ctx.services.cluster.connect(db).await?;
-    let row = client
-        .query_opt(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    Ok(row
-        .and_then(|r| r.get::<_, Option<i32>>(0))
-        .map(|pid| pid as u32))
-}
+/// How long a relay may take to stream its slot.
+const STREAMING_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The relay's environment for `--tracing` run `tracing` (a span per event, exported to the
 /// local sink that drops them), and the name suffix of such a run.
@@ -112,10 +103,10 @@ pub async fn latency_phase(ctx: &mut Ctx, mode: &str, tracing: &str) -> anyhow::
     env.extend(tracing_env);
     let template = format!("{}-lat-{tag}-{{aggregatetype}}", ctx.topic_prefix());
     let name = format!("relay-latency-{tag}");
-    let relay = ctx
+    let mut relay = ctx
         .start_relay(RelayRun::new(&db, &slot, &template, &name, env))
         .await?;
-    if let Err(e) = wait_streaming(ctx, &db, &slot, &relay).await {
+    if let Err(e) = wait_streaming(ctx, &db, &slot, &mut relay).await {
         let message = format!(
             "the latency relay did not start ({e:#}); log: {}",
             relay.log.display()
@@ -177,7 +168,9 @@ async fn one_rate(
         seconds: ctx.settings.rate_seconds,
         writers: ctx.settings.writers,
     };
-    let walsender = walsender_pid(ctx, db, &format!("bench_latency_{tag}")).await?;
+    let client = ctx.services.cluster.connect(db).await?;
+    let walsender = slot_active_pid(&client, &format!("bench_latency_{tag}")).await?;
+    drop(client);
     let cpu = |pid: Option<u32>| pid.and_then(|pid| cpu_seconds(pid, ctx.clk_tck).ok());
     let (c0, w0) = (cpu_seconds(relay.pid(), ctx.clk_tck)?, cpu(walsender));
     let mut out = latency(&target, load, metrics_url).await?;

@@ -7,9 +7,9 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use tokio::process::{Child, Command};
@@ -17,7 +17,7 @@ use tokio_postgres::Client;
 
 use super::ctx::Ctx;
 use super::drain::{Round, DRAIN_TIMEOUT};
-use crate::pg::pg_connect;
+use crate::pg::{pg_connect, wait_slot_active};
 use crate::proc_stat::cpu_seconds;
 use crate::process::{reap, signal};
 use crate::records::{Backlog, PeerDrain, PeerDrainKind, Record};
@@ -26,9 +26,6 @@ use crate::wait_slot::{wait_slot, SlotWait};
 
 /// How long the JVM and the connector may take to start streaming.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
-/// How often the slot is looked at while it starts (finer than the drain's 100 ms: this
-/// moment starts the clock).
-const STARTUP_POLL: Duration = Duration::from_millis(10);
 /// How long a stopped peer may take to commit and exit before it is SIGKILLed.
 const STOP_GRACE: Duration = Duration::from_secs(60);
 /// The peer's main class (bench/debezium).
@@ -153,29 +150,11 @@ impl Drop for Jvm {
 /// moment (ns since the epoch).
 async fn wait_streaming(jvm: &mut Jvm, url: &str, slot: &str) -> anyhow::Result<u128> {
     let client = pg_connect(url).await?;
-    let query = client
-        .prepare("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
-        .await?;
-    let deadline = Instant::now() + STARTUP_TIMEOUT;
-    loop {
-        let row = client
-            .query_opt(&query, &[&slot])
-            .await?
-            .with_context(|| format!("slot {slot} does not exist"))?;
-        if row.get::<_, Option<i32>>(0).is_some() {
-            return Ok(unix_ns());
-        }
-        if !jvm.running() {
-            bail!("the Debezium peer exited before it streamed");
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "slot {slot} not active after {} s",
-                STARTUP_TIMEOUT.as_secs()
-            );
-        }
-        tokio::time::sleep(STARTUP_POLL).await;
-    }
+    wait_slot_active(&client, slot, STARTUP_TIMEOUT, "the Debezium peer", || {
+        jvm.running()
+    })
+    .await?;
+    Ok(unix_ns())
 }
 
 /// Records in `topic`: the sum of its partitions' end offsets (a fresh topic starts at 0).

@@ -146,10 +146,10 @@ async fn big_txn_mode(
         DRAIN_STATUS_INTERVAL_MS.to_string(),
     ));
     let name = format!("relay-bigtxn-{tag}");
-    let relay = ctx
+    let mut relay = ctx
         .start_relay(RelayRun::new(db, &slot, &topic, &name, env))
         .await?;
-    if let Err(e) = wait_streaming(ctx, db, &slot, &relay).await {
+    if let Err(e) = wait_streaming(ctx, db, &slot, &mut relay).await {
         let message = format!(
             "the relay did not start ({e:#}); log: {}",
             relay.log.display()
@@ -289,8 +289,8 @@ async fn sigkill_mode(ctx: &mut Ctx, mode: &str) -> anyhow::Result<()> {
         .await?;
     let env = ctx.mode_env(mode);
     let run_k = |k: u64| kill_run(&db, &topic, tag, &env, k);
-    let relay = ctx.start_relay(run_k(0)).await?;
-    if let Err(e) = wait_streaming(ctx, &db, &db, &relay).await {
+    let mut relay = ctx.start_relay(run_k(0)).await?;
+    if let Err(e) = wait_streaming(ctx, &db, &db, &mut relay).await {
         let message = format!(
             "the relay did not start ({e:#}); log: {}",
             relay.log.display()
