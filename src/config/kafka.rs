@@ -113,16 +113,14 @@ pub struct KafkaConfig {
     /// >= 1 MiB (1048576). At the cap the relay stops reading WAL until acks arrive.
     pub max_in_flight_bytes: usize,
     /// How long the producer waits to fill a batch, in milliseconds (librdkafka `linger.ms`);
-    /// 0 to 900000. Used by `batching = "linger"` and by `exactly_once`.
+    /// 0 to 900000.
     pub linger_ms: u64,
     /// When the producer sends (`at_least_once`; `exactly_once` batches by its Kafka
     /// transactions and always uses `linger`):
-    /// - `adaptive` (default): a record goes to Kafka at once while its partition has room
-    ///   (fewer than 5 records awaiting Kafka's acknowledgement, the idempotent producer's
-    ///   window); those that arrive while it has none leave together, one produce request's
-    ///   worth, on the acknowledgement that frees it. A trickle is not delayed; a backlog
-    ///   batches. `linger_ms` is not used.
-    /// - `linger`: every record waits up to `linger_ms` (the same per-partition window holds).
+    /// - `adaptive` (default): as `linger`, except that a record handed over while no other
+    ///   is waiting for Kafka's acknowledgement is sent at once. A trickle is not delayed by
+    ///   the linger; a backlog batches exactly as with `linger`.
+    /// - `linger`: every record waits up to `linger_ms`.
     pub batching: Batching,
     /// Most records per batch (librdkafka `batch.num.messages`); 1 to 1000000.
     pub batch_num_messages: usize,

@@ -62,6 +62,9 @@ pub trait RecordSink {
     fn commit(&mut self, at: Progress) -> CommitOutcome;
     /// `exactly_once`: aborts the open transaction (best effort, on the session's way out).
     async fn abort(&mut self);
+    /// Adaptive batching: the record just sent was the only one in flight, so have it sent
+    /// now rather than after the producer's linger.
+    fn skip_linger(&mut self);
 }
 
 /// Where the outcome of a Kafka commit arrives.
@@ -145,5 +148,9 @@ impl RecordSink for Publisher {
 
     async fn abort(&mut self) {
         self.abort_transaction().await
+    }
+
+    fn skip_linger(&mut self) {
+        Publisher::skip_linger(self)
     }
 }

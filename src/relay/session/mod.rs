@@ -71,6 +71,9 @@ pub struct Settings {
     pub publication: String,
     /// `Some` in `kafka.delivery = "exactly_once"`: when Kafka transactions are committed.
     pub transactions: Option<Transactions>,
+    /// `kafka.batching = "adaptive"` (at-least-once): a record sent while no other is in
+    /// flight skips the producer's linger, so that a trickle is not delayed by it.
+    pub adaptive: bool,
     /// `[outbox.serialization]` (and each table's own): records are encoded and framed
     /// before they are sent, by their table's serializer.
     pub serializers: crate::sink::schema::Serializers,
@@ -99,6 +102,7 @@ impl Settings {
                     ),
                 }
             }),
+            adaptive: config.kafka.adaptive_batching(),
             serializers: Default::default(),
         }
     }

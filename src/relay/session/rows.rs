@@ -265,14 +265,20 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     }
 
     /// Hands a record to the sink, or (exactly-once, while a Kafka commit runs: librdkafka
-    /// takes no record then) holds it for the next Kafka transaction.
+    /// takes no record then) holds it for the next Kafka transaction. With adaptive batching,
+    /// a record that is the only one in flight skips the producer's linger.
     pub(super) async fn send_or_hold(&mut self, record: Held) -> Result<(), RelayError> {
         let size = record.record.size();
         let Some(record) = self.contract.hold(record) else {
             self.count_in_flight(size);
             return Ok(());
         };
-        self.send_now(record, false).await
+        let alone = self.settings.adaptive && self.in_flight.is_empty();
+        self.send_now(record, false).await?;
+        if alone {
+            self.sink.skip_linger();
+        }
+        Ok(())
     }
 
     /// Sends a record (`counted`: a held one, already counted in flight). An event Kafka

@@ -237,6 +237,8 @@ type CommitRequest = (Lsn, oneshot::Sender<Result<(), PublishError>>);
 /// to the test (`Rig::commits`), which answers them.
 struct FakeSink {
     sent: Arc<Mutex<Vec<Sent>>>,
+    /// `skip_linger` calls.
+    skips: Arc<Mutex<usize>>,
     deliveries: mpsc::UnboundedSender<Delivery>,
     auto_ack: bool,
     kafka: Arc<Mutex<Vec<KafkaOp>>>,
@@ -307,6 +309,10 @@ impl RecordSink for FakeSink {
     async fn abort(&mut self) {
         self.kafka.lock().unwrap().push(KafkaOp::Abort);
     }
+
+    fn skip_linger(&mut self) {
+        *self.skips.lock().unwrap() += 1;
+    }
 }
 
 fn ok(sent: &Sent) -> Delivery {
@@ -369,6 +375,7 @@ struct Rig {
     acks: mpsc::UnboundedSender<Delivery>,
     log: Arc<Mutex<SourceLog>>,
     sent: Arc<Mutex<Vec<Sent>>>,
+    skips: Arc<Mutex<usize>>,
     kafka: Arc<Mutex<Vec<KafkaOp>>>,
     /// Taken by an exactly-once test's driver.
     commits: Option<mpsc::UnboundedReceiver<CommitRequest>>,
@@ -382,6 +389,7 @@ impl Rig {
         let (acks, acks_rx) = mpsc::unbounded_channel();
         let log = Arc::new(Mutex::new(SourceLog::default()));
         let sent = Arc::new(Mutex::new(Vec::new()));
+        let skips = Arc::new(Mutex::new(0));
         let kafka = Arc::new(Mutex::new(Vec::new()));
         let (commits_tx, commits) = mpsc::unbounded_channel();
         let source = FakeSource {
@@ -390,6 +398,7 @@ impl Rig {
         };
         let sink = FakeSink {
             sent: sent.clone(),
+            skips: skips.clone(),
             deliveries: acks.clone(),
             auto_ack,
             kafka: kafka.clone(),
@@ -401,6 +410,7 @@ impl Rig {
             acks,
             log,
             sent,
+            skips,
             kafka,
             commits: Some(commits),
             shutdown: CancellationToken::new(),
@@ -441,6 +451,10 @@ impl Rig {
 
     fn sent(&self) -> Vec<Sent> {
         self.sent.lock().unwrap().clone()
+    }
+
+    fn skips(&self) -> usize {
+        *self.skips.lock().unwrap()
     }
 
     fn last_flush(&self) -> Lsn {
@@ -511,6 +525,7 @@ fn settings() -> Settings {
         confirm_delay: Duration::ZERO,
         publication: "outbox_relay_pub".into(),
         transactions: None,
+        adaptive: false,
         serializers: Default::default(),
     }
 }
@@ -1443,6 +1458,64 @@ async fn a_trickle_is_committed_early_and_a_backlog_in_one_transaction() {
             },
         ]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_batching_has_a_lone_record_skip_the_linger_and_no_other() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (first, _) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(first));
+    let settings = Settings {
+        adaptive: true,
+        ..settings()
+    };
+    let session = rig.session(settings, &mapping, &metrics);
+    let driver = async {
+        rig.until("the lone record sent", |r| r.sent().len() == 1)
+            .await;
+        assert_eq!(rig.skips(), 1, "the lone record waits for the linger");
+        // Sent behind one in flight: they batch with it, as librdkafka lingers.
+        let (second, end_second) = wal.txn(OUTBOX, &[Some(&event_id(1)), Some(&event_id(2))]);
+        rig.read_all(second).await;
+        assert_eq!(rig.sent().len(), 3);
+        assert_eq!(rig.skips(), 1, "a record behind others skipped the linger");
+        for sent in rig.sent() {
+            rig.acks.send(ok(&sent)).unwrap();
+        }
+        rig.until("all acknowledged", |r| r.last_flush() == end_second)
+            .await;
+        let (third, end) = wal.txn(OUTBOX, &[Some(&event_id(3))]);
+        rig.read_all(third).await;
+        assert_eq!(
+            rig.skips(),
+            2,
+            "alone again once the others were acknowledged"
+        );
+        rig.acks.send(ok(&rig.sent()[3])).unwrap();
+        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn linger_batching_never_skips_the_linger() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let (first, end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(first));
+    let session = rig.session(settings(), &mapping, &metrics);
+    let driver = async {
+        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.shutdown.cancel();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    result.unwrap();
+    assert_eq!(rig.skips(), 0);
 }
 
 #[tokio::test(start_paused = true)]

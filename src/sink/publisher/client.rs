@@ -18,7 +18,7 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
         .set("client.id", &config.client_id)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", linger_ms(config).to_string())
+        .set("linger.ms", config.linger_ms.to_string())
         .set("batch.num.messages", config.batch_num_messages.to_string())
         .set("compression.type", config.compression.as_str())
         .set("message.timeout.ms", config.message_timeout_ms.to_string())
@@ -36,52 +36,6 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
     }
     c
 }
-
-/// librdkafka's `linger.ms`. Adaptive batching lingers in the pacer instead: a record goes at
-/// once while its partition has room, and those that arrive while it has none leave together
-/// when it frees up (`pacing`).
-fn linger_ms(config: &KafkaConfig) -> u64 {
-    if config.adaptive_batching() {
-        0
-    } else {
-        config.linger_ms
-    }
-}
-
-/// What one produce request of a partition takes: `batch.num.messages` records and
-/// `batch.size` bytes, and never more than the broker accepts (`message.max.bytes`).
-pub(super) fn one_request(client: &ClientConfig) -> RequestSize {
-    let setting = |key: &str, default: usize| {
-        client
-            .get(key)
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(default)
-    };
-    RequestSize {
-        messages: setting("batch.num.messages", LIBRDKAFKA_BATCH_NUM_MESSAGES),
-        bytes: setting("batch.size", LIBRDKAFKA_BATCH_SIZE).min(max_message_bytes(client)),
-    }
-}
-
-/// How much one produce request of a partition takes: what the pacer releases at most.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct RequestSize {
-    pub(super) messages: usize,
-    pub(super) bytes: usize,
-}
-
-/// librdkafka's `message.max.bytes`: it refuses a larger record when it is produced.
-pub(super) fn max_message_bytes(client: &ClientConfig) -> usize {
-    client
-        .get("message.max.bytes")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(LIBRDKAFKA_MESSAGE_MAX_BYTES)
-}
-
-/// librdkafka's defaults of the settings [`one_request`] reads.
-const LIBRDKAFKA_BATCH_NUM_MESSAGES: usize = 10_000;
-const LIBRDKAFKA_BATCH_SIZE: usize = 1_000_000;
-const LIBRDKAFKA_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 /// `transaction.timeout.ms` as the producer gets it: from `kafka.properties`, else 60000.
 pub fn transaction_timeout_ms(config: &KafkaConfig) -> u64 {

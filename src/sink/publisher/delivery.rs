@@ -1,8 +1,7 @@
 //! What comes back from the producer: a [`Delivery`] per record, reported through a channel by
 //! [`DeliveryReporter`] (librdkafka's callbacks, on the poller thread), and the publisher's
 //! errors. The delivery opaque carries the transaction's sequence number, with
-//! [`DEAD_LETTER_BIT`] for dead letters and [`PACED_BIT`] for records whose report makes
-//! room in their partition.
+//! [`DEAD_LETTER_BIT`] for dead letters.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -21,18 +20,12 @@ use crate::sink::kafka_latency::KafkaLatency;
 use crate::sink::TxnSeq;
 
 use super::login::{self, ClientLogin, KafkaLogin, LogsIn};
-use super::pacing::{Pacer, PACED_BIT};
 
 /// Marks a dead-letter record in the delivery opaque (transaction numbers never get there).
 pub(super) const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);
 /// The opaque of a progress record (`exactly_once`): its delivery is not reported, since it
 /// is no event; a failure shows in the transaction's commit instead.
 pub(super) const PROGRESS_OPAQUE: usize = usize::MAX;
-
-/// The transaction's sequence number in a record's opaque (not the progress record's).
-pub(super) fn transaction_seq(opaque: usize) -> TxnSeq {
-    (opaque & !(DEAD_LETTER_BIT | PACED_BIT)) as TxnSeq
-}
 
 /// What Kafka said about one record.
 #[derive(Debug)]
@@ -149,18 +142,15 @@ pub struct DeliveryReporter {
     latency: Arc<KafkaLatency>,
     blocked: Arc<Blocked>,
     login: ClientLogin,
-    /// Told of every paced record's report: the room it frees goes to the records waiting.
-    pacer: Arc<Pacer>,
 }
 
 impl DeliveryReporter {
     /// Forwards deliveries to `deliveries`, keeping what Kafka refuses in `blocked`; logs
-    /// in with `login`'s tokens if it makes them; frees room in `pacer`.
+    /// in with `login`'s tokens if it makes them.
     pub(super) fn new(
         deliveries: mpsc::UnboundedSender<Delivery>,
         blocked: Arc<Blocked>,
         login: KafkaLogin,
-        pacer: Arc<Pacer>,
     ) -> Self {
         DeliveryReporter {
             deliveries,
@@ -168,7 +158,6 @@ impl DeliveryReporter {
             latency: Arc::default(),
             blocked,
             login: ClientLogin::new(login),
-            pacer,
         }
     }
 
@@ -249,15 +238,6 @@ impl ProducerContext for DeliveryReporter {
         if seq == PROGRESS_OPAQUE {
             return;
         }
-        if seq & PACED_BIT != 0 {
-            // Here, on the poller thread, not after its poll: rust-rdkafka's poll serves
-            // callbacks until its deadline, and the held records would wait for it.
-            let m = match result {
-                Ok(m) => m,
-                Err((_, m)) => m,
-            };
-            self.pacer.delivered(m.topic(), m.partition());
-        }
         let dead_letter = seq & DEAD_LETTER_BIT != 0;
         if let Some(traces) = traces::active() {
             let (m, outcome) = match result {
@@ -287,7 +267,7 @@ impl ProducerContext for DeliveryReporter {
         };
         // The receiver is gone only when the pipeline has been torn down: nothing to tell.
         let _ = self.deliveries.send(Delivery {
-            seq: transaction_seq(seq),
+            seq: (seq & !DEAD_LETTER_BIT) as TxnSeq,
             dead_letter,
             bytes,
             result,

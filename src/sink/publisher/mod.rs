@@ -9,8 +9,7 @@
 //! producer is torn down on a thread of its own.
 //!
 //! The parts, each depending only on those listed before it: `client` (librdkafka
-//! settings), `pacing` (the per-partition gate in front of librdkafka), `delivery` (what
-//! comes back: deliveries, errors, the callback context),
+//! settings), `delivery` (what comes back: deliveries, errors, the callback context),
 //! `topic_handles` (the FFI fast path), `producer` (the producer every part sends through),
 //! `partition_counts` (the gate of each new topic), [`progress`] (the exactly-once progress
 //! record). This file is the [`Publisher`] that wires them, and nothing below imports it.
@@ -24,7 +23,6 @@ mod login_admin;
     reason = "FFI: rd_kafka_oauthbearer_set_token for the admin client, whose rust-rdkafka wrapper never delivers the token request (fede1024/rust-rdkafka#757), and for a new token after a lost connection; the admin client's main queue, for its errors"
 )]
 mod login_ffi;
-mod pacing;
 mod partition_counts;
 mod producer;
 pub mod progress;
@@ -39,7 +37,7 @@ mod topic_handles;
 mod topic_handles_tests;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -55,7 +53,7 @@ use crate::config::KafkaConfig;
 use crate::mapping::Record;
 use crate::serve::traces;
 use crate::sink::TxnSeq;
-use client::{admin_config, max_message_bytes, one_request};
+use client::admin_config;
 pub use client::{client_config, consumer_config, transaction_timeout_ms};
 pub use delivery::{
     is_permanent, Delivery, DeliveryFailure, DeliveryReporter, PublishError, Rejection,
@@ -63,7 +61,6 @@ pub use delivery::{
 use delivery::{DEAD_LETTER_BIT, PROGRESS_OPAQUE};
 pub use login::{KafkaLogin, LoginContext};
 pub use login_admin::{admin_client, LoggedInAdmin};
-use pacing::Pacer;
 use partition_counts::PartitionCounts;
 use producer::Shared;
 use progress::{progress_value, Progress, ProgressRecord};
@@ -85,6 +82,12 @@ pub struct Publisher {
     /// forever on an idle relay. Our own thread polls with a long timeout instead.
     poller: Option<Poller>,
 }
+
+/// The longest `skip_linger` keeps librdkafka's flushing flag up: time for its broker threads
+/// to wake up, short because every record handed over meanwhile skips the linger too (more,
+/// smaller produce requests). A broker thread that misses it only means the usual linger.
+/// The flush ends sooner once nothing is outstanding.
+const SKIP_LINGER_WINDOW: Duration = Duration::from_millis(1);
 
 /// How long committing (or initialising) a Kafka transaction may take before it fails and
 /// the session restarts. Above a short broker outage; below `transaction.timeout.ms`.
@@ -171,9 +174,7 @@ impl Publisher {
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let login = KafkaLogin::from_config(config);
-        let pacer = Arc::new(Pacer::new(one_request(&client)));
-        let reporter =
-            DeliveryReporter::new(tx.clone(), blocked.clone(), login.clone(), pacer.clone());
+        let reporter = DeliveryReporter::new(tx.clone(), blocked.clone(), login.clone());
         if !config.properties.contains_key("statistics.interval.ms") {
             client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
         }
@@ -194,13 +195,10 @@ impl Publisher {
             deliveries: tx,
             message_timeout: Duration::from_millis(config.message_timeout_ms),
             stop: CancellationToken::new(),
+            skipping_linger: AtomicBool::new(false),
             blocked,
             doomed: AtomicBool::new(false),
-            pacer: pacer.clone(),
-            max_message_bytes: max_message_bytes(&client),
         });
-        let sender: Weak<dyn pacing::Sender> = Arc::downgrade(&shared) as Weak<dyn pacing::Sender>;
-        pacer.attach(sender);
         let counts = Arc::new(PartitionCounts::new(
             shared.clone(),
             config.topic_creation.clone(),
@@ -332,6 +330,34 @@ impl Publisher {
         self.shared.producer.context().latency()
     }
 
+    /// Has librdkafka send the records it holds now rather than after `linger.ms` (adaptive
+    /// batching: the record just sent was the only one in flight).
+    ///
+    /// librdkafka's flush raises a flag that makes its broker threads treat the linger as
+    /// over, and wakes them; flushing for up to [`SKIP_LINGER_WINDOW`] keeps the flag up until
+    /// they saw it. It runs on the blocking pool, one at a time. The delivery reports still
+    /// come through the poller (rust-rdkafka's producer takes them as events, which flush
+    /// only waits for).
+    #[allow(
+        unsafe_code,
+        reason = "FFI: librdkafka's rd_kafka_flush, which rust-rdkafka does not expose without waiting on its events"
+    )]
+    pub fn skip_linger(&self) {
+        if self.shared.skipping_linger.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || {
+            let window = SKIP_LINGER_WINDOW.as_millis() as i32;
+            // SAFETY: the producer is alive (`shared` holds it) for the whole call; flush is
+            // thread safe and only waits (for the outstanding count, or the timeout).
+            unsafe {
+                rdkafka::bindings::rd_kafka_flush(shared.producer.client().native_ptr(), window)
+            };
+            shared.skipping_linger.store(false, Ordering::Release);
+        });
+    }
+
     /// What Kafka refuses for deployment reasons now (shared with the metrics).
     pub fn blocked(&self) -> Arc<Blocked> {
         self.shared.blocked.clone()
@@ -379,12 +405,9 @@ async fn commit(
     // rust-rdkafka's `commit_transaction` flushes by polling the report queue for up to
     // 100 ms at a time, and the reports go to our poller thread instead, so every commit
     // with a record still in flight (the progress record always is) took 100 ms more.
-    // With nothing outstanding, its flush returns at once. Records the pacer holds go to
-    // librdkafka as earlier ones are acknowledged: they are outstanding too.
+    // With nothing outstanding, its flush returns at once.
     shared
-        .wait_while(give_up, || {
-            shared.pacer.holds_any() || shared.producer.in_flight_count() > 0
-        })
+        .wait_while(give_up, || shared.producer.in_flight_count() > 0)
         .await
         .map_err(|e| failed("commit", e))?;
     // A record that never reached librdkafka failed (its failure is on its way to the

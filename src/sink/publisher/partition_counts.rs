@@ -26,14 +26,18 @@ use super::login::{KafkaLogin, LoginContext};
 use super::login_admin::{admin_client, LoggedInAdmin};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedMessage;
 use rdkafka::producer::Producer;
+use rdkafka::Timestamp;
 use tracing::{info, warn};
 
+use super::delivery::{owned_headers, Delivery, DeliveryFailure, DEAD_LETTER_BIT};
 use super::producer::Shared;
 use super::topic_handles::TopicCounts;
 use crate::config::TopicCreation;
 use crate::mapping::{partition, Record};
 use crate::sink::blocked::BlockReason;
+use crate::sink::TxnSeq;
 
 /// Partition counts of the topics written to, and the records waiting for one.
 #[derive(Default)]
@@ -549,10 +553,31 @@ impl PartitionCounts {
         }
     }
 
+    /// Reports a record that never reached librdkafka as a failed delivery, as librdkafka
+    /// would have: the session then decides (dead letter, or restart from the slot).
     fn fail(&self, waiting: Waiting, error: KafkaError) {
-        warn!(topic = %waiting.record.topic, error = %error, "a record waiting for its topic's partition count failed");
         self.shared
-            .fail_unsent(&waiting.record, waiting.opaque, error);
+            .doomed
+            .store(true, std::sync::atomic::Ordering::Release);
+        let record = &waiting.record;
+        warn!(topic = %record.topic, error = %error, "a record waiting for its topic's partition count failed");
+        let message = OwnedMessage::new(
+            record.payload.as_ref().map(|p| p.to_vec()),
+            Some(record.key.to_vec()),
+            record.topic.clone(),
+            record
+                .timestamp_ms
+                .map_or(Timestamp::NotAvailable, Timestamp::CreateTime),
+            -1,
+            -1,
+            Some(owned_headers(record)),
+        );
+        let _ = self.shared.deliveries.send(Delivery {
+            seq: (waiting.opaque & !DEAD_LETTER_BIT) as TxnSeq,
+            dead_letter: waiting.opaque & DEAD_LETTER_BIT != 0,
+            bytes: record.size(),
+            result: Err(DeliveryFailure { error, message }),
+        });
     }
 }
 

@@ -1,25 +1,17 @@
 //! The producer every part of the publisher sends through: librdkafka's producer, its topic
-//! handles, the pacer in front of its partitions, and the channel failed records are
-//! reported on. [`Shared`] is held by the
+//! handles, and the channel failed records are reported on. [`Shared`] is held by the
 //! [`Publisher`](super::Publisher) and by the background partition-count readers.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::OwnedMessage;
 use rdkafka::producer::BaseProducer;
-use rdkafka::Timestamp;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
 
-use super::delivery::{
-    owned_headers, transaction_seq, Delivery, DeliveryFailure, DeliveryReporter, DEAD_LETTER_BIT,
-    PROGRESS_OPAQUE,
-};
-use super::pacing::{self, Pacer};
+use super::delivery::{Delivery, DeliveryReporter};
 use super::topic_handles::TopicHandles;
 use crate::mapping::Record;
 use crate::sink::blocked::Blocked;
@@ -45,11 +37,8 @@ pub(super) struct Shared {
     /// A record of the open Kafka transaction failed before librdkafka saw it
     /// (`exactly_once`): the transaction must abort, never commit.
     pub(super) doomed: AtomicBool,
-    /// Holds a partition's records while librdkafka has its fill of them (shared with the
-    /// delivery callback, which releases them).
-    pub(super) pacer: Arc<Pacer>,
-    /// librdkafka's `message.max.bytes`.
-    pub(super) max_message_bytes: usize,
+    /// A `skip_linger` runs.
+    pub(super) skipping_linger: AtomicBool,
 }
 
 /// How long a record waits for room in a full librdkafka queue before it is refused.
@@ -74,9 +63,7 @@ impl Shared {
         Ok(())
     }
 
-    /// Hands one record to librdkafka, or to the pacer when its partition is known (every
-    /// record but the progress record and those librdkafka partitions by their key),
-    /// waiting out a full queue on the runtime's timer.
+    /// Hands one record to librdkafka, waiting out a full queue on the runtime's timer.
     pub(super) async fn produce(
         &self,
         record: &Record,
@@ -85,13 +72,7 @@ impl Shared {
     ) -> Result<(), KafkaError> {
         let give_up = Instant::now() + QUEUE_FULL_WAIT;
         loop {
-            let sent = match partition {
-                Some(p) if opaque != PROGRESS_OPAQUE && !self.too_large(record) => {
-                    self.pacer.offer(self, record, opaque, p)
-                }
-                _ => self.handles.send(record, partition, opaque),
-            };
-            match sent {
+            match self.handles.send(record, partition, opaque) {
                 Ok(()) => return Ok(()),
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
                     if Instant::now() < give_up =>
@@ -103,56 +84,5 @@ impl Shared {
                 Err(error) => return Err(error),
             }
         }
-    }
-}
-
-impl Shared {
-    /// librdkafka will refuse the record as soon as it is produced (its key, value and
-    /// headers alone are over `message.max.bytes`). Such a record goes straight to it, so
-    /// that the refusal comes back from the send and the session dead-letters the record in
-    /// its place, in either delivery mode; held, it would fail later, on a delivery thread,
-    /// which an exactly-once session cannot dead-letter. It never reaches Kafka, so it
-    /// overtakes nothing.
-    fn too_large(&self, record: &Record) -> bool {
-        let headers: usize = (record.headers.iter())
-            .map(|(k, v)| k.len() + v.len())
-            .sum();
-        record.size() + headers > self.max_message_bytes
-    }
-}
-
-impl pacing::Sender for Shared {
-    fn send(&self, record: &Record, partition: i32, opaque: usize) -> Result<(), KafkaError> {
-        self.handles.send(record, Some(partition), opaque)
-    }
-
-    fn fail(&self, record: Record, opaque: usize, error: KafkaError) {
-        warn!(topic = %record.topic, error = %error, "a record held for room in its partition could not be handed to librdkafka");
-        self.fail_unsent(&record, opaque, error);
-    }
-}
-
-impl Shared {
-    /// Reports a record that never reached librdkafka as a failed delivery, as librdkafka
-    /// would have: the session then decides (dead letter, or restart from the slot).
-    pub(super) fn fail_unsent(&self, record: &Record, opaque: usize, error: KafkaError) {
-        self.doomed.store(true, Ordering::Release);
-        let message = OwnedMessage::new(
-            record.payload.as_ref().map(|p| p.to_vec()),
-            Some(record.key.to_vec()),
-            record.topic.clone(),
-            record
-                .timestamp_ms
-                .map_or(Timestamp::NotAvailable, Timestamp::CreateTime),
-            -1,
-            -1,
-            Some(owned_headers(record)),
-        );
-        let _ = self.deliveries.send(Delivery {
-            seq: transaction_seq(opaque),
-            dead_letter: opaque & DEAD_LETTER_BIT != 0,
-            bytes: record.size(),
-            result: Err(DeliveryFailure { error, message }),
-        });
     }
 }
