@@ -389,17 +389,24 @@ pub async fn insert_events_at(client: &mut Client, events: &[Event], commit: boo
     )
     .await
     .expect("insert outbox rows");
-    let before_commit: i64 = tx
-        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let before_commit = wal_insert_lsn(&tx).await;
     if commit {
         tx.commit().await.expect("commit");
     } else {
         tx.rollback().await.expect("rollback");
     }
-    before_commit as u64
+    before_commit
+}
+
+/// The WAL insert position now (`pg_current_wal_insert_lsn()`), on `client` or inside a
+/// transaction.
+pub async fn wal_insert_lsn(client: &impl tokio_postgres::GenericClient) -> u64 {
+    let lsn: i64 = client
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+        .await
+        .expect("pg_current_wal_insert_lsn()")
+        .get(0);
+    lsn as u64
 }
 
 /// The relay binary running as a child process, its log in [`test_logs_dir`].

@@ -418,12 +418,7 @@ async fn write_batch(
     for chunk in events.chunks(10) {
         insert_events_at(&mut client, chunk, true).await;
         if first.is_none() {
-            let after: i64 = client
-                .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
-                .await
-                .unwrap()
-                .get(0);
-            first = Some(after as u64);
+            first = Some(wal_insert_lsn(&client).await);
         }
     }
     (events, first.expect("events to write"))

@@ -275,11 +275,7 @@ async fn stop_policy_halts_before_the_poison_row_and_loses_nothing() {
     )
     .await
     .unwrap();
-    let poison_commit_at_least: i64 = tx
-        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let poison_commit_at_least = wal_insert_lsn(&tx).await;
     tx.commit().await.unwrap();
     let last = vec![Event::new("order", "s", 0, 2)];
     insert_events(&mut client, &last, true).await;
@@ -298,7 +294,7 @@ async fn stop_policy_halts_before_the_poison_row_and_loses_nothing() {
     );
     let confirmed = db.confirmed_flush_lsn().await;
     assert!(
-        confirmed <= poison_commit_at_least as u64,
+        confirmed <= poison_commit_at_least,
         "slot confirmed {confirmed:#x}, past the poison row's commit (>= {poison_commit_at_least:#x})"
     );
     let got = read_ids(

@@ -75,13 +75,9 @@ async fn insert_at(client: &mut Client, events: &[Event], at: &str) -> u64 {
     )
     .await
     .expect("insert outbox rows");
-    let before_commit: i64 = tx
-        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let before_commit = wal_insert_lsn(&tx).await;
     tx.commit().await.expect("commit");
-    before_commit as u64
+    before_commit
 }
 
 fn batch(n: usize, writer: usize, from: usize) -> Vec<Event> {
@@ -680,11 +676,7 @@ async fn an_insert_into_a_table_that_is_not_an_outbox_stops_the_relay() {
     tx.execute("INSERT INTO orders VALUES (1)", &[])
         .await
         .unwrap();
-    let orders_commit: i64 = tx
-        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let orders_commit = wal_insert_lsn(&tx).await;
     tx.commit().await.unwrap();
     insert_events(&mut client, &batch(10, 0, 10), true).await;
 
@@ -714,7 +706,7 @@ async fn an_insert_into_a_table_that_is_not_an_outbox_stops_the_relay() {
     }
     let confirmed = db.confirmed_flush_lsn().await;
     assert!(
-        confirmed <= orders_commit as u64,
+        confirmed <= orders_commit,
         "the slot confirmed {confirmed:#x}, past the unmappable insert committed after {orders_commit:#x}"
     );
     db.cleanup().await;
