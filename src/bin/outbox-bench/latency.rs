@@ -65,32 +65,24 @@ pub struct Target<'a> {
     /// The rows' aggregatetype (selects the topic through the relay's template).
     pub aggregate_type: &'a str,
     /// Topics the rows spread over: with more than one, row `i` has aggregate type
-    /// `{aggregate_type}-t{i % spread}` and goes to [`spread_topic`]`(topic, i % spread)`.
+    /// `{aggregate_type}-t{i % spread}`, which the relay's topic template turns into topic
+    /// `{topic}-t{i % spread}`.
     pub spread: u64,
 }
 
-/// The `j`th topic of a [`Target`] spread over several.
-pub fn spread_topic(topic: &str, j: u64) -> String {
-    format!("{topic}-t{j}")
+/// `name` alone, or its `spread` variants `{name}-t{j}`: the topics and aggregate types of a
+/// [`Target`] in the same order.
+pub fn spread_names(name: &str, spread: u64) -> Vec<String> {
+    match spread {
+        0 | 1 => vec![name.to_string()],
+        n => (0..n).map(|j| format!("{name}-t{j}")).collect(),
+    }
 }
 
 impl Target<'_> {
     /// Every topic the rows go to.
     pub fn topics(&self) -> Vec<String> {
-        match self.spread {
-            0 | 1 => vec![self.topic.to_string()],
-            n => (0..n).map(|j| spread_topic(self.topic, j)).collect(),
-        }
-    }
-
-    /// The aggregate type of every writer's row `i`, by `i % aggregate_types.len()`.
-    fn aggregate_types(&self) -> Vec<String> {
-        match self.spread {
-            0 | 1 => vec![self.aggregate_type.to_string()],
-            n => (0..n)
-                .map(|j| format!("{}-t{j}", self.aggregate_type))
-                .collect(),
-        }
+        spread_names(self.topic, self.spread)
     }
 }
 
@@ -182,7 +174,7 @@ pub async fn write(
     first_id: fn(u64) -> u64,
 ) -> anyhow::Result<(Vec<(u64, u64)>, f64)> {
     let start = Instant::now();
-    let aggregate_types = Arc::new(target.aggregate_types());
+    let aggregate_types = Arc::new(spread_names(target.aggregate_type, target.spread));
     let tasks: Vec<_> = (0..load.writers)
         .map(|w| {
             tokio::spawn(writer(WriterPlan {

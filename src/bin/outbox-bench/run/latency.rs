@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::ctx::{mode_tag, Ctx, RelayRun};
-use crate::latency::{latency, Load, Target};
+use crate::latency::{latency, spread_names, Load, Target};
 use crate::pg::{create_slot, current_lsn, slot_active_pid, wait_slot_active};
 use crate::proc_stat::{cpu_seconds, sample_proc};
 use crate::process::Relay;
@@ -85,18 +85,9 @@ pub async fn latency_phase(ctx: &mut Ctx, mode: &str, tracing: &str) -> anyhow::
     let client = ctx.fresh_database(&db).await?;
     create_slot(&client, &slot).await?;
     drop(client);
-    let mut topics = Vec::new();
-    for &rate in &ctx.settings.rates {
-        let (topic, aggregate_type) = rate_names(ctx, &tag, rate);
-        let target = Target {
-            url: "",
-            brokers: "",
-            topic: &topic,
-            aggregate_type: &aggregate_type,
-            spread: ctx.settings.latency_topics,
-        };
-        topics.extend(target.topics());
-    }
+    let topics: Vec<String> = (ctx.settings.rates.iter())
+        .flat_map(|&rate| spread_names(&rate_names(ctx, &tag, rate).0, ctx.settings.latency_topics))
+        .collect();
     ctx.create_topics(ctx.settings.partitions, &topics).await?;
     // One relay for all rates; the topic follows the rows' aggregatetype.
     let mut env = ctx.mode_env(mode);
