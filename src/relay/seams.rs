@@ -21,6 +21,9 @@ use crate::source::walsender::{ReplicationError, ReplicationFrame, ReplicationSt
 pub trait FrameSource {
     /// The next frame. Must be cancel-safe: the session races it against other work.
     async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError>;
+    /// A frame already received, if a whole one is waiting: no I/O, no waiting. Lets the
+    /// session take a run of buffered frames without a turn of its `select!` for each.
+    fn buffered_frame(&mut self) -> Result<Option<ReplicationFrame>, ReplicationError>;
     /// A standby status update: the slot may confirm `flush`.
     async fn send_status(
         &mut self,
@@ -104,6 +107,10 @@ impl Catalog for Control {
 impl FrameSource for ReplicationStream {
     async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
         ReplicationStream::next_frame(self).await
+    }
+
+    fn buffered_frame(&mut self) -> Result<Option<ReplicationFrame>, ReplicationError> {
+        ReplicationStream::buffered_frame(self)
     }
 
     async fn send_status(

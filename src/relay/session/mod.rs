@@ -5,10 +5,11 @@
 //!
 //! The loop, by priority: shutdown → acknowledgements → a Kafka commit's outcome → a due
 //! confirmation → the status timer → a due Kafka commit → the next frame (only while in-flight
-//! work is under its caps) → an early Kafka commit when no frame is waiting. On shutdown the
-//! session stops reading (after finishing a half-read transaction), waits for every
-//! acknowledgement up to `shutdown_timeout`, confirms the last fully acknowledged commit and
-//! closes.
+//! work is under its caps) → an early Kafka commit when no frame is waiting. Frames already
+//! buffered skip the `select!` while nothing ranked above them is due (`reads.rs`). On
+//! shutdown the session stops reading (after finishing a half-read transaction), waits for
+//! every acknowledgement up to `shutdown_timeout`, confirms the last fully acknowledged commit
+//! and closes.
 //!
 //! What differs between at-least-once and exactly-once sits behind one delivery contract
 //! (`contract.rs`), which the loop calls at the few points that matter: a record handed over,
@@ -19,6 +20,7 @@
 
 mod contract;
 mod exactly_once;
+mod reads;
 mod rows;
 mod serialize;
 #[cfg(test)]
@@ -46,6 +48,7 @@ use crate::sink::dead_letter::{self, Reason};
 use crate::sink::progress::Progress;
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
 use contract::{Ack, Contract, Reading};
+use reads::Reads;
 
 use crate::sink::window::InFlight;
 use crate::source::pgoutput::{self, Relation};
@@ -212,6 +215,8 @@ pub struct Session<'a, S, K, C> {
     breaker: Option<Breaker>,
     /// The shutdown signal `run` was given: a record waiting for the schema registry gives up.
     shutdown: CancellationToken,
+    /// Buffered frames taken in a run since the last `select!` turn.
+    reads: Reads,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -248,6 +253,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             contract,
             breaker,
             shutdown: CancellationToken::new(),
+            reads: Reads::new(),
         }
     }
 
@@ -275,7 +281,10 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             let (due_at, early_at) = self.contract.wake_times(self.reading());
             let step = if settled.is_err() {
                 settled
+            } else if let Some(step) = self.next_buffered(shutdown, due_at).await {
+                step
             } else {
+                self.reads.turn();
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled(), if matches!(self.phase, Phase::Streaming | Phase::Blocked) => {
@@ -300,10 +309,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     // Exactly-once: a Kafka transaction gets old; the top of the loop commits it.
                     _ = sleep_until(due_at), if due_at.is_some() => Ok(()),
                     frame = self.source.next_frame(), if self.wants_frames() => match frame {
-                        Ok(frame) => {
-                            self.metrics.mark_received(std::time::Instant::now());
-                            self.handle_frame(frame).await
-                        }
+                        Ok(frame) => self.handle_received(frame).await,
                         Err(e) => Err(e.into()),
                     },
                     // Below the frames: polled only when no frame is waiting.
@@ -320,6 +326,52 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         };
         self.finish(&result).await;
         result
+    }
+
+    /// Something the `select!` ranks above the next frame wants its turn: shutdown, a
+    /// delivery report, or a timer that is due. Cheap checks only (no polling).
+    fn select_due(&self, shutdown: &CancellationToken, due_at: Option<Instant>) -> bool {
+        if shutdown.is_cancelled() && matches!(self.phase, Phase::Streaming | Phase::Blocked) {
+            return true;
+        }
+        if !self.deliveries.is_empty() || !self.wants_frames() {
+            return true;
+        }
+        let now = Instant::now();
+        [self.drain_deadline(), self.confirm_due, due_at]
+            .into_iter()
+            .flatten()
+            .any(|at| at <= now)
+    }
+
+    /// Handles a frame already received, without a turn through `select!` (whose futures
+    /// cost more than decoding a small frame: a 1-row transaction is three frames), unless
+    /// a run of them went that way since the last turn or the `select!` has something due.
+    /// `None`: the loop takes its turn through `select!`.
+    async fn next_buffered(
+        &mut self,
+        shutdown: &CancellationToken,
+        due_at: Option<Instant>,
+    ) -> Option<Result<(), RelayError>> {
+        if !self.reads.may_take_buffered() || self.select_due(shutdown, due_at) {
+            return None;
+        }
+        let frame = match self.source.buffered_frame() {
+            Ok(Some(frame)) => frame,
+            Ok(None) => {
+                self.reads.buffer_empty();
+                return None;
+            }
+            Err(e) => return Some(Err(e.into())),
+        };
+        self.reads.took_buffered();
+        Some(self.handle_received(frame).await)
+    }
+
+    /// A frame from the source, read now or already buffered: marked received, then handled.
+    async fn handle_received(&mut self, frame: ReplicationFrame) -> Result<(), RelayError> {
+        self.metrics.mark_received(std::time::Instant::now());
+        self.handle_frame(frame).await
     }
 
     fn start_draining(&mut self) {

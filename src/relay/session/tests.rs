@@ -184,6 +184,16 @@ impl FrameSource for FakeSource {
         }
     }
 
+    fn buffered_frame(&mut self) -> Result<Option<ReplicationFrame>, ReplicationError> {
+        match self.frames.try_recv() {
+            Ok(frame) => {
+                self.log.lock().unwrap().frames_read += 1;
+                frame.map(Some)
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
     async fn send_status(
         &mut self,
         _write: Lsn,

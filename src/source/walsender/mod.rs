@@ -19,7 +19,9 @@
 //! `receive_timeout` (the receive deadline's policy), `stream` ([`ReplicationStream`], after
 //! `START_REPLICATION`).
 
+use std::future::Future;
 use std::io;
+use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -58,6 +60,8 @@ use transport::open_transport;
 const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 /// How much the read buffer grows by when it runs out of room.
 const READ_CHUNK: usize = 256 * 1024;
+/// The most plaintext one TLS record carries.
+const TLS_RECORD_MAX: usize = 16 * 1024;
 /// SQLSTATE object_in_use: the slot is streamed by another backend.
 const SQLSTATE_OBJECT_IN_USE: &str = "55006";
 /// SQLSTATE undefined_object: the slot does not exist.
@@ -198,8 +202,23 @@ impl ConnectParams {
     }
 }
 
-trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
+trait Transport: AsyncRead + AsyncWrite + Unpin + Send {
+    /// One read hands over at most one TLS record, even when more have arrived: OpenSSL's
+    /// read-ahead holds the rest, and reading again at once takes them without a system call.
+    fn reads_one_record(&self) -> bool {
+        false
+    }
+}
+impl Transport for TcpStream {}
+#[cfg(unix)]
+impl Transport for tokio::net::UnixStream {}
+impl Transport for tokio_openssl::SslStream<TcpStream> {
+    fn reads_one_record(&self) -> bool {
+        true
+    }
+}
+#[cfg(test)]
+impl Transport for tokio::io::DuplexStream {}
 
 /// An authenticated replication connection, ready for a replication command.
 pub struct WalSender {
@@ -528,6 +547,26 @@ impl WalSender {
             return Err(ReplicationError::Closed);
         }
         self.last_read = Instant::now();
+        if self.io.reads_one_record() {
+            self.take_ready_records().await?;
+        }
+        Ok(())
+    }
+
+    /// Over TLS, takes the records that have already arrived too, without waiting. The
+    /// walsender writes each message in a record of its own, so one read is one message: a
+    /// backlog of 1-row transactions cost a wake-up of the session per message, three per
+    /// event. Stops at the first read that would wait, at the end of the stream (the next
+    /// `fill` reports it) or when the buffer's room is short of a whole record.
+    async fn take_ready_records(&mut self) -> Result<(), ReplicationError> {
+        while self.buf.capacity() - self.buf.len() >= TLS_RECORD_MAX {
+            let mut read = std::pin::pin!(self.io.read_buf(&mut self.buf));
+            match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+                Poll::Ready(Ok(0)) | Poll::Pending => break,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Err(e.into()),
+            }
+        }
         Ok(())
     }
 }

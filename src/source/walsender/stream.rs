@@ -54,8 +54,8 @@ impl ReplicationStream {
     /// while the caller was not reading (in-flight cap reached) are still taken first.
     pub async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
         loop {
-            if let Some(body) = self.take_copy_data()? {
-                return parse_frame(body);
+            if let Some(frame) = self.buffered_frame()? {
+                return Ok(frame);
             }
             let limit = self.conn.receive_timeout;
             let deadline = self.conn.last_read + limit;
@@ -70,6 +70,11 @@ impl ReplicationStream {
                 }
             }
         }
+    }
+
+    /// The next frame if a whole one is already buffered; reads nothing from the socket.
+    pub fn buffered_frame(&mut self) -> Result<Option<ReplicationFrame>, ReplicationError> {
+        self.take_copy_data()?.map(parse_frame).transpose()
     }
 
     /// Takes one buffered CopyData body, if a whole one is there; other messages are handled
@@ -178,19 +183,27 @@ impl ReplicationStream {
 
 #[cfg(test)]
 mod tests {
+    use std::pin::Pin;
+    use std::task::{ready, Context, Poll};
+
     use bytes::BufMut;
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
     use tokio::time::Instant;
     use tokio_postgres::config::Host;
 
+    use super::super::Transport;
     use super::*;
     use crate::postgres::conninfo::{Endpoint, ServerState};
 
     /// A streaming connection over an in-memory pipe; the other end plays the server.
     fn stream_over(limit: Duration) -> (ReplicationStream, tokio::io::DuplexStream) {
         let (ours, server) = tokio::io::duplex(64 * 1024);
+        (stream_on(Box::new(ours), limit), server)
+    }
+
+    fn stream_on(io: Box<dyn Transport>, limit: Duration) -> ReplicationStream {
         let conn = WalSender {
-            io: Box::new(ours),
+            io,
             channel_binding: None,
             buf: BytesMut::new(),
             backend_pid: 1,
@@ -206,7 +219,84 @@ mod tests {
                 version_num: 170000,
             },
         };
-        (ReplicationStream::new(conn), server)
+        ReplicationStream::new(conn)
+    }
+
+    /// Reads as TLS does: at most one record (here `record` bytes) per read, whatever has
+    /// arrived behind it.
+    struct RecordReads {
+        inner: tokio::io::DuplexStream,
+        record: usize,
+    }
+
+    impl Transport for RecordReads {
+        fn reads_one_record(&self) -> bool {
+            true
+        }
+    }
+
+    impl AsyncRead for RecordReads {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let mut record = vec![0; self.record.min(buf.remaining())];
+            let mut part = ReadBuf::new(&mut record);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut part))?;
+            buf.put_slice(part.filled());
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for RecordReads {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    fn keepalive(wal_end: u64) -> ReplicationFrame {
+        ReplicationFrame::Keepalive {
+            wal_end: Lsn(wal_end),
+            reply_requested: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn over_tls_one_read_takes_every_record_that_has_arrived() {
+        let (ours, mut server) = tokio::io::duplex(64 * 1024);
+        let record = keepalive_message(0).len();
+        let io = Box::new(RecordReads {
+            inner: ours,
+            record,
+        });
+        let mut stream = stream_on(io, Duration::from_secs(5));
+        for wal_end in 1..=3 {
+            server.write_all(&keepalive_message(wal_end)).await.unwrap();
+        }
+        assert_eq!(stream.next_frame().await.unwrap(), keepalive(1));
+        // The same wake-up read the other two records.
+        assert_eq!(stream.buffered_frame().unwrap(), Some(keepalive(2)));
+        assert_eq!(stream.buffered_frame().unwrap(), Some(keepalive(3)));
+        assert_eq!(stream.buffered_frame().unwrap(), None);
+        // Nothing more has arrived: the next frame waits for it.
+        server.write_all(&keepalive_message(4)).await.unwrap();
+        assert_eq!(stream.next_frame().await.unwrap(), keepalive(4));
     }
 
     /// A keepalive frame inside CopyData, as the server sends it.
@@ -279,14 +369,7 @@ mod tests {
         server.write_all(&keepalive_message(7)).await.unwrap();
         // The caller did not read for longer than the deadline (in-flight cap reached).
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let frame = stream.next_frame().await.unwrap();
-        assert_eq!(
-            frame,
-            ReplicationFrame::Keepalive {
-                wal_end: Lsn(7),
-                reply_requested: false
-            }
-        );
+        assert_eq!(stream.next_frame().await.unwrap(), keepalive(7));
         assert!(matches!(
             stream.next_frame().await,
             Err(ReplicationError::ReceiveTimeout { .. })
