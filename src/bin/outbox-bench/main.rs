@@ -32,6 +32,7 @@ mod run;
 mod table;
 mod util;
 mod wait_slot;
+mod walsender_cpu;
 
 use latency::{Load, Target};
 

@@ -123,6 +123,9 @@ pub struct Recvlogical {
     #[serde(flatten)]
     pub backlog: Backlog,
     pub seconds: f64,
+    /// CPU seconds of the walsender that served it (`walsender_cpu.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walsender_cpu_seconds: Option<f64>,
 }
 
 /// A slot that reached its target, and the relay's `/proc` figures at that moment.
@@ -153,6 +156,9 @@ pub struct RelayDrain {
     pub load_before: String,
     #[serde(flatten)]
     pub reached: SlotReached,
+    /// CPU seconds of the walsender that served it until the slot reached the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walsender_cpu_seconds: Option<f64>,
 }
 
 /// A peer (`--peer debezium`) draining its own copy of a round's slot after the relays.

@@ -4,8 +4,8 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::records::RelayMetrics;
 use crate::records::{BigTxn, KafkaTransactions, Latency, PeerDrain, Record, RelayDrain};
+use crate::records::{Recvlogical, RelayMetrics};
 use crate::results::{
     BenchResult, BigTransaction, DeliveryRatio, DrainRow, Machine, OneOrMany, PeerRow, RunMeta,
     Targets,
@@ -106,13 +106,18 @@ fn drains(records: &[Record], shape: &str) -> Vec<DrainRow> {
                     && m.round.as_ref() == Some(round)
                     && m.delivery == relay.delivery
             });
-            drain_row(relay, recv.map(|r| r.seconds), metric.copied())
+            drain_row(relay, recv.copied(), metric.copied())
         })
         .collect()
 }
 
-fn drain_row(relay: &RelayDrain, recv_s: Option<f64>, metric: Option<&RelayMetrics>) -> DrainRow {
+fn drain_row(
+    relay: &RelayDrain,
+    recvlogical: Option<&Recvlogical>,
+    metric: Option<&RelayMetrics>,
+) -> DrainRow {
     let (b, r) = (&relay.backlog, &relay.reached);
+    let recv_s = recvlogical.map(|v| v.seconds);
     let events = b.events as f64;
     let mb = events * b.payload_bytes.unwrap_or(f64::NAN) / 1e6;
     let recv = recv_s.unwrap_or(f64::NAN);
@@ -130,6 +135,7 @@ fn drain_row(relay: &RelayDrain, recv_s: Option<f64>, metric: Option<&RelayMetri
         pg_recvlogical_seconds: recv_s,
         pg_recvlogical_events_per_s: ratio(events, recv),
         pg_recvlogical_payload_mb_per_s: ratio(mb, recv),
+        pg_recvlogical_walsender_cpu_seconds: recvlogical.and_then(|v| v.walsender_cpu_seconds),
         relay_seconds: relay_s,
         relay_events_per_s: events / relay_s,
         // From the first poll at or past half-way (by WAL position) to the end.
@@ -142,6 +148,7 @@ fn drain_row(relay: &RelayDrain, recv_s: Option<f64>, metric: Option<&RelayMetri
         relay_peak_rss_mb: r.vmhwm_kb as f64 / 1024.0,
         relay_cpu_seconds: r.cpu_seconds,
         relay_cpu_seconds_per_million_events: r.cpu_seconds / events * 1e6,
+        relay_walsender_cpu_seconds: relay.walsender_cpu_seconds,
         relay_threads: r.threads as f64,
         relay_context_switches_per_1000_events: r.context_switches as f64 / events * 1000.0,
         relay_kafka_transactions: metric.and_then(|m| m.kafka_transactions.clone()),
@@ -409,11 +416,13 @@ mod tests {
                 kind: RecvlogicalKind,
                 backlog: backlog("tx1", 1_000),
                 seconds: 1.0,
+                walsender_cpu_seconds: None,
             }),
             Record::Recvlogical(Recvlogical {
                 kind: RecvlogicalKind,
                 backlog: backlog("tx100", 1_000),
                 seconds: 2.0,
+                walsender_cpu_seconds: None,
             }),
             Record::PeerDrain(peer("tx100", 1_000, 1_000)),
         ];

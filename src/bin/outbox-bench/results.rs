@@ -145,6 +145,10 @@ pub struct DrainRow {
     pub pg_recvlogical_events_per_s: Option<f64>,
     #[serde(default)]
     pub pg_recvlogical_payload_mb_per_s: Option<f64>,
+    /// CPU seconds of the walsender serving `pg_recvlogical` (about the drain's seconds: the
+    /// walsender was the bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pg_recvlogical_walsender_cpu_seconds: Option<f64>,
     pub relay_seconds: f64,
     pub relay_events_per_s: f64,
     #[serde(default)]
@@ -156,6 +160,9 @@ pub struct DrainRow {
     pub relay_peak_rss_mb: f64,
     pub relay_cpu_seconds: f64,
     pub relay_cpu_seconds_per_million_events: f64,
+    /// CPU seconds of the walsender serving the relay until its slot reached the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_walsender_cpu_seconds: Option<f64>,
     pub relay_threads: f64,
     pub relay_context_switches_per_1000_events: f64,
     #[serde(default)]

@@ -92,6 +92,23 @@ fn header(out: &mut String, r: &BenchResult) {
     );
 }
 
+/// How busy each drain's walsender was, in % of a core over the drain: `pg_recvlogical`'s,
+/// then the relay's. About 100: that drain was bound by the walsender.
+fn walsender_busy(d: &DrainRow) -> String {
+    let busy = |cpu: Option<f64>, seconds: Option<f64>| match (cpu, seconds) {
+        (Some(cpu), Some(s)) if s > 0.0 => format!("{:.0}", cpu / s * 100.0),
+        _ => "-".into(),
+    };
+    format!(
+        "{} / {}",
+        busy(
+            d.pg_recvlogical_walsender_cpu_seconds,
+            d.pg_recvlogical_seconds
+        ),
+        busy(d.relay_walsender_cpu_seconds, Some(d.relay_seconds))
+    )
+}
+
 fn drain(out: &mut String, rows: &[DrainRow]) {
     if rows.is_empty() {
         return;
@@ -109,6 +126,7 @@ fn drain(out: &mut String, rows: &[DrainRow]) {
                 d.ratio_target.map_or("-".into(), |t| format!(">={t}")),
                 fmt(d.relay_peak_rss_mb, 1),
                 fmt(d.relay_cpu_seconds_per_million_events, 2),
+                walsender_busy(d),
             ]
         })
         .collect();
@@ -125,6 +143,7 @@ fn drain(out: &mut String, rows: &[DrainRow]) {
             ("target", 7),
             ("peak RSS MB", 13),
             ("CPU s/M events", 15),
+            ("walsender % recv/relay", 23),
         ],
         &cells,
     );

@@ -12,6 +12,7 @@ use crate::records::Recvlogical;
 use crate::records::{Backlog, Record, RecvlogicalKind, RelayDrain, RelayDrainKind};
 use crate::util::loadavg;
 use crate::wait_slot::{wait_slot, SlotWait};
+use crate::walsender_cpu;
 
 /// How long a drain may take before it counts as failed (and the run goes on).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(900);
@@ -126,7 +127,12 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
         loadavg()
     );
     ctx.record_load(format!("recvlogical-{}", r.round))?;
-    let seconds = recvlogical(&ctx.services.pg_bin, &ctx.url(&db), &recv_slot, &end_lsn).await?;
+    let walsender = walsender_cpu::watch(&ctx.url(&db), &recv_slot, ctx.clk_tck);
+    let seconds = recvlogical(&ctx.services.pg_bin, &ctx.url(&db), &recv_slot, &end_lsn).await;
+    let walsender_cpu_seconds = walsender
+        .finish("pg_recvlogical", *seconds.as_ref().unwrap_or(&f64::NAN))
+        .await;
+    let seconds = seconds?;
     eprintln!("[bench]   pg_recvlogical: {seconds:.3} s");
     let check = format!(
         "SELECT confirmed_flush_lsn >= '{end_lsn}' FROM pg_replication_slots WHERE slot_name = '{recv_slot}'"
@@ -138,6 +144,7 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
         kind: RecvlogicalKind,
         backlog: backlog.clone(),
         seconds,
+        walsender_cpu_seconds,
     }))?;
     // pg_recvlogical's slot is done: it would only hold WAL.
     drop_slot(&client, &recv_slot).await?;
@@ -212,6 +219,7 @@ async fn relay_drain(ctx: &mut Ctx, d: Drain<'_>) -> anyhow::Result<()> {
     run.profile_as = ctx.settings.perf.then(|| name.clone());
     let relay = ctx.start_relay(run).await?;
     let url = ctx.url(db);
+    let walsender = walsender_cpu::watch(&url, &slot, ctx.clk_tck);
     let waited = wait_slot(&SlotWait {
         url: &url,
         slot: &slot,
@@ -222,6 +230,8 @@ async fn relay_drain(ctx: &mut Ctx, d: Drain<'_>) -> anyhow::Result<()> {
         timeout: DRAIN_TIMEOUT,
     })
     .await;
+    let drained_s = waited.as_ref().map_or(f64::NAN, |r| r.seconds);
+    let walsender_cpu_seconds = walsender.finish("the relay", drained_s).await;
     match waited {
         Ok(reached) => {
             ctx.record(Record::RelayDrain(RelayDrain {
@@ -230,6 +240,7 @@ async fn relay_drain(ctx: &mut Ctx, d: Drain<'_>) -> anyhow::Result<()> {
                 backlog: backlog.clone(),
                 load_before,
                 reached,
+                walsender_cpu_seconds,
             }))?;
             record_relay_metrics(ctx, &relay, mode, Some(backlog)).await?;
         }

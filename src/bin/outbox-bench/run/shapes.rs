@@ -118,6 +118,7 @@ pub async fn big_txn_shape(ctx: &mut Ctx) -> anyhow::Result<()> {
                 ..Backlog::default()
             },
             seconds,
+            walsender_cpu_seconds: None,
         }))?;
     }
     drop(client);
