@@ -25,22 +25,23 @@ fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
 // ---------------------------------------------------------------------------------------
 // Done-when 1: one PostgreSQL transaction far longer than a Kafka transaction may stay open.
 
-/// Rows of the one big transaction. On the 2-core CI machine (shared, loaded; the relay is a
-/// debug build) the insert takes about 10 s and the relay publishes some 10,000 rows a second:
-/// about a minute, many times what one 3 s Kafka transaction holds (the main before the
-/// split, 639c6b9, had the broker abort every attempt: 9 in 150 s, nothing delivered), while
-/// the test stays near 90 s beside another test. `OUTBOX_TEST_BIG_TXN_ROWS` sets another
-/// size (the 2,000,000 takes minutes; the read deadline grows with it).
+/// Rows of the one big transaction: enough for several times `split_after` (a third of
+/// [`BIG_TXN_TIMEOUT_MS`]) of publishing, so that the test sees at least 3 split commits. The
+/// test relay (opt-level 1) publishes some 140,000 rows a second beside another test here (500,000
+/// made 2 splits); on a slower machine the test takes longer and sees more. The main before the
+/// split, 639c6b9, had the broker abort every attempt: 9 in 150 s, nothing delivered.
+/// `OUTBOX_TEST_BIG_TXN_ROWS` sets another size (the read deadline grows with it).
 fn big_rows() -> u64 {
     std::env::var("OUTBOX_TEST_BIG_TXN_ROWS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(500_000)
+        .unwrap_or(1_000_000)
 }
 /// `kafka.properties."transaction.timeout.ms"` of that test: a Kafka transaction open longer
 /// is aborted by the broker (it checks every 10 s, its default
-/// `transaction.abort.timed.out.transaction.cleanup.interval.ms`).
-const BIG_TXN_TIMEOUT_MS: &str = "3000";
+/// `transaction.abort.timed.out.transaction.cleanup.interval.ms`). The relay splits after a
+/// third of it (667 ms), leaving over a second for the commit.
+const BIG_TXN_TIMEOUT_MS: &str = "2000";
 
 /// Row number of a big-transaction event id (a UUID whose last 12 hex digits are the row
 /// number), `None` for anything else.
@@ -216,7 +217,7 @@ fn vm_rss_kib(pid: u32) -> Option<u64> {
 const BIG_RSS_GROWTH_MAX_MIB: u64 = 64;
 
 /// Done-when 1: one PostgreSQL transaction of [`big_rows`] rows with `transaction.timeout.ms`
-/// = 3000: the relay splits it across Kafka transactions that each stay well under the
+/// = [`BIG_TXN_TIMEOUT_MS`]: the relay splits it across Kafka transactions that each stay well under the
 /// timeout, so the broker aborts none, a read_committed consumer sees every row exactly once,
 /// and the relay's memory stays flat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
