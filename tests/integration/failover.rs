@@ -196,6 +196,37 @@ async fn confirmed(url: &str, slot: &str) -> Option<u64> {
     .and_then(|t| t.parse().ok())
 }
 
+/// Waits until the outbox holds more than `rows` rows and `slot` confirmed the WAL insert
+/// position read then, so that the writers' first transactions are confirmed (the slot's
+/// position alone is not: a new slot has one before anything is written). Returns the
+/// confirmed position.
+async fn confirmed_past_rows(url: &str, slot: &str, rows: u64) -> u64 {
+    wait_for(
+        "the writers' first rows",
+        Duration::from_secs(60),
+        || async {
+            query_text(url, "SELECT count(*) FROM outbox")
+                .await
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+                > rows
+        },
+    )
+    .await;
+    let insert_sql = "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint";
+    let target: u64 = query_text(url, insert_sql)
+        .await
+        .and_then(|t| t.parse().ok())
+        .expect("the WAL insert position");
+    wait_for(
+        "the relay to confirm the first rows",
+        Duration::from_secs(60),
+        || async { confirmed(url, slot).await.unwrap_or(0) >= target },
+    )
+    .await;
+    confirmed(url, slot).await.expect("the slot's position")
+}
+
 /// Runs `outbox-relay <cmd>` with `env`; stdout and stderr.
 fn command(env: &[(String, String)], cmd: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
@@ -238,19 +269,7 @@ async fn promotion_with_a_synchronized_failover_slot_loses_nothing() {
 
     // Mid-stream: the slot is a failover slot, synced to the standby; then the crash.
     let primary_db = with_db(&pair.primary, &db.name);
-    wait_for(
-        "the relay to confirm some events",
-        Duration::from_secs(60),
-        || async {
-            confirmed(&primary_db, &db.slot).await.unwrap_or(0) > 0
-                && query_text(&primary_db, "SELECT count(*) FROM outbox")
-                    .await
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or(0)
-                    > 600
-        },
-    )
-    .await;
+    confirmed_past_rows(&primary_db, &db.slot, 600).await;
     let failover = query_text(
         &primary_db,
         &format!(
@@ -389,23 +408,7 @@ async fn promotion_without_a_failover_slot_stops_with_exit_3() {
     ));
 
     let primary_db = with_db(&pair.primary, &db.name);
-    let mut last_confirmed = 0;
-    wait_for(
-        "the relay to confirm some events",
-        Duration::from_secs(60),
-        || async {
-            confirmed(&primary_db, &db.slot).await.unwrap_or(0) > 0
-                && query_text(&primary_db, "SELECT count(*) FROM outbox")
-                    .await
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or(0)
-                    > 500
-        },
-    )
-    .await;
-    if let Some(c) = confirmed(&primary_db, &db.slot).await {
-        last_confirmed = c;
-    }
+    let last_confirmed = confirmed_past_rows(&primary_db, &db.slot, 500).await;
     services("pg-ha-crash");
     services("pg-ha-promote");
 
