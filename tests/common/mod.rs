@@ -284,9 +284,13 @@ impl TestDb {
     }
 
     pub async fn confirmed_flush_lsn(&self) -> u64 {
-        let row = self
-            .client()
-            .await
+        self.confirmed_flush_lsn_on(&self.client().await).await
+    }
+
+    /// `confirmed_flush_lsn` on a connection the caller keeps: for a loop that polls often,
+    /// a connection per poll would load the server it is measuring.
+    pub async fn confirmed_flush_lsn_on(&self, client: &tokio_postgres::Client) -> u64 {
+        let row = client
             .query_one(
                 "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1",
                 &[&self.slot],

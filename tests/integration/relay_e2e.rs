@@ -520,7 +520,7 @@ async fn write_steadily(
 /// `STEADY`, a WAL position that was current when it was asked. Returns how long that took
 /// (the catch-up after a restart). A relay that cannot keep up fails the test here: its
 /// kills would land in a catch-up, where the whole in-flight window is re-sent.
-async fn wait_steady(db: &TestDb, kill: usize) -> Duration {
+async fn wait_steady(db: &TestDb, before: &str) -> Duration {
     const STEADY: Duration = Duration::from_millis(300);
     const LIMIT: Duration = Duration::from_secs(60);
     let began = Instant::now();
@@ -528,10 +528,10 @@ async fn wait_steady(db: &TestDb, kill: usize) -> Duration {
     loop {
         let target = wal_insert_lsn(&client).await;
         let asked = Instant::now();
-        while db.confirmed_flush_lsn().await < target {
+        while db.confirmed_flush_lsn_on(&client).await < target {
             assert!(
                 began.elapsed() < LIMIT,
-                "before kill {kill}: the relay did not catch up with the writers within {LIMIT:?}"
+                "before {before}: the relay did not catch up with the writers within {LIMIT:?}"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -565,7 +565,7 @@ async fn sigkill_at_a_steady_rate_resends_a_small_window() {
         write_steadily(&writer_db, 4, 25, Duration::from_millis(20), writers_stop).await
     });
     for kill in 1..=KILLS {
-        let catch_up = wait_steady(&db, kill).await;
+        let catch_up = wait_steady(&db, &format!("kill {kill}")).await;
         let wait = rand::thread_rng().gen_range(200..800);
         eprintln!("kill {kill}: caught up {catch_up:?} after the start; killing in {wait} ms");
         tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -573,7 +573,7 @@ async fn sigkill_at_a_steady_rate_resends_a_small_window() {
         relay = RelayProcess::start(&env, "sigkill_steady");
         wait_for_slot(&db, &mut relay).await;
     }
-    wait_steady(&db, KILLS + 1).await;
+    wait_steady(&db, "the writers stop").await;
     stop.cancel();
     let all = writing.await.unwrap();
     let rate = all.len() as f64 / began.elapsed().as_secs_f64();
