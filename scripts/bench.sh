@@ -10,6 +10,9 @@
 #   --txn-sizes LIST   drain rounds, rows per transaction (default "1 10 100")
 #   --rates LIST       latency rates, events/s (default "1000 5000 20000")
 #   --rate-seconds S   seconds per latency rate (default 15)
+#   --warm-up-seconds S
+#                      writers at each rate before its measured window, whose
+#                      records are reported apart (default 10; 3 with --quick)
 #   --idle-seconds S   idle CPU window (default 30)
 #   --partitions P     partitions of each benchmark topic (default 3)
 #   --writers W        latency writer connections (default 4)
@@ -85,7 +88,10 @@
 #      and samples the relay's peak RSS and CPU time at that moment.
 #   2. Latency: one relay, writers inserting 1-row transactions at each rate;
 #      a consumer computes receive time - record timestamp (the relay stamps
-#      each record with its transaction's commit time).
+#      each record with its transaction's commit time). Each rate starts with
+#      --warm-up-seconds of the same writers, then waits for all their records,
+#      so that the window measures a steady state; the warm-up's own figures
+#      are printed apart.
 #   3. Idle: the same relay's CPU over --idle-seconds with no traffic.
 #   4. The --shapes phases, described in bench/README.md.
 #   Phases 1-3 (and 4) run once per --delivery mode.
@@ -137,7 +143,7 @@ scan_args() {
         --peer)
             [[ ${2:-} == debezium ]] && WANT_DEBEZIUM=1
             if (($# > 1)); then shift; fi ;;
-        --events | --txn-sizes | --rates | --rate-seconds | --idle-seconds | --partitions | \
+        --events | --txn-sizes | --rates | --rate-seconds | --warm-up-seconds | --idle-seconds | --partitions | \
             --writers | --latency-topics | --delivery | --payload-sizes | --payload-mb | --topics-count | \
             --big-txn-rows | --kill-rate | --kills | --kill-interval | --relay-env | --label | --output)
             if (($# > 1)); then shift; fi ;;

@@ -13,7 +13,7 @@ use crate::pg::pg_connect;
 use crate::prom::{
     histogram_delta, kafka_transactions, scrape_text, COMMIT_TO_ACK, COMMIT_TO_READ,
 };
-use crate::records::{Latency, LatencyKind};
+use crate::records::{Latency, LatencyKind, WarmUp};
 use crate::util::{finite, percentile, unix_ns};
 
 /// Inserts a latency writer may have outstanding on its connection (pipelined).
@@ -195,11 +195,16 @@ pub async fn write(
     Ok((committed, start.elapsed().as_secs_f64()))
 }
 
-/// Tells a consumer thread when the writers are done and how many rows to expect.
+/// Tells a consumer thread when the writers are done and how many rows to expect, and which
+/// records belong to the warm-up.
 #[derive(Clone)]
 pub struct Expect {
     expected: Arc<AtomicU64>,
     done: Arc<AtomicBool>,
+    /// Records with an earlier timestamp (unix ms) are the warm-up's; 0 until a warm-up.
+    measure_from_ms: Arc<AtomicU64>,
+    /// Warm-up records received so far.
+    warm_received: Arc<AtomicU64>,
 }
 
 impl Expect {
@@ -207,7 +212,18 @@ impl Expect {
         Expect {
             expected: Arc::new(AtomicU64::new(u64::MAX)),
             done: Arc::new(AtomicBool::new(false)),
+            measure_from_ms: Arc::new(AtomicU64::new(0)),
+            warm_received: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Whether a record committed at `timestamp_ms` belongs to the warm-up (counting it).
+    fn is_warm_up(&self, timestamp_ms: i64) -> bool {
+        let warm = (timestamp_ms.max(0) as u64) < self.measure_from_ms.load(Ordering::Acquire);
+        if warm {
+            self.warm_received.fetch_add(1, Ordering::AcqRel);
+        }
+        warm
     }
 
     pub fn writers_done(&self, committed: u64) {
@@ -223,16 +239,24 @@ impl Expect {
     }
 }
 
+/// Each record's latency in ms (receive time − record timestamp), the measured window's and
+/// the warm-up's apart.
+#[derive(Default)]
+struct Consumed {
+    latencies: Vec<f64>,
+    warm_up: Vec<f64>,
+}
+
 /// Reads `topics` from the beginning until the expected records arrived (or the settle
-/// timeout); returns each record's latency in ms (receive time − record timestamp).
-fn consume_latencies(brokers: &str, topics: &[String], expect: Expect) -> anyhow::Result<Vec<f64>> {
+/// timeout).
+fn consume_latencies(brokers: &str, topics: &[String], expect: Expect) -> anyhow::Result<Consumed> {
     let consumer = assigned_consumer(brokers, topics, "outbox-bench")?;
-    let mut latencies = Vec::new();
+    let mut consumed = Consumed::default();
     let mut settle_deadline: Option<Instant> = None;
     loop {
         if let Some(expected) = expect.expected() {
             let deadline = *settle_deadline.get_or_insert(Instant::now() + LATENCY_SETTLE_TIMEOUT);
-            if latencies.len() as u64 >= expected || Instant::now() > deadline {
+            if consumed.latencies.len() as u64 >= expected || Instant::now() > deadline {
                 break;
             }
         }
@@ -240,14 +264,17 @@ fn consume_latencies(brokers: &str, topics: &[String], expect: Expect) -> anyhow
             Some(Ok(m)) => {
                 let now_ms = unix_ns() as f64 / 1e6;
                 if let Some(ts) = m.timestamp().to_millis() {
-                    latencies.push(now_ms - ts as f64);
+                    match expect.is_warm_up(ts) {
+                        true => consumed.warm_up.push(now_ms - ts as f64),
+                        false => consumed.latencies.push(now_ms - ts as f64),
+                    }
                 }
             }
             Some(Err(e)) => eprintln!("outbox-bench: consumer error: {e}"),
             None => {}
         }
     }
-    Ok(latencies)
+    Ok(consumed)
 }
 
 /// Optional scrape of the relay's metrics.
@@ -255,30 +282,77 @@ async fn scrape(metrics_url: Option<&str>) -> Option<String> {
     scrape_text(metrics_url?).await
 }
 
-/// Writers at `load.rate` for `load.seconds` while a consumer reads the relay's topic; the
+/// How long the warm-up's last records may take to arrive before the measured window starts.
+const WARM_UP_SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A consumer reading a [`Target`]'s topics from the beginning, for one latency measurement.
+pub struct LatencyConsumer {
+    expect: Expect,
+    thread: std::thread::JoinHandle<anyhow::Result<Consumed>>,
+}
+
+impl LatencyConsumer {
+    /// Starts the consumer and gives it time to join before the first row, so that no
+    /// record waits for it.
+    pub async fn start(target: &Target<'_>) -> LatencyConsumer {
+        let expect = Expect::new();
+        let (brokers, topics, e) = (target.brokers.to_string(), target.topics(), expect.clone());
+        let thread = std::thread::spawn(move || consume_latencies(&brokers, &topics, e));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        LatencyConsumer { expect, thread }
+    }
+
+    /// Writers at `load` before the measured window, then a wait until every row they
+    /// committed arrived: the relay, librdkafka and the broker have then seen every topic
+    /// and partition (a partition's first records on a new topic can wait for seconds: see
+    /// bench/README.md), and the window measures a steady state. Its records are reported
+    /// apart ([`WarmUp`]).
+    pub async fn warm_up(&self, target: &Target<'_>, load: Load) -> anyhow::Result<()> {
+        self.expect
+            .measure_from_ms
+            .store(u64::MAX, Ordering::Release);
+        let (rows, _) = write(target, load, Ids::Random, |w| w * 1_000_000_000).await?;
+        let committed: u64 = rows.iter().map(|(_, n)| n).sum();
+        let give_up = Instant::now() + WARM_UP_SETTLE_TIMEOUT;
+        while self.expect.warm_received.load(Ordering::Acquire) < committed {
+            if Instant::now() > give_up || self.thread.is_finished() {
+                anyhow::bail!(
+                    "the warm-up's {committed} rows did not all arrive within {} s",
+                    WARM_UP_SETTLE_TIMEOUT.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Commit timestamps are whole ms: the window's rows commit after this one.
+        let from = (unix_ns() / 1_000_000) as u64 + 1;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        self.expect.measure_from_ms.store(from, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Writers at `load.rate` for `load.seconds` while `consumer` reads the relay's topics; the
 /// relay's own histograms between two scrapes of `metrics_url`, when it has one.
 pub async fn latency(
     target: &Target<'_>,
     load: Load,
+    consumer: LatencyConsumer,
     metrics_url: Option<&str>,
 ) -> anyhow::Result<Latency> {
-    let expect = Expect::new();
-    let consumer = {
-        let (brokers, topics, expect) =
-            (target.brokers.to_string(), target.topics(), expect.clone());
-        std::thread::spawn(move || consume_latencies(&brokers, &topics, expect))
-    };
-    // Let the consumer join before the first row, so that no record waits for it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let LatencyConsumer { expect, thread } = consumer;
     let relay_before = scrape(metrics_url).await;
     let (rows, write_seconds) = write(target, load, Ids::Random, |w| w * 1_000_000_000).await?;
     let committed: u64 = rows.iter().map(|(_, n)| n).sum();
     expect.writers_done(committed);
-    let mut latencies = tokio::task::spawn_blocking(move || consumer.join())
+    let Consumed {
+        mut latencies,
+        mut warm_up,
+    } = tokio::task::spawn_blocking(move || thread.join())
         .await?
         .map_err(|_| anyhow::anyhow!("consumer thread panicked"))?
         .context("the latency consumer")?;
     latencies.sort_by(f64::total_cmp);
+    warm_up.sort_by(f64::total_cmp);
     let relay_after = scrape(metrics_url).await;
     let (ack, read, txns) = match (&relay_before, &relay_after) {
         (Some(before), Some(after)) => (
@@ -308,6 +382,14 @@ pub async fn latency(
         relay_commit_to_ack: ack,
         relay_commit_to_read: read,
         relay_kafka_transactions: txns,
+        warm_up: (!warm_up.is_empty()).then(|| {
+            Box::new(WarmUp {
+                received: warm_up.len() as u64,
+                p50_ms: finite(percentile(&warm_up, 50.0)),
+                p99_ms: finite(percentile(&warm_up, 99.0)),
+                max_ms: warm_up.last().copied(),
+            })
+        }),
     };
     eprintln!(
         "[outbox-bench] {}/s: {committed} committed ({:.0}/s), {} received; p50 {:?} ms, p99 \
@@ -315,4 +397,23 @@ pub async fn latency(
         load.rate, out.rate_achieved, out.received, out.p50_ms, out.p99_ms, out.max_ms
     );
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_before_the_window_are_the_warm_ups_and_counted() {
+        let expect = Expect::new();
+        // No warm-up: every record is measured.
+        assert!(!expect.is_warm_up(1_000));
+        expect.measure_from_ms.store(u64::MAX, Ordering::Release);
+        assert!(expect.is_warm_up(1_000));
+        assert!(expect.is_warm_up(2_000));
+        expect.measure_from_ms.store(2_000, Ordering::Release);
+        assert!(expect.is_warm_up(1_999));
+        assert!(!expect.is_warm_up(2_000));
+        assert_eq!(expect.warm_received.load(Ordering::Acquire), 3);
+    }
 }

@@ -141,6 +141,9 @@ enum Command {
         /// The relay's Prometheus endpoint (http://host:port/metrics), if it has one.
         #[arg(long)]
         metrics_url: Option<String>,
+        /// Seconds of writers before the measured window, reported apart.
+        #[arg(long, default_value_t = 0)]
+        warm_up_seconds: u64,
     },
     /// Insert 1-row transactions with known event ids while someone kills and restarts the
     /// relay; print the copies of each id (duplicates and missing ones).
@@ -230,9 +233,22 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             };
             print_json(&wait_slot::wait_slot(&wait).await?)
         }
-        Command::Latency { load, metrics_url } => {
+        Command::Latency {
+            load,
+            metrics_url,
+            warm_up_seconds,
+        } => {
             let (target, load) = load.split();
-            print_json(&latency::latency(&target, load, metrics_url.as_deref()).await?)
+            let consumer = latency::LatencyConsumer::start(&target).await;
+            if warm_up_seconds > 0 {
+                let warm = latency::Load {
+                    seconds: warm_up_seconds,
+                    ..load
+                };
+                consumer.warm_up(&target, warm).await?;
+            }
+            let measured = latency::latency(&target, load, consumer, metrics_url.as_deref());
+            print_json(&measured.await?)
         }
         Command::Resend { load, settle_s } => {
             let (target, load) = load.split();

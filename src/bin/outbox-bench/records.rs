@@ -258,6 +258,20 @@ pub struct Latency {
     pub relay_commit_to_read: Option<HistogramSummary>,
     #[serde(default)]
     pub relay_kafka_transactions: Option<KafkaTransactions>,
+    /// The rows written before the measured window (`--warm-up-seconds`), when any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_up: Option<Box<WarmUp>>,
+}
+
+/// The warm-up before a latency window: its records' latencies, kept apart from the
+/// window's (the first records of a new topic's partitions can wait for seconds).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmUp {
+    pub received: u64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub max_ms: Option<f64>,
 }
 
 /// The latency relay's CPU over a window with no traffic.

@@ -520,6 +520,18 @@ fn latency(out: &mut String, rows: &[Latency]) {
             let _ = writeln!(out, "  {}/s, exactly-once: {text}", l.rate_target);
         }
     }
+    for (l, w) in rows.iter().filter_map(|l| Some((l, l.warm_up.as_ref()?))) {
+        let _ = writeln!(
+            out,
+            "  {}/s, {}: warm-up before the window, {} records: p50 {} / p99 {} / max {} ms",
+            l.rate_target,
+            mode(l.delivery.as_deref()),
+            w.received,
+            fmt_o(w.p50_ms, 1),
+            fmt_o(w.p99_ms, 1),
+            fmt_o(w.max_ms, 1),
+        );
+    }
 }
 
 /// CPU seconds over a window of `seconds`, as a percentage of one core.

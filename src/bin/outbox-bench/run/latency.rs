@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::ctx::{mode_tag, Ctx, RelayRun};
-use crate::latency::{latency, spread_names, Load, Target};
+use crate::latency::{latency, spread_names, LatencyConsumer, Load, Target};
 use crate::pg::{create_slot, current_lsn, slot_active_pid, wait_slot_active};
 use crate::proc_stat::{cpu_seconds, sample_proc};
 use crate::process::Relay;
@@ -141,8 +141,10 @@ async fn one_rate(
 ) -> anyhow::Result<()> {
     let s = &ctx.settings;
     eprintln!(
-        "[bench] latency ({mode}, tracing {tracing}): {rate} events/s for {} s (load {})",
+        "[bench] latency ({mode}, tracing {tracing}): {rate} events/s for {} s after {} s of \
+         warm-up (load {})",
         s.rate_seconds,
+        s.warm_up_seconds,
         loadavg()
     );
     ctx.record_load(format!("latency-{tag}-{rate}"))?;
@@ -159,12 +161,20 @@ async fn one_rate(
         seconds: ctx.settings.rate_seconds,
         writers: ctx.settings.writers,
     };
+    let consumer = LatencyConsumer::start(&target).await;
+    if ctx.settings.warm_up_seconds > 0 {
+        let warm = Load {
+            seconds: ctx.settings.warm_up_seconds,
+            ..load
+        };
+        consumer.warm_up(&target, warm).await?;
+    }
     let client = ctx.services.cluster.connect(db).await?;
     let walsender = slot_active_pid(&client, &format!("bench_latency_{tag}")).await?;
     drop(client);
     let cpu = |pid: Option<u32>| pid.and_then(|pid| cpu_seconds(pid, ctx.clk_tck).ok());
     let (c0, w0) = (cpu_seconds(relay.pid(), ctx.clk_tck)?, cpu(walsender));
-    let mut out = latency(&target, load, metrics_url).await?;
+    let mut out = latency(&target, load, consumer, metrics_url).await?;
     let (c1, w1) = (cpu_seconds(relay.pid(), ctx.clk_tck)?, cpu(walsender));
     out.delivery = Some(mode.to_string());
     out.tracing = Some(tracing.to_string());

@@ -27,6 +27,10 @@ pub struct Options {
     /// Seconds per latency rate (default 15; 5 with --quick).
     #[arg(long)]
     pub rate_seconds: Option<u64>,
+    /// Seconds of writers at each latency rate before its measured window, whose records
+    /// are reported apart (default 10; 3 with --quick; 0: none).
+    #[arg(long)]
+    pub warm_up_seconds: Option<u64>,
     /// Idle CPU window, s (default 30; 10 with --quick).
     #[arg(long)]
     pub idle_seconds: Option<u64>,
@@ -114,6 +118,7 @@ pub struct Settings {
     pub txn_sizes: Vec<u64>,
     pub rates: Vec<u64>,
     pub rate_seconds: u64,
+    pub warm_up_seconds: u64,
     pub idle_seconds: u64,
     pub partitions: i32,
     pub writers: u64,
@@ -208,6 +213,10 @@ impl Options {
                 5
             } else {
                 self.rate_seconds.unwrap_or(15)
+            },
+            warm_up_seconds: match self.quick {
+                true => self.warm_up_seconds.unwrap_or(3),
+                false => self.warm_up_seconds.unwrap_or(10),
             },
             idle_seconds: if self.quick {
                 10
