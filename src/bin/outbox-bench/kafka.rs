@@ -1,6 +1,7 @@
 //! The benchmark's Kafka: topics made up front, a warm-up record, a bare transactional
 //! producer (the floor under exactly-once) and the consumers that read the relay's topics.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -53,7 +54,45 @@ pub async fn create_topics(
             Err((topic, code)) => bail!("cannot create topic {topic}: {code:?}"),
         }
     }
-    Ok(())
+    let wanted: HashSet<String> = topics.iter().cloned().collect();
+    tokio::task::spawn_blocking(move || wait_topics_led(&admin, &wanted, partitions)).await?
+}
+
+/// How long created topics may take to get a leader for every partition.
+const TOPICS_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Waits until the broker's metadata shows each of `wanted` with `partitions` partitions, each
+/// with a leader. CreateTopics returns once the controller has them; the broker applies them
+/// (creating 1,000 topics' logs takes it seconds) after, and a drain started before that would
+/// time the broker's work as the relay's. Blocking.
+fn wait_topics_led(
+    admin: &AdminClient<DefaultClientContext>,
+    wanted: &HashSet<String>,
+    partitions: i32,
+) -> anyhow::Result<()> {
+    let give_up = Instant::now() + TOPICS_READY_TIMEOUT;
+    loop {
+        let metadata = admin
+            .inner()
+            .fetch_metadata(None, Duration::from_secs(30))
+            .context("read the created topics' metadata")?;
+        let led = (metadata.topics().iter())
+            .filter(|t| wanted.contains(t.name()))
+            .filter(|t| t.partitions().len() == partitions as usize)
+            .filter(|t| t.partitions().iter().all(|p| p.leader() >= 0))
+            .count();
+        if led == wanted.len() {
+            return Ok(());
+        }
+        if Instant::now() > give_up {
+            bail!(
+                "{led} of {} created topics have a leader for every partition after {} s",
+                wanted.len(),
+                TOPICS_READY_TIMEOUT.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// One record with an idempotent producer, acknowledged: a freshly started broker has then
