@@ -302,6 +302,24 @@ impl LatencyConsumer {
         LatencyConsumer { expect, thread }
     }
 
+    /// [`LatencyConsumer::start`], then [`LatencyConsumer::warm_up`] at `load`'s rate for
+    /// `warm_up_seconds` (none when 0).
+    pub async fn start_warm(
+        target: &Target<'_>,
+        load: Load,
+        warm_up_seconds: u64,
+    ) -> anyhow::Result<LatencyConsumer> {
+        let consumer = LatencyConsumer::start(target).await;
+        if warm_up_seconds > 0 {
+            let warm = Load {
+                seconds: warm_up_seconds,
+                ..load
+            };
+            consumer.warm_up(target, warm).await?;
+        }
+        Ok(consumer)
+    }
+
     /// Writers at `load` before the measured window, then a wait until every row they
     /// committed arrived: the relay, librdkafka and the broker have then seen every topic
     /// and partition (a partition's first records on a new topic can wait for seconds: see

@@ -239,14 +239,8 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             warm_up_seconds,
         } => {
             let (target, load) = load.split();
-            let consumer = latency::LatencyConsumer::start(&target).await;
-            if warm_up_seconds > 0 {
-                let warm = latency::Load {
-                    seconds: warm_up_seconds,
-                    ..load
-                };
-                consumer.warm_up(&target, warm).await?;
-            }
+            let consumer =
+                latency::LatencyConsumer::start_warm(&target, load, warm_up_seconds).await?;
             let measured = latency::latency(&target, load, consumer, metrics_url.as_deref());
             print_json(&measured.await?)
         }

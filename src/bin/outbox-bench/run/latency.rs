@@ -161,14 +161,7 @@ async fn one_rate(
         seconds: ctx.settings.rate_seconds,
         writers: ctx.settings.writers,
     };
-    let consumer = LatencyConsumer::start(&target).await;
-    if ctx.settings.warm_up_seconds > 0 {
-        let warm = Load {
-            seconds: ctx.settings.warm_up_seconds,
-            ..load
-        };
-        consumer.warm_up(&target, warm).await?;
-    }
+    let consumer = LatencyConsumer::start_warm(&target, load, ctx.settings.warm_up_seconds).await?;
     let client = ctx.services.cluster.connect(db).await?;
     let walsender = slot_active_pid(&client, &format!("bench_latency_{tag}")).await?;
     drop(client);
