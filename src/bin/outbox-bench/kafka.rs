@@ -86,9 +86,10 @@ fn wait_topics_led(
         }
         if Instant::now() > give_up {
             bail!(
-                "{led} of {} created topics have a leader for every partition after {} s",
+                "after {} s, {led} of {} topics have {partitions} partitions with a leader each \
+                 (an older topic of the same name with another partition count never will)",
+                TOPICS_READY_TIMEOUT.as_secs(),
                 wanted.len(),
-                TOPICS_READY_TIMEOUT.as_secs()
             );
         }
         std::thread::sleep(Duration::from_millis(200));
