@@ -213,11 +213,7 @@ async fn confirmed_past_rows(url: &str, slot: &str, rows: u64) -> u64 {
         },
     )
     .await;
-    let insert_sql = "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint";
-    let target: u64 = query_text(url, insert_sql)
-        .await
-        .and_then(|t| t.parse().ok())
-        .expect("the WAL insert position");
+    let target = wal_insert_lsn(&connect(url).await).await;
     wait_for(
         "the relay to confirm the first rows",
         Duration::from_secs(60),

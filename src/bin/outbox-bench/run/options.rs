@@ -214,10 +214,9 @@ impl Options {
             } else {
                 self.rate_seconds.unwrap_or(15)
             },
-            warm_up_seconds: match self.quick {
-                true => self.warm_up_seconds.unwrap_or(3),
-                false => self.warm_up_seconds.unwrap_or(10),
-            },
+            warm_up_seconds: self
+                .warm_up_seconds
+                .unwrap_or(if self.quick { 3 } else { 10 }),
             idle_seconds: if self.quick {
                 10
             } else {
