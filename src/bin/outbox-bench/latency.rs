@@ -386,6 +386,7 @@ pub async fn latency(
         tracing: None,
         relay_cpu_seconds: None,
         walsender_cpu_seconds: None,
+        producer_alone_cpu_seconds: None,
         topics: (target.spread > 1).then_some(target.spread),
         rate_target: load.rate,
         rate_achieved: committed as f64 / write_seconds,

@@ -4,6 +4,7 @@
 //! - `run`: every phase (see `run/mod.rs`), writing typed records and the result file;
 //! - `report`: the table of a result file (`--result`), or of a run's records (`--input`);
 //! - `create-topics`, `warm-up`, `txn-probe`: Kafka set-up and the bare transactional probe;
+//! - `producer-alone`: the relay's producer with no relay in front (the Kafka side's limit);
 //! - `wait-slot`: polls a slot until it confirms a target, then samples a process in /proc;
 //! - `latency`, `resend`: steady writers and a consumer (latency, copies per id);
 //! - `metrics`: one scrape of the relay's `/metrics`;
@@ -23,6 +24,7 @@ mod otlp_sink;
 mod pg;
 mod proc_stat;
 mod process;
+mod producer_alone;
 mod prom;
 mod records;
 mod report;
@@ -168,6 +170,26 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         pause_ms: u64,
     },
+    /// The relay's producer alone (its librdkafka settings and in-flight window, no relay in
+    /// front): a backlog of `--events` records, or `--rate` records/s for `--seconds` after
+    /// `--warm-up-seconds`, to the topics in `--topics-file` (one per line, in turn), payloads
+    /// from `--payloads-file` (one per line, in turn). Prints its time and CPU.
+    ProducerAlone {
+        #[arg(long)]
+        brokers: String,
+        #[arg(long)]
+        topics_file: PathBuf,
+        #[arg(long)]
+        payloads_file: PathBuf,
+        #[arg(long)]
+        events: Option<u64>,
+        #[arg(long)]
+        rate: Option<u64>,
+        #[arg(long)]
+        seconds: Option<u64>,
+        #[arg(long, default_value_t = 0)]
+        warm_up_seconds: u64,
+    },
     /// Scrape the relay's `/metrics` once and print its Kafka transaction figures.
     Metrics {
         #[arg(long)]
@@ -262,6 +284,26 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 pause: Duration::from_millis(pause_ms),
             };
             print_json(&kafka::txn_probe(&brokers, &topic, &load)?)
+        }
+        Command::ProducerAlone {
+            brokers,
+            topics_file,
+            payloads_file,
+            events,
+            rate,
+            seconds,
+            warm_up_seconds,
+        } => {
+            let pace = producer_alone::pace_of(events, rate, seconds, warm_up_seconds)?;
+            let topics = producer_alone::read_lines(&topics_file)?;
+            let payloads: Vec<Vec<u8>> = (producer_alone::read_lines(&payloads_file)?)
+                .into_iter()
+                .map(String::into_bytes)
+                .collect();
+            let sent = tokio::task::spawn_blocking(move || {
+                producer_alone::produce(&brokers, &topics, &payloads, pace)
+            });
+            print_json(&sent.await??)
         }
         Command::Metrics { metrics_url } => {
             let metrics = prom::relay_metrics(&metrics_url, "")

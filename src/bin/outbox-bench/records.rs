@@ -126,6 +126,21 @@ pub struct Recvlogical {
     /// CPU seconds of the walsender that served it (`walsender_cpu.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub walsender_cpu_seconds: Option<f64>,
+    /// `--producer-alone`: the relay's producer sending the same records to topics of its
+    /// own (the Kafka side's limit, as `pg_recvlogical` is the walsender's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer_alone: Option<ProducerAlone>,
+}
+
+/// The relay's producer with no relay in front of it (`producer_alone.rs`): the records
+/// measured (a steady rate's warm-up left out), the seconds from its creation (or the
+/// warm-up's end) to the last acknowledgement, and its process's CPU over them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProducerAlone {
+    pub events: u64,
+    pub seconds: f64,
+    pub cpu_seconds: f64,
 }
 
 /// A slot that reached its target, and the relay's `/proc` figures at that moment.
@@ -239,6 +254,10 @@ pub struct Latency {
     /// The relay's walsender over the same window: the limit a steady rate is held to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub walsender_cpu_seconds: Option<f64>,
+    /// `--producer-alone`: the relay's producer alone at the same rate over the same topics,
+    /// its CPU seconds over a window as long (the Kafka side's share of the relay's CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer_alone_cpu_seconds: Option<f64>,
     /// Topics the rate's rows spread over (`--latency-topics`), when more than one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topics: Option<u64>,

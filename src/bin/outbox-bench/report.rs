@@ -118,6 +118,7 @@ fn drain_row(
 ) -> DrainRow {
     let (b, r) = (&relay.backlog, &relay.reached);
     let recv_s = recvlogical.map(|v| v.seconds);
+    let alone = recvlogical.and_then(|v| v.producer_alone.as_ref());
     let events = b.events as f64;
     let mb = events * b.payload_bytes.unwrap_or(f64::NAN) / 1e6;
     let recv = recv_s.unwrap_or(f64::NAN);
@@ -136,6 +137,9 @@ fn drain_row(
         pg_recvlogical_events_per_s: ratio(events, recv),
         pg_recvlogical_payload_mb_per_s: ratio(mb, recv),
         pg_recvlogical_walsender_cpu_seconds: recvlogical.and_then(|v| v.walsender_cpu_seconds),
+        producer_alone_events_per_s: alone.map(|a| a.events as f64 / a.seconds),
+        producer_alone_cpu_seconds_per_million_events: alone
+            .map(|a| a.cpu_seconds / a.events as f64 * 1e6),
         relay_seconds: relay_s,
         relay_events_per_s: events / relay_s,
         // From the first poll at or past half-way (by WAL position) to the end.
@@ -417,12 +421,14 @@ mod tests {
                 backlog: backlog("tx1", 1_000),
                 seconds: 1.0,
                 walsender_cpu_seconds: None,
+                producer_alone: None,
             }),
             Record::Recvlogical(Recvlogical {
                 kind: RecvlogicalKind,
                 backlog: backlog("tx100", 1_000),
                 seconds: 2.0,
                 walsender_cpu_seconds: None,
+                producer_alone: None,
             }),
             Record::PeerDrain(peer("tx100", 1_000, 1_000)),
         ];

@@ -149,6 +149,12 @@ pub struct DrainRow {
     /// walsender was the bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pg_recvlogical_walsender_cpu_seconds: Option<f64>,
+    /// `--producer-alone`: the relay's producer sending the same events with no relay in
+    /// front (the Kafka side's limit), and its CPU per million events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer_alone_events_per_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer_alone_cpu_seconds_per_million_events: Option<f64>,
     pub relay_seconds: f64,
     pub relay_events_per_s: f64,
     #[serde(default)]

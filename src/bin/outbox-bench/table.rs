@@ -153,6 +153,28 @@ fn drain(out: &mut String, rows: &[DrainRow]) {
             let _ = writeln!(out, "  {}-row, exactly-once: {text}", fmt(d.txn_rows, 0));
         }
     }
+    producer_alone(out, rows, |d| format!("{}-row", fmt(d.txn_rows, 0)));
+}
+
+/// `--producer-alone`: under a drain table, each row's Kafka-side limit (the relay's producer
+/// with no relay in front, on the same events) beside `pg_recvlogical`, and the relay's share
+/// of it; `label` names the row's round.
+fn producer_alone(out: &mut String, rows: &[DrainRow], label: impl Fn(&DrainRow) -> String) {
+    for d in rows {
+        let Some(alone) = d.producer_alone_events_per_s else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "  {}, {}: the producer alone {} ev/s ({}x pg_recvlogical, {} CPU s/M); relay / alone {}",
+            label(d),
+            mode(d.delivery.as_deref()),
+            fmt(alone, 0),
+            fmt_o(d.pg_recvlogical_events_per_s.map(|r| alone / r), 2),
+            fmt_o(d.producer_alone_cpu_seconds_per_million_events, 2),
+            fmt(d.relay_events_per_s / alone, 2),
+        );
+    }
 }
 
 /// `--peer`: the peer beside pg_recvlogical and the relay on the same backlogs.
@@ -274,6 +296,9 @@ fn payload(out: &mut String, rows: &[DrainRow]) {
         ],
         &cells,
     );
+    producer_alone(out, rows, |d| {
+        format!("{} B", fmt_o(d.payload_bytes_avg, 0))
+    });
 }
 
 fn topics(out: &mut String, rows: &[DrainRow]) {
@@ -312,6 +337,9 @@ fn topics(out: &mut String, rows: &[DrainRow]) {
         ],
         &cells,
     );
+    producer_alone(out, rows, |d| {
+        format!("{} topics", fmt_o(d.aggregate_types, 0))
+    });
 }
 
 /// Avro against none: each row beside its own `pg_recvlogical` drain, and its CPU per event
@@ -519,6 +547,18 @@ fn latency(out: &mut String, rows: &[Latency]) {
         if !text.is_empty() {
             let _ = writeln!(out, "  {}/s, exactly-once: {text}", l.rate_target);
         }
+    }
+    for (l, cpu) in rows
+        .iter()
+        .filter_map(|l| Some((l, l.producer_alone_cpu_seconds?)))
+    {
+        let _ = writeln!(
+            out,
+            "  {}/s, {}: the relay's producer alone at this rate over the same topics: CPU {} % of a core",
+            l.rate_target,
+            mode(l.delivery.as_deref()),
+            cpu_percent(Some(cpu), l.seconds),
+        );
     }
     for (l, w) in rows.iter().filter_map(|l| Some((l, l.warm_up.as_ref()?))) {
         let _ = writeln!(

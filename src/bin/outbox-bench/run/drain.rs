@@ -7,9 +7,10 @@ use super::ctx::{mode_tag, Ctx, RelayRun, DRAIN_STATUS_INTERVAL_MS};
 use super::peer;
 use crate::pg::{create_slot, current_lsn, drop_slot, scalar};
 use crate::process::{recvlogical, SystemPerf};
+use crate::producer_alone;
 use crate::prom::relay_metrics;
-use crate::records::Recvlogical;
 use crate::records::{Backlog, Record, RecvlogicalKind, RelayDrain, RelayDrainKind};
+use crate::records::{ProducerAlone, Recvlogical};
 use crate::util::loadavg;
 use crate::wait_slot::{wait_slot, SlotWait};
 use crate::walsender_cpu;
@@ -54,7 +55,12 @@ pub fn txn_round(ctx: &Ctx, rows: u64) -> Round {
 
 /// The topics of a round for delivery mode `mode`, and the relay's topic (template).
 fn topics_of(ctx: &Ctx, r: &Round, mode: &str) -> (Vec<String>, String) {
-    let prefix = format!("{}-{}-{}", ctx.topic_prefix(), r.round, mode_tag(mode));
+    named_topics(ctx, r, mode_tag(mode))
+}
+
+/// The topics of a round named `tag` (a delivery mode's, or the producer alone's).
+fn named_topics(ctx: &Ctx, r: &Round, tag: &str) -> (Vec<String>, String) {
+    let prefix = format!("{}-{}-{tag}", ctx.topic_prefix(), r.round);
     if r.types.is_empty() {
         return (vec![prefix.clone()], prefix);
     }
@@ -119,6 +125,10 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     for mode in &ctx.settings.delivery {
         topics.extend(topics_of(ctx, r, mode).0);
     }
+    let alone_topics = named_topics(ctx, r, "alone").0;
+    if ctx.settings.producer_alone {
+        topics.extend(alone_topics.iter().cloned());
+    }
     eprintln!("[bench]   creating {} topics", topics.len());
     ctx.create_topics(r.partitions, &topics).await?;
 
@@ -140,11 +150,16 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     if scalar(&client, &check).await?.as_deref() != Some("t") {
         anyhow::bail!("pg_recvlogical exited before its slot reached {end_lsn}");
     }
+    let producer_alone = match ctx.settings.producer_alone {
+        true => Some(producer_alone(ctx, &client, r, &alone_topics).await?),
+        false => None,
+    };
     ctx.record(Record::Recvlogical(Recvlogical {
         kind: RecvlogicalKind,
         backlog: backlog.clone(),
         seconds,
         walsender_cpu_seconds,
+        producer_alone,
     }))?;
     // pg_recvlogical's slot is done: it would only hold WAL.
     drop_slot(&client, &recv_slot).await?;
@@ -168,6 +183,44 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     }
     // Frees the WAL the slots hold, so every round starts alike.
     ctx.drop_database(&db).await
+}
+
+/// The relay's producer alone sends the backlog's events, with payloads sampled from it
+/// (up to 1,000 rows, 16 MB), to topics of its own.
+async fn producer_alone(
+    ctx: &Ctx,
+    client: &tokio_postgres::Client,
+    r: &Round,
+    topics: &[String],
+) -> anyhow::Result<ProducerAlone> {
+    let sample = "SELECT payload::text FROM outbox \
+                  LIMIT greatest(1, least(1000, 16000000 / (SELECT max(octet_length(payload::text)) FROM (SELECT payload FROM outbox LIMIT 100) s)))";
+    let payloads: Vec<String> = (client.query(sample, &[]).await?)
+        .iter()
+        .filter_map(|row| row.get(0))
+        .collect();
+    eprintln!(
+        "[bench]   the relay's producer alone sending {} events to {} topics (load {})",
+        r.events,
+        topics.len(),
+        loadavg()
+    );
+    let name = format!("producer-alone-{}", r.round);
+    let sent = producer_alone::run_process(&producer_alone::Job {
+        brokers: &ctx.services.brokers,
+        name: &name,
+        dir: &ctx.log_dir,
+        topics,
+        payloads: &payloads,
+        relay_env: &ctx.settings.relay_env,
+        pace: producer_alone::Pace::Backlog { events: r.events },
+    })
+    .await?;
+    eprintln!(
+        "[bench]   producer alone: {:.3} s, CPU {:.2} s",
+        sent.seconds, sent.cpu_seconds
+    );
+    Ok(sent)
 }
 
 /// One relay drain: its slot of `db` up to `end_lsn` in delivery mode `mode`.

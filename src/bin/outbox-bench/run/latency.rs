@@ -7,7 +7,8 @@ use crate::latency::{latency, spread_names, LatencyConsumer, Load, Target};
 use crate::pg::{create_slot, current_lsn, slot_active_pid, wait_slot_active};
 use crate::proc_stat::{cpu_seconds, sample_proc};
 use crate::process::Relay;
-use crate::records::{Idle, IdleKind, Record};
+use crate::producer_alone;
+use crate::records::{Idle, IdleKind, ProducerAlone, Record};
 use crate::util::loadavg;
 use crate::wait_slot::{wait_slot, SlotWait};
 
@@ -173,8 +174,51 @@ async fn one_rate(
     out.tracing = Some(tracing.to_string());
     out.relay_cpu_seconds = Some(round3(c1 - c0));
     out.walsender_cpu_seconds = w0.zip(w1).map(|(w0, w1)| round3(w1 - w0));
+    if ctx.settings.producer_alone {
+        let sent = producer_alone_at(ctx, &target.topics(), rate, tag).await?;
+        out.producer_alone_cpu_seconds = Some(round3(sent.cpu_seconds));
+    }
     ctx.record(Record::Latency(out))
 }
+
+/// The relay's producer alone at `rate` over the rate's topics (warm now: the relay wrote to
+/// them) for as long as the measured window, after a short warm-up.
+async fn producer_alone_at(
+    ctx: &Ctx,
+    topics: &[String],
+    rate: u64,
+    tag: &str,
+) -> anyhow::Result<ProducerAlone> {
+    let seconds = ctx.settings.rate_seconds;
+    eprintln!(
+        "[bench]   the relay's producer alone at {rate}/s over {} topics for {seconds} s",
+        topics.len()
+    );
+    let payloads: Vec<String> = (0..1000).map(crate::latency::payload).collect();
+    let name = format!("producer-alone-{tag}-{rate}");
+    let sent = producer_alone::run_process(&producer_alone::Job {
+        brokers: &ctx.services.brokers,
+        name: &name,
+        dir: &ctx.log_dir,
+        topics,
+        payloads: &payloads,
+        relay_env: &ctx.settings.relay_env,
+        pace: producer_alone::Pace::Steady {
+            rate,
+            seconds,
+            warm_up_seconds: ALONE_WARM_UP_SECONDS,
+        },
+    })
+    .await?;
+    eprintln!(
+        "[bench]   producer alone: CPU {:.2} s over {:.1} s",
+        sent.cpu_seconds, sent.seconds
+    );
+    Ok(sent)
+}
+
+/// The producer alone's warm-up: its connection and the topics' metadata.
+const ALONE_WARM_UP_SECONDS: u64 = 3;
 
 /// Rate `rate`'s topic `…-lat-{tag}-r{rate}` and aggregate type `r{rate}`; with
 /// `--latency-topics` its rows spread over that many topics ([`Target::topics`]).

@@ -87,6 +87,10 @@ pub struct Options {
     /// Profile the relay and the machine in each drain round (perf record).
     #[arg(long)]
     pub perf: bool,
+    /// Also run the relay's producer alone (its librdkafka settings, no relay in front) on
+    /// each drain's records and at each latency rate: the Kafka side's limit.
+    #[arg(long)]
+    pub producer_alone: bool,
     /// The relay binary measured (scripts/bench.sh passes the one it built).
     #[arg(long, env = "OUTBOX_BENCH_RELAY_BIN")]
     pub relay_bin: PathBuf,
@@ -141,6 +145,7 @@ pub struct Settings {
     /// `OUTBOX_RELAY__K=V` assignments.
     pub relay_env: Vec<String>,
     pub perf: bool,
+    pub producer_alone: bool,
     pub relay_bin: PathBuf,
     pub label: String,
     pub output: Option<PathBuf>,
@@ -248,6 +253,7 @@ impl Options {
                 .map(|kv| format!("OUTBOX_RELAY__{kv}"))
                 .collect(),
             perf: self.perf,
+            producer_alone: self.producer_alone,
             relay_bin: std::fs::canonicalize(&self.relay_bin)
                 .with_context(|| format!("no relay binary at {}", self.relay_bin.display()))?,
             label: self.label,

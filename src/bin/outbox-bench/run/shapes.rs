@@ -119,6 +119,7 @@ pub async fn big_txn_shape(ctx: &mut Ctx) -> anyhow::Result<()> {
             },
             seconds,
             walsender_cpu_seconds: None,
+            producer_alone: None,
         }))?;
     }
     drop(client);
