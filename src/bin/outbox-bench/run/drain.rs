@@ -150,17 +150,17 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     if scalar(&client, &check).await?.as_deref() != Some("t") {
         anyhow::bail!("pg_recvlogical exited before its slot reached {end_lsn}");
     }
-    let producer_alone = match ctx.settings.producer_alone {
-        true => Some(producer_alone(ctx, &client, r, &alone_topics).await?),
-        false => None,
-    };
-    ctx.record(Record::Recvlogical(Recvlogical {
+    let mut recv = Recvlogical {
         kind: RecvlogicalKind,
         backlog: backlog.clone(),
         seconds,
         walsender_cpu_seconds,
-        producer_alone,
-    }))?;
+        producer_alone: None,
+    };
+    let payloads = match ctx.settings.producer_alone {
+        true => sample_payloads(&client).await?,
+        false => Vec::new(),
+    };
     // pg_recvlogical's slot is done: it would only hold WAL.
     drop_slot(&client, &recv_slot).await?;
     drop(client);
@@ -181,24 +181,39 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     if let Some(p) = peer {
         peer::drain(ctx, &p, &db, &end_lsn, &backlog).await?;
     }
+    // Last, so that its records' flushing on the broker is behind every relay's drain.
+    if ctx.settings.producer_alone {
+        match producer_alone(ctx, r, &alone_topics, &payloads).await {
+            Ok(sent) => recv.producer_alone = Some(sent),
+            Err(e) => {
+                let phase = format!("producer alone {}", r.round);
+                ctx.record_failure(&phase, "at_least_once", format!("{e:#}"))?;
+            }
+        }
+    }
+    ctx.record(Record::Recvlogical(recv))?;
     // Frees the WAL the slots hold, so every round starts alike.
     ctx.drop_database(&db).await
 }
 
-/// The relay's producer alone sends the backlog's events, with payloads sampled from it
-/// (up to 1,000 rows, 16 MB), to topics of its own.
-async fn producer_alone(
-    ctx: &Ctx,
-    client: &tokio_postgres::Client,
-    r: &Round,
-    topics: &[String],
-) -> anyhow::Result<ProducerAlone> {
+/// Payloads of the backlog for the producer alone: up to 1,000 rows, 16 MB.
+async fn sample_payloads(client: &tokio_postgres::Client) -> anyhow::Result<Vec<String>> {
     let sample = "SELECT payload::text FROM outbox \
                   LIMIT greatest(1, least(1000, 16000000 / (SELECT max(octet_length(payload::text)) FROM (SELECT payload FROM outbox LIMIT 100) s)))";
-    let payloads: Vec<String> = (client.query(sample, &[]).await?)
+    Ok((client.query(sample, &[]).await?)
         .iter()
         .filter_map(|row| row.get(0))
-        .collect();
+        .collect())
+}
+
+/// The relay's producer alone sends the backlog's events, with `payloads` sampled from it,
+/// to topics of its own.
+async fn producer_alone(
+    ctx: &Ctx,
+    r: &Round,
+    topics: &[String],
+    payloads: &[String],
+) -> anyhow::Result<ProducerAlone> {
     eprintln!(
         "[bench]   the relay's producer alone sending {} events to {} topics (load {})",
         r.events,
@@ -211,7 +226,7 @@ async fn producer_alone(
         name: &name,
         dir: &ctx.log_dir,
         topics,
-        payloads: &payloads,
+        payloads,
         relay_env: &ctx.settings.relay_env,
         pace: producer_alone::Pace::Backlog { events: r.events },
     })

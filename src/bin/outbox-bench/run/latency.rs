@@ -175,8 +175,13 @@ async fn one_rate(
     out.relay_cpu_seconds = Some(round3(c1 - c0));
     out.walsender_cpu_seconds = w0.zip(w1).map(|(w0, w1)| round3(w1 - w0));
     if ctx.settings.producer_alone {
-        let sent = producer_alone_at(ctx, &target.topics(), rate, tag).await?;
-        out.producer_alone_cpu_seconds = Some(round3(sent.cpu_seconds));
+        match producer_alone_at(ctx, &target.topics(), rate, tag).await {
+            Ok(sent) => out.producer_alone_cpu_seconds = Some(round3(sent.cpu_seconds)),
+            Err(e) => {
+                let phase = format!("producer alone at {rate}/s");
+                ctx.record_failure(&phase, mode, format!("{e:#}"))?;
+            }
+        }
     }
     ctx.record(Record::Latency(out))
 }
