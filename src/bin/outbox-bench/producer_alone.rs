@@ -41,6 +41,8 @@ struct Settle {
     room: Condvar,
     failed: AtomicU64,
     acked: AtomicU64,
+    /// The first error a report carried, for the message that ends the run.
+    first_error: Mutex<Option<String>>,
 }
 
 struct Reports(Arc<Settle>);
@@ -53,7 +55,11 @@ impl ProducerContext for Reports {
     fn delivery(&self, result: &DeliveryResult<'_>, bytes: usize) {
         let counter = match result {
             Ok(_) => &self.0.acked,
-            Err(_) => &self.0.failed,
+            Err((error, _)) => {
+                let mut first = self.0.first_error.lock().unwrap();
+                first.get_or_insert_with(|| error.to_string());
+                &self.0.failed
+            }
         };
         counter.fetch_add(1, Ordering::Relaxed);
         if let Some(window) = self.0.window.lock().unwrap().as_mut() {
@@ -217,7 +223,13 @@ impl Sender<'_> {
     fn check_failed(&self) -> anyhow::Result<()> {
         match self.settle.failed.load(Ordering::Relaxed) {
             0 => Ok(()),
-            n => bail!("{n} records were not acknowledged"),
+            n => {
+                let first = self.settle.first_error.lock().unwrap().clone();
+                bail!(
+                    "{n} records were not acknowledged, the first: {}",
+                    first.unwrap_or_default()
+                )
+            }
         }
     }
 }
