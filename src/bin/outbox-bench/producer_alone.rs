@@ -15,6 +15,7 @@ use outbox_relay::config::{Config, KafkaConfig};
 use outbox_relay::sink::publisher::client_config;
 use outbox_relay::sink::window::InFlight;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 
@@ -182,9 +183,18 @@ impl Sender<'_> {
             .sent(payload.len());
         let key = format!("00000000-0000-4000-8000-{:012}", self.sent);
         let topic = &self.topics[n % self.topics.len()];
+        let aggregate_id = (self.sent % 100_000).to_string();
+        // The relay's four headers (README: `id`, `type`, `aggregatetype`, `aggregateid`), so
+        // that its records weigh what the relay's do.
+        let headers = OwnedHeaders::new_with_capacity(4)
+            .insert(header("id", &key))
+            .insert(header("type", "OrderCreated"))
+            .insert(header("aggregatetype", "order"))
+            .insert(header("aggregateid", &aggregate_id));
         let mut record = BaseRecord::with_opaque_to(topic, payload.len())
             .key(&key)
-            .payload(payload);
+            .payload(payload)
+            .headers(headers);
         loop {
             match self.producer.send(record) {
                 Ok(()) => break,
@@ -231,6 +241,13 @@ impl Sender<'_> {
                 )
             }
         }
+    }
+}
+
+fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
+    Header {
+        key,
+        value: Some(value),
     }
 }
 
