@@ -1,8 +1,8 @@
 //! The relay's Kafka producer with nothing in front of it: the relay's own librdkafka settings
 //! (`client_config` of the defaults), its in-flight window, the backlog's payloads, the same
 //! topics. What it reaches is the Kafka side's limit on this machine, as `pg_recvlogical`'s is
-//! the walsender's: a relay cannot drain faster than this producer sends, nor cost less CPU
-//! at a steady rate. It runs as a process of its own (`outbox-bench producer-alone`), so that
+//! the walsender's: what the relay could send if reading and mapping cost nothing (a sample of
+//! its own, on the broker as it is at that moment, not a strict ceiling). It runs as a process of its own (`outbox-bench producer-alone`), so that
 //! its CPU is counted alone; `run --producer-alone` starts it after each drain and rate.
 
 use std::path::Path;
@@ -36,12 +36,10 @@ pub enum Pace {
 }
 
 /// The window shared with the delivery reports, and the reports that were errors.
-#[derive(Default)]
 struct Settle {
-    window: Mutex<Option<InFlight>>,
+    window: Mutex<InFlight>,
     room: Condvar,
     failed: AtomicU64,
-    acked: AtomicU64,
     /// The first error a report carried, for the message that ends the run.
     first_error: Mutex<Option<String>>,
 }
@@ -54,18 +52,12 @@ impl ProducerContext for Reports {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, bytes: usize) {
-        let counter = match result {
-            Ok(_) => &self.0.acked,
-            Err((error, _)) => {
-                let mut first = self.0.first_error.lock().unwrap();
-                first.get_or_insert_with(|| error.to_string());
-                &self.0.failed
-            }
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        if let Some(window) = self.0.window.lock().unwrap().as_mut() {
-            window.settled(bytes);
+        if let Err((error, _)) = result {
+            let mut first = self.0.first_error.lock().unwrap();
+            first.get_or_insert_with(|| error.to_string());
+            self.0.failed.fetch_add(1, Ordering::Relaxed);
         }
+        self.0.window.lock().unwrap().settled(bytes);
         self.0.room.notify_one();
     }
 }
@@ -82,11 +74,15 @@ pub fn produce(
         bail!("the producer alone needs at least one topic and one payload");
     }
     let config = kafka_config(brokers)?;
-    let settle = Arc::new(Settle::default());
-    *settle.window.lock().unwrap() = Some(InFlight::new(
-        config.max_in_flight_messages,
-        config.max_in_flight_bytes,
-    ));
+    let settle = Arc::new(Settle {
+        window: Mutex::new(InFlight::new(
+            config.max_in_flight_messages,
+            config.max_in_flight_bytes,
+        )),
+        room: Condvar::new(),
+        failed: AtomicU64::new(0),
+        first_error: Mutex::new(None),
+    });
     let clk_tck = clk_tck();
     let own_cpu = || cpu_seconds(std::process::id(), clk_tck);
     let (cpu0, started) = (own_cpu()?, Instant::now());
@@ -174,13 +170,7 @@ impl Sender<'_> {
         let n = self.sent as usize;
         let payload = &self.payloads[n % self.payloads.len()];
         self.wait_room()?;
-        self.settle
-            .window
-            .lock()
-            .unwrap()
-            .as_mut()
-            .unwrap()
-            .sent(payload.len());
+        self.settle.window.lock().unwrap().sent(payload.len());
         let key = format!("00000000-0000-4000-8000-{:012}", self.sent);
         let topic = &self.topics[n % self.topics.len()];
         let aggregate_id = (self.sent % 100_000).to_string();
@@ -213,7 +203,7 @@ impl Sender<'_> {
     /// limit when every record arrived).
     fn wait_room(&self) -> anyhow::Result<()> {
         let mut window = self.settle.window.lock().unwrap();
-        while !window.as_ref().unwrap().has_room() {
+        while !window.has_room() {
             window = self.settle.room.wait(window).unwrap();
         }
         drop(window);
@@ -222,7 +212,7 @@ impl Sender<'_> {
 
     fn wait_all(&self) -> anyhow::Result<()> {
         let mut window = self.settle.window.lock().unwrap();
-        while !window.as_ref().unwrap().is_empty() {
+        while !window.is_empty() {
             window = self.settle.room.wait(window).unwrap();
         }
         drop(window);
