@@ -131,6 +131,7 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     }
     eprintln!("[bench]   creating {} topics", topics.len());
     ctx.create_topics(r.partitions, &topics).await?;
+    crate::kafka::touch_topics(&ctx.services.brokers, r.partitions, &topics).await?;
 
     eprintln!(
         "[bench]   pg_recvlogical draining {recv_slot} (load {})",
