@@ -44,6 +44,7 @@ kind_tag!(ResendKind, "resend");
 kind_tag!(ErrorKind, "error");
 kind_tag!(TxnProbeKind, "txn_probe");
 kind_tag!(PeerDrainKind, "peer_drain");
+kind_tag!(ProducerAloneDrainKind, "producer_alone_drain");
 
 /// One line of `results.jsonl`.
 #[derive(Debug, Clone, Serialize)]
@@ -60,6 +61,7 @@ pub enum Record {
     Error(Failure),
     TxnProbe(TxnProbe),
     PeerDrain(PeerDrain),
+    ProducerAloneDrain(ProducerAloneDrain),
 }
 
 impl Record {
@@ -79,6 +81,7 @@ impl Record {
             "error" => Record::Error(serde_json::from_value(value)?),
             "txn_probe" => Record::TxnProbe(serde_json::from_value(value)?),
             "peer_drain" => Record::PeerDrain(serde_json::from_value(value)?),
+            "producer_alone_drain" => Record::ProducerAloneDrain(serde_json::from_value(value)?),
             other => return Err(serde_json::Error::custom(format!("unknown kind {other:?}"))),
         })
     }
@@ -126,10 +129,17 @@ pub struct Recvlogical {
     /// CPU seconds of the walsender that served it (`walsender_cpu.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub walsender_cpu_seconds: Option<f64>,
-    /// `--producer-alone`: the relay's producer sending the same records to topics of its
-    /// own (the Kafka side's limit, as `pg_recvlogical` is the walsender's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub producer_alone: Option<ProducerAlone>,
+}
+
+/// `--producer-alone` on a drain round: the relay's producer sending the backlog's events to
+/// topics of its own (the Kafka side's limit, as `pg_recvlogical` is the walsender's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// No deny_unknown_fields: serde does not support it with flatten.
+pub struct ProducerAloneDrain {
+    pub kind: ProducerAloneDrainKind,
+    #[serde(flatten)]
+    pub backlog: Backlog,
+    pub sent: ProducerAlone,
 }
 
 /// The relay's producer with no relay in front of it (`producer_alone.rs`): the records

@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::records::{BigTxn, KafkaTransactions, Latency, PeerDrain, Record, RelayDrain};
-use crate::records::{Recvlogical, RelayMetrics};
+use crate::records::{ProducerAlone, Recvlogical, RelayMetrics};
 use crate::results::{
     BenchResult, BigTransaction, DeliveryRatio, DrainRow, Machine, OneOrMany, PeerRow, RunMeta,
     Targets,
@@ -82,6 +82,7 @@ fn ratio_target(shape: &str, txn_rows: u64) -> Option<f64> {
 /// same round and the relay's exactly-once figures of that drain.
 fn drains(records: &[Record], shape: &str) -> Vec<DrainRow> {
     let recvs = of_kind!(records, Recvlogical);
+    let alones = of_kind!(records, ProducerAloneDrain);
     let metrics = of_kind!(records, RelayMetrics);
     let mut relays: Vec<&RelayDrain> = of_kind!(records, RelayDrain)
         .into_iter()
@@ -106,7 +107,11 @@ fn drains(records: &[Record], shape: &str) -> Vec<DrainRow> {
                     && m.round.as_ref() == Some(round)
                     && m.delivery == relay.delivery
             });
-            drain_row(relay, recv.copied(), metric.copied())
+            let alone = alones
+                .iter()
+                .find(|a| a.backlog.shape == shape && &a.backlog.round == round)
+                .map(|a| &a.sent);
+            drain_row(relay, recv.copied(), alone, metric.copied())
         })
         .collect()
 }
@@ -114,11 +119,11 @@ fn drains(records: &[Record], shape: &str) -> Vec<DrainRow> {
 fn drain_row(
     relay: &RelayDrain,
     recvlogical: Option<&Recvlogical>,
+    alone: Option<&ProducerAlone>,
     metric: Option<&RelayMetrics>,
 ) -> DrainRow {
     let (b, r) = (&relay.backlog, &relay.reached);
     let recv_s = recvlogical.map(|v| v.seconds);
-    let alone = recvlogical.and_then(|v| v.producer_alone.as_ref());
     let events = b.events as f64;
     let mb = events * b.payload_bytes.unwrap_or(f64::NAN) / 1e6;
     let recv = recv_s.unwrap_or(f64::NAN);
@@ -414,6 +419,52 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_row_takes_the_producer_alone_of_its_own_round() {
+        let relay = |round: &str| {
+            let reached = peer(round, 1_000, 1_000).reached;
+            Record::RelayDrain(RelayDrain {
+                kind: crate::records::RelayDrainKind,
+                delivery: "at_least_once".into(),
+                backlog: backlog(round, 1_000),
+                load_before: String::new(),
+                reached,
+                walsender_cpu_seconds: None,
+            })
+        };
+        let alone = |round: &str, seconds: f64| {
+            Record::ProducerAloneDrain(crate::records::ProducerAloneDrain {
+                kind: crate::records::ProducerAloneDrainKind,
+                backlog: backlog(round, 1_000),
+                sent: ProducerAlone {
+                    events: 1_000,
+                    seconds,
+                    cpu_seconds: 0.5,
+                },
+            })
+        };
+        let records = vec![
+            relay("tx1"),
+            relay("tx100"),
+            alone("tx100", 0.5),
+            alone("tx1", 2.0),
+        ];
+        let rows = drains(&records, "txn");
+        let by_round = |round: &str| rows.iter().find(|r| r.round.as_deref() == Some(round));
+        let tx1 = by_round("tx1").unwrap();
+        assert_eq!(tx1.producer_alone_events_per_s, Some(500.0));
+        assert_eq!(
+            tx1.producer_alone_cpu_seconds_per_million_events,
+            Some(500.0)
+        );
+        assert_eq!(
+            by_round("tx100").unwrap().producer_alone_events_per_s,
+            Some(2_000.0)
+        );
+        let without: Vec<Record> = records.into_iter().take(2).collect();
+        assert_eq!(drains(&without, "txn")[0].producer_alone_events_per_s, None);
+    }
+
+    #[test]
     fn a_peer_row_is_beside_its_own_round_and_the_at_least_once_relay() {
         let records = vec![
             Record::Recvlogical(Recvlogical {
@@ -421,14 +472,12 @@ mod tests {
                 backlog: backlog("tx1", 1_000),
                 seconds: 1.0,
                 walsender_cpu_seconds: None,
-                producer_alone: None,
             }),
             Record::Recvlogical(Recvlogical {
                 kind: RecvlogicalKind,
                 backlog: backlog("tx100", 1_000),
                 seconds: 2.0,
                 walsender_cpu_seconds: None,
-                producer_alone: None,
             }),
             Record::PeerDrain(peer("tx100", 1_000, 1_000)),
         ];

@@ -10,7 +10,7 @@ use crate::process::{recvlogical, SystemPerf};
 use crate::producer_alone;
 use crate::prom::relay_metrics;
 use crate::records::{Backlog, Record, RecvlogicalKind, RelayDrain, RelayDrainKind};
-use crate::records::{ProducerAlone, Recvlogical};
+use crate::records::{ProducerAlone, ProducerAloneDrain, ProducerAloneDrainKind, Recvlogical};
 use crate::util::loadavg;
 use crate::wait_slot::{wait_slot, SlotWait};
 use crate::walsender_cpu;
@@ -151,13 +151,12 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     if scalar(&client, &check).await?.as_deref() != Some("t") {
         anyhow::bail!("pg_recvlogical exited before its slot reached {end_lsn}");
     }
-    let mut recv = Recvlogical {
+    ctx.record(Record::Recvlogical(Recvlogical {
         kind: RecvlogicalKind,
         backlog: backlog.clone(),
         seconds,
         walsender_cpu_seconds,
-        producer_alone: None,
-    };
+    }))?;
     let payloads = match ctx.settings.producer_alone {
         true => sample_payloads(&client).await?,
         false => Vec::new(),
@@ -185,14 +184,17 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     // Last, so that its records' flushing on the broker is behind every relay's drain.
     if ctx.settings.producer_alone {
         match producer_alone(ctx, r, &alone_topics, &payloads).await {
-            Ok(sent) => recv.producer_alone = Some(sent),
+            Ok(sent) => ctx.record(Record::ProducerAloneDrain(ProducerAloneDrain {
+                kind: ProducerAloneDrainKind,
+                backlog: backlog.clone(),
+                sent,
+            }))?,
             Err(e) => {
                 let phase = format!("producer alone {}", r.round);
                 ctx.record_failure(&phase, "at_least_once", format!("{e:#}"))?;
             }
         }
     }
-    ctx.record(Record::Recvlogical(recv))?;
     // Frees the WAL the slots hold, so every round starts alike.
     ctx.drop_database(&db).await
 }

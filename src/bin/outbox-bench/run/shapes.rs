@@ -119,7 +119,6 @@ pub async fn big_txn_shape(ctx: &mut Ctx) -> anyhow::Result<()> {
             },
             seconds,
             walsender_cpu_seconds: None,
-            producer_alone: None,
         }))?;
     }
     drop(client);
