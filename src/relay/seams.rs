@@ -10,8 +10,9 @@ use crate::lsn::Lsn;
 use crate::mapping::Record;
 use crate::postgres::control::{Control, ControlError};
 use crate::relay::ledger::TxnSeq;
+use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
-use crate::sink::publisher::{Delivery, PublishError, Publisher};
+use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Publisher};
 use crate::source::walsender::{ReplicationError, ReplicationFrame, ReplicationStream};
 
 /// A replication stream: frames in, status updates out.
@@ -56,6 +57,9 @@ pub trait RecordSink {
     ) -> Result<(), PublishError>;
     /// Set once the producer can no longer send anything (it must be recreated).
     fn fatal_error(&self) -> Option<String>;
+    /// Judges a record Kafka refused as too large: its own fault, or its batch's
+    /// (`sink::limits`).
+    fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal;
     /// `exactly_once`: opens a Kafka transaction; the records sent until `commit` belong to it.
     fn begin(&mut self) -> Result<(), PublishError>;
     /// `exactly_once`: commits the open transaction together with a progress record saying
@@ -143,6 +147,10 @@ impl RecordSink for Publisher {
 
     fn fatal_error(&self) -> Option<String> {
         Publisher::fatal_error(self)
+    }
+
+    fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
+        Publisher::judge_size_refusal(self, failure)
     }
 
     fn begin(&mut self) -> Result<(), PublishError> {

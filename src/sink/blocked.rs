@@ -28,6 +28,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::warn;
 
 use crate::config::KafkaConfig;
+use crate::sink::limits::TopicLimits;
 
 /// Why records cannot go to Kafka now, though nothing is wrong with them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -101,6 +102,9 @@ pub struct Blocked {
     brokers: String,
     /// The settings a refused login is fixed in.
     login_fields: &'static str,
+    /// Each topic's record limit: not a block, but learned the same way (from the brokers'
+    /// answers) and kept as long, so that the next session's producer batches within it.
+    limits: TopicLimits,
 }
 
 #[derive(Debug)]
@@ -131,7 +135,13 @@ impl Blocked {
             principal,
             brokers: config.brokers.clone(),
             login_fields: config.login_fields(),
+            limits: TopicLimits::default(),
         }
+    }
+
+    /// What each topic accepts, as far as known.
+    pub fn limits(&self) -> &TopicLimits {
+        &self.limits
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<(BlockReason, String), Entry>> {

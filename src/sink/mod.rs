@@ -11,6 +11,7 @@
 pub mod blocked;
 pub mod dead_letter;
 pub mod kafka_latency;
+pub mod limits;
 pub mod preflight;
 pub mod publisher;
 pub mod schema;

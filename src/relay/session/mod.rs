@@ -45,6 +45,7 @@ use crate::relay::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 use crate::relay::{now_ms, RelayError};
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::dead_letter::{self, Reason};
+use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
 use contract::{Ack, Contract, Reading};
@@ -542,9 +543,13 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 // Confirmed when (if) `settle` hands it back.
                 Ack::Accepted => Ok(()),
             },
-            // No dead letter can stand in for it: the session ends.
+            // No dead letter can stand in for it: the session ends. A record too large for
+            // its topic is refused at `send` by the next session, before its transaction.
             Err(failure) if self.contract.failure_dooms() => {
                 self.metrics.count_delivery_error(&failure.error);
+                if let Some(refusal) = self.judge_size_refusal(&failure) {
+                    return Err(refusal);
+                }
                 Err(RelayError::Delivery(Box::new(failure.rejection())))
             }
             Err(failure) => {
@@ -587,12 +592,31 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         if !publisher::is_permanent(&failure.error) || was_dead_letter {
             return Err(RelayError::Delivery(Box::new(rejection)));
         }
+        // Its batch was too large, not the record: sent again, by a producer whose batches fit.
+        if publisher::is_size_refusal(&failure.error) {
+            if let SizeRefusal::Batch { limit } = self.sink.judge_size_refusal(&failure) {
+                return Err(size_refused(&rejection.topic, "a batch", limit));
+            }
+        }
         let reason = Reason::for_kafka_error(&failure.error);
         let dlq = &self.settings.dead_letter_topic;
         let why = rejection.to_string();
         let record = dead_letter::from_failed(dlq, &failure.message, reason, &why);
         self.dead_letter(seq, record, &rejection.event_id, &why, false)
             .await
+    }
+
+    /// Exactly-once: a size refusal, judged (the limit learned), as the error that restarts
+    /// the session; `None` for other failures.
+    fn judge_size_refusal(&self, failure: &DeliveryFailure) -> Option<RelayError> {
+        if !publisher::is_size_refusal(&failure.error) {
+            return None;
+        }
+        let topic = failure.rejection().topic;
+        Some(match self.sink.judge_size_refusal(failure) {
+            SizeRefusal::Batch { limit } => size_refused(&topic, "a batch", limit),
+            SizeRefusal::Record { limit } => size_refused(&topic, "a record", limit),
+        })
     }
 
     async fn handle_frame(&mut self, frame: ReplicationFrame) -> Result<(), RelayError> {
@@ -653,6 +677,15 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             .store(self.ledger.transactions_held() as i64, Relaxed);
         Ok(())
     }
+}
+
+fn size_refused(topic: &str, what: &'static str, limit: usize) -> RelayError {
+    PublishError::SizeRefused {
+        topic: topic.to_string(),
+        what,
+        limit,
+    }
+    .into()
 }
 
 /// How long a shutdown waits for acknowledgements while Kafka refuses some records.

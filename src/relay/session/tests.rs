@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::OwnedMessage;
+use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::Timestamp;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,7 @@ use super::{Session, Settings, Transactions};
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
 use crate::relay::RelayError;
+use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
 use std::collections::HashMap;
 
@@ -255,6 +256,9 @@ struct FakeSink {
     commits: mpsc::UnboundedSender<CommitRequest>,
     /// An event refused at `send` for good (too large), as librdkafka refuses some at once.
     refuse: Option<String>,
+    /// The producer's `batch.size`: 1 (every record alone in its batch) unless a test batches.
+    batch_size: usize,
+    limits: Arc<crate::sink::limits::TopicLimits>,
 }
 
 impl RecordSink for FakeSink {
@@ -293,6 +297,12 @@ impl RecordSink for FakeSink {
 
     fn fatal_error(&self) -> Option<String> {
         None
+    }
+
+    fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
+        let topic = failure.message.topic();
+        self.limits
+            .judge(topic, failure.record_bytes(), self.batch_size)
     }
 
     fn begin(&mut self) -> Result<(), PublishError> {
@@ -414,6 +424,8 @@ impl Rig {
             kafka: kafka.clone(),
             commits: commits_tx,
             refuse: None,
+            batch_size: 1,
+            limits: Arc::default(),
         };
         Rig {
             frames,
@@ -447,6 +459,12 @@ impl Rig {
     ) -> Session<'a, FakeSource, FakeSink, FakeCatalog> {
         let ends = self.ends.take().expect("one session per rig");
         Session::new(settings, mapping, metrics, ends, Lsn(0x100))
+    }
+
+    /// The sink batches records up to `batch_size` bytes, and judges size refusals by it.
+    fn batching(&mut self, batch_size: usize) {
+        let ends = self.ends.as_mut().expect("before the session starts");
+        ends.sink.batch_size = batch_size;
     }
 
     /// The sink refuses event `id` at `send`, for good.
@@ -879,6 +897,106 @@ async fn a_stop_lets_earlier_records_be_acknowledged_and_confirmed_first() {
         "the transaction before the poison row is confirmed"
     );
     assert_eq!(rig.sent().len(), 2, "read past the poison row");
+}
+
+/// A topic refused a whole batch as too large (its `max.message.bytes` is below the
+/// producer's `batch.size`): the small records of it are not at fault, so none is
+/// dead-lettered and the slot stays before them; the session restarts, and the next producer
+/// batches within the limit learned.
+#[tokio::test(start_paused = true)]
+async fn a_refused_batch_dead_letters_none_of_its_small_records() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    rig.batching(1_000_000);
+    let mut wal = Wal::new();
+    let (first, end_first) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    let (batch, _) = wal.txn(OUTBOX, &[Some(&event_id(2)), Some(&event_id(3))]);
+    rig.push(
+        std::iter::once(Wal::relation(OUTBOX, "outbox"))
+            .chain(first)
+            .chain(batch),
+    );
+    let session = rig.session(settings(), &mapping, &metrics);
+    let driver = async {
+        rig.until("three records", |r| r.sent().len() == 3).await;
+        let sent = rig.sent();
+        rig.acks.send(ok(&sent[0])).unwrap();
+        rig.acks
+            .send(failed(&sent[1], RDKafkaErrorCode::MessageSizeTooLarge))
+            .unwrap();
+        rig.acks
+            .send(failed(&sent[2], RDKafkaErrorCode::MessageSizeTooLarge))
+            .unwrap();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    assert!(
+        matches!(
+            result,
+            Err(RelayError::Publish(PublishError::SizeRefused {
+                what: "a batch",
+                limit: 500_000,
+                ..
+            }))
+        ),
+        "{result:?}"
+    );
+    let dead = rig
+        .sent()
+        .iter()
+        .filter(|s| s.kind == RecordKind::DeadLetter)
+        .count();
+    assert_eq!(dead, 0, "a healthy record was dead-lettered");
+    assert_eq!(
+        rig.max_flush(),
+        end_first,
+        "confirmed past a refused record"
+    );
+    assert!(RelayError::from(PublishError::SizeRefused {
+        topic: String::new(),
+        what: "a batch",
+        limit: 1
+    })
+    .is_transient());
+}
+
+/// Exactly-once: a size refusal ends the session whatever its cause (the transaction is
+/// doomed), but never as a poison record: the limit is learned, so the next session refuses
+/// a record that alone is too large before it is sent (and dead-letters it), and batches the
+/// others within the limit.
+#[tokio::test(start_paused = true)]
+async fn exactly_once_learns_the_limit_from_a_refused_record_and_restarts() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    rig.batching(64);
+    let mut wal = Wal::new();
+    let (frames, end) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(frames));
+    let eos = exactly_once(Duration::from_secs(3600), 1_000_000);
+    let session = rig.session(eos, &mapping, &metrics);
+    let driver = async {
+        rig.until("the record sent", |r| r.sent().len() == 1).await;
+        let sent = rig.sent()[0].clone();
+        let mut refused = failed(&sent, RDKafkaErrorCode::MessageSizeTooLarge);
+        if let Err(f) = &mut refused.result {
+            f.message = f.message.clone().set_payload(Some(vec![b'x'; 100]));
+        }
+        rig.acks.send(refused).unwrap();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    match &result {
+        Err(
+            e @ RelayError::Publish(PublishError::SizeRefused {
+                what: "a record",
+                limit,
+                ..
+            }),
+        ) => {
+            assert!(e.is_transient());
+            assert!(*limit < 100 + event_id(1).len(), "{result:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(rig.max_flush() < end);
 }
 
 #[tokio::test(start_paused = true)]

@@ -80,6 +80,16 @@ pub enum PublishError {
         #[source]
         error: KafkaError,
     },
+    /// Kafka refused a record as too large, and either its batch was (the record is not at
+    /// fault), or, in `exactly_once`, the record itself was (the next session refuses it
+    /// before it is sent, and dead-letters it). The next producer batches within the limit
+    /// learned (`sink::limits`); the records are sent again from the slot.
+    #[error("kafka refused {what} for topic `{topic}` as too large (its max.message.bytes is at most {limit} bytes): the producer is made again with batches within that limit, and the records are sent again from the slot")]
+    SizeRefused {
+        topic: String,
+        what: &'static str,
+        limit: usize,
+    },
     /// The progress record (`exactly_once`) could not be read, or its topic made.
     #[error("kafka.progress_topic `{topic}`: {problem}")]
     Progress { topic: String, problem: String },
@@ -99,9 +109,10 @@ impl PublishError {
     /// session is retried with back-off until the operator fixed them.
     pub fn is_transient(&self) -> bool {
         match self {
-            PublishError::Create(_) | PublishError::Fatal(_) | PublishError::Progress { .. } => {
-                true
-            }
+            PublishError::Create(_)
+            | PublishError::Fatal(_)
+            | PublishError::Progress { .. }
+            | PublishError::SizeRefused { .. } => true,
             PublishError::Rejected(r) => !is_permanent(&r.error),
             PublishError::ProgressDiverged { .. } => false,
             // Fenced is transient too: the relay that fenced us holds the slot, so the next
@@ -120,16 +131,25 @@ impl PublishError {
 
 /// Errors that no retry of the same record will heal: the record itself is wrong for Kafka.
 /// A missing ACL is not one of them: it is the deployment's, and heals once granted
-/// ([`BlockReason`]).
+/// ([`BlockReason`]). Neither is CORRUPT_MESSAGE (`InvalidMessage`: a CRC that failed on the
+/// way, retriable in Kafka). A size refusal is the record's only when it alone is too large:
+/// see [`is_size_refusal`] and `sink::limits`.
 pub fn is_permanent(error: &KafkaError) -> bool {
+    is_size_refusal(error)
+        || matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::InvalidRecord)
+        )
+}
+
+/// Kafka refused the record, or the batch it was in, for its size (MESSAGE_TOO_LARGE,
+/// RECORD_LIST_TOO_LARGE, INVALID_MESSAGE_SIZE).
+pub fn is_size_refusal(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
         Some(
             RDKafkaErrorCode::MessageSizeTooLarge
                 | RDKafkaErrorCode::InvalidMessageSize
-                | RDKafkaErrorCode::InvalidTopic
-                | RDKafkaErrorCode::InvalidRecord
-                | RDKafkaErrorCode::InvalidMessage
                 | RDKafkaErrorCode::MessageBatchTooLarge
         )
     )
@@ -276,6 +296,11 @@ impl ProducerContext for DeliveryReporter {
 }
 
 impl DeliveryFailure {
+    /// Key + payload bytes of the refused record (as `Record::size` counts them).
+    pub fn record_bytes(&self) -> usize {
+        self.message.key().map_or(0, <[u8]>::len) + self.message.payload().map_or(0, <[u8]>::len)
+    }
+
     /// The failure as a rejection: topic and event id (the key), without the payload.
     pub fn rejection(&self) -> Rejection {
         Rejection {

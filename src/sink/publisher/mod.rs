@@ -45,10 +45,11 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, Producer};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::blocked::{BlockReason, Blocked};
 use super::kafka_latency::{KafkaLatency, STATISTICS_INTERVAL_MS};
+use super::limits::{SizeRefusal, DEFAULT_BATCH_SIZE};
 use crate::config::KafkaConfig;
 use crate::mapping::Record;
 use crate::serve::traces;
@@ -56,7 +57,8 @@ use crate::sink::TxnSeq;
 use client::admin_config;
 pub use client::{client_config, consumer_config, transaction_timeout_ms};
 pub use delivery::{
-    is_permanent, Delivery, DeliveryFailure, DeliveryReporter, PublishError, Rejection,
+    is_permanent, is_size_refusal, Delivery, DeliveryFailure, DeliveryReporter, PublishError,
+    Rejection,
 };
 use delivery::{DEAD_LETTER_BIT, PROGRESS_OPAQUE};
 pub use login::{KafkaLogin, LoginContext};
@@ -178,6 +180,22 @@ impl Publisher {
         if !config.properties.contains_key("statistics.interval.ms") {
             client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
         }
+        // Batches never larger than the smallest topic limit known: a refused batch fails
+        // every record in it (see `sink::limits`).
+        let configured = config
+            .properties
+            .get("batch.size")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_BATCH_SIZE);
+        let batch_size = blocked.limits().batch_size(configured);
+        if batch_size < configured {
+            info!(
+                batch_size,
+                configured,
+                "batch.size lowered below the smallest record limit of the topics written to"
+            );
+        }
+        client.set("batch.size", batch_size.to_string());
         let producer: Arc<BaseProducer<DeliveryReporter>> = Arc::new(
             client
                 .create_with_context(reporter)
@@ -198,6 +216,7 @@ impl Publisher {
             skipping_linger: AtomicBool::new(false),
             blocked,
             doomed: AtomicBool::new(false),
+            batch_size,
         });
         let counts = Arc::new(PartitionCounts::new(
             shared.clone(),
@@ -248,6 +267,20 @@ impl Publisher {
         opaque: usize,
         event_id: &str,
     ) -> Result<(), PublishError> {
+        // A record its topic's known limit refuses never goes into a batch: it would take
+        // the batch's other records down with it.
+        if self
+            .shared
+            .blocked
+            .limits()
+            .refuses(&record.topic, record.size())
+        {
+            return Err(PublishError::Rejected(Box::new(Rejection {
+                topic: record.topic.clone(),
+                event_id: event_id.to_string(),
+                error: KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+            })));
+        }
         let Some(partition) = self.counts.route(record, opaque) else {
             return Ok(());
         };
@@ -356,6 +389,17 @@ impl Publisher {
             };
             shared.skipping_linger.store(false, Ordering::Release);
         });
+    }
+
+    /// Judges a record Kafka refused as too large (see `sink::limits`): its own fault, or
+    /// its batch's (what is learned of the topic's limit then shapes the next producer).
+    pub fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
+        use rdkafka::message::Message;
+        self.shared.blocked.limits().judge(
+            failure.message.topic(),
+            failure.record_bytes(),
+            self.shared.batch_size,
+        )
     }
 
     /// What Kafka refuses for deployment reasons now (shared with the metrics).

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 
 use super::login::{KafkaLogin, LoginContext};
 use super::login_admin::{admin_client, LoggedInAdmin};
@@ -265,6 +265,16 @@ impl PartitionCounts {
                 Turn::Done => return,
             };
             let counts = self.fetch_counts(&batch, METADATA_TIMEOUT).await;
+            if let Ok(counts) = &counts {
+                let found: Vec<String> = batch
+                    .iter()
+                    .filter(|t| counts.get(*t).is_some_and(Result::is_ok))
+                    .cloned()
+                    .collect();
+                if !found.is_empty() {
+                    tokio::spawn(self.clone().read_limits(found));
+                }
+            }
             let mut create = Vec::new();
             for topic in batch {
                 let count = match &counts {
@@ -433,6 +443,45 @@ impl PartitionCounts {
                     .block(BlockReason::TopicCreation, &topic, &code);
             } else {
                 warn!(topic, error = %code, "the brokers refused to create the topic; trying again")
+            }
+        }
+    }
+
+    /// Reads the record limit (`max.message.bytes`) of topics met for the first time, in one
+    /// DescribeConfigs request, in the background: every batch must fit it (`sink::limits`;
+    /// a producer whose `batch.size` is above it is made again after the first refusal).
+    /// When that is not allowed (no DESCRIBE_CONFIGS on the topic) or not answered, the limit
+    /// is learned from refusals instead.
+    async fn read_limits(self: Arc<Self>, topics: Vec<String>) {
+        let admin = match self.admin() {
+            Ok(admin) => admin,
+            Err(e) => {
+                return warn!(error = %e, "cannot create an admin client to read the topics' max.message.bytes")
+            }
+        };
+        let resources: Vec<ResourceSpecifier<'_>> =
+            topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
+        let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
+        let results = match admin.describe_configs(&resources, &options).await {
+            Ok(results) => results,
+            Err(e) => {
+                return warn!(topics = topics.len(), error = %e,
+                    "cannot read the topics' max.message.bytes; record limits are learned from Kafka's refusals instead")
+            }
+        };
+        let limits = self.shared.blocked.limits();
+        for (topic, result) in topics.iter().zip(results) {
+            let limit = result.as_ref().ok().and_then(|config| {
+                config
+                    .get("max.message.bytes")
+                    .and_then(|e| e.value.as_deref())
+                    .and_then(|v| v.parse::<usize>().ok())
+            });
+            match (limit, result) {
+                (Some(limit), _) => limits.read(topic, limit),
+                (None, Err(code)) => warn!(topic, error = %code,
+                    "cannot read the topic's max.message.bytes (grant the relay DescribeConfigs on it to know it before a refusal); its record limit is learned from Kafka's refusals instead"),
+                (None, Ok(_)) => {}
             }
         }
     }

@@ -1,0 +1,178 @@
+//! What each topic accepts: the largest record batch its brokers take (`max.message.bytes`).
+//!
+//! Kafka checks a topic's `max.message.bytes` against a whole record batch, and librdkafka
+//! fails every record of a refused batch with MSG_SIZE_TOO_LARGE without splitting it
+//! (`rd_kafka_handle_Produce_error`, librdkafka 2.12). A "too large" delivery report
+//! therefore does not say that *this* record is too large: only a record that was alone in
+//! its batch is. Two rules follow, both here:
+//!
+//! - The producer's `batch.size` stays below the smallest limit known
+//!   ([`TopicLimits::batch_size`]), so that healthy records are never batched past a limit.
+//!   librdkafka starts a new batch before a record that would push the batch past
+//!   `batch.size` (`rd_kafka_msgset_writer_write_msgq`), so a record at least that large is
+//!   always alone in its batch.
+//! - A size refusal is judged by the record's own size ([`TopicLimits::judge`]): at least the
+//!   producer's `batch.size` (so it was alone), or above the topic's known limit — the
+//!   record's fault, dead-lettered; otherwise its batch was too large, which is the
+//!   producer's, not the record's: the limit is learned, the producer is made again with a
+//!   smaller `batch.size`, and the records are sent again from the slot.
+//!
+//! Limits are read with DescribeConfigs when a topic is first met by a producer
+//! (`partition_counts`), and learned from refusals when that is not allowed; they outlive
+//! sessions (the publisher of the next session starts with them), like [`super::blocked`].
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// librdkafka's default `batch.size`.
+pub const DEFAULT_BATCH_SIZE: usize = 1_000_000;
+
+/// The record limit of each topic written to, as read from the brokers or learned from their
+/// refusals.
+#[derive(Debug, Default)]
+pub struct TopicLimits {
+    limits: Mutex<HashMap<String, usize>>,
+}
+
+/// What a size refusal means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SizeRefusal {
+    /// The record alone is larger than its topic accepts (limit: what is known of it now):
+    /// its own fault.
+    Record { limit: usize },
+    /// The record was refused with a batch larger than its topic accepts (limit: what is
+    /// known of it now): nothing is wrong with the record.
+    Batch { limit: usize },
+}
+
+impl TopicLimits {
+    fn limits(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+        self.limits.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The limit the brokers reported for `topic` (DescribeConfigs): it replaces what was
+    /// known.
+    pub fn read(&self, topic: &str, limit: usize) {
+        self.limits().insert(topic.to_string(), limit);
+    }
+
+    /// The topic's limit, if known.
+    pub fn get(&self, topic: &str) -> Option<usize> {
+        self.limits().get(topic).copied()
+    }
+
+    /// The `batch.size` a producer made now must use, given the one configured: below the
+    /// smallest known limit by a sixteenth (room for the batch's framing and for records
+    /// that compress badly), and never above the configured one.
+    pub fn batch_size(&self, configured: usize) -> usize {
+        let smallest = self.limits().values().copied().min();
+        match smallest {
+            Some(limit) => configured.min((limit - limit / 16).max(1)),
+            None => configured,
+        }
+    }
+
+    /// Judges a size refusal of a `record_bytes` record of `topic`, sent by a producer with
+    /// `batch_size`. A batch refusal lowers what is known of the topic's limit (below the
+    /// batch size the producer used), so that the next producer's batches fit.
+    pub fn judge(&self, topic: &str, record_bytes: usize, batch_size: usize) -> SizeRefusal {
+        let mut limits = self.limits();
+        let known = limits.get(topic).copied();
+        // A record at least `batch.size` large was alone in its batch; one above the known
+        // limit is refused wherever it goes.
+        if record_bytes >= batch_size || known.is_some_and(|limit| record_bytes > limit) {
+            // The topic refused this record alone: its limit is below it.
+            let below = record_bytes.saturating_sub(1).max(1);
+            let limit = known.map_or(below, |known| known.min(below));
+            limits.insert(topic.to_string(), limit);
+            return SizeRefusal::Record { limit };
+        }
+        // The batch (at most `batch_size` large) was too large; the limit is below it. When
+        // the known limit says the batch should have fitted (a limit lowered since it was
+        // read), halve: repeated refusals then converge.
+        let limit = match known {
+            Some(known) if known < batch_size => known,
+            _ => (batch_size / 2).max(1),
+        };
+        limits.insert(topic.to_string(), limit);
+        SizeRefusal::Batch { limit }
+    }
+
+    /// A record this large can never go to `topic` (its known limit is below it): refused
+    /// before it is sent, so that it never shares a batch.
+    pub fn refuses(&self, topic: &str, record_bytes: usize) -> bool {
+        self.get(topic).is_some_and(|limit| record_bytes > limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KIB: usize = 1024;
+
+    #[test]
+    fn the_batch_size_stays_below_the_smallest_limit_and_never_above_the_configured_one() {
+        let limits = TopicLimits::default();
+        assert_eq!(limits.batch_size(DEFAULT_BATCH_SIZE), DEFAULT_BATCH_SIZE);
+        limits.read("big", 8 * 1024 * KIB);
+        assert_eq!(limits.batch_size(DEFAULT_BATCH_SIZE), DEFAULT_BATCH_SIZE);
+        limits.read("small", 64 * KIB);
+        assert_eq!(limits.batch_size(DEFAULT_BATCH_SIZE), 60 * KIB);
+        assert_eq!(limits.batch_size(16 * KIB), 16 * KIB);
+    }
+
+    #[test]
+    fn a_record_alone_in_its_batch_is_its_own_fault_and_its_neighbours_are_not() {
+        let limits = TopicLimits::default();
+        // Batched healthy records of 400 bytes, refused with a 1 MB batch: the producer's.
+        assert_eq!(
+            limits.judge("t", 400, DEFAULT_BATCH_SIZE),
+            SizeRefusal::Batch {
+                limit: DEFAULT_BATCH_SIZE / 2
+            }
+        );
+        // Read from the brokers: 64 KiB. A 100 KB record is over it wherever it goes.
+        limits.read("t", 64 * KIB);
+        assert_eq!(
+            limits.judge("t", 100_000, 60 * KIB),
+            SizeRefusal::Record { limit: 64 * KIB }
+        );
+        assert!(limits.refuses("t", 100_000));
+        assert!(!limits.refuses("t", 400));
+        // A healthy one refused with a batch that should have fitted: the limit was lowered
+        // meanwhile; what is known of it halves.
+        assert_eq!(
+            limits.judge("t", 400, 32 * KIB),
+            SizeRefusal::Batch { limit: 16 * KIB }
+        );
+    }
+
+    #[test]
+    fn without_the_topics_configuration_refusals_converge_on_a_batch_size_that_fits() {
+        // The relay may not read the topic's configuration: its limit (64 KiB) is learned
+        // from refusals alone. Healthy 400-byte records must end up in batches that fit, and
+        // a 100 KB record must end up judged alone.
+        let actual = 64 * KIB;
+        let limits = TopicLimits::default();
+        let mut restarts = 0;
+        loop {
+            let batch_size = limits.batch_size(DEFAULT_BATCH_SIZE);
+            if batch_size <= actual {
+                break;
+            }
+            assert!(matches!(
+                limits.judge("t", 400, batch_size),
+                SizeRefusal::Batch { .. }
+            ));
+            restarts += 1;
+            assert!(restarts < 10, "no convergence: batch.size {batch_size}");
+        }
+        let batch_size = limits.batch_size(DEFAULT_BATCH_SIZE);
+        assert!(100_000 >= batch_size);
+        assert!(matches!(
+            limits.judge("t", 100_000, batch_size),
+            SizeRefusal::Record { limit } if limit <= actual
+        ));
+    }
+}
