@@ -336,3 +336,106 @@ async fn the_breaker_stops_the_relay_before_confirming_the_transaction_that_trip
     assert_eq!(keys, expected, "exactly the first three dead-lettered");
     db.cleanup().await;
 }
+
+/// A backlog of 5,000 events of ~400 bytes with one of 100 KB among them, to a topic whose
+/// `max.message.bytes` is 64 KiB (a common per-topic limit). Kafka refuses whole batches over
+/// the limit and librdkafka fails every record of a refused batch: only the one event is at
+/// fault, so it alone is dead-lettered (`too_large`), and the 4,999 others arrive — in both
+/// delivery modes. The slot ends past all of them.
+async fn only_the_oversized_event_is_dead_lettered(exactly_once: bool) {
+    let db = TestDb::new().await;
+    let (topic, dlq) = (db.topic("small"), format!("{}.dlq", db.topic_prefix));
+    create_topic_limited(&topic, "65536").await;
+    create_topic(&dlq, 1).await;
+    db.create_slot().await;
+    let client = db.client().await;
+    let ids: Vec<String> = (0..5_000)
+        .map(|_| uuid::Uuid::new_v4().to_string())
+        .collect();
+    let big = ids[2_500].clone();
+    // ~400 bytes of random hex (compression cannot shrink batches below the limit), and
+    // 100 KB for the one, in transactions of 100 rows.
+    let sql = "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+        SELECT i::uuid, 'small', 'agg-' || (n % 50), 'Happened', jsonb_build_object('blob',
+          (SELECT string_agg(md5(random()::text || g), '') FROM generate_series(1,
+            CASE WHEN i = $2 THEN 3200 ELSE 12 END) g))
+        FROM unnest($1::text[]) WITH ORDINALITY AS u(i, n)";
+    for chunk in ids.chunks(100) {
+        client.execute(sql, &[&chunk.to_vec(), &big]).await.unwrap();
+    }
+    let mut env = with(
+        db.relay_env(),
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())],
+    );
+    if exactly_once {
+        env = with(
+            exactly_once_env(&db),
+            &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())],
+        );
+    }
+    let mut relay = RelayProcess::start(&env, "dead_letters_batch_limit");
+    let healthy: Vec<String> = ids.iter().filter(|id| **id != big).cloned().collect();
+    let got = read_ids(
+        std::slice::from_ref(&topic),
+        1,
+        &healthy,
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+    )
+    .await;
+    let dead = read_ids(
+        std::slice::from_ref(&dlq),
+        1,
+        std::slice::from_ref(&big),
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    )
+    .await;
+    let log = relay.log_text();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for r in &got {
+        *seen.entry(r.key_str()).or_default() += 1;
+    }
+    let missing = healthy.iter().filter(|id| !seen.contains_key(*id)).count();
+    let resent: usize = seen.values().map(|n| n - 1).sum();
+    let dead_healthy = dead.iter().filter(|r| r.key_str() != big).count();
+    eprintln!(
+        "64 KiB topic limit (exactly_once = {exactly_once}): {missing} of {} healthy missing, \
+         {dead_healthy} healthy dead-lettered, {} dead letters of the big one, {resent} re-sent",
+        healthy.len(),
+        dead.len() - dead_healthy
+    );
+    assert_eq!(missing, 0, "healthy events missing\n{log}");
+    assert_eq!(dead_healthy, 0, "healthy events dead-lettered\n{log}");
+    assert!(
+        !seen.contains_key(&big),
+        "the oversized event was published"
+    );
+    let reasons: Vec<_> = dead
+        .iter()
+        .map(|r| r.header("outbox-relay.dlq.reason").unwrap_or(""))
+        .collect();
+    assert!(
+        !reasons.is_empty() && reasons.iter().all(|r| *r == "too_large"),
+        "the oversized event: {reasons:?}\n{log}"
+    );
+    let end = db.current_wal_lsn().await;
+    wait_for(
+        "the slot confirmed past the backlog",
+        Duration::from_secs(30),
+        || async { db.confirmed_flush_lsn().await >= end },
+    )
+    .await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_topic_limit_dead_letters_only_the_event_over_it() {
+    only_the_oversized_event_is_dead_lettered(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_topic_limit_dead_letters_only_the_event_over_it_in_exactly_once() {
+    only_the_oversized_event_is_dead_lettered(true).await;
+}
