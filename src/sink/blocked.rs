@@ -198,6 +198,17 @@ impl Blocked {
         self.any.store(!entries.is_empty(), Ordering::Release);
     }
 
+    /// A refusal of `topic`'s records (no WRITE, or the topic missing) is in force.
+    pub fn holds_topic(&self, topic: &str) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        let entries = self.entries();
+        [BlockReason::TopicAuthorization, BlockReason::UnknownTopic]
+            .into_iter()
+            .any(|reason| entries.contains_key(&(reason, topic.to_string())))
+    }
+
     /// The blocks in force now, oldest reason first.
     pub fn current(&self) -> Vec<Block> {
         if !self.any.load(Ordering::Acquire) {

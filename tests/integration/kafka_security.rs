@@ -528,6 +528,130 @@ async fn missing_write_acl_blocks_instead_of_dead_lettering() {
     db.cleanup().await;
 }
 
+/// Issue 39: a topic the relay may describe but not write. The metadata checks pass and the
+/// refusal shows only when records are sent (TOPIC_AUTHORIZATION_FAILED in the delivery
+/// report). It holds that topic alone: no session restart per refusal, so the healthy topic's
+/// events are not sent again (at main 51bd1e8: 3,090 sends for 2,960 events), none is
+/// dead-lettered, the slot stays before the first refused event; after the grant every
+/// refused event arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn write_refused_at_produce_time_holds_only_that_topic() {
+    let broker = AclBroker::start().await;
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let (a_topic, b_topic, dlq) = (db.topic("order"), db.topic("customer"), db.topic("dlq"));
+    for topic in [&a_topic, &b_topic, &dlq] {
+        broker.create_topic(topic, 1).await;
+    }
+    broker.grant_write(&[&b_topic, &dlq]).await;
+    // DESCRIBE on A, not WRITE: the refusal shows only when records are sent.
+    let principal = broker.relay_principal();
+    broker
+        .acl_command(&[
+            "--add",
+            "--allow-principal",
+            &principal,
+            "--operation",
+            "Describe",
+            "--topic",
+            &a_topic,
+        ])
+        .await;
+    let mut relay = Relay::start(
+        &broker,
+        &db,
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
+        "acl_produce_refused",
+    );
+    wait_for_slot(&db, &mut relay.process).await;
+    let (a, b) = (events("order", "a", 300), events("customer", "b", 3_000));
+    let mut client = db.client().await;
+    let watch = ReadyWatch::start(relay.http);
+    let written = Instant::now();
+    let mut first_a = None;
+    for (ca, cb) in a.chunks(1).zip(b.chunks(10)) {
+        insert_events(&mut client, cb, true).await;
+        let lsn = insert_events_at(&mut client, ca, true).await;
+        first_a.get_or_insert(lsn);
+    }
+    let received = expect_delivered(
+        "B while A refuses writes",
+        &broker,
+        std::slice::from_ref(&b_topic),
+        &b,
+        false,
+        &relay,
+    )
+    .await;
+    let sent_again = tally(&b, &received).duplicates;
+    println!(
+        "B: {} events, {sent_again} sent again while A refused writes",
+        b.len()
+    );
+    assert!(
+        sent_again <= 100,
+        "{sent_again} of B's events sent again while A refused writes\n{}",
+        relay.process.log_text()
+    );
+    assert_held(
+        &broker,
+        &db,
+        &mut relay,
+        written + Duration::from_secs(5),
+        (first_a.unwrap(), "A's first event"),
+        &[
+            (
+                &dlq,
+                "A's events were dead-lettered: a refused write is a deployment error",
+            ),
+            (&a_topic, "A got records without WRITE"),
+        ],
+    )
+    .await;
+    watch
+        .assert_red_within(READY_RED_WITHIN, &mut relay, "A refused at produce time")
+        .await;
+    relay
+        .wait_blocked(
+            "topic_authorization",
+            Some(&a_topic),
+            Duration::from_secs(10),
+        )
+        .await;
+    let restarts = relay
+        .process
+        .log_text()
+        .matches("relay session ended")
+        .count();
+    assert_eq!(
+        restarts,
+        0,
+        "the session restarted on a refused write\n{}",
+        relay.process.log_text()
+    );
+
+    broker.grant_write(&[&a_topic]).await;
+    let received = expect_delivered(
+        "A after the grant",
+        &broker,
+        std::slice::from_ref(&a_topic),
+        &a,
+        false,
+        &relay,
+    )
+    .await;
+    assert_eq!(tally(&a, &received).duplicates, 0, "A's events sent twice");
+    let order: Vec<String> = received.iter().map(Received::key_str).collect();
+    assert_eq!(order, ids(&a), "A's events out of their commit order");
+    relay
+        .wait_readyz(true, Duration::from_secs(30), "after the grant")
+        .await;
+    wait_confirmed(&db, &relay).await;
+    assert_eq!(broker.record_count(&dlq).await, 0, "dead letters");
+    relay.stop().await;
+    db.cleanup().await;
+}
+
 /// Done-when 1, the dead-letter topic: a poison row whose dead letter may not be written
 /// blocks (nothing confirmed past it) until the ACL is granted; then it is in the dead-letter
 /// topic and its neighbours in theirs.

@@ -155,9 +155,50 @@ pub fn is_size_refusal(error: &KafkaError) -> bool {
     )
 }
 
+/// A record a topic refused for a deployment reason when it was sent (WRITE missing while
+/// DESCRIBE is allowed, the topic deleted): not the record's fault, so it goes back to the
+/// publisher's gate to wait, instead of failing (at-least-once).
+#[derive(Debug)]
+pub(super) struct Refused {
+    pub(super) record: Record,
+    pub(super) opaque: usize,
+}
+
+impl Refused {
+    /// The record as it was sent: to the same partition, with the same timestamp.
+    fn of(message: &rdkafka::message::BorrowedMessage<'_>, opaque: usize) -> Refused {
+        use rdkafka::message::Headers;
+        let headers = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        let value = bytes::Bytes::copy_from_slice(h.value.unwrap_or_default());
+                        (Arc::<str>::from(h.key), value)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Refused {
+            record: Record {
+                topic: message.topic().to_string(),
+                key: bytes::Bytes::copy_from_slice(message.key().unwrap_or_default()),
+                payload: message.payload().map(bytes::Bytes::copy_from_slice),
+                headers,
+                timestamp_ms: message.timestamp().to_millis(),
+                partition: Some(message.partition()).filter(|p| *p >= 0),
+                partition_key: None,
+            },
+            opaque,
+        }
+    }
+}
+
 /// Receives librdkafka callbacks on its polling thread and forwards deliveries.
 pub struct DeliveryReporter {
     deliveries: mpsc::UnboundedSender<Delivery>,
+    /// At-least-once: where records a topic refused for a deployment reason go back to wait.
+    refusals: Option<mpsc::UnboundedSender<Refused>>,
     errors_logged: Mutex<ErrorLog>,
     latency: Arc<KafkaLatency>,
     blocked: Arc<Blocked>,
@@ -169,11 +210,13 @@ impl DeliveryReporter {
     /// in with `login`'s tokens if it makes them.
     pub(super) fn new(
         deliveries: mpsc::UnboundedSender<Delivery>,
+        refusals: Option<mpsc::UnboundedSender<Refused>>,
         blocked: Arc<Blocked>,
         login: KafkaLogin,
     ) -> Self {
         DeliveryReporter {
             deliveries,
+            refusals,
             errors_logged: Mutex::new(ErrorLog::default()),
             latency: Arc::default(),
             blocked,
@@ -273,8 +316,20 @@ impl ProducerContext for DeliveryReporter {
                 (m.payload_len() + m.key_len(), Ok(()))
             }
             Err((error, m)) => {
-                if let Some(reason) = BlockReason::of(error) {
+                let reason = BlockReason::of(error);
+                if let Some(reason) = reason {
                     self.blocked.block(reason, m.topic(), error);
+                }
+                // Held by the gate until the topic takes records again: the session never
+                // sees the failure, so nothing of other topics is sent again.
+                if let (
+                    Some(refusals),
+                    Some(BlockReason::TopicAuthorization | BlockReason::UnknownTopic),
+                ) = (&self.refusals, reason)
+                {
+                    if refusals.send(Refused::of(m, seq)).is_ok() {
+                        return;
+                    }
                 }
                 (
                     m.payload_len() + m.key_len(),

@@ -176,7 +176,18 @@ impl Publisher {
     ) -> Result<(Publisher, mpsc::UnboundedReceiver<Delivery>), PublishError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let login = KafkaLogin::from_config(config);
-        let reporter = DeliveryReporter::new(tx.clone(), blocked.clone(), login.clone());
+        // At-least-once: a topic that refuses records when they are sent holds them in the
+        // gate (`partition_counts_refused.rs`). Exactly-once: such a failure dooms the Kafka
+        // transaction, which the session aborts and starts again.
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let (refusals, refused) = match (&progress, &runtime) {
+            (None, Some(_)) => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                (Some(tx), Some(rx))
+            }
+            _ => (None, None),
+        };
+        let reporter = DeliveryReporter::new(tx.clone(), refusals, blocked.clone(), login.clone());
         if !config.properties.contains_key("statistics.interval.ms") {
             client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
         }
@@ -224,6 +235,9 @@ impl Publisher {
             admin_config(config),
             login,
         ));
+        if let (Some(runtime), Some(refused)) = (runtime, refused) {
+            runtime.spawn(counts.clone().serve_refusals(refused));
+        }
         Ok((
             Publisher {
                 shared,

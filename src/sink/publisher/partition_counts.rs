@@ -53,6 +53,8 @@ struct Topics {
     first_reads: HashMap<String, FirstRead>,
     /// The task that reads first counts runs (there is at most one).
     reader: bool,
+    /// Topics that refused records when they were sent (`refused`): their records wait there.
+    held: HashMap<String, refused::HeldTopic>,
 }
 
 /// When a topic's first count is read next, and what its earlier reads found.
@@ -196,15 +198,24 @@ impl PartitionCounts {
         self.topics.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Some record still waits for its topic's partition count.
+    /// Some record still waits for its topic's partition count, or for a topic that refused
+    /// it to take records again.
     pub(super) fn any_waiting(&self) -> bool {
-        !self.topics().waiting.is_empty()
+        let topics = self.topics();
+        !topics.waiting.is_empty() || !topics.held.is_empty()
     }
 
     /// The record's partition (`Some(None)`: the partitioner hashes the key), or `None` when
     /// the record was queued to wait for its topic's partition count.
     pub(super) fn route(self: &Arc<Self>, record: &Record, opaque: usize) -> Option<Option<i32>> {
         let mut topics = self.topics();
+        if let Some(held) = topics.held.get_mut(&record.topic) {
+            held.later.push_back(Waiting {
+                record: record.clone(),
+                opaque,
+            });
+            return None;
+        }
         if let Some(queue) = topics.waiting.get_mut(&record.topic) {
             // Behind the records already waiting, whether or not this one needs the count: a
             // record that went straight to librdkafka could overtake them in its partition.
@@ -639,6 +650,8 @@ fn needs_count(record: &Record) -> Option<&[u8]> {
         .filter(|_| record.partition.is_none())
 }
 
+#[path = "partition_counts_refused.rs"]
+mod refused;
 #[cfg(test)]
 #[path = "partition_counts_tests.rs"]
 mod tests;

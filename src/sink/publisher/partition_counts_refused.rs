@@ -1,0 +1,199 @@
+//! Topics that refuse records when they are sent (at-least-once). A topic whose DESCRIBE is
+//! allowed but WRITE is not passes every metadata check, and its refusal shows only in the
+//! delivery reports (TOPIC_AUTHORIZATION_FAILED; UNKNOWN_TOPIC_OR_PARTITION for a topic deleted
+//! while written to). That is the deployment's fault, not the records': like a refusal found
+//! at the first metadata read, it holds that topic's records here and nothing else — the
+//! session never sees the failures, so no session restarts and nothing of other topics is
+//! sent again, and the slot is not confirmed past the held records (they are still in flight
+//! for the session).
+//!
+//! Held records wait in order: first those refused (in the order their reports came, which is
+//! send order within a partition), then those sent since (in send order). After a pause
+//! (doubling up to [`PROBE_PAUSE_MAX`]) the oldest one is sent alone as a probe. Refused
+//! again, it goes back to the front; delivered (the block lifted), the rest follow in order.
+//! A record of the topic still inside librdkafka when the probe goes (refused only later) can
+//! end up behind the probe in its partition if the topic was fixed in that moment; the pause
+//! (a second or more, where refusals come back in milliseconds) makes that unlikely, not
+//! impossible.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tracing::info;
+
+use super::super::delivery::Refused;
+use super::{PartitionCounts, Waiting};
+
+/// The first pause before a held topic's probe, doubled after each refused probe.
+const PROBE_PAUSE: Duration = Duration::from_secs(1);
+const PROBE_PAUSE_MAX: Duration = Duration::from_secs(30);
+/// How often a probe's outcome is looked at.
+const PROBE_POLL: Duration = Duration::from_millis(20);
+
+/// The records of one topic that refused them, and its probe.
+#[derive(Default)]
+pub(super) struct HeldTopic {
+    /// Refused records, in the order refused.
+    refused: VecDeque<Waiting>,
+    /// Records routed to the topic while it was held, in send order.
+    pub(super) later: VecDeque<Waiting>,
+    /// The probe in flight: its opaque and key.
+    probe: Option<(usize, bytes::Bytes)>,
+    /// The probe was refused again.
+    probe_refused: bool,
+}
+
+impl HeldTopic {
+    fn pop_front(&mut self) -> Option<Waiting> {
+        self.refused.pop_front().or_else(|| self.later.pop_front())
+    }
+}
+
+impl PartitionCounts {
+    /// Takes the refusals the delivery reporter sends back until the publisher goes.
+    pub(in crate::sink::publisher) async fn serve_refusals(
+        self: Arc<Self>,
+        mut refusals: mpsc::UnboundedReceiver<Refused>,
+    ) {
+        loop {
+            let refused = tokio::select! {
+                _ = self.shared.stop.cancelled() => return,
+                refused = refusals.recv() => match refused {
+                    Some(refused) => refused,
+                    None => return,
+                },
+            };
+            self.hold(refused);
+        }
+    }
+
+    /// Holds a refused record; the first of its topic starts the topic's prober.
+    fn hold(self: &Arc<Self>, refused: Refused) {
+        let Refused { record, opaque } = refused;
+        let topic = record.topic.clone();
+        let mut topics = self.topics();
+        let new = !topics.held.contains_key(&topic);
+        let held = topics.held.entry(topic.clone()).or_default();
+        let waiting = Waiting { record, opaque };
+        let is_probe = held
+            .probe
+            .as_ref()
+            .is_some_and(|(o, key)| *o == opaque && *key == waiting.record.key);
+        if is_probe {
+            held.probe = None;
+            held.probe_refused = true;
+            held.refused.push_front(waiting);
+        } else {
+            held.refused.push_back(waiting);
+        }
+        drop(topics);
+        if new {
+            info!(topic = %topic, "the topic refused a record when it was sent: its records wait (nothing else does) and one is sent now and then to find out when it takes them again");
+            tokio::spawn(self.clone().probe_until_taken(topic));
+        }
+    }
+
+    /// Sends the held topic's oldest record alone now and then until it is delivered, then the
+    /// rest in order.
+    async fn probe_until_taken(self: Arc<Self>, topic: String) {
+        let mut pause = PROBE_PAUSE;
+        loop {
+            tokio::select! {
+                _ = self.shared.stop.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            let probe = {
+                let mut topics = self.topics();
+                let Some(held) = topics.held.get_mut(&topic) else {
+                    return;
+                };
+                let Some(probe) = held.pop_front() else {
+                    topics.held.remove(&topic);
+                    return;
+                };
+                held.probe = Some((probe.opaque, probe.record.key.clone()));
+                held.probe_refused = false;
+                probe
+            };
+            let partition = probe.record.partition;
+            if let Err(error) = self
+                .shared
+                .produce(&probe.record, probe.opaque, partition)
+                .await
+            {
+                self.fail(probe, error);
+                continue;
+            }
+            match self.probe_outcome(&topic).await {
+                Some(true) if self.release_held(&topic).await => return,
+                // Refused again while the rest went out: probing resumes.
+                Some(true) => pause = PROBE_PAUSE,
+                Some(false) => pause = (pause * 2).min(PROBE_PAUSE_MAX),
+                None => return,
+            }
+        }
+    }
+
+    /// `Some(true)` once the topic took a record (its block lifted), `Some(false)` when the
+    /// probe was refused again, `None` when the publisher goes.
+    async fn probe_outcome(&self, topic: &str) -> Option<bool> {
+        loop {
+            tokio::select! {
+                _ = self.shared.stop.cancelled() => return None,
+                _ = tokio::time::sleep(PROBE_POLL) => {}
+            }
+            if self
+                .topics()
+                .held
+                .get(topic)
+                .is_none_or(|h| h.probe_refused)
+            {
+                return Some(false);
+            }
+            if !self.shared.blocked.holds_topic(topic) {
+                return Some(true);
+            }
+        }
+    }
+
+    /// Sends the held records in order; the topic is held no more once none is left (under
+    /// the same lock as `route` queues behind them): `true`. Refused again meanwhile: `false`.
+    async fn release_held(&self, topic: &str) -> bool {
+        loop {
+            if self.shared.stop.is_cancelled() {
+                return true;
+            }
+            if self.shared.blocked.holds_topic(topic) {
+                return false;
+            }
+            let next = {
+                let mut topics = self.topics();
+                let Some(held) = topics.held.get_mut(topic) else {
+                    return true;
+                };
+                held.probe = None;
+                match held.pop_front() {
+                    Some(next) => next,
+                    None => {
+                        topics.held.remove(topic);
+                        info!(
+                            topic,
+                            "the topic takes records again: its held records are sent"
+                        );
+                        return true;
+                    }
+                }
+            };
+            let partition = next.record.partition;
+            if let Err(error) = self
+                .shared
+                .produce(&next.record, next.opaque, partition)
+                .await
+            {
+                self.fail(next, error);
+            }
+        }
+    }
+}
