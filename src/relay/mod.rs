@@ -70,6 +70,10 @@ pub enum RelayError {
     Delivery(Box<Rejection>),
     #[error("stopped on an event that cannot be published (dead_letter.policy = stop); the slot is not confirmed past it: {0}")]
     Poison(String),
+    /// An event Kafka refuses as too large whose dead letter could keep neither its payload
+    /// nor its row: dead-lettering it would leave its outbox row as its only copy.
+    #[error("stopped on an event too large for Kafka and for its dead letter; the slot is not confirmed past it: {0}. Fix: raise the topic's max.message.bytes (and kafka.properties message.max.bytes) above it and restart, or republish it yourself and skip it; see docs/operations.md#too-large-to-keep")]
+    TooLargeToKeep(String),
     /// More dead letters in a minute than `dead_letter.max_per_minute`: the slot is not
     /// confirmed past the transaction of the one that tripped the breaker.
     #[error("the dead-letter breaker tripped: {0}; the slot is not confirmed past this event. Fix the producer or the configuration (see `outbox-relay dead-letters list`), then restart; see docs/operations.md#dead-letter-breaker")]
@@ -147,6 +151,7 @@ impl RelayError {
             self,
             RelayError::Unmapped(_)
                 | RelayError::Poison(_)
+                | RelayError::TooLargeToKeep(_)
                 | RelayError::Breaker(_)
                 | RelayError::Mapping(_)
                 | RelayError::Decode(_)

@@ -251,6 +251,20 @@ pub fn from_failed(topic: &str, message: &OwnedMessage, reason: Reason, error: &
     dead
 }
 
+/// What a dead letter left out of its event's content when it keeps neither the payload nor
+/// the row image (a payload above [`MAX_KEPT_PAYLOAD_BYTES`] and a row above the row header's
+/// limit): such an event could not be redriven, and once its outbox row is gone (the sweeper,
+/// insert-then-delete) it would be lost. `None` when the content is kept.
+pub fn lost_content(dead: &Record) -> Option<String> {
+    if dead.payload.is_some() || dead.headers.iter().any(|(k, _)| &**k == HEADER_ROW) {
+        return None;
+    }
+    dead.headers
+        .iter()
+        .find(|(k, v)| &**k == HEADER_OMITTED && v.starts_with(b"payload"))
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+}
+
 /// Adds the reason headers; a payload that was too large is kept for a redrive up to
 /// [`MAX_KEPT_PAYLOAD_BYTES`], a larger one left out (it would be refused again) and its size
 /// noted.
@@ -361,6 +375,26 @@ mod tests {
         assert_eq!(header_value(&r, "id"), Some(&b"e3"[..]));
         assert_eq!(header_value(&r, HEADER_REASON), Some(&b"too_large"[..]));
         assert_eq!(header_value(&r, HEADER_ORIGINAL_PARTITION), Some(&b"2"[..]));
+    }
+
+    #[test]
+    fn a_dead_letter_that_keeps_neither_payload_nor_row_says_what_it_lost() {
+        let mut record = Record {
+            topic: "orders".into(),
+            key: Bytes::from_static(b"e1"),
+            payload: Some(Bytes::from(vec![b'x'; MAX_KEPT_PAYLOAD_BYTES + 1])),
+            ..Record::default()
+        };
+        let dead = from_record("dlq", &record, Reason::TooLarge, "too large");
+        assert_eq!(
+            lost_content(&dead).as_deref(),
+            Some(format!("payload ({} bytes)", MAX_KEPT_PAYLOAD_BYTES + 1).as_str())
+        );
+        record.payload = Some(Bytes::from(vec![b'x'; 1_000]));
+        assert_eq!(
+            lost_content(&from_record("dlq", &record, Reason::TooLarge, "x")),
+            None
+        );
     }
 
     #[test]

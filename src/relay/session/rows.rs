@@ -353,6 +353,18 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         if self.settings.dead_letter_policy == DeadLetterPolicy::Stop {
             return Err(RelayError::Poison(format!("event {event_id}: {why}")));
         }
+        // Its only copy would be the outbox row, which the sweeper (or the application's
+        // insert-then-delete) removes: the relay does not take responsibility for it.
+        if let Some(omitted) = dead_letter::lost_content(&record) {
+            return Err(RelayError::TooLargeToKeep(format!(
+                "event {event_id} for topic `{}`: {why}; its dead letter cannot keep it ({omitted})",
+                record
+                    .headers
+                    .iter()
+                    .find(|(k, _)| &**k == dead_letter::HEADER_ORIGINAL_TOPIC)
+                    .map_or(String::new(), |(_, v)| String::from_utf8_lossy(v).into_owned())
+            )));
+        }
         if let Some(breaker) = &mut self.breaker {
             if !breaker.admit(tokio::time::Instant::now()) {
                 self.metrics.dead_letter_breaker_trips.fetch_add(1, Relaxed);

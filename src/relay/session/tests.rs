@@ -999,6 +999,49 @@ async fn exactly_once_learns_the_limit_from_a_refused_record_and_restarts() {
     assert!(rig.max_flush() < end);
 }
 
+/// An event too large for Kafka and for its dead letter (payload above what a dead letter
+/// keeps, no row left to attach): dead-lettering it would leave the outbox row as its only
+/// copy, which the sweeper deletes. The session stops before confirming past it instead.
+#[tokio::test(start_paused = true)]
+async fn an_event_its_dead_letter_cannot_keep_stops_the_session() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (first, end_first) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    let (huge, end_huge) = wal.txn(OUTBOX, &[Some(&event_id(2))]);
+    rig.push(
+        std::iter::once(Wal::relation(OUTBOX, "outbox"))
+            .chain(first)
+            .chain(huge),
+    );
+    let session = rig.session(settings(), &mapping, &metrics);
+    let driver = async {
+        rig.until("two records", |r| r.sent().len() == 2).await;
+        let sent = rig.sent();
+        rig.acks.send(ok(&sent[0])).unwrap();
+        let mut refused = failed(&sent[1], RDKafkaErrorCode::MessageSizeTooLarge);
+        if let Err(f) = &mut refused.result {
+            let payload = vec![b'x'; crate::sink::dead_letter::MAX_KEPT_PAYLOAD_BYTES + 1];
+            f.message = f.message.clone().set_payload(Some(payload));
+        }
+        rig.acks.send(refused).unwrap();
+    };
+    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    assert!(
+        matches!(result, Err(RelayError::TooLargeToKeep(_))),
+        "{result:?}"
+    );
+    assert!(!result.as_ref().unwrap_err().is_transient());
+    let dead = rig
+        .sent()
+        .iter()
+        .filter(|s| s.kind == RecordKind::DeadLetter)
+        .count();
+    assert_eq!(dead, 0, "a dead letter without its content was sent");
+    assert_eq!(rig.max_flush(), end_first);
+    assert!(rig.max_flush() < end_huge);
+}
+
 #[tokio::test(start_paused = true)]
 async fn refused_record_stops_the_session_under_policy_stop() {
     let (mapping, metrics) = (mapping(), Metrics::default());
