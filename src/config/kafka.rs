@@ -406,6 +406,21 @@ impl KafkaConfig {
             MAX_TRANSACTION_MAX_MS,
             "ms",
         )?;
+        // A Kafka transaction must commit well inside the broker's transaction timeout, or
+        // the broker aborts it under the relay.
+        let transaction_timeout = self
+            .properties
+            .get("transaction.timeout.ms")
+            .and_then(|v| v.parse::<u64>().ok());
+        if let (Delivery::ExactlyOnce, Some(timeout)) = (self.delivery, transaction_timeout) {
+            check_range(
+                "kafka.transaction_max_ms",
+                self.transaction_max_ms,
+                1,
+                (timeout / 2).max(1),
+                "ms, at most half of kafka.properties.\"transaction.timeout.ms\"",
+            )?;
+        }
         check_range(
             "kafka.transaction_min_ms",
             self.transaction_min_ms,

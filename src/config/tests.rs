@@ -1027,6 +1027,27 @@ fn the_early_commit_age_is_at_most_the_transaction_age() {
 }
 
 #[test]
+fn the_transaction_age_fits_a_transaction_timeout_set_in_the_properties() {
+    let mut config = Config::default();
+    config.kafka.delivery = Delivery::ExactlyOnce;
+    config.kafka.transaction_max_ms = 10_000;
+    config
+        .kafka
+        .properties
+        .insert("transaction.timeout.ms".into(), "20000".into());
+    config.validate().unwrap();
+    config
+        .kafka
+        .properties
+        .insert("transaction.timeout.ms".into(), "15000".into());
+    let message = assert_invalid(&config, "kafka.transaction_max_ms");
+    assert!(message.contains("transaction.timeout.ms"), "{message}");
+    // At-least-once has no Kafka transactions.
+    config.kafka.delivery = Delivery::AtLeastOnce;
+    config.validate().unwrap();
+}
+
+#[test]
 fn batching_is_adaptive_by_default_and_only_in_at_least_once() {
     let config = Config::default();
     assert_eq!(config.kafka.batching, Batching::Adaptive);

@@ -267,15 +267,19 @@ impl Blocked {
         let Some(first) = blocks.iter().max_by_key(|b| b.since) else {
             return Ok(());
         };
+        let others = match blocks.len() - 1 {
+            0 => String::new(),
+            1 => " (and 1 more block)".to_string(),
+            n => format!(" (and {n} more blocks)"),
+        };
         Err(format!(
-            "kafka blocked ({} of {}): {} for {:.0}s; fix: {}",
+            "kafka blocked ({} of {}) for {:.0}s{others}; fix: {}",
             first.reason.name(),
             if first.subject.is_empty() {
                 "the cluster"
             } else {
                 &first.subject
             },
-            blocks.len(),
             first.since.as_secs_f64(),
             self.fix(first.reason, &first.subject)
         ))
@@ -352,7 +356,13 @@ mod tests {
         let b = blocked();
         b.block(BlockReason::TopicAuthorization, "orders", &"denied");
         let why = b.readiness().unwrap_err();
-        assert!(why.contains("topic_authorization of orders"), "{why}");
+        assert!(
+            why.contains("topic_authorization of orders) for 0s;"),
+            "{why}"
+        );
+        b.block(BlockReason::UnknownTopic, "payments", &"missing");
+        let why = b.readiness().unwrap_err();
+        assert!(why.contains("(and 1 more block); fix:"), "{why}");
         assert!(
             why.contains("kafka-acls --bootstrap-server k1:9092 --add"),
             "{why}"

@@ -222,7 +222,7 @@ impl Publisher {
             handles: TopicHandles::new(producer.clone()),
             producer,
             deliveries: tx,
-            message_timeout: Duration::from_millis(config.message_timeout_ms),
+            message_timeout: effective_message_timeout(&client, config),
             stop: CancellationToken::new(),
             skipping_linger: AtomicBool::new(false),
             blocked,
@@ -483,6 +483,17 @@ async fn commit(
         .map_err(|_| KafkaError::Canceled)
         .and_then(|r| r)
         .map_err(|e| failed("commit", e))
+}
+
+/// `message.timeout.ms` as the producer got it: in `exactly_once` capped by the
+/// transaction timeout, so that a commit never waits for records longer than the broker keeps
+/// the transaction open.
+fn effective_message_timeout(client: &ClientConfig, config: &KafkaConfig) -> Duration {
+    let ms = client
+        .get("message.timeout.ms")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(config.message_timeout_ms);
+    Duration::from_millis(ms)
 }
 
 /// How long the teardown thread waits to hold the producer's last reference.

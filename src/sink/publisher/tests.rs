@@ -70,3 +70,23 @@ async fn skip_linger_sends_a_lingering_record_at_once() {
         .await
         .unwrap();
 }
+
+/// Exactly-once: a commit waits for its records at most as long as the producer's
+/// `message.timeout.ms`, which is capped by the transaction timeout, not the configured 300 s.
+#[test]
+fn a_commit_waits_no_longer_than_the_capped_message_timeout() {
+    let config = KafkaConfig {
+        message_timeout_ms: 300_000,
+        ..KafkaConfig::default()
+    };
+    let mut client = super::client_config(&config);
+    assert_eq!(
+        super::effective_message_timeout(&client, &config),
+        Duration::from_secs(300)
+    );
+    client.set("message.timeout.ms", "60000");
+    assert_eq!(
+        super::effective_message_timeout(&client, &config),
+        Duration::from_secs(60)
+    );
+}
