@@ -11,7 +11,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use tokio_postgres::config::Host;
 
-use crate::aws::credentials::{AwsCredentials, CredentialsProvider};
+use crate::aws::credentials::{AwsCredentials, CredentialsProvider, FIRST_FETCH_WAIT};
 use crate::aws::sigv4::{presigned_query, Presign};
 use crate::config::{PostgresAuth, PostgresConfig};
 use crate::postgres::conninfo::Endpoint;
@@ -47,7 +47,7 @@ impl RdsIamAuth {
         let credentials = CredentialsProvider::shared();
         // Fail at start-up, naming the source and its fix, not at the first connection.
         credentials
-            .credentials()
+            .credentials_within(FIRST_FETCH_WAIT)
             .map_err(|e| format!("postgres.auth = \"aws_rds_iam\": {e}"))?;
         Ok(Some(RdsIamAuth {
             env_region: credentials.env().region().map(str::to_string),

@@ -34,7 +34,7 @@ mod tests;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -202,14 +202,34 @@ pub async fn resolve(env: &Env) -> Result<Fetched, CredentialsError> {
     })
 }
 
+/// How long [`CredentialsProvider::credentials`] waits for a fetch when it holds no valid
+/// credentials at all. With valid ones it never waits: a refresh runs in the background.
+pub const WAIT_WITHOUT_CREDENTIALS: Duration = Duration::from_secs(5);
+/// What a first fetch may take: a `credential_process` may run 30 s, an STS request 10 s.
+pub const FIRST_FETCH_WAIT: Duration = Duration::from_secs(40);
+
 /// The chain with its cache: credentials are kept until [`REFRESH_BEFORE_EXPIRY`] before
-/// they expire. Safe to call from any thread, async or not (a fetch runs on a thread of its
-/// own).
+/// they expire, then fetched again **in the background** while the current ones are used.
+/// Callers include tokio's runtime thread (a PostgreSQL login) and librdkafka's threads (an
+/// MSK token, served by the thread that also serves delivery reports): a fetch — up to 30 s
+/// for a `credential_process`, 10 s per STS request — runs on a thread of its own, one at a
+/// time, and a caller waits for it only when it holds no valid credentials, and then for a
+/// bounded time.
 #[derive(Debug)]
 pub struct CredentialsProvider {
     /// `None`: the process's environment, read at each fetch.
     env: Option<Env>,
-    cached: Mutex<Option<Fetched>>,
+    state: Arc<(Mutex<State>, Condvar)>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    cached: Option<Fetched>,
+    /// A fetch runs.
+    fetching: bool,
+    /// Fetches finished so far, and the error of the last one if it failed.
+    finished: u64,
+    last_error: Option<CredentialsError>,
 }
 
 impl CredentialsProvider {
@@ -217,7 +237,7 @@ impl CredentialsProvider {
     pub fn new(env: Env) -> CredentialsProvider {
         CredentialsProvider {
             env: Some(env),
-            cached: Mutex::new(None),
+            state: Arc::default(),
         }
     }
 
@@ -228,7 +248,7 @@ impl CredentialsProvider {
             .get_or_init(|| {
                 Arc::new(CredentialsProvider {
                     env: None,
-                    cached: Mutex::new(None),
+                    state: Arc::default(),
                 })
             })
             .clone()
@@ -239,47 +259,90 @@ impl CredentialsProvider {
         self.env.clone().unwrap_or_else(Env::process)
     }
 
-    /// Credentials valid for at least [`REFRESH_BEFORE_EXPIRY`] more, from the cache or
-    /// fetched now. If a refresh fails while the cached ones are still valid, those are
-    /// used (and the failure logged); the next call tries again.
+    /// Credentials, from the cache when they are valid for at least [`REFRESH_BEFORE_EXPIRY`]
+    /// more. Nearer their expiry, the cached ones are returned at once while a refresh runs in
+    /// the background (a failed one is logged and tried again at the next call). Without valid
+    /// ones, waits up to [`WAIT_WITHOUT_CREDENTIALS`] for the fetch.
     pub fn credentials(&self) -> Result<Fetched, CredentialsError> {
+        self.credentials_within(WAIT_WITHOUT_CREDENTIALS)
+    }
+
+    /// [`CredentialsProvider::credentials`], waiting up to `wait` when none are valid (at
+    /// start-up: [`FIRST_FETCH_WAIT`]). A fetch still running then goes on in the background.
+    pub fn credentials_within(&self, wait: Duration) -> Result<Fetched, CredentialsError> {
         let now = Timestamp::now();
-        let cached = self.lock().clone();
-        if let Some(cached) = &cached {
-            if fresh(cached, now, REFRESH_BEFORE_EXPIRY) {
-                return Ok(cached.clone());
+        let (lock, done) = &*self.state;
+        let mut state = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(cached) = state
+            .cached
+            .as_ref()
+            .filter(|c| fresh(c, now, REFRESH_BEFORE_EXPIRY))
+        {
+            return Ok(cached.clone());
+        }
+        let ticket = state.finished;
+        if !state.fetching {
+            state.fetching = true;
+            if let Err(e) = self.fetch_in_background() {
+                state.fetching = false;
+                return Err(e);
             }
         }
-        match self.fetch() {
-            Ok(fetched) => {
-                tracing::debug!(from = fetched.from, expires = ?fetched.expires, "fetched AWS credentials");
-                *self.lock() = Some(fetched.clone());
-                Ok(fetched)
+        if let Some(valid) = state
+            .cached
+            .as_ref()
+            .filter(|c| fresh(c, now, Duration::ZERO))
+        {
+            return Ok(valid.clone());
+        }
+        let give_up = std::time::Instant::now() + wait;
+        while state.finished == ticket {
+            let left = give_up.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(CredentialsError::source(
+                    "the chain",
+                    format!("no credentials after {} s", wait.as_secs()),
+                    "the fetch goes on in the background and the next login uses what it gets; a credential_process or STS that slow needs looking at",
+                ));
             }
-            Err(error) => match cached.filter(|c| fresh(c, now, Duration::ZERO)) {
-                Some(still_valid) => {
-                    tracing::warn!(%error, "cannot refresh the AWS credentials; using the current ones until they expire");
-                    Ok(still_valid)
-                }
-                None => Err(error),
-            },
+            state = done
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        let now = Timestamp::now();
+        match state
+            .cached
+            .as_ref()
+            .filter(|c| fresh(c, now, Duration::ZERO))
+        {
+            Some(valid) => Ok(valid.clone()),
+            None => Err(state.last_error.clone().unwrap_or_else(|| {
+                CredentialsError::source("the chain", "no credentials", "see the log")
+            })),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Fetched>> {
-        self.cached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// Waits until no fetch runs (tests: a background refresh has finished).
+    #[cfg(test)]
+    fn settle(&self) {
+        let (lock, done) = &*self.state;
+        let mut state = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        while state.fetching {
+            state = done.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
     }
 
-    /// Runs the chain on a thread with its own runtime: callers include librdkafka's
-    /// threads and tokio's, where blocking on a runtime of the caller's is not allowed.
-    fn fetch(&self) -> Result<Fetched, CredentialsError> {
+    /// Runs the chain on a thread with its own runtime (callers include librdkafka's threads
+    /// and tokio's, where blocking on a runtime of the caller's is not allowed); its outcome
+    /// goes to the cache, and waiting callers are woken.
+    fn fetch_in_background(&self) -> Result<(), CredentialsError> {
         let env = self.env();
-        let runner = std::thread::Builder::new()
+        let state = self.state.clone();
+        std::thread::Builder::new()
             .name("aws-credentials".into())
             .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
+                let fetched = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .map_err(|e| {
@@ -288,23 +351,35 @@ impl CredentialsProvider {
                             e.to_string(),
                             "check the process's limits (threads, file descriptors)",
                         )
-                    })?;
-                runtime.block_on(resolve(&env))
-            });
-        match runner {
-            Ok(handle) => handle.join().unwrap_or_else(|_| {
-                Err(CredentialsError::source(
+                    })
+                    .and_then(|runtime| runtime.block_on(resolve(&env)));
+                let (lock, done) = &*state;
+                let mut state = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                match fetched {
+                    Ok(fetched) => {
+                        tracing::debug!(from = fetched.from, expires = ?fetched.expires, "fetched AWS credentials");
+                        state.cached = Some(fetched);
+                        state.last_error = None;
+                    }
+                    Err(error) => {
+                        if state.cached.is_some() {
+                            tracing::warn!(%error, "cannot refresh the AWS credentials; using the current ones until they expire");
+                        }
+                        state.last_error = Some(error);
+                    }
+                }
+                state.fetching = false;
+                state.finished += 1;
+                done.notify_all();
+            })
+            .map(drop)
+            .map_err(|e| {
+                CredentialsError::source(
                     "the chain",
-                    "the fetch panicked",
-                    "report a bug",
-                ))
-            }),
-            Err(e) => Err(CredentialsError::source(
-                "the chain",
-                format!("cannot start a thread: {e}"),
-                "check the process's thread limit",
-            )),
-        }
+                    format!("cannot start a thread: {e}"),
+                    "check the process's thread limit",
+                )
+            })
     }
 }
 

@@ -91,6 +91,7 @@ fn credentials_near_their_expiry_are_fetched_again_and_none_never_expire() {
     let provider = provider_running(&dir, path.to_str().unwrap());
     for _ in 0..3 {
         provider.credentials().unwrap();
+        provider.settle();
     }
     assert_eq!(runs(&dir), 3, "inside the refresh margin: run at each call");
 
@@ -168,4 +169,56 @@ fn the_command_line_splits_at_spaces_outside_double_quotes() {
     );
     assert_eq!(split(r#"cmd """#), ["cmd", ""]);
     assert!(split("   ").is_empty());
+}
+
+/// A refresh whose `credential_process` takes 20 s (a vault, an SSO helper) blocks no caller
+/// while the current credentials are valid: they are returned at once and the refresh runs in
+/// the background. Callers include the runtime thread (PostgreSQL logins) and the thread that
+/// serves Kafka's delivery reports (MSK tokens): a blocked call froze status updates and acks.
+#[test]
+fn a_slow_refresh_blocks_no_caller_while_the_current_credentials_are_valid() {
+    let dir = dir("slow");
+    let soon = Timestamp::now() + SignedDuration::try_from(REFRESH_BEFORE_EXPIRY / 2).unwrap();
+    // The first run answers at once; every later one sleeps 20 s first.
+    let body = format!(
+        "if [ \"$(wc -l < '{}')\" -gt 1 ]; then sleep 20; fi\n{}",
+        dir.join("runs").display(),
+        printing(Some(soon))
+    );
+    let path = script(&dir, "creds", &body);
+    let provider = provider_running(&dir, path.to_str().unwrap());
+    provider.credentials().unwrap();
+    let began = std::time::Instant::now();
+    for _ in 0..100 {
+        let found = provider.credentials().unwrap();
+        assert_eq!(found.credentials.access_key_id, "ASIAPROC");
+    }
+    let took = began.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "100 calls took {took:?} while a 20 s refresh ran"
+    );
+    // The refresh started (its process runs, sleeping), and only one.
+    let waiting = std::time::Instant::now();
+    while runs(&dir) < 2 && waiting.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    provider.credentials().unwrap();
+    assert_eq!(runs(&dir), 2, "one refresh at a time");
+    // Without valid credentials a caller waits, bounded.
+    let expired = Timestamp::now() - SignedDuration::from_mins(1);
+    let dir = self::dir("slow-expired");
+    let body = format!("sleep 20\n{}", printing(Some(expired)));
+    let path = script(&dir, "creds", &body);
+    let provider = provider_running(&dir, path.to_str().unwrap());
+    let began = std::time::Instant::now();
+    let err = provider
+        .credentials_within(std::time::Duration::from_millis(300))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(5),
+        "unbounded wait"
+    );
+    assert!(err.contains("no credentials after"), "{err}");
 }

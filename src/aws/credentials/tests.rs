@@ -491,6 +491,7 @@ fn cached_credentials_are_fetched_again_near_their_expiry() {
                 provider.credentials().unwrap().credentials.access_key_id,
                 "ASIAECS"
             );
+            provider.settle();
         }
         assert_eq!(ecs.seen().len(), fetches, "lifetime {lifetime}");
     }
@@ -522,7 +523,13 @@ fn a_failed_refresh_keeps_credentials_that_are_still_valid() {
         provider.credentials().unwrap().credentials.access_key_id,
         "ASIAECS"
     );
+    provider.settle();
     assert_eq!(*calls.lock().unwrap(), 2, "the refresh was tried");
+    assert_eq!(
+        provider.credentials().unwrap().credentials.access_key_id,
+        "ASIAECS",
+        "still valid after the failed refresh"
+    );
 }
 
 fn assume_role_xml(expiration: &str) -> String {
