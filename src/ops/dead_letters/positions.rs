@@ -65,6 +65,18 @@ impl Positions {
         due
     }
 
+    /// Dead letters dealt with (committable) but not committed yet: what a redrive killed now
+    /// would send again on top of those in flight.
+    pub(super) fn uncommitted(&self) -> u64 {
+        self.parts
+            .values()
+            .map(|part| {
+                let at = part.pending.first().copied().unwrap_or(part.next);
+                (at - part.committed).max(0) as u64
+            })
+            .sum()
+    }
+
     /// A commit of `due` failed: those partitions are due again.
     pub(super) fn uncommit(&mut self, due: &[(i32, i64)], previous: &BTreeMap<i32, i64>) {
         for (partition, _) in due {
@@ -104,6 +116,24 @@ mod tests {
         p.acknowledged(0, 10);
         assert_eq!(p.due(), vec![(0, 13)]);
         assert_eq!(p.due(), vec![], "nothing new");
+    }
+
+    #[test]
+    fn uncommitted_counts_what_is_dealt_with_and_not_committed() {
+        let mut p = Positions::default();
+        p.start(0, 10);
+        p.start(1, 0);
+        for offset in 10..20 {
+            p.handled(0, offset, true);
+        }
+        p.handled(1, 0, false);
+        assert_eq!(p.uncommitted(), 1, "in flight is not dealt with");
+        for offset in 10..15 {
+            p.acknowledged(0, offset);
+        }
+        assert_eq!(p.uncommitted(), 6);
+        p.due();
+        assert_eq!(p.uncommitted(), 0);
     }
 
     #[test]

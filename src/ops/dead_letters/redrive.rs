@@ -4,8 +4,10 @@
 //! The group's committed offset per partition covers only dead letters that are dealt with:
 //! their redriven record (or their new dead letter) acknowledged by Kafka, or passed over by
 //! the filters, or left. It is committed in order and contiguously (`positions.rs`), every
-//! [`COMMIT_INTERVAL`] and at the end, so an interrupted redrive resumes where the last commit
-//! stood (sending again at most what was acknowledged since: at-least-once's window) and a
+//! [`COMMIT_INTERVAL`], every [`COMMIT_EVERY`] dead letters dealt with, and at the end, so an
+//! interrupted redrive resumes where the last commit stood, sending again at most what was
+//! acknowledged since and what was in flight: at most `COMMIT_EVERY` + [`MAX_IN_FLIGHT`]
+//! (1,500) records, however fast it ran (at-least-once's window), and a
 //! finished one, run again, sends nothing. Each run reads up to the end the topic had when it
 //! started, so the dead letters it writes itself wait for the next run.
 
@@ -36,6 +38,9 @@ pub const REDRIVE_GROUP: &str = "outbox-relay-dead-letters-redrive";
 pub const DEFAULT_MAX_REDRIVES: u32 = 3;
 /// How often acknowledged progress is committed.
 const COMMIT_INTERVAL: Duration = Duration::from_millis(200);
+/// ... and after how many dead letters dealt with, whichever comes first: what a killed
+/// redrive sends again is bounded by a count, not by how fast it ran.
+const COMMIT_EVERY: u64 = 500;
 /// Dead letters read per turn.
 const CHUNK: usize = 100;
 /// Records in flight at most.
@@ -288,7 +293,9 @@ impl<'a> Run<'a> {
             self.report.scanned += 1;
             self.handle(letter).await?;
             progress.update(self.report.scanned);
-            if self.last_commit.elapsed() >= COMMIT_INTERVAL {
+            if self.last_commit.elapsed() >= COMMIT_INTERVAL
+                || self.positions.uncommitted() >= COMMIT_EVERY
+            {
                 self.commit().await;
             }
         }
