@@ -207,6 +207,13 @@ impl Publisher {
             );
         }
         client.set("batch.size", batch_size.to_string());
+        // librdkafka also keeps a batch within the producer's `message.max.bytes`: a record at
+        // least the smaller of the two large is alone in its batch.
+        let batch_size = config
+            .properties
+            .get("message.max.bytes")
+            .and_then(|v| v.parse().ok())
+            .map_or(batch_size, |max: usize| batch_size.min(max));
         let producer: Arc<BaseProducer<DeliveryReporter>> = Arc::new(
             client
                 .create_with_context(reporter)

@@ -39,7 +39,8 @@ pub(super) struct Shared {
     pub(super) doomed: AtomicBool,
     /// A `skip_linger` runs.
     pub(super) skipping_linger: AtomicBool,
-    /// The producer's `batch.size`: a record at least this large is alone in its batch.
+    /// The most a batch holds (`batch.size`, or `message.max.bytes` when smaller): a record at
+    /// least this large is alone in its batch.
     pub(super) batch_size: usize,
 }
 
