@@ -471,6 +471,87 @@ async fn a_schema_id_from_a_header_picks_each_records_schema() {
     db.cleanup().await;
 }
 
+/// `subject_strategy = "record"`: a row whose event type names no registered subject (an
+/// application's typo) is its own fault. It is dead-lettered as `schema`, naming the subject
+/// and the fix; the 200 valid rows behind it, on another topic, all arrive, and nothing else
+/// is dead-lettered. (Before, the relay waited on the 404 inline and nothing moved.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_row_naming_an_unregistered_subject_is_dead_lettered_and_the_rows_behind_it_arrive() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    // Subjects are the registry's, shared by the tests: named after this test's topics.
+    let good_subject = db.topic("Good");
+    let typo_subject = db.topic("Goood");
+    let schema_id = client(&url)
+        .register(&good_subject, EVENT_SCHEMA, "AVRO")
+        .await
+        .expect("register the event schema");
+    let env = avro_env(
+        &db,
+        &url,
+        &[(
+            "OUTBOX_RELAY__OUTBOX__SERIALIZATION__SUBJECT_STRATEGY",
+            "record",
+        )],
+    );
+    let mut relay = RelayProcess::start(&env, "registry_unregistered_subject");
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut typo = Event::new("typo", "t1", 0, 0);
+    typo.event_type = typo_subject.clone();
+    write_in_batches(&db, std::slice::from_ref(&typo), 1).await;
+    let mut valid = events(200, "order");
+    for e in &mut valid {
+        e.event_type = good_subject.clone();
+    }
+    let started = std::time::Instant::now();
+    write_in_batches(&db, &valid, 20).await;
+    let topic = db.topic("order");
+    let (received, _) = expect_all(
+        "behind the unregistered subject",
+        std::slice::from_ref(&topic),
+        &valid,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    println!(
+        "unregistered subject: all 200 valid rows arrived {:.1} s after they were written",
+        started.elapsed().as_secs_f64()
+    );
+    assert_framed(&received, schema_id);
+
+    let dead = read_ids(
+        &[db.topic("dlq")],
+        1,
+        std::slice::from_ref(&typo.id),
+        Duration::from_secs(30),
+        Duration::from_secs(2),
+    )
+    .await;
+    let ids: Vec<String> = dead.iter().map(|d| d.key_str().to_string()).collect();
+    assert_eq!(ids, vec![typo.id.clone()], "only the typo is dead-lettered");
+    assert_eq!(dead[0].header("outbox-relay.dlq.reason"), Some("schema"));
+    let error = dead[0].header("outbox-relay.dlq.error").unwrap();
+    assert!(error.contains(&typo_subject), "{error}");
+    assert!(error.contains("subject_strategy"), "{error}");
+    assert!(error.contains("dead-letters redrive"), "{error}");
+    let typo_topic = db.topic("typo");
+    let on_typo_topic = read_until(
+        std::slice::from_ref(&typo_topic),
+        1,
+        Duration::from_secs(2),
+        Duration::ZERO,
+        |_| false,
+    )
+    .await;
+    assert!(on_typo_topic.is_empty(), "the typo row is never published");
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
 /// The registry down for 20 s mid-stream: the relay waits (with `latest_ttl_ms` short, it
 /// asks the registry again within a second, as a relay picking up a new version would),
 /// `/readyz` is red meanwhile; nothing is dead-lettered, nothing lost. Its own registry, so

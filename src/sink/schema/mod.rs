@@ -29,6 +29,8 @@ mod key;
 mod protobuf;
 pub mod registry;
 mod set;
+#[cfg(test)]
+mod stand_in;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -195,21 +197,52 @@ impl Serializer {
     async fn encode_value(&self, record: &Record, payload: &[u8]) -> Result<Bytes, SerializeError> {
         // What the schema is looked up by: the subject, or the id a header names; the label
         // of a registry block either way.
-        let (subject, cached) = match self.pinned_id(record)? {
+        let (subject, cached, named_by) = match self.pinned_id(record)? {
             Some(id) => {
                 let label = format!("schema id {id}");
-                (label, self.schema_by_id(id).await)
+                let header = self.config.schema_id_header.as_deref().unwrap_or_default();
+                let named_by = format!(
+                    "the row's header `{header}` ({}.schema_id_header) names it",
+                    self.section
+                );
+                (label, self.schema_by_id(id).await, Some(named_by))
             }
             None => {
                 let subject = self.subject_for(record)?;
                 let cached = self.schema(&subject, Part::Value).await;
-                (subject, cached)
+                // Under the record strategies the subject is (partly) the row's record name.
+                let named_by = (self.config.subject_strategy != SubjectStrategy::Topic).then(|| {
+                    format!(
+                        "the subject is taken from the row's header `{}` ({}.subject_strategy = {})",
+                        self.config.record_name_header,
+                        self.section,
+                        match self.config.subject_strategy {
+                            SubjectStrategy::Record => "record",
+                            _ => "topic_record",
+                        }
+                    )
+                });
+                (subject, cached, named_by)
             }
         };
-        let cached = cached.map_err(|error| SerializeError::Registry {
-            subject: subject.clone(),
-            error,
-        })?;
+        let cached = match (cached, named_by) {
+            (Ok(cached), _) => cached,
+            // A schema the row itself names and the registry does not have (or holds in a
+            // form the relay cannot use) will not appear by waiting: the row's fault, like a
+            // payload the schema refuses. Every other row keeps flowing.
+            (Err(error), Some(named_by)) if error.is_missing_schema() => {
+                self.health.clear(&subject);
+                return Err(SerializeError::Payload(format!(
+                    "{subject}: {error}; {named_by}: correct the row, or register the schema, then `outbox-relay dead-letters redrive` this dead letter"
+                )));
+            }
+            (Err(error), _) => {
+                return Err(SerializeError::Registry {
+                    subject: subject.clone(),
+                    error,
+                })
+            }
+        };
         self.health.clear(&subject);
         let body = cached.schema.encode(payload).map_err(|reason| {
             SerializeError::Payload(format!(
@@ -677,6 +710,131 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(users, before);
+    }
+
+    /// A registry stand-in: ids 9 (the test schema) and subject `Known`; 404s with the
+    /// registry's codes for id 77 and subjects `Typo` and `orders-value`; `Wrong` holds a
+    /// Protobuf schema; `Down` answers 503, `Locked` 401, `Proxy` a 404 without a code.
+    fn registry() -> stand_in::StandIn {
+        stand_in::StandIn::start(|seen| {
+            let found = serde_json::json!({ "id": 9, "schema": SCHEMA }).to_string();
+            let missing = |code: u32| {
+                (
+                    404,
+                    format!(r#"{{"error_code":{code},"message":"not found"}}"#),
+                )
+            };
+            match seen.path.as_str() {
+                "/schemas/ids/9" | "/subjects/Known/versions/latest" => (200, found),
+                "/schemas/ids/77" => missing(40403),
+                "/subjects/Typo/versions/latest" | "/subjects/orders-value/versions/latest" => {
+                    missing(40401)
+                }
+                "/subjects/orders-Typo/versions/latest" => missing(40401),
+                "/subjects/Wrong/versions/latest" => (
+                    200,
+                    serde_json::json!({ "id": 5, "schemaType": "PROTOBUF",
+                        "schema": "syntax = \"proto3\"; message E { int64 n = 1; }" })
+                    .to_string(),
+                ),
+                "/subjects/Locked/versions/latest" => (401, "{}".into()),
+                "/subjects/Proxy/versions/latest" => (404, "<html>no</html>".into()),
+                _ => (503, "{}".into()),
+            }
+        })
+    }
+
+    fn against(url: &str, configure: impl FnOnce(&mut SerializationConfig)) -> Arc<Serializer> {
+        let mut config = SerializationConfig {
+            format: SerializationFormat::Avro,
+            registry_url: url.into(),
+            request_timeout_ms: 2_000,
+            ..SerializationConfig::default()
+        };
+        configure(&mut config);
+        Serializer::new(&config).unwrap().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_schema_id_the_registry_does_not_have_is_the_records_fault() {
+        let registry = registry();
+        let s = against(&registry.url, |c| c.schema_id_header = Some("sid".into()));
+        let mut known = record("orders", Some(r#"{"n": 3}"#), &[("sid", "9")]);
+        s.serialize(&mut known).await.unwrap();
+        assert_eq!(known.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 6][..]));
+        let mut again = record("orders", Some(r#"{"n": 4}"#), &[("sid", "9")]);
+        s.serialize(&mut again).await.unwrap();
+        let asked = registry
+            .seen()
+            .iter()
+            .filter(|r| r.path == "/schemas/ids/9")
+            .count();
+        assert_eq!(asked, 1, "an id's schema is cached for good");
+
+        let mut unknown = record("orders", Some(r#"{"n": 3}"#), &[("sid", "77")]);
+        match s.serialize(&mut unknown).await {
+            Err(SerializeError::Payload(why)) => {
+                assert!(why.contains("schema id 77"), "{why}");
+                assert!(
+                    why.contains("outbox.serialization.schema_id_header"),
+                    "{why}"
+                );
+                assert!(why.contains("dead-letters redrive"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(s.health().current().is_empty(), "nothing blocks");
+        // Without the header the configured subject is used: its 404 is the deployment's.
+        let mut plain = record("orders", Some(r#"{"n": 3}"#), &[]);
+        match s.serialize(&mut plain).await {
+            Err(SerializeError::Registry { subject, error }) => {
+                assert_eq!(subject, "orders-value");
+                assert!(matches!(error, RegistryError::NotFound { .. }), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_name_the_registry_does_not_have_is_the_records_fault_and_an_outage_is_not() {
+        let registry = registry();
+        for strategy in [SubjectStrategy::Record, SubjectStrategy::TopicRecord] {
+            let s = against(&registry.url, |c| c.subject_strategy = strategy);
+            let mut typo = record("orders", Some(r#"{"n": 3}"#), &[("type", "Typo")]);
+            match s.serialize(&mut typo).await {
+                Err(SerializeError::Payload(why)) => {
+                    assert!(why.contains("Typo"), "{why}");
+                    assert!(why.contains("header `type`"), "{why}");
+                    assert!(why.contains("subject_strategy"), "{why}");
+                }
+                other => panic!("{strategy:?}: {other:?}"),
+            }
+        }
+        let s = against(&registry.url, |c| {
+            c.subject_strategy = SubjectStrategy::Record
+        });
+        let mut known = record("orders", Some(r#"{"n": 3}"#), &[("type", "Known")]);
+        s.serialize(&mut known).await.unwrap();
+        // A schema of another format under the row's subject: the row's fault too.
+        let mut wrong = record("orders", Some(r#"{"n": 3}"#), &[("type", "Wrong")]);
+        assert!(
+            matches!(s.serialize(&mut wrong).await, Err(SerializeError::Payload(why)) if why.contains("PROTOBUF")),
+        );
+        // An outage, a refused login, or a 404 that is not the registry's: they block.
+        for subject in ["Down", "Locked", "Proxy"] {
+            let mut r = record("orders", Some(r#"{"n": 3}"#), &[("type", subject)]);
+            match s.serialize(&mut r).await {
+                Err(SerializeError::Registry { subject: s, .. }) => assert_eq!(s, subject),
+                other => panic!("{subject}: {other:?}"),
+            }
+        }
+        // The topic strategy's subject is configuration: its 404 blocks, as before.
+        let s = against(&registry.url, |_| {});
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[("type", "Typo")]);
+        assert!(matches!(
+            s.serialize(&mut r).await,
+            Err(SerializeError::Registry { .. })
+        ));
     }
 
     #[tokio::test]

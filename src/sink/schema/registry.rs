@@ -7,21 +7,46 @@ use serde::Deserialize;
 
 use crate::config::{SchemaVersion, Secret, SerializationConfig};
 
-/// Why the registry gave no schema. Every one is a deployment problem: records wait.
+/// Why the registry gave no schema. A deployment problem (records wait), except a missing
+/// or unusable schema that a row's own data named ([`RegistryError::is_missing_schema`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryError {
     #[error("schema registry {url} unreachable: {reason}")]
     Unreachable { url: String, reason: String },
     #[error("schema registry refused the relay's credentials (HTTP {status}): check outbox.serialization.registry_username / registry_password_file / registry_token_file")]
     Unauthorized { status: u16 },
-    #[error("schema registry has no {what} (HTTP 404: {body}): register the schema, or set outbox.serialization.auto_register = true with schema_file")]
-    NotFound { what: String, body: String },
+    #[error("schema registry has no {what} (HTTP 404: {body}): register the schema, or set outbox.serialization.auto_register = true with schema_file{}", if code.is_none() { "; no registry error code in the answer: is registry_url the registry's Confluent-compatible base URL?" } else { "" })]
+    NotFound {
+        what: String,
+        body: String,
+        /// The registry's `error_code` (40401 no such subject, 40402 no such version, 40403
+        /// no such schema id); `None` when the answer has none (not the registry's API: a
+        /// wrong `registry_url` path, a proxy).
+        code: Option<u32>,
+    },
     #[error("schema registry answered HTTP {status}: {body}")]
     Failed { status: u16, body: String },
     #[error("the registry's schema for subject `{subject}` cannot be used: {reason}; register a valid one")]
     BadSchema { subject: String, reason: String },
     #[error("cannot read outbox.serialization.schema_file `{path}`: {reason}")]
     SchemaFile { path: String, reason: String },
+}
+
+impl RegistryError {
+    /// The registry answered, and has no such subject, version or schema id (a 404 with the
+    /// registry's own error code), or holds a schema the relay cannot use for it. When the
+    /// subject or id came from a row's data this is that row's fault; from the configuration,
+    /// the deployment's. A 404 without the registry's error code is neither: the URL may be
+    /// wrong, so it blocks.
+    pub fn is_missing_schema(&self) -> bool {
+        match self {
+            RegistryError::NotFound { code, .. } => {
+                matches!(code, Some(40401..=40403))
+            }
+            RegistryError::BadSchema { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 /// A schema as the registry holds it.
@@ -172,6 +197,7 @@ impl RegistryClient {
             401 | 403 => Err(RegistryError::Unauthorized { status }),
             404 => Err(RegistryError::NotFound {
                 what: what.to_string(),
+                code: error_code(&body),
                 body: shorten(&body),
             }),
             _ => Err(RegistryError::Failed {
@@ -193,6 +219,17 @@ fn encode(subject: &str) -> String {
         }
     }
     out
+}
+
+/// The `error_code` of a registry's error answer (`{"error_code":40401,"message":...}`).
+fn error_code(body: &str) -> Option<u32> {
+    #[derive(Deserialize)]
+    struct Answer {
+        error_code: u32,
+    }
+    serde_json::from_str::<Answer>(body)
+        .ok()
+        .map(|a| a.error_code)
 }
 
 fn shorten(body: &str) -> String {
@@ -221,5 +258,30 @@ mod tests {
         assert_eq!(encode("orders-value"), "orders-value");
         assert_eq!(encode("dev.outbox.Order"), "dev.outbox.Order");
         assert_eq!(encode("a/b c"), "a%2Fb%20c");
+    }
+
+    #[test]
+    fn only_a_404_with_the_registrys_own_code_is_a_missing_schema() {
+        let not_found = |body: &str| RegistryError::NotFound {
+            what: "subject `x`".into(),
+            code: error_code(body),
+            body: body.into(),
+        };
+        assert!(
+            not_found(r#"{"error_code":40401,"message":"Subject 'x' not found."}"#)
+                .is_missing_schema()
+        );
+        assert!(
+            not_found(r#"{"error_code":40403,"message":"Schema 7 not found"}"#).is_missing_schema()
+        );
+        let html = not_found("<html>Not Found</html>");
+        assert!(!html.is_missing_schema(), "a wrong URL blocks");
+        assert!(html.to_string().contains("is registry_url"), "{html}");
+        assert!(!RegistryError::Unauthorized { status: 401 }.is_missing_schema());
+        assert!(!RegistryError::Failed {
+            status: 503,
+            body: String::new()
+        }
+        .is_missing_schema());
     }
 }
