@@ -19,7 +19,15 @@
 //! refuses the login or lacks the subject is the deployment's ([`SerializeError::Registry`]:
 //! the record waits and is retried, [`RegistryHealth`] turns `/readyz` red, the slot is not
 //! confirmed past it). Once a subject's schema is cached no record waits for the registry:
-//! a pinned version is kept for good, `latest` is asked again after `latest_ttl_ms`.
+//! a pinned version is kept for good, `latest` is asked again after `latest_ttl_ms`, and
+//! while that refresh fails the cached schema is still used, up to [`MAX_STALE`] past the
+//! TTL (a warning, `outbox_relay_schema_registry_stale_seconds`).
+//!
+//! A missing schema is the record's fault only when the record's own data named it: the id
+//! in its `schema_id_header`, or the subject taken from its record name under the `record`
+//! and `topic_record` strategies (a 404 with the registry's error code, or a schema the
+//! relay cannot use). A subject the configuration names (`<topic>-value`, `<topic>-key`)
+//! blocks like an outage.
 
 mod avro;
 mod codec;
@@ -65,12 +73,35 @@ pub enum SerializeError {
     },
 }
 
+/// How long past `latest_ttl_ms` a cached `latest` schema is still used while the
+/// registry fails to refresh it; older, its records wait for the registry.
+pub const MAX_STALE: Duration = Duration::from_secs(3600);
+
 /// A subject's schema as used now.
 #[derive(Debug)]
 struct Cached {
     id: u32,
     schema: Codec,
+    /// When the registry gave it.
     fetched: Instant,
+    /// When the registry was last asked for the subject (a failed refresh too).
+    asked: Mutex<Instant>,
+}
+
+impl Cached {
+    fn new(id: u32, schema: Codec) -> Cached {
+        let now = Instant::now();
+        Cached {
+            id,
+            schema,
+            fetched: now,
+            asked: Mutex::new(now),
+        }
+    }
+
+    fn asked(&self) -> std::sync::MutexGuard<'_, Instant> {
+        self.asked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Which half of a record a subject's schema encodes.
@@ -92,6 +123,8 @@ pub struct Serializer {
     client: RegistryClient,
     cache: Mutex<HashMap<String, Arc<Cached>>>,
     health: Arc<RegistryHealth>,
+    /// [`MAX_STALE`] (shorter in tests).
+    max_stale: Duration,
 }
 
 impl Serializer {
@@ -117,6 +150,7 @@ impl Serializer {
             client,
             cache: Mutex::default(),
             health,
+            max_stale: MAX_STALE,
         })))
     }
 
@@ -285,18 +319,39 @@ impl Serializer {
             Part::Value => (self.config.version(), subject.to_string()),
             Part::Key => (SchemaVersion::Latest, format!("#key {subject}")),
         };
-        if let Some(cached) = self.cached(&entry) {
-            if version != SchemaVersion::Latest || cached.fetched.elapsed() < ttl {
-                return Ok(cached);
+        let cached = self.cached(&entry);
+        if let Some(cached) = &cached {
+            if version != SchemaVersion::Latest || cached.asked().elapsed() < ttl {
+                return Ok(cached.clone());
             }
         }
-        let fetched = self.fetch(subject, version, part).await?;
-        let cached = Arc::new(fetched);
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(entry, cached.clone());
-        Ok(cached)
+        match self.fetch(subject, version, part).await {
+            Ok(fetched) => {
+                let fetched = Arc::new(fetched);
+                self.cache
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(entry, fetched.clone());
+                self.health.fresh(subject);
+                Ok(fetched)
+            }
+            // The refresh of a `latest` schema failed: the one the registry gave before is
+            // still a schema of the subject, so records go on with it, for a while.
+            Err(error) => {
+                let Some(cached) = cached else {
+                    return Err(error);
+                };
+                let age = cached.fetched.elapsed();
+                let limit = ttl + self.max_stale;
+                if age >= limit {
+                    self.health.fresh(subject);
+                    return Err(error);
+                }
+                *cached.asked() = Instant::now();
+                self.health.serving_stale(subject, age, limit, &error);
+                Ok(cached)
+            }
+        }
     }
 
     /// The schema id the record's `schema_id_header` names; `None` without the setting or
@@ -330,11 +385,7 @@ impl Serializer {
         let registered = self.client.by_id(id).await?;
         let schema = self.parse(&format!("schema id {id}"), &registered, Part::Value)?;
         tracing::info!(schema_id = id, "schema fetched from the registry by id");
-        let cached = Arc::new(Cached {
-            id,
-            schema,
-            fetched: Instant::now(),
-        });
+        let cached = Arc::new(Cached::new(id, schema));
         self.cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -396,11 +447,7 @@ impl Serializer {
             schema_id = registered.id,
             "schema fetched from the registry"
         );
-        Ok(Cached {
-            id: registered.id,
-            schema,
-            fetched: Instant::now(),
-        })
+        Ok(Cached::new(registered.id, schema))
     }
 
     /// The registered schema parsed, when it is of `part`'s format (and, for a key, takes
@@ -520,14 +567,10 @@ mod tests {
             ..SerializationConfig::default()
         };
         let s = Serializer::new(&config).unwrap().unwrap();
-        s.cache.lock().unwrap().insert(
-            cached.to_string(),
-            Arc::new(Cached {
-                id: 9,
-                schema: codec,
-                fetched: Instant::now(),
-            }),
-        );
+        s.cache
+            .lock()
+            .unwrap()
+            .insert(cached.to_string(), Arc::new(Cached::new(9, codec)));
         s
     }
 
@@ -622,6 +665,7 @@ mod tests {
             client: s.client.clone(),
             cache: Mutex::new(s.cache.lock().unwrap().clone()),
             health: s.health(),
+            max_stale: MAX_STALE,
         };
         // `orders-value` is not cached (its registry does not answer): the id is used.
         let mut r = record("orders", Some(r#"{"n": 3}"#), &[("sid", "9")]);
@@ -648,11 +692,7 @@ mod tests {
         config.key_format = crate::config::KeyFormat::Avro;
         let string = Codec::Avro(AvroSchema::parse(key::AVRO_STRING).unwrap());
         let mut cache = s.cache.lock().unwrap().clone();
-        let key = Cached {
-            id: 5,
-            schema: string,
-            fetched: Instant::now(),
-        };
+        let key = Cached::new(5, string);
         cache.insert("#key orders-key".into(), Arc::new(key));
         Arc::new(Serializer {
             config,
@@ -660,6 +700,7 @@ mod tests {
             client: s.client.clone(),
             cache: Mutex::new(cache),
             health: s.health(),
+            max_stale: MAX_STALE,
         })
     }
 
@@ -835,6 +876,132 @@ mod tests {
             s.serialize(&mut r).await,
             Err(SerializeError::Registry { .. })
         ));
+    }
+
+    /// `s` with its cache as it is, its client and its staleness limit replaced.
+    fn rebuilt(s: &Serializer, client: RegistryClient, max_stale: Duration) -> Serializer {
+        Serializer {
+            config: s.config.clone(),
+            section: s.section.clone(),
+            client,
+            cache: Mutex::new(s.cache.lock().unwrap().clone()),
+            health: s.health(),
+            max_stale,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_latest_schema_whose_refresh_fails_is_used_until_the_staleness_limit() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let down = Arc::new(AtomicBool::new(false));
+        let switch = down.clone();
+        let registry = stand_in::StandIn::start(move |_| {
+            if switch.load(Ordering::SeqCst) {
+                (503, "{}".into())
+            } else {
+                (
+                    200,
+                    serde_json::json!({ "id": 9, "schema": SCHEMA }).to_string(),
+                )
+            }
+        });
+        let s = against(&registry.url, |c| c.latest_ttl_ms = 1);
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        s.serialize(&mut r).await.unwrap();
+
+        down.store(true, Ordering::SeqCst);
+        // Past the 1 ms TTL: the refresh is due, and fails.
+        std::thread::sleep(Duration::from_millis(2));
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        s.serialize(&mut r).await.unwrap();
+        assert_eq!(r.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 6][..]));
+        let stale = s.health().stale();
+        assert_eq!(stale.len(), 1, "{stale:?}");
+        assert_eq!(stale[0].0, "orders-value");
+        assert!(s.health().current().is_empty(), "nothing blocks");
+        assert_eq!(registry.seen().len(), 2, "the refresh was tried");
+
+        // Past the limit the stale schema is no longer used: the record waits.
+        let strict = rebuilt(&s, s.client.clone(), Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(2));
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        match strict.serialize(&mut r).await {
+            Err(SerializeError::Registry { subject, error }) => {
+                assert_eq!(subject, "orders-value");
+                assert!(
+                    matches!(error, RegistryError::Failed { status: 503, .. }),
+                    "{error}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(strict.health().stale().is_empty());
+
+        down.store(false, Ordering::SeqCst);
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        s.serialize(&mut r).await.unwrap();
+        assert!(s.health().stale().is_empty(), "refreshed");
+    }
+
+    #[tokio::test]
+    async fn a_rotated_token_is_read_again_after_a_refusal_and_every_few_minutes() {
+        let file = std::env::temp_dir().join(format!(
+            "outbox-relay-registry-token-{}",
+            std::process::id()
+        ));
+        std::fs::write(&file, "old\n").unwrap();
+        // The registry takes any token but `old`.
+        let registry = stand_in::StandIn::start(|seen| {
+            if seen.authorization.as_deref() == Some("Bearer old") {
+                (401, "{}".into())
+            } else {
+                (
+                    200,
+                    serde_json::json!({ "id": 9, "schema": SCHEMA }).to_string(),
+                )
+            }
+        });
+        let path = file.clone();
+        let s = against(&registry.url, move |c| c.registry_token_file = Some(path));
+        // Refused, and the file holds the same token: no second try, the record waits.
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        match s.serialize(&mut r).await {
+            Err(SerializeError::Registry { error, .. }) => {
+                assert_eq!(error, RegistryError::Unauthorized { status: 401 })
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(registry.seen().len(), 1);
+
+        // Rotated: the refusal makes the relay read the file again and retry at once.
+        std::fs::write(&file, "new\n").unwrap();
+        s.serialize(&mut r).await.unwrap();
+        let auth: Vec<Option<String>> = registry
+            .seen()
+            .into_iter()
+            .map(|r| r.authorization)
+            .collect();
+        assert_eq!(
+            auth[1..],
+            [
+                Some("Bearer old".to_string()),
+                Some("Bearer new".to_string())
+            ]
+        );
+
+        // Rotated again: read when due, before any refusal.
+        std::fs::write(&file, "newer").unwrap();
+        let due = rebuilt(
+            &s,
+            s.client.clone().rereading_every(Duration::ZERO),
+            MAX_STALE,
+        );
+        let mut users = record("users", Some(r#"{"n": 1}"#), &[]);
+        due.serialize(&mut users).await.unwrap();
+        let last = registry.seen().pop().unwrap();
+        assert_eq!(last.authorization.as_deref(), Some("Bearer newer"));
+        assert_eq!(registry.seen().len(), 4, "no refusal first");
+        let _ = std::fs::remove_file(&file);
     }
 
     #[tokio::test]

@@ -1,11 +1,18 @@
 //! The Schema Registry's Confluent-compatible REST API: the few calls the serializer makes.
 //! The I/O edge of serialization; what it returns is parsed by the pure encoders.
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+use tracing::{info, warn};
 
 use crate::config::{SchemaVersion, Secret, SerializationConfig};
+
+/// How often the password or token file is read again, so that a rotated secret is used
+/// without a restart; it is also read again at once when the registry answers 401 or 403.
+pub const CREDENTIALS_REREAD: Duration = Duration::from_secs(60);
 
 /// Why the registry gave no schema. A deployment problem (records wait), except a missing
 /// or unusable schema that a row's own data named ([`RegistryError::is_missing_schema`]).
@@ -13,7 +20,7 @@ use crate::config::{SchemaVersion, Secret, SerializationConfig};
 pub enum RegistryError {
     #[error("schema registry {url} unreachable: {reason}")]
     Unreachable { url: String, reason: String },
-    #[error("schema registry refused the relay's credentials (HTTP {status}): check outbox.serialization.registry_username / registry_password_file / registry_token_file")]
+    #[error("schema registry refused the relay's credentials (HTTP {status}; the password or token file was read again): check outbox.serialization.registry_username / registry_password_file / registry_token_file and the registry's permissions")]
     Unauthorized { status: u16 },
     #[error("schema registry has no {what} (HTTP 404: {body}): register the schema, or set outbox.serialization.auto_register = true with schema_file{}", if code.is_none() { "; no registry error code in the answer: is registry_url the registry's Confluent-compatible base URL?" } else { "" })]
     NotFound {
@@ -77,7 +84,18 @@ pub struct RegistryClient {
     http: reqwest::Client,
     base: String,
     username: Option<String>,
+    /// `registry_password_file` or `registry_token_file`, read again every
+    /// `reread_every` and after a refusal.
+    secret_file: Option<PathBuf>,
+    reread_every: Duration,
+    login: Arc<Mutex<Login>>,
+}
+
+/// The secret in use and when its file was last read.
+#[derive(Debug)]
+struct Login {
     secret: Option<Secret>,
+    read_at: Instant,
 }
 
 const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
@@ -94,7 +112,63 @@ impl RegistryClient {
             http,
             base: config.registry_url.trim_end_matches('/').to_string(),
             username: config.registry_username.clone(),
-            secret,
+            secret_file: config
+                .registry_password_file
+                .clone()
+                .or_else(|| config.registry_token_file.clone()),
+            reread_every: CREDENTIALS_REREAD,
+            login: Arc::new(Mutex::new(Login {
+                secret,
+                read_at: Instant::now(),
+            })),
+        }
+    }
+
+    /// [`RegistryClient::new`] reading its secret file again every `every` (tests).
+    #[cfg(test)]
+    pub(crate) fn rereading_every(mut self, every: Duration) -> RegistryClient {
+        self.reread_every = every;
+        self
+    }
+
+    fn login(&self) -> std::sync::MutexGuard<'_, Login> {
+        self.login.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The secret to send: the file's content, read again when the last read is
+    /// `reread_every` old.
+    fn secret(&self) -> Option<Secret> {
+        let due = self.login().read_at.elapsed() >= self.reread_every;
+        if due {
+            self.reread();
+        }
+        self.login().secret.clone()
+    }
+
+    /// Reads the secret file again; true when its content changed. A file that cannot be
+    /// read (being rotated, say) leaves the secret in use as it was.
+    fn reread(&self) -> bool {
+        let Some(path) = &self.secret_file else {
+            return false;
+        };
+        let read = std::fs::read_to_string(path);
+        let mut login = self.login();
+        login.read_at = Instant::now();
+        match read {
+            Ok(text) => {
+                let text = text.trim();
+                if login.secret.as_ref().is_some_and(|s| s.expose() == text) {
+                    return false;
+                }
+                login.secret = Some(Secret::new(text.to_string()));
+                info!(file = %path.display(), "schema registry credentials read again: changed");
+                true
+            }
+            Err(e) => {
+                warn!(file = %path.display(), error = %e,
+                    "cannot read the schema registry's password or token file again: the one read before is still used");
+                false
+            }
         }
     }
 
@@ -172,26 +246,20 @@ impl RegistryClient {
         }
     }
 
+    /// Sends `request` with the current secret; after a 401 or 403, reads the secret file
+    /// again and, when it changed (a rotated token), sends once more with the new one.
     async fn send(
         &self,
         request: reqwest::RequestBuilder,
         what: &str,
     ) -> Result<String, RegistryError> {
-        let request = match (&self.username, &self.secret) {
-            (Some(user), secret) => request.basic_auth(user, secret.as_ref().map(Secret::expose)),
-            (None, Some(token)) => request.bearer_auth(token.expose()),
-            (None, None) => request,
-        };
-        let response = request
-            .header(reqwest::header::ACCEPT, CONTENT_TYPE)
-            .send()
-            .await
-            .map_err(|e| RegistryError::Unreachable {
-                url: self.base.clone(),
-                reason: error_chain(&e),
-            })?;
-        let status = response.status().as_u16();
-        let body = response.text().await.unwrap_or_default();
+        let again = request.try_clone();
+        let (mut status, mut body) = self.exchange(request).await?;
+        if matches!(status, 401 | 403) && self.reread() {
+            if let Some(again) = again {
+                (status, body) = self.exchange(again).await?;
+            }
+        }
         match status {
             200..=299 => Ok(body),
             401 | 403 => Err(RegistryError::Unauthorized { status }),
@@ -205,6 +273,31 @@ impl RegistryClient {
                 body: shorten(&body),
             }),
         }
+    }
+}
+
+impl RegistryClient {
+    /// One request with the secret in use: the status and the body.
+    async fn exchange(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(u16, String), RegistryError> {
+        let secret = self.secret();
+        let request = match (&self.username, &secret) {
+            (Some(user), secret) => request.basic_auth(user, secret.as_ref().map(Secret::expose)),
+            (None, Some(token)) => request.bearer_auth(token.expose()),
+            (None, None) => request,
+        };
+        let response = request
+            .header(reqwest::header::ACCEPT, CONTENT_TYPE)
+            .send()
+            .await
+            .map_err(|e| RegistryError::Unreachable {
+                url: self.base.clone(),
+                reason: error_chain(&e),
+            })?;
+        let status = response.status().as_u16();
+        Ok((status, response.text().await.unwrap_or_default()))
     }
 }
 
