@@ -16,7 +16,7 @@
 //!
 //! Two kinds of failure, never mixed up: a payload the schema refuses is the record's fault
 //! ([`SerializeError::Payload`]: dead-lettered, reason `schema`); a registry that is down,
-//! refuses the login or lacks the subject is the deployment's ([`SerializeError::Registry`]:
+//! refuses the login or lacks a configured subject is the deployment's ([`SerializeError::Registry`]:
 //! the record waits and is retried, [`RegistryHealth`] turns `/readyz` red, the slot is not
 //! confirmed past it). Once a subject's schema is cached no record waits for the registry:
 //! a pinned version is kept for good, `latest` is asked again after `latest_ttl_ms`, and
@@ -62,7 +62,8 @@ pub use set::Serializers;
 /// Why a record could not be serialized.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SerializeError {
-    /// The payload does not fit the schema (or names no record): dead-letter it.
+    /// The payload does not fit the schema, names no record, or names a schema (by id or
+    /// record name) the registry does not have: dead-letter it.
     #[error("{0}")]
     Payload(String),
     /// No schema from the registry now: the record waits.
