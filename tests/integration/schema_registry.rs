@@ -399,6 +399,78 @@ async fn a_payload_that_breaks_the_schema_is_dead_lettered_and_its_neighbours_ar
     db.cleanup().await;
 }
 
+/// Numbers beyond their Avro field's type (3,000,000,000 in an `int`, 2^63 in a `long`) and a
+/// fraction in an integer field are schema errors: dead-lettered as `schema`, never published
+/// wrapped to fit; the rows around them arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn avro_numbers_out_of_their_fields_range_are_dead_lettered_not_wrapped() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let topic = db.topic("order");
+    let narrow = EVENT_SCHEMA.replace(
+        r#"{"name":"writer","type":"long"}"#,
+        r#"{"name":"writer","type":"int"}"#,
+    );
+    let schema_id = client(&url)
+        .register(&format!("{topic}-value"), &narrow, "AVRO")
+        .await
+        .expect("register the schema");
+    let mut relay = RelayProcess::start(&avro_env(&db, &url, &[]), "registry_avro_range");
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut sent = events(6, "order");
+    sent[1].payload = r#"{"seq": 1, "note": "x", "writer": 3000000000}"#.into();
+    sent[3].payload = r#"{"seq": 9223372036854775808, "note": "x", "writer": 0}"#.into();
+    sent[4].payload = r#"{"seq": 1.5, "note": "x", "writer": 0}"#.into();
+    sent[5].payload = r#"{"seq": 9223372036854775807, "note": "x", "writer": 2147483647}"#.into();
+    write_in_batches(&db, &sent, 6).await;
+    let bad = [1, 3, 4];
+    let good: Vec<Event> = (0..6)
+        .filter(|i| !bad.contains(i))
+        .map(|i| sent[i].clone())
+        .collect();
+    let (received, _) = expect_all(
+        "in range",
+        std::slice::from_ref(&topic),
+        &good,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    assert_eq!(
+        received.len(),
+        3,
+        "none of the out-of-range rows is published"
+    );
+    assert_framed(&received, schema_id);
+    let bad_ids: Vec<String> = bad.iter().map(|&i| sent[i].id.clone()).collect();
+    let dead = read_ids(
+        &[db.topic("dlq")],
+        1,
+        &bad_ids,
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    )
+    .await;
+    assert_eq!(dead.len(), 3, "three dead letters:\n{}", relay.log_text());
+    for letter in &dead {
+        assert_eq!(letter.header("outbox-relay.dlq.reason"), Some("schema"));
+        let error = letter.header("outbox-relay.dlq.error").unwrap();
+        assert!(
+            error.contains("out of range") || error.contains("not an integer"),
+            "{error}"
+        );
+    }
+    // The bounds themselves are published exactly.
+    let decoded = decode_with_confluent(&url, &topic, 3);
+    assert_eq!(decoded[&sent[5].id]["seq"], i64::MAX, "{decoded:?}");
+    assert_eq!(decoded[&sent[5].id]["writer"], i32::MAX, "{decoded:?}");
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
 /// `schema_id_header`: each record is encoded with the schema whose id its header (here the
 /// event type, header `type`) names, not the subject's latest; a value that is no id is
 /// dead-lettered.
@@ -471,10 +543,92 @@ async fn a_schema_id_from_a_header_picks_each_records_schema() {
     db.cleanup().await;
 }
 
-/// The registry down for 20 s mid-stream: the relay waits (with `latest_ttl_ms` short, it
-/// asks the registry again within a second, as a relay picking up a new version would),
-/// `/readyz` is red meanwhile; nothing is dead-lettered, nothing lost. Its own registry, so
-/// that the outage does not hit the other tests.
+/// `subject_strategy = "record"`: a row whose event type names no registered subject (an
+/// application's typo) is its own fault. It is dead-lettered as `schema`, naming the subject
+/// and the fix; the 200 valid rows behind it, on another topic, all arrive, and nothing else
+/// is dead-lettered. (Before, the relay waited on the 404 inline and nothing moved.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_row_naming_an_unregistered_subject_is_dead_lettered_and_the_rows_behind_it_arrive() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    // Subjects are the registry's, shared by the tests: named after this test's topics.
+    let good_subject = db.topic("Good");
+    let typo_subject = db.topic("Goood");
+    let schema_id = client(&url)
+        .register(&good_subject, EVENT_SCHEMA, "AVRO")
+        .await
+        .expect("register the event schema");
+    let env = avro_env(
+        &db,
+        &url,
+        &[(
+            "OUTBOX_RELAY__OUTBOX__SERIALIZATION__SUBJECT_STRATEGY",
+            "record",
+        )],
+    );
+    let mut relay = RelayProcess::start(&env, "registry_unregistered_subject");
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut typo = Event::new("typo", "t1", 0, 0);
+    typo.event_type = typo_subject.clone();
+    write_in_batches(&db, std::slice::from_ref(&typo), 1).await;
+    let mut valid = events(200, "order");
+    for e in &mut valid {
+        e.event_type = good_subject.clone();
+    }
+    let started = std::time::Instant::now();
+    write_in_batches(&db, &valid, 20).await;
+    let topic = db.topic("order");
+    let (received, _) = expect_all(
+        "behind the unregistered subject",
+        std::slice::from_ref(&topic),
+        &valid,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    println!(
+        "unregistered subject: all 200 valid rows arrived {:.1} s after they were written",
+        started.elapsed().as_secs_f64()
+    );
+    assert_framed(&received, schema_id);
+
+    let dead = read_ids(
+        &[db.topic("dlq")],
+        1,
+        std::slice::from_ref(&typo.id),
+        Duration::from_secs(30),
+        Duration::from_secs(2),
+    )
+    .await;
+    let ids: Vec<String> = dead.iter().map(|d| d.key_str().to_string()).collect();
+    assert_eq!(ids, vec![typo.id.clone()], "only the typo is dead-lettered");
+    assert_eq!(dead[0].header("outbox-relay.dlq.reason"), Some("schema"));
+    let error = dead[0].header("outbox-relay.dlq.error").unwrap();
+    assert!(error.contains(&typo_subject), "{error}");
+    assert!(error.contains("subject_strategy"), "{error}");
+    assert!(error.contains("dead-letters redrive"), "{error}");
+    let typo_topic = db.topic("typo");
+    let on_typo_topic = read_until(
+        std::slice::from_ref(&typo_topic),
+        1,
+        Duration::from_secs(2),
+        Duration::ZERO,
+        |_| false,
+    )
+    .await;
+    assert!(on_typo_topic.is_empty(), "the typo row is never published");
+    relay.terminate(Duration::from_secs(30));
+    db.cleanup().await;
+}
+
+/// The registry down for 20 s mid-stream. A subject whose `latest` schema is cached keeps
+/// flowing with it although its refresh fails (`latest_ttl_ms` short: the relay asks again
+/// every half second), and `outbox_relay_schema_registry_stale_seconds` shows it; a subject
+/// not cached yet waits, `/readyz` is red meanwhile. Nothing is dead-lettered, nothing lost.
+/// Its own registry, so that the outage does not hit the other tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_registry_outage_blocks_and_loses_nothing() {
     let own_dir = format!("{}/registry-outage", run_dir());
@@ -483,6 +637,9 @@ async fn a_registry_outage_blocks_and_loses_nothing() {
     db.create_slot().await;
     let topic = db.topic("order");
     let schema_id = register(&url, &topic).await;
+    // Registered, but no record of it comes before the outage: not cached.
+    let uncached = db.topic("customer");
+    let uncached_id = register(&url, &uncached).await;
     let port = free_port();
     let env = avro_env(
         &db,
@@ -511,8 +668,28 @@ async fn a_registry_outage_blocks_and_loses_nothing() {
 
     registry_script(&own_dir, "stop");
     let stopped = std::time::Instant::now();
+    // The cached subject: served stale, its records arrive during the outage.
     let during = events(100, "order");
     write_in_batches(&db, &during, 10).await;
+    let mut flowing = before.clone();
+    flowing.extend(during.iter().cloned());
+    let (received, _) = expect_all(
+        "cached subject during the outage",
+        std::slice::from_ref(&topic),
+        &flowing,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    assert_framed(&received, schema_id);
+    let (_, body) = http_get(port, "/metrics").unwrap();
+    let stale = format!("outbox_relay_schema_registry_stale_seconds{{subject=\"{topic}-value\"}}");
+    assert!(metric(&body, &stale).is_some(), "{stale} in\n{body}");
+
+    // The subject not cached: its records (and what follows them) wait.
+    let waiting = events(100, "customer");
+    write_in_batches(&db, &waiting, 10).await;
     wait_for(
         "/readyz red while the registry is down",
         Duration::from_secs(15),
@@ -520,7 +697,7 @@ async fn a_registry_outage_blocks_and_loses_nothing() {
     )
     .await;
     let (_, body) = http_get(port, "/metrics").unwrap();
-    let series = format!("outbox_relay_schema_registry_blocked{{subject=\"{topic}-value\"}}");
+    let series = format!("outbox_relay_schema_registry_blocked{{subject=\"{uncached}-value\"}}");
     assert_eq!(metric(&body, &series), Some(1.0), "{series} in\n{body}");
     tokio::time::sleep(Duration::from_secs(20).saturating_sub(stopped.elapsed())).await;
     assert_eq!(
@@ -530,22 +707,34 @@ async fn a_registry_outage_blocks_and_loses_nothing() {
     );
     registry_script(&own_dir, "start");
 
-    let mut all = before.clone();
-    all.extend(during);
     let (received, _) = expect_all(
         "outage",
-        std::slice::from_ref(&topic),
-        &all,
+        std::slice::from_ref(&uncached),
+        &waiting,
         Duration::from_secs(90),
         Duration::from_secs(1),
         &relay,
     )
     .await;
-    assert_framed(&received, schema_id);
+    assert_framed(&received, uncached_id);
     wait_for("ready again", Duration::from_secs(30), || async {
         ready() == Some(200)
     })
     .await;
+    // The next record of the cached subject refreshes its schema: no longer stale.
+    let after = events(10, "order");
+    write_in_batches(&db, &after, 10).await;
+    expect_all(
+        "after the outage",
+        std::slice::from_ref(&topic),
+        &after,
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        &relay,
+    )
+    .await;
+    let (_, body) = http_get(port, "/metrics").unwrap();
+    assert_eq!(metric(&body, &stale), None, "refreshed again:\n{body}");
     let dead = read_until(
         &[db.topic("dlq")],
         1,

@@ -305,6 +305,25 @@ impl EncodeMetric for Shared<RegistryHealth> {
     }
 }
 
+/// `outbox_relay_schema_registry_stale_seconds`: per subject served from a stale `latest`
+/// schema, the schema's age.
+#[derive(Debug, Clone)]
+pub(super) struct StaleSchemas(pub(super) Shared<RegistryHealth>);
+
+impl EncodeMetric for StaleSchemas {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (subject, age) in self.0.get().map_or_else(Vec::new, |h| h.stale()) {
+            let labels = [("subject", subject.as_str())];
+            ConstGauge::new(age.as_secs_f64()).encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
 /// Seconds per broker and quantile (`broker`, `quantile` labels) of one of the producer's
 /// latencies, over librdkafka's last statistics window.
 #[derive(Debug, Clone)]

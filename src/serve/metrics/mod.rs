@@ -28,7 +28,7 @@ use crate::sink::schema::RegistryHealth;
 
 mod kinds;
 
-use kinds::{BrokerQuantiles, Declare, Info, Labelled, OneHot, Shared};
+use kinds::{BrokerQuantiles, Declare, Info, Labelled, OneHot, Shared, StaleSchemas};
 pub use kinds::{Counter, Gauge, Histogram};
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
@@ -291,11 +291,20 @@ impl Default for Metrics {
                 "1 per reason and topic that Kafka refuses for a deployment reason (a missing ACL or topic, a refused login or topic creation): records wait, /readyz is red.",
                 Shared::default(),
             ),
-            schema_registry: r.family(
-                "outbox_relay_schema_registry_blocked",
-                "1 per subject the schema registry gives no schema for now (down, refusing the login, or no such subject): its records wait, /readyz is red.",
-                Shared::default(),
-            ),
+            schema_registry: {
+                let health = Shared::default();
+                r.family(
+                    "outbox_relay_schema_registry_blocked",
+                    "1 per subject the schema registry gives no schema for now (down, refusing the login, or no configured subject): its records wait, /readyz is red.",
+                    health.clone(),
+                );
+                r.family(
+                    "outbox_relay_schema_registry_stale_seconds",
+                    "Age of the cached latest schema used for a subject while the registry fails to refresh it (records flow; past latest_ttl_ms plus one hour they wait).",
+                    StaleSchemas(health.clone()),
+                );
+                health
+            },
             sweeper_holds: r.family(
                 "outbox_relay_sweeper_hold_age_seconds",
                 "Seconds since the sweeper hold on an outbox table was armed (a new slot): its rows committed before the slot are kept until a replay covers them or `outbox-relay slot release-hold` ends it.",
@@ -654,6 +663,8 @@ mod tests {
         m.watch_blocked(blocked);
         let registry = Arc::new(RegistryHealth::new("http://registry"));
         registry.block("orders-value", &"connection refused");
+        let hour = Duration::from_secs(3600);
+        registry.serving_stale("users-value", Duration::from_secs(400), hour, &"HTTP 503");
         m.watch_registry(registry);
         m.set_sweeper_holds(&[("public.outbox".into(), 90)]);
         m

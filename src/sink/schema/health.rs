@@ -1,5 +1,7 @@
 //! What the registry refuses now, by subject: records of those subjects wait. `/readyz` is
 //! red and `outbox_relay_schema_registry_blocked{subject}` is 1 while anything is here.
+//! Beside the blocks, the subjects served from a `latest` schema whose refresh fails
+//! (`outbox_relay_schema_registry_stale_seconds{subject}`, a warning; records flow).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +18,15 @@ pub struct RegistryHealth {
     url: String,
     entries: Mutex<BTreeMap<String, Entry>>,
     any: AtomicBool,
+    /// Subjects served from a stale `latest` schema: the age of the schema.
+    stale: Mutex<BTreeMap<String, Stale>>,
+    any_stale: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Stale {
+    age: Duration,
+    last_logged: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -31,7 +42,64 @@ impl RegistryHealth {
             url: url.to_string(),
             entries: Mutex::default(),
             any: AtomicBool::new(false),
+            stale: Mutex::default(),
+            any_stale: AtomicBool::new(false),
         }
+    }
+
+    fn stale_entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Stale>> {
+        self.stale.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `subject`'s `latest` schema, `age` old, is used although its refresh failed with
+    /// `error`, until it is `limit` old; logged when it starts and every [`LOG_INTERVAL`]
+    /// while it lasts.
+    pub fn serving_stale(
+        &self,
+        subject: &str,
+        age: Duration,
+        limit: Duration,
+        error: &dyn std::fmt::Display,
+    ) {
+        let mut stale = self.stale_entries();
+        let entry = stale.entry(subject.to_string()).or_insert(Stale {
+            age,
+            last_logged: None,
+        });
+        entry.age = age;
+        self.any_stale.store(true, Ordering::Release);
+        if entry
+            .last_logged
+            .is_none_or(|at| at.elapsed() >= LOG_INTERVAL)
+        {
+            entry.last_logged = Some(Instant::now());
+            warn!(subject, registry = %self.url, error = %error, age_s = age.as_secs(),
+                limit_s = limit.as_secs(),
+                "cannot refresh the subject's latest schema: the cached one is used meanwhile, until it is older than the limit (then its records wait)");
+        }
+    }
+
+    /// `subject`'s `latest` schema was refreshed (or is no longer used).
+    pub fn fresh(&self, subject: &str) {
+        if !self.any_stale.load(Ordering::Acquire) {
+            return;
+        }
+        let mut stale = self.stale_entries();
+        if stale.remove(subject).is_some() {
+            tracing::info!(subject, "the subject's latest schema is refreshed again");
+        }
+        self.any_stale.store(!stale.is_empty(), Ordering::Release);
+    }
+
+    /// The subjects served from a stale schema, and the schema's age when last used.
+    pub fn stale(&self) -> Vec<(String, Duration)> {
+        if !self.any_stale.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        self.stale_entries()
+            .iter()
+            .map(|(s, e)| (s.clone(), e.age))
+            .collect()
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
@@ -117,5 +185,20 @@ mod tests {
         h.clear("users-value");
         assert!(h.readiness().is_ok());
         assert!(h.current().is_empty());
+    }
+
+    #[test]
+    fn a_stale_schema_is_listed_until_refreshed_and_keeps_readyz_green() {
+        let h = RegistryHealth::new("http://r");
+        let hour = Duration::from_secs(3600);
+        h.serving_stale("orders-value", Duration::from_secs(7), hour, &"HTTP 503");
+        h.serving_stale("orders-value", Duration::from_secs(9), hour, &"HTTP 503");
+        assert_eq!(
+            h.stale(),
+            vec![("orders-value".to_string(), Duration::from_secs(9))]
+        );
+        assert!(h.readiness().is_ok(), "records flow");
+        h.fresh("orders-value");
+        assert!(h.stale().is_empty());
     }
 }

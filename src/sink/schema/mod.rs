@@ -16,10 +16,18 @@
 //!
 //! Two kinds of failure, never mixed up: a payload the schema refuses is the record's fault
 //! ([`SerializeError::Payload`]: dead-lettered, reason `schema`); a registry that is down,
-//! refuses the login or lacks the subject is the deployment's ([`SerializeError::Registry`]:
+//! refuses the login or lacks a configured subject is the deployment's ([`SerializeError::Registry`]:
 //! the record waits and is retried, [`RegistryHealth`] turns `/readyz` red, the slot is not
 //! confirmed past it). Once a subject's schema is cached no record waits for the registry:
-//! a pinned version is kept for good, `latest` is asked again after `latest_ttl_ms`.
+//! a pinned version is kept for good, `latest` is asked again after `latest_ttl_ms`, and
+//! while that refresh fails the cached schema is still used, up to [`MAX_STALE`] past the
+//! TTL (a warning, `outbox_relay_schema_registry_stale_seconds`).
+//!
+//! A missing schema is the record's fault only when the record's own data named it: the id
+//! in its `schema_id_header`, or the subject taken from its record name under the `record`
+//! and `topic_record` strategies (a 404 with the registry's error code, or a schema the
+//! relay cannot use). A subject the configuration names (`<topic>-value`, `<topic>-key`)
+//! blocks like an outage.
 
 mod avro;
 mod codec;
@@ -29,6 +37,8 @@ mod key;
 mod protobuf;
 pub mod registry;
 mod set;
+#[cfg(test)]
+mod stand_in;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -52,7 +62,8 @@ pub use set::Serializers;
 /// Why a record could not be serialized.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SerializeError {
-    /// The payload does not fit the schema (or names no record): dead-letter it.
+    /// The payload does not fit the schema, names no record, or names a schema (by id or
+    /// record name) the registry does not have: dead-letter it.
     #[error("{0}")]
     Payload(String),
     /// No schema from the registry now: the record waits.
@@ -63,12 +74,35 @@ pub enum SerializeError {
     },
 }
 
+/// How long past `latest_ttl_ms` a cached `latest` schema is still used while the
+/// registry fails to refresh it; older, its records wait for the registry.
+pub const MAX_STALE: Duration = Duration::from_secs(3600);
+
 /// A subject's schema as used now.
 #[derive(Debug)]
 struct Cached {
     id: u32,
     schema: Codec,
+    /// When the registry gave it.
     fetched: Instant,
+    /// When the registry was last asked for the subject (a failed refresh too).
+    asked: Mutex<Instant>,
+}
+
+impl Cached {
+    fn new(id: u32, schema: Codec) -> Cached {
+        let now = Instant::now();
+        Cached {
+            id,
+            schema,
+            fetched: now,
+            asked: Mutex::new(now),
+        }
+    }
+
+    fn asked(&self) -> std::sync::MutexGuard<'_, Instant> {
+        self.asked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Which half of a record a subject's schema encodes.
@@ -90,6 +124,8 @@ pub struct Serializer {
     client: RegistryClient,
     cache: Mutex<HashMap<String, Arc<Cached>>>,
     health: Arc<RegistryHealth>,
+    /// [`MAX_STALE`] (shorter in tests).
+    max_stale: Duration,
 }
 
 impl Serializer {
@@ -115,6 +151,7 @@ impl Serializer {
             client,
             cache: Mutex::default(),
             health,
+            max_stale: MAX_STALE,
         })))
     }
 
@@ -195,21 +232,52 @@ impl Serializer {
     async fn encode_value(&self, record: &Record, payload: &[u8]) -> Result<Bytes, SerializeError> {
         // What the schema is looked up by: the subject, or the id a header names; the label
         // of a registry block either way.
-        let (subject, cached) = match self.pinned_id(record)? {
+        let (subject, cached, named_by) = match self.pinned_id(record)? {
             Some(id) => {
                 let label = format!("schema id {id}");
-                (label, self.schema_by_id(id).await)
+                let header = self.config.schema_id_header.as_deref().unwrap_or_default();
+                let named_by = format!(
+                    "the row's header `{header}` ({}.schema_id_header) names it",
+                    self.section
+                );
+                (label, self.schema_by_id(id).await, Some(named_by))
             }
             None => {
                 let subject = self.subject_for(record)?;
                 let cached = self.schema(&subject, Part::Value).await;
-                (subject, cached)
+                // Under the record strategies the subject is (partly) the row's record name.
+                let named_by = (self.config.subject_strategy != SubjectStrategy::Topic).then(|| {
+                    format!(
+                        "the subject is taken from the row's header `{}` ({}.subject_strategy = {})",
+                        self.config.record_name_header,
+                        self.section,
+                        match self.config.subject_strategy {
+                            SubjectStrategy::Record => "record",
+                            _ => "topic_record",
+                        }
+                    )
+                });
+                (subject, cached, named_by)
             }
         };
-        let cached = cached.map_err(|error| SerializeError::Registry {
-            subject: subject.clone(),
-            error,
-        })?;
+        let cached = match (cached, named_by) {
+            (Ok(cached), _) => cached,
+            // A schema the row itself names and the registry does not have (or holds in a
+            // form the relay cannot use) will not appear by waiting: the row's fault, like a
+            // payload the schema refuses. Every other row keeps flowing.
+            (Err(error), Some(named_by)) if error.is_missing_schema() => {
+                self.health.clear(&subject);
+                return Err(SerializeError::Payload(format!(
+                    "{subject}: {error}; {named_by}: correct the row, or register the schema, then `outbox-relay dead-letters redrive` this dead letter"
+                )));
+            }
+            (Err(error), _) => {
+                return Err(SerializeError::Registry {
+                    subject: subject.clone(),
+                    error,
+                })
+            }
+        };
         self.health.clear(&subject);
         let body = cached.schema.encode(payload).map_err(|reason| {
             SerializeError::Payload(format!(
@@ -252,18 +320,39 @@ impl Serializer {
             Part::Value => (self.config.version(), subject.to_string()),
             Part::Key => (SchemaVersion::Latest, format!("#key {subject}")),
         };
-        if let Some(cached) = self.cached(&entry) {
-            if version != SchemaVersion::Latest || cached.fetched.elapsed() < ttl {
-                return Ok(cached);
+        let cached = self.cached(&entry);
+        if let Some(cached) = &cached {
+            if version != SchemaVersion::Latest || cached.asked().elapsed() < ttl {
+                return Ok(cached.clone());
             }
         }
-        let fetched = self.fetch(subject, version, part).await?;
-        let cached = Arc::new(fetched);
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(entry, cached.clone());
-        Ok(cached)
+        match self.fetch(subject, version, part).await {
+            Ok(fetched) => {
+                let fetched = Arc::new(fetched);
+                self.cache
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(entry, fetched.clone());
+                self.health.fresh(subject);
+                Ok(fetched)
+            }
+            // The refresh of a `latest` schema failed: the one the registry gave before is
+            // still a schema of the subject, so records go on with it, for a while.
+            Err(error) => {
+                let Some(cached) = cached else {
+                    return Err(error);
+                };
+                let age = cached.fetched.elapsed();
+                let limit = ttl + self.max_stale;
+                if age >= limit {
+                    self.health.fresh(subject);
+                    return Err(error);
+                }
+                *cached.asked() = Instant::now();
+                self.health.serving_stale(subject, age, limit, &error);
+                Ok(cached)
+            }
+        }
     }
 
     /// The schema id the record's `schema_id_header` names; `None` without the setting or
@@ -297,11 +386,7 @@ impl Serializer {
         let registered = self.client.by_id(id).await?;
         let schema = self.parse(&format!("schema id {id}"), &registered, Part::Value)?;
         tracing::info!(schema_id = id, "schema fetched from the registry by id");
-        let cached = Arc::new(Cached {
-            id,
-            schema,
-            fetched: Instant::now(),
-        });
+        let cached = Arc::new(Cached::new(id, schema));
         self.cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -363,11 +448,7 @@ impl Serializer {
             schema_id = registered.id,
             "schema fetched from the registry"
         );
-        Ok(Cached {
-            id: registered.id,
-            schema,
-            fetched: Instant::now(),
-        })
+        Ok(Cached::new(registered.id, schema))
     }
 
     /// The registered schema parsed, when it is of `part`'s format (and, for a key, takes
@@ -487,14 +568,10 @@ mod tests {
             ..SerializationConfig::default()
         };
         let s = Serializer::new(&config).unwrap().unwrap();
-        s.cache.lock().unwrap().insert(
-            cached.to_string(),
-            Arc::new(Cached {
-                id: 9,
-                schema: codec,
-                fetched: Instant::now(),
-            }),
-        );
+        s.cache
+            .lock()
+            .unwrap()
+            .insert(cached.to_string(), Arc::new(Cached::new(9, codec)));
         s
     }
 
@@ -589,6 +666,7 @@ mod tests {
             client: s.client.clone(),
             cache: Mutex::new(s.cache.lock().unwrap().clone()),
             health: s.health(),
+            max_stale: MAX_STALE,
         };
         // `orders-value` is not cached (its registry does not answer): the id is used.
         let mut r = record("orders", Some(r#"{"n": 3}"#), &[("sid", "9")]);
@@ -615,11 +693,7 @@ mod tests {
         config.key_format = crate::config::KeyFormat::Avro;
         let string = Codec::Avro(AvroSchema::parse(key::AVRO_STRING).unwrap());
         let mut cache = s.cache.lock().unwrap().clone();
-        let key = Cached {
-            id: 5,
-            schema: string,
-            fetched: Instant::now(),
-        };
+        let key = Cached::new(5, string);
         cache.insert("#key orders-key".into(), Arc::new(key));
         Arc::new(Serializer {
             config,
@@ -627,6 +701,7 @@ mod tests {
             client: s.client.clone(),
             cache: Mutex::new(cache),
             health: s.health(),
+            max_stale: MAX_STALE,
         })
     }
 
@@ -677,6 +752,257 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(users, before);
+    }
+
+    /// A registry stand-in: ids 9 (the test schema) and subject `Known`; 404s with the
+    /// registry's codes for id 77 and subjects `Typo` and `orders-value`; `Wrong` holds a
+    /// Protobuf schema; `Down` answers 503, `Locked` 401, `Proxy` a 404 without a code.
+    fn registry() -> stand_in::StandIn {
+        stand_in::StandIn::start(|seen| {
+            let found = serde_json::json!({ "id": 9, "schema": SCHEMA }).to_string();
+            let missing = |code: u32| {
+                (
+                    404,
+                    format!(r#"{{"error_code":{code},"message":"not found"}}"#),
+                )
+            };
+            match seen.path.as_str() {
+                "/schemas/ids/9" | "/subjects/Known/versions/latest" => (200, found),
+                "/schemas/ids/77" => missing(40403),
+                "/subjects/Typo/versions/latest" | "/subjects/orders-value/versions/latest" => {
+                    missing(40401)
+                }
+                "/subjects/orders-Typo/versions/latest" => missing(40401),
+                "/subjects/Wrong/versions/latest" => (
+                    200,
+                    serde_json::json!({ "id": 5, "schemaType": "PROTOBUF",
+                        "schema": "syntax = \"proto3\"; message E { int64 n = 1; }" })
+                    .to_string(),
+                ),
+                "/subjects/Locked/versions/latest" => (401, "{}".into()),
+                "/subjects/Proxy/versions/latest" => (404, "<html>no</html>".into()),
+                _ => (503, "{}".into()),
+            }
+        })
+    }
+
+    fn against(url: &str, configure: impl FnOnce(&mut SerializationConfig)) -> Arc<Serializer> {
+        let mut config = SerializationConfig {
+            format: SerializationFormat::Avro,
+            registry_url: url.into(),
+            request_timeout_ms: 2_000,
+            ..SerializationConfig::default()
+        };
+        configure(&mut config);
+        Serializer::new(&config).unwrap().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_schema_id_the_registry_does_not_have_is_the_records_fault() {
+        let registry = registry();
+        let s = against(&registry.url, |c| c.schema_id_header = Some("sid".into()));
+        let mut known = record("orders", Some(r#"{"n": 3}"#), &[("sid", "9")]);
+        s.serialize(&mut known).await.unwrap();
+        assert_eq!(known.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 6][..]));
+        let mut again = record("orders", Some(r#"{"n": 4}"#), &[("sid", "9")]);
+        s.serialize(&mut again).await.unwrap();
+        let asked = registry
+            .seen()
+            .iter()
+            .filter(|r| r.path == "/schemas/ids/9")
+            .count();
+        assert_eq!(asked, 1, "an id's schema is cached for good");
+
+        let mut unknown = record("orders", Some(r#"{"n": 3}"#), &[("sid", "77")]);
+        match s.serialize(&mut unknown).await {
+            Err(SerializeError::Payload(why)) => {
+                assert!(why.contains("schema id 77"), "{why}");
+                assert!(
+                    why.contains("outbox.serialization.schema_id_header"),
+                    "{why}"
+                );
+                assert!(why.contains("dead-letters redrive"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(s.health().current().is_empty(), "nothing blocks");
+        // Without the header the configured subject is used: its 404 is the deployment's.
+        let mut plain = record("orders", Some(r#"{"n": 3}"#), &[]);
+        match s.serialize(&mut plain).await {
+            Err(SerializeError::Registry { subject, error }) => {
+                assert_eq!(subject, "orders-value");
+                assert!(matches!(error, RegistryError::NotFound { .. }), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_name_the_registry_does_not_have_is_the_records_fault_and_an_outage_is_not() {
+        let registry = registry();
+        for strategy in [SubjectStrategy::Record, SubjectStrategy::TopicRecord] {
+            let s = against(&registry.url, |c| c.subject_strategy = strategy);
+            let mut typo = record("orders", Some(r#"{"n": 3}"#), &[("type", "Typo")]);
+            match s.serialize(&mut typo).await {
+                Err(SerializeError::Payload(why)) => {
+                    assert!(why.contains("Typo"), "{why}");
+                    assert!(why.contains("header `type`"), "{why}");
+                    assert!(why.contains("subject_strategy"), "{why}");
+                }
+                other => panic!("{strategy:?}: {other:?}"),
+            }
+        }
+        let s = against(&registry.url, |c| {
+            c.subject_strategy = SubjectStrategy::Record
+        });
+        let mut known = record("orders", Some(r#"{"n": 3}"#), &[("type", "Known")]);
+        s.serialize(&mut known).await.unwrap();
+        // A schema of another format under the row's subject: the row's fault too.
+        let mut wrong = record("orders", Some(r#"{"n": 3}"#), &[("type", "Wrong")]);
+        assert!(
+            matches!(s.serialize(&mut wrong).await, Err(SerializeError::Payload(why)) if why.contains("PROTOBUF")),
+        );
+        // An outage, a refused login, or a 404 that is not the registry's: they block.
+        for subject in ["Down", "Locked", "Proxy"] {
+            let mut r = record("orders", Some(r#"{"n": 3}"#), &[("type", subject)]);
+            match s.serialize(&mut r).await {
+                Err(SerializeError::Registry { subject: s, .. }) => assert_eq!(s, subject),
+                other => panic!("{subject}: {other:?}"),
+            }
+        }
+        // The topic strategy's subject is configuration: its 404 blocks, as before.
+        let s = against(&registry.url, |_| {});
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[("type", "Typo")]);
+        assert!(matches!(
+            s.serialize(&mut r).await,
+            Err(SerializeError::Registry { .. })
+        ));
+    }
+
+    /// `s` with its cache as it is, its client and its staleness limit replaced.
+    fn rebuilt(s: &Serializer, client: RegistryClient, max_stale: Duration) -> Serializer {
+        Serializer {
+            config: s.config.clone(),
+            section: s.section.clone(),
+            client,
+            cache: Mutex::new(s.cache.lock().unwrap().clone()),
+            health: s.health(),
+            max_stale,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_latest_schema_whose_refresh_fails_is_used_until_the_staleness_limit() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let down = Arc::new(AtomicBool::new(false));
+        let switch = down.clone();
+        let registry = stand_in::StandIn::start(move |_| {
+            if switch.load(Ordering::SeqCst) {
+                (503, "{}".into())
+            } else {
+                (
+                    200,
+                    serde_json::json!({ "id": 9, "schema": SCHEMA }).to_string(),
+                )
+            }
+        });
+        let s = against(&registry.url, |c| c.latest_ttl_ms = 1);
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        s.serialize(&mut r).await.unwrap();
+
+        down.store(true, Ordering::SeqCst);
+        // Past the 1 ms TTL: the refresh is due, and fails.
+        std::thread::sleep(Duration::from_millis(2));
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        s.serialize(&mut r).await.unwrap();
+        assert_eq!(r.payload.as_deref(), Some(&[0, 0, 0, 0, 9, 6][..]));
+        let stale = s.health().stale();
+        assert_eq!(stale.len(), 1, "{stale:?}");
+        assert_eq!(stale[0].0, "orders-value");
+        assert!(s.health().current().is_empty(), "nothing blocks");
+        assert_eq!(registry.seen().len(), 2, "the refresh was tried");
+
+        // Past the limit the stale schema is no longer used: the record waits.
+        let strict = rebuilt(&s, s.client.clone(), Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(2));
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        match strict.serialize(&mut r).await {
+            Err(SerializeError::Registry { subject, error }) => {
+                assert_eq!(subject, "orders-value");
+                assert!(
+                    matches!(error, RegistryError::Failed { status: 503, .. }),
+                    "{error}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(strict.health().stale().is_empty());
+
+        down.store(false, Ordering::SeqCst);
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        s.serialize(&mut r).await.unwrap();
+        assert!(s.health().stale().is_empty(), "refreshed");
+    }
+
+    #[tokio::test]
+    async fn a_rotated_token_is_read_again_after_a_refusal_and_every_few_minutes() {
+        let file = std::env::temp_dir().join(format!(
+            "outbox-relay-registry-token-{}",
+            std::process::id()
+        ));
+        std::fs::write(&file, "old\n").unwrap();
+        // The registry takes any token but `old`.
+        let registry = stand_in::StandIn::start(|seen| {
+            if seen.authorization.as_deref() == Some("Bearer old") {
+                (401, "{}".into())
+            } else {
+                (
+                    200,
+                    serde_json::json!({ "id": 9, "schema": SCHEMA }).to_string(),
+                )
+            }
+        });
+        let path = file.clone();
+        let s = against(&registry.url, move |c| c.registry_token_file = Some(path));
+        // Refused, and the file holds the same token: no second try, the record waits.
+        let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
+        match s.serialize(&mut r).await {
+            Err(SerializeError::Registry { error, .. }) => {
+                assert_eq!(error, RegistryError::Unauthorized { status: 401 })
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(registry.seen().len(), 1);
+
+        // Rotated: the refusal makes the relay read the file again and retry at once.
+        std::fs::write(&file, "new\n").unwrap();
+        s.serialize(&mut r).await.unwrap();
+        let auth: Vec<Option<String>> = registry
+            .seen()
+            .into_iter()
+            .map(|r| r.authorization)
+            .collect();
+        assert_eq!(
+            auth[1..],
+            [
+                Some("Bearer old".to_string()),
+                Some("Bearer new".to_string())
+            ]
+        );
+
+        // Rotated again: read when due, before any refusal.
+        std::fs::write(&file, "newer").unwrap();
+        let due = rebuilt(
+            &s,
+            s.client.clone().rereading_every(Duration::ZERO),
+            MAX_STALE,
+        );
+        let mut users = record("users", Some(r#"{"n": 1}"#), &[]);
+        due.serialize(&mut users).await.unwrap();
+        let last = registry.seen().pop().unwrap();
+        assert_eq!(last.authorization.as_deref(), Some("Bearer newer"));
+        assert_eq!(registry.seen().len(), 4, "no refusal first");
+        let _ = std::fs::remove_file(&file);
     }
 
     #[tokio::test]
