@@ -15,8 +15,9 @@
 //! The table is durable and shared: it survives restarts, every relay (standbys included) and
 //! every operator command reads the same rows, and a promoted physical standby has it too. It
 //! is released (its row deleted) by:
-//! - `outbox-relay replay` that covered the table's gap: every row from `--since` on (no id or
-//!   type filter, no `--until` before the hold was armed, not a dry run), all acknowledged;
+//! - `outbox-relay replay` that re-sent every row the hold keeps (checked by transaction id in
+//!   the replay's snapshot, not by `created_at`; see `ops::replay::holds`), not a dry run, all
+//!   acknowledged;
 //! - the sweeper itself, when no row of the table is below `below_xid` any more (nothing left
 //!   to protect: an empty outbox, insert-then-delete, a first start on an empty table), unless
 //!   the hold still keeps every row;
