@@ -1677,6 +1677,39 @@ async fn a_hold_left_by_an_interrupted_slot_creation_is_completed_at_the_next_st
     db.cleanup().await;
 }
 
+/// `slot create` run again after an interrupted creation (the slot exists, the hold keeps
+/// every row) completes the hold and says so; run once more, it has nothing to do.
+#[tokio::test]
+async fn slot_create_completes_the_hold_of_an_interrupted_creation() {
+    let db = TestDb::new().await;
+    let env = db.relay_env();
+    let client = db.client().await;
+    let gap = events("order", 3);
+    insert_old(&client, &gap).await;
+    arm_keep_everything_hold(&db).await;
+    db.create_slot().await;
+    let check = ops(&env, &["check", "--json"]).await.json();
+    let hold = item(&check, "sweeper hold");
+    assert!(
+        hold["detail"].as_str().unwrap().contains("keeps every row"),
+        "{hold:#}"
+    );
+
+    let created = ops(&env, &["slot", "create", "--json"]).await;
+    assert_eq!(created.code, 0, "{created}");
+    let report = created.json();
+    assert_eq!(report["action"], "exists", "{report:#}");
+    assert_eq!(report["sweeper_holds"][0], "public.outbox", "{report:#}");
+    let status = ops(&env, &["status", "--json"]).await.json();
+    let hold = &status["sweeper_holds"][0];
+    assert_ne!(hold["below_xid"], i64::MAX, "{status:#}");
+    assert_eq!(hold["held_rows"], 3, "{status:#}");
+    let again = ops(&env, &["slot", "create"]).await;
+    assert_eq!(again.code, 0, "{again}");
+    assert!(again.stdout.contains("nothing to do"), "{again}");
+    db.cleanup().await;
+}
+
 /// Issue 39, point 7, the other half: a hold that keeps every row while its slot is still
 /// being created (`pg_create_logical_replication_slot` waits for a transaction that began
 /// before it) must not be completed yet: a transaction that commits meanwhile is not in the
