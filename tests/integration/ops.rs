@@ -1677,6 +1677,62 @@ async fn a_hold_left_by_an_interrupted_slot_creation_is_completed_at_the_next_st
     db.cleanup().await;
 }
 
+/// Issue 39, point 7, the earlier step: a relay that died after arming the keep-everything
+/// hold but before creating its slot. The next start creates the slot and arms the hold
+/// anew: the rows committed before the slot stay until the replay, later rows are swept.
+/// Counted: 0 missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_that_died_before_creating_its_slot_arms_the_hold_anew() {
+    let db = TestDb::new().await;
+    let env = sweeping_env(&db);
+    let client = db.client().await;
+    arm_keep_everything_hold(&db).await;
+    let gap = events("order", 4);
+    insert_old(&client, &gap).await;
+    let mut relay = RelayProcess::start(&env, &format!("{}-before-slot", db.name));
+    wait_for_slot(&db, &mut relay).await;
+    let status = ops(&env, &["status", "--json"]).await.json();
+    assert_ne!(
+        status["sweeper_holds"][0]["below_xid"],
+        i64::MAX,
+        "not completed: {status:#}"
+    );
+    let live = events("order", 3);
+    insert_old(&client, &live).await;
+    wait_for(
+        "the sweeper to delete the rows committed after the slot",
+        Duration::from_secs(60),
+        || async { rows_left(&db, &live).await == 0 },
+    )
+    .await;
+    assert_eq!(rows_left(&db, &gap).await, 4, "{}", relay.log_text());
+    let replay = ops(&env, &["replay", "--since", "-infinity", "--json"]).await;
+    assert_eq!(replay.code, 0, "{replay}");
+    assert_eq!(
+        replay.json()["sweeper_holds"][0]["released"],
+        true,
+        "{replay}"
+    );
+    let all: Vec<Event> = [&gap[..], &live[..]].concat();
+    let received = read_ids(
+        &[db.topic("order")],
+        1,
+        &ids(&all),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    let t = tally(&all, &received);
+    assert!(
+        t.missing.is_empty(),
+        "{} of {} events missing",
+        t.missing.len(),
+        all.len()
+    );
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
 /// `slot create` run again after an interrupted creation (the slot exists, the hold keeps
 /// every row) completes the hold and says so; run once more, it has nothing to do.
 #[tokio::test]
