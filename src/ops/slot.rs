@@ -17,7 +17,7 @@ use super::{connect, format, OpsError, Report};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::postgres::control::{check_slot_usable, query_err, sqlstate, Control, SlotInfo};
-use crate::relay::sweeper::hold::{HoldStore, ARMED_BY_SLOT_CREATE};
+use crate::relay::sweeper::hold::{HoldStore, Interrupted, ARMED_BY_SLOT_CREATE};
 
 /// How long `--force` waits for the slot to become inactive after ending its holder.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -122,6 +122,10 @@ pub struct SlotReport {
     /// replay covers them (see `relay::sweeper::hold`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sweeper_holds: Vec<String>,
+    /// Why a hold left by an interrupted creation still keeps every row (the slot's creation
+    /// has not finished yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sweeper_hold_pending: Option<String>,
 }
 
 impl Report for SlotReport {}
@@ -139,6 +143,9 @@ impl fmt::Display for SlotReport {
         } else if !tables.is_empty() {
             writeln!(f, "added {tables} to the publication")?;
         }
+        if let Some(why) = &self.sweeper_hold_pending {
+            writeln!(f, "the sweeper hold of an interrupted creation still keeps every row: {why}; run `outbox-relay slot create` again once it has finished")?;
+        }
         match self.action {
             SlotAction::Created => {
                 writeln!(
@@ -154,6 +161,11 @@ impl fmt::Display for SlotReport {
                     self.sweeper_holds.join(", ")
                 )
             }
+            SlotAction::Exists if !self.sweeper_holds.is_empty() => writeln!(
+                f,
+                "slot `{slot}` already exists; completed the sweeper hold of its interrupted creation on {}: the rows committed before now stay until `outbox-relay replay` covers them (`outbox-relay status` shows it)",
+                self.sweeper_holds.join(", ")
+            ),
             SlotAction::Exists => writeln!(
                 f,
                 "slot `{slot}` already exists ({}, confirmed up to {confirmed}): nothing to do",
@@ -246,20 +258,21 @@ pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
     let created = control.create_slot(slot, failover).await?;
     let info = existing(&control, slot).await?;
     check_slot_usable(&info)?;
-    // A hold armed for a creation that did not finish (still keeping every row) is completed
-    // now: the slot exists, so a transaction id assigned now is a valid boundary.
-    let unfinished = !missing
-        && holds
-            .list(control.client())
-            .await?
-            .iter()
-            .any(|h| h.below_xid == i64::MAX);
     let mut held = Vec::new();
-    if missing || unfinished {
+    let mut hold_pending = None;
+    if missing {
         let start = info.confirmed_flush_lsn;
         held = holds
             .after_creation(control.client(), start, ARMED_BY_SLOT_CREATE)
             .await?;
+    } else {
+        // A hold armed for a creation that did not finish (still keeping every row) is
+        // completed once the slot's creation has provably finished (`relay::sweeper::hold`).
+        match holds.complete_interrupted(control.client()).await? {
+            Interrupted::Completed(completed) => held = completed,
+            Interrupted::Pending { why, .. } => hold_pending = Some(why),
+            Interrupted::Nothing => {}
+        }
     }
     let action = if created {
         SlotAction::Created
@@ -274,6 +287,7 @@ pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
         .map(|(schema, table)| format!("{schema}.{table}"))
         .collect();
     report.sweeper_holds = held.into_iter().map(|h| h.table).collect();
+    report.sweeper_hold_pending = hold_pending;
     Ok(report)
 }
 
@@ -524,6 +538,7 @@ fn slot_report(info: &SlotInfo, action: SlotAction, terminated: Option<i32>) -> 
         publication_created: false,
         publication_tables_added: Vec::new(),
         sweeper_holds: Vec::new(),
+        sweeper_hold_pending: None,
     }
 }
 
@@ -538,6 +553,7 @@ fn absent(slot: &str) -> SlotReport {
         publication_created: false,
         publication_tables_added: Vec::new(),
         sweeper_holds: Vec::new(),
+        sweeper_hold_pending: None,
     }
 }
 

@@ -442,9 +442,9 @@ fn write_hold(f: &mut fmt::Formatter<'_>, s: &HoldStatus) -> fmt::Result {
         "sweeper hold on {}: {rows} committed before slot `{}` was created ({}, {}) are not deleted",
         h.table, h.slot, h.armed_at, h.reason
     )?;
-    if h.below_xid == i64::MAX {
+    if h.keeps_every_row {
         // Armed before a creation that never finished (see `relay::sweeper::hold`).
-        writeln!(f, "  the slot's creation did not finish, so every row is kept: run `outbox-relay slot create` again")?;
+        writeln!(f, "  the slot's creation did not finish, so every row is kept and none is swept: the relay completes the hold at its next session once the slot exists (its log says why not), or run `outbox-relay slot create`")?;
     }
     writeln!(f, "  release: `outbox-relay replay --since <start of the gap>` (every row since then, no id or type filter), or when the gap needs no replay `outbox-relay slot release-hold --yes` (SQL: {})", s.release_sql)
 }
@@ -617,6 +617,7 @@ mod tests {
                     armed_at: "2026-01-01 00:00:00+00".into(),
                     reason: "outbox-relay slot create".into(),
                     age_seconds: 60,
+                    keeps_every_row: false,
                 },
                 held_rows: Some(7),
                 release_sql:

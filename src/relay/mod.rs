@@ -394,6 +394,12 @@ async fn prepare_slot(
         let start = slot.confirmed_flush_lsn;
         hold.after_creation(control.client(), start, ARMED_BY_RELAY)
             .await?;
+    } else if !server.in_recovery {
+        // A creation that stopped between its steps (a crash of this relay or of `slot
+        // create`) left a hold that keeps every row: completed here once provably safe.
+        HoldStore::new(config)
+            .resolve_interrupted(control.client())
+            .await;
     }
     Ok((control, slot))
 }

@@ -269,6 +269,16 @@ async fn sweeper_holds(control: &Control, config: &Config) -> Vec<Item> {
     holds
         .iter()
         .map(|h| {
+            if h.keeps_every_row {
+                return warning(
+                    "sweeper hold",
+                    format!(
+                        "the sweeper keeps every row of {}: a hold was armed before slot `{}` was created, and the creation did not finish ({}, {})",
+                        h.table, h.slot, h.armed_at, h.reason
+                    ),
+                    "start the relay (it completes the hold once the slot exists) or run `outbox-relay slot create`; then replay the gap as for any hold",
+                );
+            }
             warning(
                 "sweeper hold",
                 format!(

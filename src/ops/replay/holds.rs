@@ -1,18 +1,29 @@
-//! Releasing the sweeper's holds (`relay::sweeper::hold`): a replay that re-sent every row of a
-//! held table from `--since` on says the gap before the new slot was delivered.
+//! Releasing the sweeper's holds (`relay::sweeper::hold`): a replay that re-sent every row a
+//! hold keeps says the gap before the new slot was delivered.
 //!
-//! A hold of a replayed table is released when the replay sent something real (not a dry
-//! run), Kafka acknowledged every record, the selection is a time window only (an id or type
-//! filter leaves rows of the gap out), `--since` (if given) is before the hold was armed and
-//! `--until` (if given) at or after it: every row committed before the slot existed has a
-//! `created_at` before then. The holds are read before the replay's snapshot, so that snapshot
-//! holds every row they keep.
+//! A hold keeps the rows of its table inserted by a transaction whose id is below its
+//! `below_xid`. A replay releases it only when it proved that it re-sent every one of them:
+//! - it sent something real (not a dry run) and Kafka acknowledged every selected record;
+//! - in the replay's own snapshot, no row of the table the hold keeps is left out of the
+//!   selection (`RowQuery::unselected_held_sql`: rows the publication's row filter passes,
+//!   below the boundary, not selected by the flags). Times alone cannot say it: `created_at`
+//!   is a transaction's *start*, so a row of a transaction that began before `--since` and
+//!   committed after the slot was lost is in the gap, yet outside a `--since` window;
+//! - the hold is complete: one that still keeps every row (its slot's creation did not
+//!   finish) has no known boundary, so a row the replay's snapshot did not see may be one
+//!   the slot never streams.
+//!
+//! The holds are read before the snapshot. A row the hold keeps that the snapshot does not
+//! show belongs to a transaction still running then, after the hold (and so the slot) was
+//! armed: it commits after the slot's start, and the slot streams it.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Transaction};
 use tracing::warn;
 
-use super::Selection;
+use super::rebuild::TableSource;
 use crate::ops::OpsError;
 use crate::postgres::control::query_err;
 use crate::relay::sweeper::hold::{Hold, HoldStore};
@@ -28,18 +39,6 @@ pub struct HoldOutcome {
     pub kept_because: Option<String>,
     /// When the hold was armed (the new slot's creation).
     pub armed_at: String,
-}
-
-/// Why a selection cannot stand for "the whole gap", whatever its times: a filter that drops
-/// rows of it.
-fn partial_filter(selection: &Selection) -> Option<&'static str> {
-    if selection.from_id.is_some() || selection.to_id.is_some() {
-        return Some("--from-id/--to-id select only some of its rows");
-    }
-    if selection.aggregate_type.is_some() || selection.event_type.is_some() {
-        return Some("--aggregate-type/--type select only some of its rows");
-    }
-    None
 }
 
 /// The holds on `tables` (`schema.table`), read before the replay starts. A hold table this
@@ -58,25 +57,46 @@ pub(super) async fn read(client: &Client, store: &HoldStore, tables: &[String]) 
     }
 }
 
+/// In the replay's snapshot: per held table, the rows its hold keeps that the selection
+/// leaves out.
+pub(super) async fn unselected(
+    tx: &Transaction<'_>,
+    sources: &[TableSource],
+    holds: &[Hold],
+) -> Result<BTreeMap<String, i64>, OpsError> {
+    let mut unselected = BTreeMap::new();
+    for hold in holds {
+        let Some(source) = sources.iter().find(|s| s.query.table == hold.table) else {
+            continue;
+        };
+        let query = &source.query;
+        let mut params = query.params();
+        params.push(&hold.below_xid);
+        let n: i64 = tx
+            .query_one(&query.unselected_held_sql(), &params)
+            .await
+            .map_err(query_err(format!(
+                "counting the held rows of {} this replay leaves out",
+                hold.table
+            )))?
+            .get(0);
+        unselected.insert(hold.table.clone(), n);
+    }
+    Ok(unselected)
+}
+
 /// After the replay: releases the holds it covered. `delivered`: not a dry run, and every
-/// selected record acknowledged.
+/// selected record acknowledged; `unselected`: from [`unselected`], in the replay's snapshot.
 pub(super) async fn settle(
     client: &Client,
     store: &HoldStore,
     holds: Vec<Hold>,
-    selection: &Selection,
+    unselected: &BTreeMap<String, i64>,
     delivered: bool,
 ) -> Result<Vec<HoldOutcome>, OpsError> {
     let mut outcomes = Vec::with_capacity(holds.len());
     for hold in holds {
-        let kept_because = match (delivered, partial_filter(selection)) {
-            (false, _) => Some(
-                "this replay did not deliver every selected event (a dry run or a failure)"
-                    .to_string(),
-            ),
-            (true, Some(why)) => Some(why.to_string()),
-            (true, None) => window_misses(client, selection, &hold).await?,
-        };
+        let kept_because = kept_because(&hold, unselected.get(&hold.table).copied(), delivered);
         let released = kept_because.is_none() && store.release(client, &hold).await?;
         let kept_because = match (released, kept_because) {
             (false, None) => Some("the slot was created again meanwhile (a newer hold)".into()),
@@ -92,58 +112,54 @@ pub(super) async fn settle(
     Ok(outcomes)
 }
 
-/// Why the time window leaves out rows committed before the hold was armed, if it does.
-async fn window_misses(
-    client: &Client,
-    selection: &Selection,
-    hold: &Hold,
-) -> Result<Option<String>, OpsError> {
-    let row = client
-        .query_one(
-            "SELECT $1::text IS NULL OR $1::text::timestamptz < $3::text::timestamptz,
-                    $2::text IS NULL OR $2::text::timestamptz >= $3::text::timestamptz",
-            &[&selection.since, &selection.until, &hold.armed_at],
-        )
-        .await
-        .map_err(query_err(
-            "comparing the replay's window with the sweeper hold",
-        ))?;
-    let (since_before, until_after): (bool, bool) = (row.get(0), row.get(1));
-    Ok(match (since_before, until_after) {
-        (false, _) => Some(format!(
-            "--since is not before the slot's creation ({})",
-            hold.armed_at
+/// Why this replay does not prove that it re-sent every row `hold` keeps, if it does not.
+fn kept_because(hold: &Hold, unselected: Option<i64>, delivered: bool) -> Option<String> {
+    if !delivered {
+        return Some(
+            "this replay did not deliver every selected event (a dry run or a failure)".into(),
+        );
+    }
+    if hold.keeps_every_row {
+        return Some("the hold keeps every row: its slot's creation did not finish, so rows of transactions still running may be ones the slot never streams; start the relay (it completes the hold once the slot exists) or run `outbox-relay slot create`, then replay again".into());
+    }
+    match unselected {
+        Some(0) => None,
+        Some(n) => Some(format!(
+            "{n} of the rows it keeps are outside this replay's selection (committed before the slot's creation, but with a created_at before --since — a transaction's start — or at/after --until, or left out by an id or type filter): replay them too, e.g. with an earlier --since, or release the hold"
         )),
-        (_, false) => Some(format!(
-            "--until ends before the slot's creation ({})",
-            hold.armed_at
-        )),
-        _ => None,
-    })
+        None => Some("its table was not part of this replay".into()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_a_time_window_can_cover_a_gap() {
-        let since = Selection {
-            since: Some("-infinity".into()),
-            ..Selection::default()
-        };
-        assert_eq!(partial_filter(&since), None);
-        for partial in [
-            Selection {
-                from_id: Some("a".into()),
-                ..since.clone()
-            },
-            Selection {
-                event_type: Some("OrderPaid".into()),
-                ..since.clone()
-            },
-        ] {
-            assert!(partial_filter(&partial).is_some(), "{partial:?}");
+    fn hold(below_xid: i64) -> Hold {
+        Hold {
+            slot: "s".into(),
+            table: "public.outbox".into(),
+            below_xid,
+            slot_start: None,
+            armed_at: "2026-01-01 00:00:00+00".into(),
+            age_seconds: 1,
+            reason: "outbox-relay slot create".into(),
+            keeps_every_row: below_xid == i64::MAX,
         }
+    }
+
+    #[test]
+    fn only_a_delivered_replay_that_left_no_held_row_out_releases() {
+        assert_eq!(kept_because(&hold(900), Some(0), true), None);
+        let left_out = kept_because(&hold(900), Some(1), true).unwrap();
+        assert!(left_out.starts_with("1 of the rows it keeps"), "{left_out}");
+        assert!(kept_because(&hold(900), Some(0), false).is_some());
+        assert!(kept_because(&hold(900), None, true).is_some());
+    }
+
+    #[test]
+    fn a_hold_that_keeps_every_row_is_never_released_by_a_replay() {
+        let why = kept_because(&hold(i64::MAX), Some(0), true).unwrap();
+        assert!(why.contains("outbox-relay slot create"), "{why}");
     }
 }

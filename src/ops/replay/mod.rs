@@ -184,6 +184,8 @@ pub async fn run(config: &Config, options: &ReplayOptions) -> Result<ReplayRepor
             .get(0);
         tables.insert(query.table.clone(), matched.max(0) as u64);
     }
+    // In the same snapshot as the rows sent: what of each hold the selection leaves out.
+    let unselected = holds::unselected(&tx, &sources, &held).await?;
     let mut walk = Walk::new(tables, options, started);
     let mut sender = if options.dry_run {
         None
@@ -206,7 +208,7 @@ pub async fn run(config: &Config, options: &ReplayOptions) -> Result<ReplayRepor
     let mut report = walk.report(sender, stopped, commit_time);
     let delivered = report.ok && !report.dry_run;
     report.sweeper_holds =
-        holds::settle(control.client(), &store, held, selection, delivered).await?;
+        holds::settle(control.client(), &store, held, &unselected, delivered).await?;
     Ok(report)
 }
 

@@ -87,7 +87,7 @@ impl ReplayReport {
         for hold in &self.sweeper_holds {
             match &hold.kept_because {
                 None => writeln!(f, "  released the sweeper hold on {}: its rows committed before the slot's creation ({}) are swept from now on as confirmed", hold.table, hold.armed_at)?,
-                Some(why) => writeln!(f, "  the sweeper still holds the rows of {} committed before the slot's creation ({}): {why}; a replay of every row since the gap began (no id or type filter, no --until before then) releases it", hold.table, hold.armed_at)?,
+                Some(why) => writeln!(f, "  the sweeper still holds the rows of {} committed before the slot's creation ({}): {why}; a replay that selects every row it keeps (an earlier --since, no id or type filter, no --until) releases it", hold.table, hold.armed_at)?,
             }
         }
         Ok(())

@@ -14,6 +14,7 @@ use crate::config::OutboxConfig;
 use crate::ops::rows::{created_at_column, OutboxTable};
 use crate::ops::OpsError;
 use crate::postgres::control::{describe, query_err, quote_ident, sqlstate};
+use crate::relay::sweeper::{HORIZON_CTE, XMIN64, XMIN64_FROM};
 
 /// A value sent in text format, parsed by the server with the input function of whatever type
 /// the parameter has (the id column may be uuid, bigint, text…). Command-line values travel
@@ -53,6 +54,9 @@ pub(super) struct RowQuery {
     id: String,
     /// The commit time in Unix microseconds, or NULL.
     commit_time: &'static str,
+    /// The publication's row filter for this table (the server's own expression), if any.
+    row_filter: Option<String>,
+    /// The selection's conditions, one per flag given.
     conditions: Vec<String>,
     params: Vec<TextParam>,
 }
@@ -72,14 +76,12 @@ impl RowQuery {
             } else {
                 "NULL::int8"
             },
+            // pgoutput sends only the rows the publication's row filter passes: the server's
+            // own expression for this table, not operator input.
+            row_filter: table.row_filter.as_ref().map(|f| format!("({f})")),
             conditions: Vec::new(),
             params: Vec::new(),
         };
-        // pgoutput sends only the rows the publication's row filter passes: the server's own
-        // expression for this table, not operator input.
-        if let Some(filter) = &table.row_filter {
-            query.conditions.push(format!("({filter})"));
-        }
         let created_at = query.created_at.clone();
         let id = query.id.clone();
         let s = selection;
@@ -105,11 +107,39 @@ impl RowQuery {
     }
 
     fn where_clause(&self) -> String {
-        if self.conditions.is_empty() {
+        let all: Vec<&str> = self
+            .row_filter
+            .iter()
+            .chain(&self.conditions)
+            .map(String::as_str)
+            .collect();
+        if all.is_empty() {
             String::new()
         } else {
-            format!(" WHERE {}", self.conditions.join(" AND "))
+            format!(" WHERE {}", all.join(" AND "))
         }
+    }
+
+    /// Counts the rows a sweeper hold keeps (widened `xmin` below the parameter after
+    /// [`RowQuery::params`], see `relay::sweeper::hold`) that this selection leaves out: rows
+    /// the publication's row filter passes and the flags do not select. A NULL in a condition
+    /// (a NULL `created_at`) counts as left out, as the replay's own `WHERE` leaves it.
+    pub(super) fn unselected_held_sql(&self) -> String {
+        let published = self.row_filter.as_deref().unwrap_or("true");
+        let selected = if self.conditions.is_empty() {
+            "true".to_string()
+        } else {
+            self.conditions.join(" AND ")
+        };
+        let boundary = self.params.len() + 1;
+        format!(
+            "{HORIZON_CTE} SELECT count(*)
+             FROM (SELECT xmin FROM {} WHERE COALESCE({published}, false)
+                                           AND NOT COALESCE(({selected}), false)) o
+             {XMIN64_FROM}
+             WHERE {XMIN64} < ${boundary}::bigint",
+            self.relation
+        )
     }
 
     pub(super) fn count_sql(&self) -> String {
@@ -387,6 +417,28 @@ mod tests {
         );
         assert!(sql.ends_with(r#"ORDER BY "inserted_at", "id""#), "{sql}");
         assert_eq!(query.params().len(), 3);
+    }
+
+    #[test]
+    fn held_rows_left_out_are_those_the_row_filter_passes_and_the_flags_do_not() {
+        let mut table = outbox_table();
+        table.row_filter = Some("(aggregatetype <> 'internal'::text)".into());
+        let query = RowQuery::new(&table, &selection(), false);
+        let sql = query.unselected_held_sql();
+        assert!(
+            sql.contains("WHERE COALESCE(((aggregatetype <> 'internal'::text)), false)"),
+            "{sql}"
+        );
+        // A NULL created_at is not selected by the replay: it counts as left out.
+        assert!(
+            sql.contains(
+                r#"AND NOT COALESCE(("created_at" >= $1::text::timestamptz AND "id" >= $2 AND "type" = $3), false)"#
+            ),
+            "{sql}"
+        );
+        // The hold's boundary comes after the selection's parameters.
+        assert!(sql.contains("END < $4::bigint"), "{sql}");
+        assert!(sql.starts_with("WITH horizon AS"), "{sql}");
     }
 
     #[test]

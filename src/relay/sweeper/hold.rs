@@ -15,14 +15,32 @@
 //! The table is durable and shared: it survives restarts, every relay (standbys included) and
 //! every operator command reads the same rows, and a promoted physical standby has it too. It
 //! is released (its row deleted) by:
-//! - `outbox-relay replay` that covered the table's gap: every row from `--since` on (no id or
-//!   type filter, no `--until` before the hold was armed, not a dry run), all acknowledged;
+//! - `outbox-relay replay` that re-sent every row the hold keeps (checked by transaction id in
+//!   the replay's snapshot, not by `created_at`; see `ops::replay::holds`), not a dry run, all
+//!   acknowledged;
 //! - the sweeper itself, when no row of the table is below `below_xid` any more (nothing left
-//!   to protect: an empty outbox, insert-then-delete, a first start on an empty table);
+//!   to protect: an empty outbox, insert-then-delete, a first start on an empty table), unless
+//!   the hold still keeps every row;
 //! - the operator: `outbox-relay slot release-hold --yes` (or `DELETE FROM
 //!   outbox_relay_sweeper_hold WHERE slot = '…'`); the gap's rows are then swept as confirmed.
 //!
 //! A slot created by other means (`pg_create_logical_replication_slot` by hand) arms no hold.
+//!
+//! # An interrupted creation
+//!
+//! Arming takes two steps around the slot's creation (see the sweeper's module docs): a hold
+//! that keeps every row ([`KEEPS_EVERY_ROW`]), the slot, then the real boundary. A process
+//! that dies in between leaves the first kind, and the sweeper deletes nothing of that table
+//! from then on (the sweeper never releases such a hold by itself: it does not know where the
+//! slot's stream begins). [`HoldStore::complete_interrupted`] resolves it — at every session
+//! of the relay and in `outbox-relay slot create` — with the same rule as a creation: the
+//! boundary is a transaction id assigned *after* the slot was seen created, which it can
+//! prove only when the slot exists and its creation has finished (`confirmed_flush_lsn` is
+//! set once `pg_create_logical_replication_slot` has found its starting point). A transaction
+//! with an id at or above it commits after the slot's start and is in its stream; every row
+//! below it stays held, the gap's and those the slot streamed between its creation and the
+//! completion alike (more than needed, never less). Otherwise the hold keeps every row, is
+//! shown by `status` and logged with the fix, and the next session tries again.
 
 use serde::Serialize;
 use tokio_postgres::Client;
@@ -39,6 +57,11 @@ pub const HOLD_TABLE: &str = "outbox_relay_sweeper_hold";
 /// Why a hold was armed, as recorded in its row.
 pub const ARMED_BY_SLOT_CREATE: &str = "outbox-relay slot create";
 pub const ARMED_BY_RELAY: &str = "created by the relay (postgres.create_slot)";
+/// Appended to a hold's reason when [`HoldStore::complete_interrupted`] completed it.
+pub const COMPLETED_AFTER_INTERRUPTION: &str = "; completed after an interrupted creation";
+
+/// The boundary of a hold armed before its slot's creation finished: every row is kept.
+pub const KEEPS_EVERY_ROW: i64 = i64::MAX;
 
 /// One hold: the rows of `table` inserted by transactions below `below_xid` stay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,6 +78,20 @@ pub struct Hold {
     /// Seconds since it was armed (server clock).
     pub age_seconds: i64,
     pub reason: String,
+    /// Armed before its slot's creation finished ([`KEEPS_EVERY_ROW`]): the sweeper deletes
+    /// nothing of the table until it is completed (see the module docs).
+    pub keeps_every_row: bool,
+}
+
+/// What [`HoldStore::complete_interrupted`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Interrupted {
+    /// No hold of the slot keeps every row.
+    Nothing,
+    /// Completed with a boundary assigned after the slot was seen created.
+    Completed(Vec<Hold>),
+    /// Still keeps every row of `tables`, because of `why`.
+    Pending { tables: Vec<String>, why: String },
 }
 
 /// The holds of one slot, in the table the configuration names.
@@ -192,8 +229,8 @@ impl HoldStore {
         };
         self.ensure_table(client).await?;
         let (below, slot_start) = match boundary {
-            Boundary::Everything => ("9223372036854775807::bigint", None),
-            Boundary::Now(start) => ("pg_current_xact_id()::text::bigint", start),
+            Boundary::Everything => (format!("{KEEPS_EVERY_ROW}::bigint"), None),
+            Boundary::Now(start) => ("pg_current_xact_id()::text::bigint".to_string(), start),
         };
         let tables: Vec<String> = self
             .tables
@@ -224,6 +261,130 @@ impl HoldStore {
                 "sweeper hold armed: rows committed before the slot existed stay until a replay covers them");
         }
         Ok(holds)
+    }
+
+    /// Completes the slot's holds that still keep every row, when that is provably safe (see
+    /// "An interrupted creation" in the module docs). Three steps, in this order:
+    ///
+    /// 1. the holds that keep every row, and the version (`xmin`) of each;
+    /// 2. the slot: it must exist with its `confirmed_flush_lsn` set (creation finished);
+    /// 3. one `UPDATE` of exactly those versions to `pg_current_xact_id()`, an id assigned in
+    ///    that statement, after step 2.
+    ///
+    /// A hold armed again between 1 and 3 (a new creation of the slot, which may not have
+    /// finished) has another version and is left as it is, also when the `UPDATE` has to wait
+    /// for it (PostgreSQL checks the condition again on the new version).
+    pub async fn complete_interrupted(&self, client: &Client) -> Result<Interrupted, ControlError> {
+        let Some(relation) = &self.relation else {
+            return Ok(Interrupted::Nothing);
+        };
+        if !self.table_exists(client).await? {
+            return Ok(Interrupted::Nothing);
+        }
+        let sql = format!(
+            "SELECT outbox_table, xmin::text FROM {relation}
+             WHERE slot = $1 AND below_xid = $2 ORDER BY outbox_table"
+        );
+        let versions = client
+            .query(&sql, &[&self.slot, &KEEPS_EVERY_ROW])
+            .await
+            .map_err(query_err(format!(
+                "looking for interrupted sweeper holds in {relation}"
+            )))?;
+        if versions.is_empty() {
+            return Ok(Interrupted::Nothing);
+        }
+        let tables: Vec<String> = versions.iter().map(|r| r.get(0)).collect();
+        let xmins: Vec<String> = versions.iter().map(|r| r.get(1)).collect();
+        let slot = client
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text, active_pid
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .map_err(query_err("reading the slot"))?;
+        let start = match slot.map(|r| (r.get::<_, Option<String>>(0), r.get::<_, Option<i32>>(1)))
+        {
+            None => {
+                return Ok(Interrupted::Pending {
+                    tables,
+                    why: format!(
+                        "slot `{}` does not exist (its creation stopped before it)",
+                        self.slot
+                    ),
+                })
+            }
+            Some((None, pid)) => {
+                let by = pid.map_or(String::new(), |pid| format!(" by backend {pid}"));
+                return Ok(Interrupted::Pending {
+                    tables,
+                    why: format!(
+                        "slot `{}` is still being created{by} (no confirmed position yet)",
+                        self.slot
+                    ),
+                });
+            }
+            Some((Some(start), _)) => start,
+        };
+        let sql = format!(
+            "UPDATE {relation} AS h
+             SET below_xid = pg_current_xact_id()::text::bigint,
+                 slot_start_lsn = $2::text::pg_lsn,
+                 reason = h.reason || $3
+             WHERE h.slot = $1 AND h.below_xid = $4
+               AND (h.outbox_table, h.xmin::text) IN (SELECT * FROM unnest($5::text[], $6::text[]))
+             RETURNING {RETURNED}"
+        );
+        let rows = client
+            .query(
+                &sql,
+                &[
+                    &self.slot,
+                    &start,
+                    &COMPLETED_AFTER_INTERRUPTION,
+                    &KEEPS_EVERY_ROW,
+                    &tables,
+                    &xmins,
+                ],
+            )
+            .await
+            .map_err(query_err(format!(
+                "completing the interrupted sweeper hold in {relation}"
+            )))?;
+        if rows.is_empty() {
+            return Ok(Interrupted::Pending {
+                tables,
+                why: "the hold was armed again meanwhile (a new creation of the slot)".into(),
+            });
+        }
+        Ok(Interrupted::Completed(
+            rows.iter().map(hold_from_row).collect(),
+        ))
+    }
+
+    /// [`HoldStore::complete_interrupted`], logged: what was completed, or what still keeps
+    /// every row and how to fix it. An error is logged too: keeping every row is safe, and the
+    /// next session tries again.
+    pub async fn resolve_interrupted(&self, client: &Client) {
+        let hold_table = self.relation().unwrap_or(HOLD_TABLE);
+        match self.complete_interrupted(client).await {
+            Ok(Interrupted::Completed(holds)) => {
+                for hold in &holds {
+                    info!(slot = %hold.slot, table = %hold.table, below_xid = hold.below_xid,
+                        "sweeper hold completed after an interrupted slot creation: the rows committed before now stay until `outbox-relay replay` covers them (or the hold is released); see `outbox-relay status`");
+                }
+            }
+            Ok(Interrupted::Pending { tables, why }) => {
+                warn!(slot = %self.slot, tables = %tables.join(", "), %why,
+                    "a sweeper hold armed before a slot creation that did not finish keeps every row: the sweeper deletes nothing of these tables until it is completed. The relay completes it at its next session once the slot exists, or run `outbox-relay slot create`; see `outbox-relay status`");
+            }
+            Ok(Interrupted::Nothing) => {}
+            Err(e) => {
+                warn!(slot = %self.slot, %hold_table, error = %e,
+                    "cannot complete an interrupted sweeper hold, which keeps every row of its tables meanwhile: the role needs SELECT and UPDATE on the hold table; the relay tries again at its next session");
+            }
+        }
     }
 
     /// The slot's holds; none when the hold table does not exist.
@@ -293,14 +454,16 @@ const RETURNED: &str = "h.slot, h.outbox_table, h.below_xid, h.slot_start_lsn::t
 
 fn hold_from_row(row: &tokio_postgres::Row) -> Hold {
     let start: Option<String> = row.get(3);
+    let below_xid: i64 = row.get(2);
     Hold {
         slot: row.get(0),
         table: row.get(1),
-        below_xid: row.get(2),
+        below_xid,
         slot_start: start.and_then(|s| s.parse().ok()),
         armed_at: row.get(4),
         reason: row.get(5),
         age_seconds: row.get(6),
+        keeps_every_row: below_xid == KEEPS_EVERY_ROW,
     }
 }
 

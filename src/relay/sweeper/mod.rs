@@ -58,6 +58,12 @@
 //! the hold armed before its creation. Without a hold, every row is taken to have been
 //! delivered (by an earlier slot, or a replay): a slot created by hand arms none.
 //!
+//! A hold still at `i64::MAX` (its slot's creation has not finished, or the process creating
+//! it died between the steps) keeps every row of its table and is never released by the
+//! sweeper, not even on an empty table: until the slot's start is known, any row committed
+//! meanwhile may be one the slot never streams. The relay completes it at its next session
+//! (see "An interrupted creation" in [`hold`]).
+//!
 //! `X` is deliberately the snapshot's *xmin*, not "visible in `S`"
 //! (`pg_visible_in_snapshot`): a subtransaction's xid is not in a snapshot's list of running
 //! transactions, so a row inserted in a savepoint of a transaction running at `T` would look
@@ -316,7 +322,8 @@ impl Sweeper {
 
     /// The lowest transaction id whose rows of `table` may be deleted: a hold's boundary, or
     /// `i64::MIN` without one. A hold with no row left under it is released here (and then
-    /// none applies); one that changed meanwhile keeps the whole table this sweep.
+    /// none applies), unless it keeps every row; one that changed meanwhile keeps the whole
+    /// table this sweep.
     async fn hold_floor(
         &mut self,
         table: &SweptTable,
@@ -326,6 +333,19 @@ impl Sweeper {
         let Some(hold) = holds.iter().find(|h| h.table == table.name) else {
             return Ok(i64::MIN);
         };
+        if hold.keeps_every_row {
+            // Its slot's creation has not finished (or was interrupted): where the slot's
+            // stream begins is not known, so neither is which rows it will never stream. Not
+            // released even when the table is empty: rows committed before the slot's start
+            // may still come. Completed by the relay's next session or `slot create`.
+            if self.announced.insert((hold.table.clone(), hold.below_xid)) {
+                warn!(table = %hold.table, slot = %hold.slot, armed_at = %hold.armed_at,
+                    reason = %hold.reason,
+                    "sweeper keeps every row: a hold was armed before the slot's creation, which has not finished or was interrupted. The relay completes it at its next session once the slot exists, or run `outbox-relay slot create`; see `outbox-relay status`");
+            }
+            report.held.push(table.name.clone());
+            return Ok(hold.below_xid);
+        }
         let client = self.control.client();
         let held: bool = client
             .query_one(&held_rows_sql(&table.quoted, true), &[&hold.below_xid])
