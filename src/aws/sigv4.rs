@@ -7,12 +7,41 @@
 //! compared byte for byte with one AWS's Python SDK makes; the signature itself is over the
 //! sorted (canonical) query, as SigV4 defines.
 
+use std::fmt;
+
 use jiff::Timestamp;
 use openssl::hash::MessageDigest;
 use openssl::pkey::PKey;
 use openssl::sign::Signer;
 
-use super::credentials::AwsCredentials;
+use crate::config::Secret;
+
+/// AWS credentials: an access key and, for temporary ones, the session token (what a
+/// signature is made with; `credentials` finds them).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AwsCredentials {
+    pub access_key_id: String,
+    pub secret_access_key: Secret,
+    pub session_token: Option<Secret>,
+}
+
+impl fmt::Debug for AwsCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AwsCredentials")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AwsCredentials {
+    pub fn new(access_key_id: &str, secret: &str, session_token: Option<&str>) -> AwsCredentials {
+        AwsCredentials {
+            access_key_id: access_key_id.to_string(),
+            secret_access_key: Secret::new(secret),
+            session_token: session_token.map(Secret::new),
+        }
+    }
+}
 
 const ALGORITHM: &str = "AWS4-HMAC-SHA256";
 

@@ -14,7 +14,6 @@ use tokio_postgres::config::Host;
 use crate::aws::credentials::{AwsCredentials, CredentialsProvider, FIRST_FETCH_WAIT};
 use crate::aws::sigv4::{presigned_query, Presign};
 use crate::config::{PostgresAuth, PostgresConfig};
-use crate::postgres::conninfo::Endpoint;
 
 /// How long a token may be used to open a connection (RDS accepts at most 15 minutes).
 const TOKEN_LIFETIME_S: u32 = 900;
@@ -66,9 +65,9 @@ impl RdsIamAuth {
     }
 
     /// Fails unless every host can have a token: a TCP host with a known region.
-    pub fn check_hosts(&self, endpoints: &[Endpoint]) -> Result<(), String> {
-        for endpoint in endpoints {
-            let Host::Tcp(host) = &endpoint.host else {
+    pub fn check_hosts<'h>(&self, hosts: impl IntoIterator<Item = &'h Host>) -> Result<(), String> {
+        for host in hosts {
+            let Host::Tcp(host) = host else {
                 return Err(
                     "postgres.auth = \"aws_rds_iam\" needs a TCP host, not a socket directory"
                         .into(),
@@ -84,16 +83,16 @@ impl RdsIamAuth {
         Ok(())
     }
 
-    /// A fresh token for `user` at `endpoint`, signed now; `None` for a host
+    /// A fresh token for `user` at `host:port`, signed now; `None` for a host
     /// [`RdsIamAuth::check_hosts`] refuses, or without credentials (logged: the server
     /// then refuses the login, and the session is retried).
-    pub fn token(&self, endpoint: &Endpoint, user: &str) -> Option<String> {
-        let Host::Tcp(host) = &endpoint.host else {
+    pub fn token(&self, host: &Host, port: u16, user: &str) -> Option<String> {
+        let Host::Tcp(host) = host else {
             return None;
         };
         let request = TokenRequest {
             host,
-            port: endpoint.port,
+            port,
             user,
             region: self.region_for(host)?,
         };

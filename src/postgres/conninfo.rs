@@ -254,7 +254,7 @@ impl ConnInfo {
             .or_else(|| std::env::var("PGPASSWORD").ok());
         let iam = RdsIamAuth::from_config(pg).map_err(ConnInfoError::Password)?;
         if let Some(iam) = &iam {
-            iam.check_hosts(&endpoints)
+            iam.check_hosts(endpoints.iter().map(|e| &e.host))
                 .map_err(ConnInfoError::Password)?;
         }
         let mut info = ConnInfo {
@@ -279,7 +279,7 @@ impl ConnInfo {
     /// connection gets its own, never an expired one), else the configured password.
     fn password_for(&self, endpoint: &Endpoint) -> Option<String> {
         match &self.iam {
-            Some(iam) => iam.token(endpoint, &self.user),
+            Some(iam) => iam.token(&endpoint.host, endpoint.port, &self.user),
             None => self.password.clone(),
         }
     }

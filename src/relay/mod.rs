@@ -90,7 +90,7 @@ pub enum RelayError {
     #[error("stopped while waiting for the schema registry: {0}")]
     SchemaRegistry(String),
     #[error(transparent)]
-    Tracing(#[from] crate::serve::traces::TraceError),
+    Tracing(#[from] crate::sink::traces::TraceError),
     #[error("cannot listen on http.listen `{addr}`: {source}")]
     Http {
         addr: String,
@@ -194,8 +194,10 @@ pub async fn run_with_metrics(
         serializers,
     };
     let transactional = config.kafka.delivery == crate::config::Delivery::ExactlyOnce;
-    let failures = metrics.trace_export_failures.clone();
-    crate::serve::traces::install(&config.tracing, transactional, failures)?;
+    let counter = metrics.trace_export_failures.clone();
+    let failures: crate::sink::traces::FailureCount =
+        Arc::new(move || counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+    crate::sink::traces::install(&config.tracing, transactional, failures)?;
     // The helpers stop after the session has drained, not when the signal arrives.
     let helpers = CancellationToken::new();
     start_http(&config, &metrics, &helpers).await?;
@@ -223,7 +225,7 @@ pub async fn run_with_metrics(
         error!(error = %e, "relay stopped: this needs an operator");
     }
     helpers.cancel();
-    crate::serve::traces::shutdown().await;
+    crate::sink::traces::shutdown().await;
     result
 }
 

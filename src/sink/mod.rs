@@ -15,6 +15,7 @@ pub mod limits;
 pub mod preflight;
 pub mod publisher;
 pub mod schema;
+pub mod traces;
 pub mod window;
 
 pub use publisher::progress;

@@ -32,44 +32,17 @@ mod profile;
 mod tests;
 
 use std::collections::HashMap;
-use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::config::Secret;
+pub use super::sigv4::AwsCredentials;
 
 /// Temporary credentials are fetched again this long before they expire (AWS's SDKs use 5
 /// to 15 minutes; a token signed with them must stay valid for its own 15 minutes' use).
 pub const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(5 * 60);
-
-/// AWS credentials: an access key and, for temporary ones, the session token.
-#[derive(Clone, PartialEq, Eq)]
-pub struct AwsCredentials {
-    pub access_key_id: String,
-    pub secret_access_key: Secret,
-    pub session_token: Option<Secret>,
-}
-
-impl fmt::Debug for AwsCredentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AwsCredentials")
-            .field("access_key_id", &self.access_key_id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl AwsCredentials {
-    pub fn new(access_key_id: &str, secret: &str, session_token: Option<&str>) -> AwsCredentials {
-        AwsCredentials {
-            access_key_id: access_key_id.to_string(),
-            secret_access_key: Secret::new(secret),
-            session_token: session_token.map(Secret::new),
-        }
-    }
-}
 
 /// Credentials as a source gave them, with where from and until when.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,7 @@
 use tokio::time::Instant;
 
 use super::exactly_once::{ExactlyOnce, Transactions};
-use super::Held;
+use super::{Held, Reading, Settled};
 use crate::lsn::Lsn;
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::RecordSink;
@@ -33,26 +33,6 @@ pub(super) enum Ack {
     Durable,
     /// Taken, not yet for good: `settle` hands it back once it is.
     Accepted,
-}
-
-/// Where the loop stands in the stream, which decides where a Kafka transaction may end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reading {
-    /// Between PostgreSQL transactions.
-    Between,
-    /// At the start of one: nothing of it handed over yet.
-    Starting,
-    /// Inside one with records handed over: a commit here splits it, at this progress value.
-    Inside(Progress),
-}
-
-/// What `settle` hands back once a Kafka transaction committed (empty otherwise).
-#[derive(Default)]
-pub(super) struct Settled {
-    /// Acknowledgements now durable, `(seq, dead_letter)`, for the ledger.
-    pub durable: Vec<(TxnSeq, bool)>,
-    /// Records held while the commit ran, to be sent now (already counted in flight).
-    pub held: Vec<Held>,
 }
 
 impl Contract {

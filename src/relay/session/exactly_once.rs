@@ -24,8 +24,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::contract::{Reading, Settled};
-use super::Held;
+use super::{Held, Reading, Settled};
 use crate::lsn::Lsn;
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{CommitOutcome, RecordSink};

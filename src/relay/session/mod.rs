@@ -48,7 +48,7 @@ use crate::sink::dead_letter::{self, Reason};
 use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
-use contract::{Ack, Contract, Reading};
+use contract::{Ack, Contract};
 use reads::Reads;
 
 use crate::sink::window::InFlight;
@@ -139,6 +139,27 @@ pub(super) struct Held {
     /// The row it was mapped from (events only), for the row image of its dead letter should
     /// Kafka refuse it at once. Dropped once the record is handed over.
     pub row: Option<Box<SourceRow>>,
+}
+
+/// Where the loop stands in the stream, which decides where a Kafka transaction may end
+/// (the delivery contract's business, told by the loop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reading {
+    /// Between PostgreSQL transactions.
+    Between,
+    /// At the start of one: nothing of it handed over yet.
+    Starting,
+    /// Inside one with records handed over: a commit here splits it, at this progress value.
+    Inside(Progress),
+}
+
+/// What `settle` hands back once a Kafka transaction committed (empty otherwise).
+#[derive(Default)]
+pub(super) struct Settled {
+    /// Acknowledgements now durable, `(seq, dead_letter)`, for the ledger.
+    pub durable: Vec<(TxnSeq, bool)>,
+    /// Records held while the commit ran, to be sent now (already counted in flight).
+    pub held: Vec<Held>,
 }
 
 /// An event's row as the stream delivered it.

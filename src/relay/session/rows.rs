@@ -14,10 +14,10 @@ use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordKind, RecordSink};
 use crate::relay::{now_us, RelayError, Unmapped};
-use crate::serve::traces;
 use crate::sink::dead_letter::{self, Reason};
 use crate::sink::progress::Covered;
 use crate::sink::publisher::{self, PublishError};
+use crate::sink::traces;
 use crate::source::pgoutput::{self, LogicalMessage, Relation, Tuple};
 use crate::source::walsender::pg_time_to_unix_us;
 

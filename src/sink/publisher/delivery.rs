@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::mapping::Record;
-use crate::serve::traces::{self, Outcome};
 use crate::sink::blocked::{BlockReason, Blocked};
 use crate::sink::kafka_latency::KafkaLatency;
+use crate::sink::traces::{self, Outcome};
 use crate::sink::TxnSeq;
 
 use super::login::{self, ClientLogin, KafkaLogin, LogsIn};

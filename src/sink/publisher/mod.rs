@@ -52,7 +52,7 @@ use super::kafka_latency::{KafkaLatency, STATISTICS_INTERVAL_MS};
 use super::limits::{SizeRefusal, DEFAULT_BATCH_SIZE};
 use crate::config::KafkaConfig;
 use crate::mapping::Record;
-use crate::serve::traces;
+use crate::sink::traces;
 use crate::sink::TxnSeq;
 use client::admin_config;
 pub use client::{client_config, consumer_config, transaction_timeout_ms};

@@ -3,6 +3,7 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio_postgres::Client;
@@ -306,4 +307,27 @@ pub fn mode_tag(mode: &str) -> &'static str {
         "exactly_once" => "eo",
         _ => "alo",
     }
+}
+
+/// How long a drain may take before it counts as failed (and the run goes on).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// A backlog to drain.
+pub struct Round {
+    /// Names the database, the slots and the topics (an identifier).
+    pub round: String,
+    /// `txn`, `payload`, `topics` or `schema` (groups the report's tables).
+    pub shape: &'static str,
+    pub txn_rows: u64,
+    pub events: u64,
+    /// The preload (SQL).
+    pub preload: String,
+    pub partitions: i32,
+    /// Aggregate types: one topic each per delivery mode and the relay's topic template ends
+    /// in `{aggregatetype}`; none: the rows' type is 'order' and the relay publishes to one
+    /// fixed topic (no template to render).
+    pub types: Vec<String>,
+    /// The relay's `outbox.serialization` (`OUTBOX_RELAY__…` variables) and its format, for
+    /// the schema shape; empty and none elsewhere.
+    pub serialization: Option<(String, Vec<(String, String)>)>,
 }

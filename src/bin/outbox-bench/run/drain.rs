@@ -1,9 +1,9 @@
 //! Drain rounds: one backlog drained by `pg_recvlogical` once and by the relay once per
 //! delivery mode, each from its own slot at the same start position.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::ctx::{mode_tag, Ctx, RelayRun, DRAIN_STATUS_INTERVAL_MS};
+use super::ctx::{mode_tag, Ctx, RelayRun, Round, DRAIN_STATUS_INTERVAL_MS, DRAIN_TIMEOUT};
 use super::peer;
 use crate::pg::{create_slot, current_lsn, drop_slot, scalar};
 use crate::process::{recvlogical, SystemPerf};
@@ -14,29 +14,6 @@ use crate::records::{ProducerAlone, ProducerAloneDrain, ProducerAloneDrainKind, 
 use crate::util::loadavg;
 use crate::wait_slot::{wait_slot, SlotWait};
 use crate::walsender_cpu;
-
-/// How long a drain may take before it counts as failed (and the run goes on).
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(900);
-
-/// A backlog to drain.
-pub struct Round {
-    /// Names the database, the slots and the topics (an identifier).
-    pub round: String,
-    /// `txn`, `payload`, `topics` or `schema` (groups the report's tables).
-    pub shape: &'static str,
-    pub txn_rows: u64,
-    pub events: u64,
-    /// The preload (SQL).
-    pub preload: String,
-    pub partitions: i32,
-    /// Aggregate types: one topic each per delivery mode and the relay's topic template ends
-    /// in `{aggregatetype}`; none: the rows' type is 'order' and the relay publishes to one
-    /// fixed topic (no template to render).
-    pub types: Vec<String>,
-    /// The relay's `outbox.serialization` (`OUTBOX_RELAY__…` variables) and its format, for
-    /// the schema shape; empty and none elsewhere.
-    pub serialization: Option<(String, Vec<(String, String)>)>,
-}
 
 /// One drain round of the default phase: N events in transactions of `rows` rows.
 pub fn txn_round(ctx: &Ctx, rows: u64) -> Round {

@@ -15,8 +15,7 @@ use rdkafka::ClientConfig;
 use tokio::process::{Child, Command};
 use tokio_postgres::Client;
 
-use super::ctx::Ctx;
-use super::drain::{Round, DRAIN_TIMEOUT};
+use super::ctx::{Ctx, Round, DRAIN_TIMEOUT};
 use crate::pg::{pg_connect, wait_slot_active};
 use crate::proc_stat::cpu_seconds;
 use crate::process::{reap, signal};

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::ctx::{mode_tag, Ctx, RelayRun, DRAIN_STATUS_INTERVAL_MS};
-use super::drain::{drain_backlog, record_relay_metrics, txn_round, Round, DRAIN_TIMEOUT};
+use super::ctx::{Round, DRAIN_TIMEOUT};
+use super::drain::{drain_backlog, record_relay_metrics, txn_round};
 use super::latency::wait_streaming;
 use crate::latency::{Load, Target};
 use crate::pg::{create_slot, current_lsn, drop_slot};

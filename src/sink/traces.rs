@@ -14,7 +14,7 @@
 //! export only counts in `outbox_relay_trace_export_failures_total`.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -37,7 +37,6 @@ use tracing::{info, warn};
 
 use crate::config::TracingConfig;
 use crate::mapping::Record;
-use crate::serve::metrics::Counter;
 
 /// The W3C trace context headers.
 pub const TRACEPARENT: &str = "traceparent";
@@ -68,13 +67,17 @@ pub fn active() -> Option<&'static Traces> {
     ACTIVE.get()
 }
 
+/// Counts a failed export and says the total so far: the relay hands in its metric
+/// (`outbox_relay_trace_export_failures_total`), so that traces import nothing of `serve`.
+pub type FailureCount = Arc<dyn Fn() -> u64 + Send + Sync>;
+
 /// Sets up tracing for the process when `config.enabled` (once: a second call keeps the
 /// first). Failed exports count in `failures`. `transactional`: records count once their
 /// Kafka transaction commits (`exactly_once`).
 pub fn install(
     config: &TracingConfig,
     transactional: bool,
-    failures: Counter,
+    failures: FailureCount,
 ) -> Result<(), TraceError> {
     if !config.enabled || ACTIVE.get().is_some() {
         return Ok(());
@@ -129,7 +132,7 @@ struct Waiting {
 }
 
 impl Traces {
-    pub fn new(config: &TracingConfig, failures: Counter) -> Result<Traces, TraceError> {
+    pub fn new(config: &TracingConfig, failures: FailureCount) -> Result<Traces, TraceError> {
         let error = |reason: String| TraceError {
             endpoint: config.endpoint.clone(),
             reason,
@@ -388,15 +391,22 @@ impl Extractor for HeaderExtractor<'_> {
 }
 
 /// The OTLP exporter, counting (and now and then logging) the exports that failed.
-#[derive(Debug)]
 struct Counting<E> {
     inner: E,
-    failures: Counter,
+    failures: FailureCount,
     warned: Mutex<Option<Instant>>,
 }
 
+impl<E: std::fmt::Debug> std::fmt::Debug for Counting<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counting")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<E> Counting<E> {
-    fn new(inner: E, failures: Counter) -> Self {
+    fn new(inner: E, failures: FailureCount) -> Self {
         Counting {
             inner,
             failures,
@@ -405,10 +415,7 @@ impl<E> Counting<E> {
     }
 
     fn failed(&self, error: &dyn std::fmt::Display) {
-        let total = self
-            .failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
+        let total = (self.failures)();
         let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
         if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
             *warned = Some(Instant::now());

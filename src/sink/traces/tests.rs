@@ -16,7 +16,7 @@ fn traces(ratio: f64) -> Traces {
         sample_ratio: SampleRatio(ratio),
         ..TracingConfig::default()
     };
-    Traces::new(&config, Counter::default()).unwrap()
+    Traces::new(&config, Arc::new(|| 0)).unwrap()
 }
 
 fn record(headers: &[(&str, &str)]) -> Record {
