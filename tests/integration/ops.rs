@@ -1543,6 +1543,36 @@ async fn a_slot_the_relay_creates_holds_the_rows_committed_before_it() {
     db.cleanup().await;
 }
 
+/// `replay --since -infinity` re-sends every retained row and releases the sweeper hold, and
+/// then every one of `events` is in `topics`: what was read (to look at headers).
+async fn replay_releases_the_hold_and_all_arrive(
+    env: &[(String, String)],
+    topics: &[String],
+    events: &[Event],
+) -> Vec<Received> {
+    let replay = ops(env, &["replay", "--since", "-infinity", "--json"]).await;
+    assert_eq!(replay.code, 0, "{replay}");
+    let report = replay.json();
+    assert_eq!(report["sweeper_holds"][0]["released"], true, "{report:#}");
+    let received = read_ids(
+        topics,
+        1,
+        &ids(events),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    let t = tally(events, &received);
+    assert!(
+        t.missing.is_empty(),
+        "{} of {} events missing: {:?}",
+        t.missing.len(),
+        events.len(),
+        t.missing
+    );
+    received
+}
+
 /// The first step of a relay's slot creation done by hand, as a relay that died right after
 /// it leaves it: the hold table, and a hold on `public.outbox` that keeps every row.
 async fn arm_keep_everything_hold(db: &TestDb) {
@@ -1637,28 +1667,9 @@ async fn a_hold_left_by_an_interrupted_slot_creation_is_completed_at_the_next_st
     )
     .await;
 
-    let replay = ops(&env, &["replay", "--since", "-infinity", "--json"]).await;
-    assert_eq!(replay.code, 0, "{replay}");
-    let report = replay.json();
-    assert_eq!(report["sweeper_holds"][0]["released"], true, "{report:#}");
     let mut all = gap.clone();
     all.extend(streamed_and_live.iter().cloned());
-    let received = read_ids(
-        &topic,
-        1,
-        &ids(&all),
-        Duration::from_secs(60),
-        Duration::ZERO,
-    )
-    .await;
-    let t = tally(&all, &received);
-    assert!(
-        t.missing.is_empty(),
-        "{} of {} events missing: {:?}",
-        t.missing.len(),
-        all.len(),
-        t.missing
-    );
+    let received = replay_releases_the_hold_and_all_arrive(&env, &topic, &all).await;
     let gap_ids: HashSet<String> = ids(&gap).into_iter().collect();
     assert!(
         received
@@ -1706,29 +1717,8 @@ async fn a_relay_that_died_before_creating_its_slot_arms_the_hold_anew() {
     )
     .await;
     assert_eq!(rows_left(&db, &gap).await, 4, "{}", relay.log_text());
-    let replay = ops(&env, &["replay", "--since", "-infinity", "--json"]).await;
-    assert_eq!(replay.code, 0, "{replay}");
-    assert_eq!(
-        replay.json()["sweeper_holds"][0]["released"],
-        true,
-        "{replay}"
-    );
     let all: Vec<Event> = [&gap[..], &live[..]].concat();
-    let received = read_ids(
-        &[db.topic("order")],
-        1,
-        &ids(&all),
-        Duration::from_secs(60),
-        Duration::ZERO,
-    )
-    .await;
-    let t = tally(&all, &received);
-    assert!(
-        t.missing.is_empty(),
-        "{} of {} events missing",
-        t.missing.len(),
-        all.len()
-    );
+    replay_releases_the_hold_and_all_arrive(&env, &[db.topic("order")], &all).await;
     assert!(relay.terminate(Duration::from_secs(30)).success());
     db.cleanup().await;
 }
@@ -1851,30 +1841,8 @@ async fn a_hold_is_not_completed_while_its_slot_is_still_being_created() {
         "the sweeper deleted rows committed before the slot's start:\n{}",
         relay.log_text()
     );
-    let replay = ops(&env, &["replay", "--since", "-infinity", "--json"]).await;
-    assert_eq!(replay.code, 0, "{replay}");
-    assert_eq!(
-        replay.json()["sweeper_holds"][0]["released"],
-        true,
-        "{replay}"
-    );
     let all: Vec<Event> = [&gap[..], &live[..]].concat();
-    let received = read_ids(
-        &[db.topic("order")],
-        1,
-        &ids(&all),
-        Duration::from_secs(60),
-        Duration::ZERO,
-    )
-    .await;
-    let t = tally(&all, &received);
-    assert!(
-        t.missing.is_empty(),
-        "{} of {} events missing: {:?}",
-        t.missing.len(),
-        all.len(),
-        t.missing
-    );
+    let received = replay_releases_the_hold_and_all_arrive(&env, &[db.topic("order")], &all).await;
     // The rows committed meanwhile were not streamed: only the replay sent them.
     let meanwhile_ids: HashSet<String> = ids(&meanwhile).into_iter().collect();
     assert!(
@@ -1979,28 +1947,9 @@ async fn replay_since_keeps_the_hold_for_a_transaction_that_began_before_since()
         relay.log_text()
     );
 
-    let replay = ops(&env, &["replay", "--since", "-infinity", "--json"]).await;
-    assert_eq!(replay.code, 0, "{replay}");
-    let report = replay.json();
-    assert_eq!(report["sweeper_holds"][0]["released"], true, "{report:#}");
     gap.extend(late.iter().cloned());
     gap.extend(live.iter().cloned());
-    let received = read_ids(
-        &[db.topic("order")],
-        1,
-        &ids(&gap),
-        Duration::from_secs(60),
-        Duration::ZERO,
-    )
-    .await;
-    let t = tally(&gap, &received);
-    assert!(
-        t.missing.is_empty(),
-        "{} of {} events missing: {:?}",
-        t.missing.len(),
-        gap.len(),
-        t.missing
-    );
+    replay_releases_the_hold_and_all_arrive(&env, &[db.topic("order")], &gap).await;
     wait_for(
         "the sweeper to delete the replayed late row",
         Duration::from_secs(60),
