@@ -567,7 +567,8 @@ async fn enable_failover(sender: &mut WalSender, slot: &str) -> Result<(), Relay
     }
 }
 
-fn now_ms() -> i64 {
+/// Milliseconds since the Unix epoch, by this machine's clock.
+pub fn now_ms() -> i64 {
     now_us() / 1000
 }
 

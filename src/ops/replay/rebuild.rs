@@ -13,6 +13,7 @@ use crate::config::{Config, OutboxConfig};
 use crate::mapping::{BoundTable, MappingError, OutboxEvent, OutboxMapping};
 use crate::ops::rows::{created_at_column, OutboxTable};
 use crate::ops::OpsError;
+use crate::relay::now_ms;
 
 /// One table of the replay: described, bound by the live mapping, and its query.
 pub(super) struct TableSource {
@@ -45,12 +46,6 @@ impl TableSource {
         ));
         Ok(event)
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The table described by the catalog (the columns the publication sends) and bound by the

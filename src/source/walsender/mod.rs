@@ -41,6 +41,7 @@ use crate::lsn::Lsn;
 use crate::postgres::conninfo::{
     ConnInfo, Endpoint, HostsError, NoHost, ServerState, SERVER_STATE_SQL,
 };
+use crate::postgres::control::quote_ident;
 use crate::postgres::tls::{server_end_point, TlsSettings};
 
 mod frames;
@@ -593,11 +594,6 @@ fn require_password(params: &ConnectParams) -> Result<&[u8], ReplicationError> {
 
 /// The connection and, for TLS, its channel binding data.
 type Opened = (Box<dyn Transport>, Option<Vec<u8>>);
-
-/// Quotes an identifier for a replication command (`"` doubled).
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
 
 /// Quotes a string literal (`'` doubled).
 fn quote_literal(value: &str) -> String {
