@@ -256,13 +256,23 @@ pub fn from_failed(topic: &str, message: &OwnedMessage, reason: Reason, error: &
 /// limit): such an event could not be redriven, and once its outbox row is gone (the sweeper,
 /// insert-then-delete) it would be lost. `None` when the content is kept.
 pub fn lost_content(dead: &Record) -> Option<String> {
-    if dead.payload.is_some() || dead.headers.iter().any(|(k, _)| &**k == HEADER_ROW) {
+    let omitted = |what: &[u8]| {
+        dead.headers
+            .iter()
+            .find(|(k, v)| &**k == HEADER_OMITTED && v.starts_with(what))
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    };
+    // A row image counts only whole: one that left a column out cannot be mapped again.
+    let whole_row =
+        dead.headers.iter().any(|(k, _)| &**k == HEADER_ROW) && omitted(b"row").is_none();
+    if dead.payload.is_some() || whole_row {
         return None;
     }
-    dead.headers
-        .iter()
-        .find(|(k, v)| &**k == HEADER_OMITTED && v.starts_with(b"payload"))
-        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    let payload = omitted(b"payload")?;
+    Some(match omitted(b"row") {
+        Some(row) => format!("{payload}; {row}"),
+        None => payload,
+    })
 }
 
 /// Adds the reason headers; a payload that was too large is kept for a redrive up to
@@ -390,6 +400,23 @@ mod tests {
             lost_content(&dead).as_deref(),
             Some(format!("payload ({} bytes)", MAX_KEPT_PAYLOAD_BYTES + 1).as_str())
         );
+        // A row image that left the payload column out does not keep it either.
+        let tuple = Tuple(vec![
+            TupleValue::Text(Bytes::from_static(b"e1")),
+            TupleValue::Text(Bytes::from_static(b"order")),
+            TupleValue::Text(Bytes::from(vec![b'x'; MAX_KEPT_PAYLOAD_BYTES + 1])),
+        ]);
+        let relation = relation();
+        let mut with_image = dead.clone();
+        let row = Row {
+            relation: &relation,
+            tuple: &tuple,
+            commit_time_ms: None,
+        };
+        with_row(&mut with_image, row);
+        assert!(header_value(&with_image, HEADER_ROW).is_some());
+        let lost = lost_content(&with_image).unwrap();
+        assert!(lost.contains("row: payload"), "{lost}");
         record.payload = Some(Bytes::from(vec![b'x'; 1_000]));
         assert_eq!(
             lost_content(&from_record("dlq", &record, Reason::TooLarge, "x")),

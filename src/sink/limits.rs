@@ -11,18 +11,25 @@
 //!   librdkafka starts a new batch before a record that would push the batch past
 //!   `batch.size` (`rd_kafka_msgset_writer_write_msgq`), so a record at least that large is
 //!   always alone in its batch.
-//! - A size refusal is judged by the record's own size ([`TopicLimits::judge`]): at least the
-//!   producer's `batch.size` (so it was alone), or above the topic's known limit — the
-//!   record's fault, dead-lettered; otherwise its batch was too large, which is the
-//!   producer's, not the record's: the limit is learned, the producer is made again with a
-//!   smaller `batch.size`, and the records are sent again from the slot.
+//! - A size refusal is judged by whether the record was alone in its batch
+//!   ([`TopicLimits::judge`]): at least the producer's `batch.size` large, it was, and the
+//!   refusal is the record's own — dead-lettered; otherwise its batch was too large, which is
+//!   the producer's fault, not the record's: the limit is learned, the producer is made again
+//!   with a smaller `batch.size`, and the records are sent again from the slot. The record's
+//!   own size is never compared with the limit: the broker checks the *compressed* batch, so a
+//!   record larger than the limit may well be taken.
+//! - A record refused alone is remembered ([`TopicLimits::refused`]), so that a session that
+//!   meets it again (`exactly_once` starts again after any refusal) refuses it before it is
+//!   sent, and dead-letters it inside its Kafka transaction.
 //!
 //! Limits are read with DescribeConfigs when a topic is first met by a producer
 //! (`partition_counts`), and learned from refusals when that is not allowed; they outlive
 //! sessions (the publisher of the next session starts with them), like [`super::blocked`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
 
 /// librdkafka's default `batch.size`.
 pub const DEFAULT_BATCH_SIZE: usize = 1_000_000;
@@ -32,6 +39,8 @@ pub const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 #[derive(Debug, Default)]
 pub struct TopicLimits {
     limits: Mutex<HashMap<String, usize>>,
+    /// Records a topic refused alone: `(topic, key)`.
+    refused: Mutex<HashSet<(String, Bytes)>>,
 }
 
 /// What a size refusal means.
@@ -72,20 +81,29 @@ impl TopicLimits {
         }
     }
 
-    /// Judges a size refusal of a `record_bytes` record of `topic`, sent by a producer with
-    /// `batch_size`. A batch refusal lowers what is known of the topic's limit (below the
-    /// batch size the producer used), so that the next producer's batches fit.
-    pub fn judge(&self, topic: &str, record_bytes: usize, batch_size: usize) -> SizeRefusal {
+    /// Judges a size refusal of a `record_bytes` record (key `key`) of `topic`, sent by a
+    /// producer whose batches hold at most `batch_size`. Alone in its batch, the record is
+    /// remembered as refused; otherwise what is known of the topic's limit goes below the
+    /// batch size the producer used, so that the next producer's batches fit.
+    pub fn judge(
+        &self,
+        topic: &str,
+        key: &[u8],
+        record_bytes: usize,
+        batch_size: usize,
+    ) -> SizeRefusal {
         let mut limits = self.limits();
         let known = limits.get(topic).copied();
-        // A record at least `batch.size` large was alone in its batch; one above the known
-        // limit is refused wherever it goes.
-        if record_bytes >= batch_size || known.is_some_and(|limit| record_bytes > limit) {
-            // The topic refused this record alone: its limit is below it.
-            let below = record_bytes.saturating_sub(1).max(1);
-            let limit = known.map_or(below, |known| known.min(below));
-            limits.insert(topic.to_string(), limit);
-            return SizeRefusal::Record { limit };
+        // librdkafka starts a new batch before a record that would take it past
+        // `batch_size`: one at least that large was alone.
+        if record_bytes >= batch_size {
+            self.refused
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert((topic.to_string(), Bytes::copy_from_slice(key)));
+            return SizeRefusal::Record {
+                limit: known.unwrap_or(batch_size),
+            };
         }
         // The batch (at most `batch_size` large) was too large; the limit is below it. When
         // the known limit says the batch should have fitted (a limit lowered since it was
@@ -98,10 +116,11 @@ impl TopicLimits {
         SizeRefusal::Batch { limit }
     }
 
-    /// A record this large can never go to `topic` (its known limit is below it): refused
-    /// before it is sent, so that it never shares a batch.
-    pub fn refuses(&self, topic: &str, record_bytes: usize) -> bool {
-        self.get(topic).is_some_and(|limit| record_bytes > limit)
+    /// The topic refused this record (by key) alone before: it is refused before it is sent
+    /// again.
+    pub fn refused(&self, topic: &str, key: &[u8]) -> bool {
+        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        !refused.is_empty() && refused.contains(&(topic.to_string(), Bytes::copy_from_slice(key)))
     }
 }
 
@@ -127,23 +146,26 @@ mod tests {
         let limits = TopicLimits::default();
         // Batched healthy records of 400 bytes, refused with a 1 MB batch: the producer's.
         assert_eq!(
-            limits.judge("t", 400, DEFAULT_BATCH_SIZE),
+            limits.judge("t", b"e1", 400, DEFAULT_BATCH_SIZE),
             SizeRefusal::Batch {
                 limit: DEFAULT_BATCH_SIZE / 2
             }
         );
-        // Read from the brokers: 64 KiB. A 100 KB record is over it wherever it goes.
+        assert!(!limits.refused("t", b"e1"));
+        // Read from the brokers: 64 KiB. A 100 KB record, alone in a 60 KiB batch, is refused
+        // for itself, and remembered.
         limits.read("t", 64 * KIB);
         assert_eq!(
-            limits.judge("t", 100_000, 60 * KIB),
+            limits.judge("t", b"big", 100_000, 60 * KIB),
             SizeRefusal::Record { limit: 64 * KIB }
         );
-        assert!(limits.refuses("t", 100_000));
-        assert!(!limits.refuses("t", 400));
+        assert!(limits.refused("t", b"big"));
+        assert!(!limits.refused("t", b"e1"));
+        assert!(!limits.refused("other", b"big"));
         // A healthy one refused with a batch that should have fitted: the limit was lowered
         // meanwhile; what is known of it halves.
         assert_eq!(
-            limits.judge("t", 400, 32 * KIB),
+            limits.judge("t", b"e2", 400, 32 * KIB),
             SizeRefusal::Batch { limit: 16 * KIB }
         );
     }
@@ -162,17 +184,16 @@ mod tests {
                 break;
             }
             assert!(matches!(
-                limits.judge("t", 400, batch_size),
+                limits.judge("t", b"e", 400, batch_size),
                 SizeRefusal::Batch { .. }
             ));
             restarts += 1;
             assert!(restarts < 10, "no convergence: batch.size {batch_size}");
         }
         let batch_size = limits.batch_size(DEFAULT_BATCH_SIZE);
-        assert!(100_000 >= batch_size);
         assert!(matches!(
-            limits.judge("t", 100_000, batch_size),
-            SizeRefusal::Record { limit } if limit <= actual
+            limits.judge("t", b"big", 100_000, batch_size),
+            SizeRefusal::Record { .. }
         ));
     }
 }

@@ -766,6 +766,11 @@ impl TestDb {
 /// Creates `topic` with `partitions` partitions (replication factor 1), then waits until the
 /// broker's metadata shows all of them, so a relay started afterwards sees the final count.
 pub async fn create_topic(topic: &str, partitions: i32) {
+    create_topic_with(topic, partitions, &[]).await
+}
+
+/// [`create_topic`] with topic `configs` set (`max.message.bytes`, …).
+pub async fn create_topic_with(topic: &str, partitions: i32, configs: &[(&str, &str)]) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
 
@@ -776,7 +781,10 @@ pub async fn create_topic(topic: &str, partitions: i32) {
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results = admin
         .create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &[configs.iter().fold(
+                NewTopic::new(topic, partitions, TopicReplication::Fixed(1)),
+                |t, (k, v)| t.set(k, v),
+            )],
             &options,
         )
         .await

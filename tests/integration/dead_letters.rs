@@ -24,14 +24,7 @@ const BIG_HEX_CHUNKS: i32 = 1250;
 const MAX_DUPLICATES: usize = 100;
 
 async fn create_topic_limited(topic: &str, max_message_bytes: &str) {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<_> = admin();
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let topic_spec = NewTopic::new(topic, 1, TopicReplication::Fixed(1))
-        .set("max.message.bytes", max_message_bytes);
-    for r in admin.create_topics(&[topic_spec], &options).await.unwrap() {
-        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
-    }
+    create_topic_with(topic, 1, &[("max.message.bytes", max_message_bytes)]).await
 }
 
 fn admin() -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {

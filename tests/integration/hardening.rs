@@ -108,29 +108,38 @@ async fn metrics_and_health_follow_the_stream() {
 async fn poison_rows_are_dead_lettered_and_the_stream_goes_on() {
     let db = TestDb::new().await;
     let dlq = format!("{}.dlq", db.topic_prefix);
+    // Batches within the topic's limit from the first record (else the first refusal of a
+    // batch restarts the session, and the null row's dead letter is sent twice).
     let env = with(
         db.relay_env(),
-        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
+        &[
+            ("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq),
+            ("OUTBOX_RELAY__KAFKA__PROPERTIES__BATCH_SIZE", "90000"),
+        ],
     );
     let client = db.client().await;
     client
         .batch_execute("ALTER TABLE outbox ALTER COLUMN aggregatetype DROP NOT NULL")
         .await
         .unwrap();
+    // The topic takes batches of up to 100 KB.
+    create_topic_with(&db.topic("order"), 1, &[("max.message.bytes", "100000")]).await;
     db.create_slot().await;
     let mut relay = RelayProcess::start(&env, "dead_letter");
 
     let mut client = db.client().await;
     let before: Vec<Event> = (0..50).map(|i| Event::new("order", "p", 0, i)).collect();
     insert_events(&mut client, &before, true).await;
-    // A null aggregate type (no topic can be formed) and a 5 MB payload (over the broker limit).
+    // A null aggregate type (no topic can be formed) and a 200 KB payload of random hex (over
+    // the topic's limit, however compressed; small enough for its dead letter to keep).
     let null_type = uuid::Uuid::new_v4().to_string();
     let too_big = uuid::Uuid::new_v4().to_string();
     client
         .execute(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES
              ($1::text::uuid, NULL, 'p', 'Bad', '{}'),
-             ($2::text::uuid, 'order', 'p', 'Huge', jsonb_build_object('blob', repeat('x', 5 * 1024 * 1024)))",
+             ($2::text::uuid, 'order', 'p', 'Huge', jsonb_build_object('blob',
+               (SELECT string_agg(md5(random()::text || g), '') FROM generate_series(1, 6250) g)))",
             &[&null_type, &too_big],
         )
         .await
@@ -158,7 +167,7 @@ async fn poison_rows_are_dead_lettered_and_the_stream_goes_on() {
     );
     assert!(
         !received.iter().any(|r| r.key_str() == too_big),
-        "the 5 MB event reached its topic"
+        "the 200 KB event reached its topic"
     );
 
     let dead = read_ids(
@@ -193,6 +202,10 @@ async fn poison_rows_are_dead_lettered_and_the_stream_goes_on() {
         "the dead letter carries the original row"
     );
     let huge = dead.iter().find(|r| r.key_str() == too_big).unwrap();
+    assert!(
+        huge.payload.as_ref().is_some_and(|p| p.len() > 200_000),
+        "the dead letter keeps the payload, for a redrive"
+    );
     assert_eq!(
         huge.header("outbox-relay.dlq.original-topic"),
         Some(db.topic("order").as_str())
@@ -252,6 +265,101 @@ fn dead_letters_list(env: &[(String, String)], args: &[&str]) -> serde_json::Val
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// Issue 39: a 5 MB event, over the producer's 1 MB `message.max.bytes`, is too large for its
+/// dead letter to keep too (over 512 KiB, and its row as big): dead-lettered without it, the
+/// outbox row would be its only copy. The relay stops before its transaction instead, naming
+/// the event and the fix; once the limit is raised it is published and the stream goes on,
+/// nothing missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_too_large_to_keep_stops_the_relay_until_the_limit_is_raised() {
+    let db = TestDb::new().await;
+    let dlq = format!("{}.dlq", db.topic_prefix);
+    let env = with(
+        db.relay_env(),
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
+    );
+    db.create_slot().await;
+    let mut relay = RelayProcess::start(&env, "too_large_to_keep");
+    let mut client = db.client().await;
+    let before: Vec<Event> = (0..20).map(|i| Event::new("order", "p", 0, i)).collect();
+    insert_events(&mut client, &before, true).await;
+    let before_huge = wal_insert_lsn(&client).await;
+    let huge = uuid::Uuid::new_v4().to_string();
+    client
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES
+             ($1::text::uuid, 'order', 'p', 'Huge', jsonb_build_object('blob', repeat('x', 5 * 1024 * 1024)))",
+            &[&huge],
+        )
+        .await
+        .unwrap();
+    let after: Vec<Event> = (0..20)
+        .map(|i| Event::new("order", "p", 0, 100 + i))
+        .collect();
+    insert_events(&mut client, &after, true).await;
+
+    let status = wait_exit(&mut relay, Duration::from_secs(60));
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("too large for Kafka and for its dead letter") && log.contains(&huge),
+        "the stop names the event:\n{log}"
+    );
+    let topic = db.topic("order");
+    let received = read_ids(
+        std::slice::from_ref(&topic),
+        1,
+        &ids(&before),
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    )
+    .await;
+    assert!(tally(&before, &received).missing.is_empty(), "{log}");
+    assert!(
+        !received.iter().any(|r| r.key_str() == huge),
+        "the event was published"
+    );
+    // Events after it may have been handed over already; the slot is not confirmed past it, so
+    // they are sent again after it.
+    let confirmed = db.confirmed_flush_lsn().await;
+    assert!(
+        confirmed <= before_huge,
+        "the slot was confirmed to {confirmed:X}, past the event (written after {before_huge:X})"
+    );
+
+    // The operator's fix: a producer limit above the event (compressed, it fits the broker's).
+    let raised = with(
+        env.clone(),
+        &[(
+            "OUTBOX_RELAY__KAFKA__PROPERTIES__MESSAGE_MAX_BYTES",
+            "10000000",
+        )],
+    );
+    let mut relay = RelayProcess::start(&raised, "too_large_to_keep_raised");
+    let all: Vec<String> = ids(&before)
+        .into_iter()
+        .chain([huge.clone()])
+        .chain(ids(&after))
+        .collect();
+    let received = read_ids(
+        std::slice::from_ref(&topic),
+        1,
+        &all,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await;
+    let got: std::collections::HashSet<String> = received.iter().map(Received::key_str).collect();
+    let missing: Vec<&String> = all.iter().filter(|id| !got.contains(*id)).collect();
+    assert!(
+        missing.is_empty(),
+        "missing {missing:?}\n{}",
+        relay.log_text()
+    );
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -301,8 +301,12 @@ impl RecordSink for FakeSink {
 
     fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
         let topic = failure.message.topic();
-        self.limits
-            .judge(topic, failure.record_bytes(), self.batch_size)
+        self.limits.judge(
+            topic,
+            failure.message.key().unwrap_or_default(),
+            failure.record_bytes(),
+            self.batch_size,
+        )
     }
 
     fn begin(&mut self) -> Result<(), PublishError> {
@@ -960,9 +964,9 @@ async fn a_refused_batch_dead_letters_none_of_its_small_records() {
 }
 
 /// Exactly-once: a size refusal ends the session whatever its cause (the transaction is
-/// doomed), but never as a poison record: the limit is learned, so the next session refuses
-/// a record that alone is too large before it is sent (and dead-letters it), and batches the
-/// others within the limit.
+/// doomed), but never as a poison record: a record refused alone is remembered, so the next
+/// session refuses it before it is sent (and dead-letters it), and batches the others within
+/// the limit learned.
 #[tokio::test(start_paused = true)]
 async fn exactly_once_learns_the_limit_from_a_refused_record_and_restarts() {
     let (mapping, metrics) = (mapping(), Metrics::default());

@@ -288,13 +288,13 @@ impl Publisher {
         opaque: usize,
         event_id: &str,
     ) -> Result<(), PublishError> {
-        // A record its topic's known limit refuses never goes into a batch: it would take
-        // the batch's other records down with it.
+        // A record its topic refused alone before is refused again before it is sent
+        // (exactly-once: it is then dead-lettered inside the Kafka transaction).
         if self
             .shared
             .blocked
             .limits()
-            .refuses(&record.topic, record.size())
+            .refused(&record.topic, &record.key)
         {
             return Err(PublishError::Rejected(Box::new(Rejection {
                 topic: record.topic.clone(),
@@ -418,6 +418,7 @@ impl Publisher {
         use rdkafka::message::Message;
         self.shared.blocked.limits().judge(
             failure.message.topic(),
+            failure.message.key().unwrap_or_default(),
             failure.record_bytes(),
             self.shared.batch_size,
         )

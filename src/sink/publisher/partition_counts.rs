@@ -282,8 +282,10 @@ impl PartitionCounts {
                     .filter(|t| counts.get(*t).is_some_and(Result::is_ok))
                     .cloned()
                     .collect();
+                // Before the waiting records go, so that the producer made next batches
+                // within the limit.
                 if !found.is_empty() {
-                    tokio::spawn(self.clone().read_limits(found));
+                    self.read_limits(found).await;
                 }
             }
             let mut create = Vec::new();
@@ -459,11 +461,11 @@ impl PartitionCounts {
     }
 
     /// Reads the record limit (`max.message.bytes`) of topics met for the first time, in one
-    /// DescribeConfigs request, in the background: every batch must fit it (`sink::limits`;
+    /// DescribeConfigs request: every batch must fit it (`sink::limits`;
     /// a producer whose `batch.size` is above it is made again after the first refusal).
     /// When that is not allowed (no DESCRIBE_CONFIGS on the topic) or not answered, the limit
     /// is learned from refusals instead.
-    async fn read_limits(self: Arc<Self>, topics: Vec<String>) {
+    async fn read_limits(&self, topics: Vec<String>) {
         let admin = match self.admin() {
             Ok(admin) => admin,
             Err(e) => {
@@ -534,7 +536,16 @@ impl PartitionCounts {
                 (Some(key), Ok(count)) => Ok(Some(partition::partition_for_key(key, *count))),
                 (Some(_), Err(error)) => Err(error.clone()),
             };
+            let refused_before = self
+                .shared
+                .blocked
+                .limits()
+                .refused(&next.record.topic, &next.record.key);
             let result = match partition {
+                // Refused alone before: refused again, not sent.
+                Ok(_) if refused_before => Err(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::MessageSizeTooLarge,
+                )),
                 Ok(partition) => {
                     self.shared
                         .produce(&next.record, next.opaque, partition)
