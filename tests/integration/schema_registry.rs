@@ -659,6 +659,17 @@ async fn a_registry_outage_blocks_and_loses_nothing() {
 
     let before = events(50, "order");
     write_in_batches(&db, &before, 10).await;
+    // Delivered: the subject's schema is cached before the registry goes (however slow its
+    // first answer on a loaded machine).
+    expect_all(
+        "before the outage",
+        std::slice::from_ref(&topic),
+        &before,
+        Duration::from_secs(60),
+        Duration::ZERO,
+        &relay,
+    )
+    .await;
     wait_for(
         "ready before the outage",
         Duration::from_secs(30),
