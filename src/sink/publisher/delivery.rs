@@ -156,7 +156,7 @@ pub fn is_size_refusal(error: &KafkaError) -> bool {
 }
 
 /// A record a topic refused for a deployment reason when it was sent (WRITE missing while
-/// DESCRIBE is allowed, the topic deleted): not the record's fault, so it goes back to the
+/// DESCRIBE is allowed, or revoked): not the record's fault, so it goes back to the
 /// publisher's gate to wait, instead of failing (at-least-once).
 #[derive(Debug)]
 pub(super) struct Refused {
@@ -321,11 +321,10 @@ impl ProducerContext for DeliveryReporter {
                     self.blocked.block(reason, m.topic(), error);
                 }
                 // Held by the gate until the topic takes records again: the session never
-                // sees the failure, so nothing of other topics is sent again.
-                if let (
-                    Some(refusals),
-                    Some(BlockReason::TopicAuthorization | BlockReason::UnknownTopic),
-                ) = (&self.refusals, reason)
+                // sees the failure, so nothing of other topics is sent again. (A topic gone
+                // mid-stream still ends the session: the next one's first read creates it.)
+                if let (Some(refusals), Some(BlockReason::TopicAuthorization)) =
+                    (&self.refusals, reason)
                 {
                     if refusals.send(Refused::of(m, seq)).is_ok() {
                         return;

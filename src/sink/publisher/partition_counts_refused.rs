@@ -1,7 +1,7 @@
 //! Topics that refuse records when they are sent (at-least-once). A topic whose DESCRIBE is
 //! allowed but WRITE is not passes every metadata check, and its refusal shows only in the
-//! delivery reports (TOPIC_AUTHORIZATION_FAILED; UNKNOWN_TOPIC_OR_PARTITION for a topic deleted
-//! while written to). That is the deployment's fault, not the records': like a refusal found
+//! delivery reports (TOPIC_AUTHORIZATION_FAILED; also an ACL revoked while written to). That
+//! is the deployment's fault, not the records': like a refusal found
 //! at the first metadata read, it holds that topic's records here and nothing else — the
 //! session never sees the failures, so no session restarts and nothing of other topics is
 //! sent again, and the slot is not confirmed past the held records (they are still in flight
