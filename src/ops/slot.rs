@@ -268,7 +268,7 @@ pub async fn create(config: &Config) -> Result<SlotReport, OpsError> {
     } else {
         // A hold armed for a creation that did not finish (still keeping every row) is
         // completed once the slot's creation has provably finished (`relay::sweeper::hold`).
-        match holds.complete_interrupted(control.client()).await? {
+        match holds.complete_interrupted(control.client(), None).await? {
             Interrupted::Completed(completed) => held = completed,
             Interrupted::Pending { why, .. } => hold_pending = Some(why),
             Interrupted::Nothing => {}

@@ -400,7 +400,7 @@ async fn prepare_slot(
         // A creation that stopped between its steps (a crash of this relay or of `slot
         // create`) left a hold that keeps every row: completed here once provably safe.
         HoldStore::new(config)
-            .resolve_interrupted(control.client())
+            .resolve_interrupted(control.client(), None)
             .await;
     }
     Ok((control, slot))
@@ -486,6 +486,12 @@ async fn connect<'a>(
     if slot.active_pid != Some(stream.backend_pid()) {
         warn!(slot = %pg.slot, active_pid = ?slot.active_pid, our_pid = stream.backend_pid(),
             "slot is not reported as held by our connection");
+    } else if !control.server().in_recovery {
+        // Streaming proves the slot's creation finished: a hold its interrupted creation
+        // left keeping every row is completed now, not at the next session.
+        HoldStore::new(config)
+            .resolve_interrupted(control.client(), Some(stream.backend_pid()))
+            .await;
     }
     info!(slot = %pg.slot, publication = %pg.publication, start = %start,
         server = %control.endpoint().target(), failover = ?slot.failover,

@@ -267,14 +267,22 @@ impl HoldStore {
     /// "An interrupted creation" in the module docs). Three steps, in this order:
     ///
     /// 1. the holds that keep every row, and the version (`xmin`) of each;
-    /// 2. the slot: it must exist with its `confirmed_flush_lsn` set (creation finished);
+    /// 2. the slot: it must exist with its `confirmed_flush_lsn` set, held by no backend or
+    ///    by the caller's own stream (creation finished: from PostgreSQL 17 on a slot being
+    ///    created shows its position early, but its creator holds it until it is done);
     /// 3. one `UPDATE` of exactly those versions to `pg_current_xact_id()`, an id assigned in
     ///    that statement, after step 2.
     ///
     /// A hold armed again between 1 and 3 (a new creation of the slot, which may not have
     /// finished) has another version and is left as it is, also when the `UPDATE` has to wait
     /// for it (PostgreSQL checks the condition again on the new version).
-    pub async fn complete_interrupted(&self, client: &Client) -> Result<Interrupted, ControlError> {
+    /// `streaming`: the backend pid of the caller's own replication connection, when it holds
+    /// the slot (then its creation has surely finished).
+    pub async fn complete_interrupted(
+        &self,
+        client: &Client,
+        streaming: Option<i32>,
+    ) -> Result<Interrupted, ControlError> {
         let Some(relation) = &self.relation else {
             return Ok(Interrupted::Nothing);
         };
@@ -315,12 +323,23 @@ impl HoldStore {
                     ),
                 })
             }
-            Some((None, pid)) => {
-                let by = pid.map_or(String::new(), |pid| format!(" by backend {pid}"));
+            // In use: its creation may still be running (from PostgreSQL 17 on, a slot being
+            // created shows a confirmed position before it has waited for the transactions
+            // running at its start). Only a slot no backend holds has surely finished.
+            Some((_, Some(pid))) if Some(pid) != streaming => {
                 return Ok(Interrupted::Pending {
                     tables,
                     why: format!(
-                        "slot `{}` is still being created{by} (no confirmed position yet)",
+                        "slot `{}` is still being created, or is in use, by backend {pid}",
+                        self.slot
+                    ),
+                });
+            }
+            Some((None, _)) => {
+                return Ok(Interrupted::Pending {
+                    tables,
+                    why: format!(
+                        "slot `{}` is still being created (no confirmed position yet)",
                         self.slot
                     ),
                 });
@@ -366,9 +385,9 @@ impl HoldStore {
     /// [`HoldStore::complete_interrupted`], logged: what was completed, or what still keeps
     /// every row and how to fix it. An error is logged too: keeping every row is safe, and the
     /// next session tries again.
-    pub async fn resolve_interrupted(&self, client: &Client) {
+    pub async fn resolve_interrupted(&self, client: &Client, streaming: Option<i32>) {
         let hold_table = self.relation().unwrap_or(HOLD_TABLE);
-        match self.complete_interrupted(client).await {
+        match self.complete_interrupted(client, streaming).await {
             Ok(Interrupted::Completed(holds)) => {
                 for hold in &holds {
                     info!(slot = %hold.slot, table = %hold.table, below_xid = hold.below_xid,
