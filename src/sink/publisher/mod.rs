@@ -187,6 +187,7 @@ impl Publisher {
             }
             _ => (None, None),
         };
+        let holds_refusals = refusals.is_some();
         let reporter = DeliveryReporter::new(tx.clone(), refusals, blocked.clone(), login.clone());
         if !config.properties.contains_key("statistics.interval.ms") {
             client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
@@ -234,6 +235,7 @@ impl Publisher {
             skipping_linger: AtomicBool::new(false),
             blocked,
             doomed: AtomicBool::new(false),
+            holds_refusals,
             batch_size,
         });
         let counts = Arc::new(PartitionCounts::new(
@@ -305,16 +307,20 @@ impl Publisher {
         let Some(partition) = self.counts.route(record, opaque) else {
             return Ok(());
         };
-        self.shared
-            .produce(record, opaque, partition)
-            .await
-            .map_err(|error| {
-                PublishError::Rejected(Box::new(Rejection {
-                    topic: record.topic.clone(),
-                    event_id: event_id.to_string(),
-                    error,
-                }))
-            })
+        match self.shared.produce(record, opaque, partition).await {
+            Ok(()) => Ok(()),
+            // librdkafka knows the topic refuses us (its metadata says so): held like a
+            // refusal in a delivery report, not failed.
+            Err(error) if self.shared.holds_refusal(&error) => {
+                self.counts.hold_refused(record, partition, opaque, &error);
+                Ok(())
+            }
+            Err(error) => Err(PublishError::Rejected(Box::new(Rejection {
+                topic: record.topic.clone(),
+                event_id: event_id.to_string(),
+                error,
+            }))),
+        }
     }
 
     /// Opens a Kafka transaction (`exactly_once`): a local state change in librdkafka.

@@ -318,7 +318,7 @@ impl PartitionCounts {
 
     /// A topic's first read ended: with its count (its blocks end), or with the error its
     /// waiting records fail with. Its records go, oldest first.
-    async fn first_count_read(&self, topic: &str, outcome: Result<i32, KafkaError>) {
+    async fn first_count_read(self: &Arc<Self>, topic: &str, outcome: Result<i32, KafkaError>) {
         {
             let mut topics = self.topics();
             topics.first_reads.remove(topic);
@@ -516,7 +516,7 @@ impl PartitionCounts {
 
     /// Produces (or fails) the records waiting for `topic`, oldest first; the queue goes
     /// only once empty, so a record sent meanwhile still lines up behind them.
-    async fn release_waiting(&self, topic: &str, outcome: Result<i32, KafkaError>) {
+    async fn release_waiting(self: &Arc<Self>, topic: &str, outcome: Result<i32, KafkaError>) {
         loop {
             if self.shared.stop.is_cancelled() {
                 return;
@@ -541,6 +541,7 @@ impl PartitionCounts {
                 .blocked
                 .limits()
                 .refused(&next.record.topic, &next.record.key);
+            let target = partition.as_ref().ok().copied().flatten();
             let result = match partition {
                 // Refused alone before: refused again, not sent.
                 Ok(_) if refused_before => Err(KafkaError::MessageProduction(
@@ -553,8 +554,13 @@ impl PartitionCounts {
                 }
                 Err(error) => Err(error),
             };
-            if let Err(error) = result {
-                self.fail(next, error);
+            match result {
+                Ok(()) => {}
+                // The topic refuses us for authorization: held, not failed.
+                Err(error) if self.shared.holds_refusal(&error) => {
+                    self.hold_refused(&next.record, target, next.opaque, &error);
+                }
+                Err(error) => self.fail(next, error),
             }
         }
     }

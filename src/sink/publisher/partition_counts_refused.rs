@@ -69,6 +69,27 @@ impl PartitionCounts {
         }
     }
 
+    /// Holds a record librdkafka refused at once for authorization (its metadata already
+    /// says the topic refuses us), sent to `partition`.
+    pub(in crate::sink::publisher) fn hold_refused(
+        self: &Arc<Self>,
+        record: &crate::mapping::Record,
+        partition: Option<i32>,
+        opaque: usize,
+        error: &rdkafka::error::KafkaError,
+    ) {
+        use crate::sink::blocked::BlockReason;
+        self.shared
+            .blocked
+            .block(BlockReason::TopicAuthorization, &record.topic, error);
+        let mut record = record.clone();
+        if partition.is_some() {
+            record.partition = partition;
+            record.partition_key = None;
+        }
+        self.hold(Refused { record, opaque });
+    }
+
     /// Holds a refused record; the first of its topic starts the topic's prober.
     fn hold(self: &Arc<Self>, refused: Refused) {
         let Refused { record, opaque } = refused;
@@ -118,13 +139,22 @@ impl PartitionCounts {
                 probe
             };
             let partition = probe.record.partition;
-            if let Err(error) = self
+            match self
                 .shared
                 .produce(&probe.record, probe.opaque, partition)
                 .await
             {
-                self.fail(probe, error);
-                continue;
+                Ok(()) => {}
+                // Refused at once (librdkafka's metadata still says so): the probe goes back.
+                Err(error) if self.shared.holds_refusal(&error) => {
+                    self.back_to_front(&topic, probe);
+                    pause = (pause * 2).min(PROBE_PAUSE_MAX);
+                    continue;
+                }
+                Err(error) => {
+                    self.fail(probe, error);
+                    continue;
+                }
             }
             match self.probe_outcome(&topic).await {
                 Some(true) if self.release_held(&topic).await => return,
@@ -187,13 +217,26 @@ impl PartitionCounts {
                 }
             };
             let partition = next.record.partition;
-            if let Err(error) = self
+            match self
                 .shared
                 .produce(&next.record, next.opaque, partition)
                 .await
             {
-                self.fail(next, error);
+                Ok(()) => {}
+                Err(error) if self.shared.holds_refusal(&error) => {
+                    self.back_to_front(topic, next);
+                    return false;
+                }
+                Err(error) => self.fail(next, error),
             }
         }
+    }
+
+    /// Puts a record taken from the front of its topic's held records back there.
+    fn back_to_front(&self, topic: &str, waiting: Waiting) {
+        let mut topics = self.topics();
+        let held = topics.held.entry(topic.to_string()).or_default();
+        held.probe = None;
+        held.refused.push_front(waiting);
     }
 }

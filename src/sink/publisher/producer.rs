@@ -39,6 +39,9 @@ pub(super) struct Shared {
     pub(super) doomed: AtomicBool,
     /// A `skip_linger` runs.
     pub(super) skipping_linger: AtomicBool,
+    /// At-least-once: records a topic refuses for authorization wait in the gate
+    /// (`partition_counts_refused.rs`) instead of failing.
+    pub(super) holds_refusals: bool,
     /// The most a batch holds (`batch.size`, or `message.max.bytes` when smaller): a record at
     /// least this large is alone in its batch.
     pub(super) batch_size: usize,
@@ -64,6 +67,14 @@ impl Shared {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(())
+    }
+
+    /// The error means the topic refuses the relay's records for authorization, and such
+    /// records are held (at-least-once) rather than failed.
+    pub(super) fn holds_refusal(&self, error: &KafkaError) -> bool {
+        self.holds_refusals
+            && crate::sink::blocked::BlockReason::of(error)
+                == Some(crate::sink::blocked::BlockReason::TopicAuthorization)
     }
 
     /// Hands one record to librdkafka, waiting out a full queue on the runtime's timer.
