@@ -19,6 +19,7 @@ mod seams;
 mod session;
 pub mod slot_watch;
 pub mod sweeper;
+mod timelines;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -36,7 +37,6 @@ use crate::postgres::conninfo::ConnInfo;
 use crate::postgres::control::{alter_failover_command, Control, ControlError, SlotInfo};
 use crate::relay::ledger::LedgerError;
 use crate::serve::metrics::{Metrics, RelayState};
-use crate::sink::progress::ServerHistory;
 use crate::sink::publisher::{self, PublishError, Publisher, Rejection};
 use crate::source::pgoutput::DecodeError;
 use crate::source::walsender::{
@@ -444,7 +444,7 @@ async fn connect<'a>(
     if wants_failover(config, &control)? && slot.failover == Some(false) {
         enable_failover(&mut sender, &pg.slot).await?;
     }
-    let server = server_history(&mut sender, config).await?;
+    let server = timelines::server_history(&mut sender, config).await?;
     let mut stream = sender
         .start_replication(
             &pg.slot,
@@ -464,12 +464,15 @@ async fn connect<'a>(
     // Exactly-once: fences older producers of this slot, reads where Kafka stands. Only once
     // the slot is ours (fencing the relay that streams it would stop it), so the walsender
     // is told meanwhile that we are alive: this can take longer than wal_sender_timeout.
+    let timelines =
+        timelines::timelines(config, control.server().in_recovery, &params, &server).await?;
     let opening = crate::sink::open(
         &config.kafka,
         control.client(),
         &pg.slot,
         metrics.blocked(),
         &server,
+        timelines,
     );
     let (publisher, deliveries, progress) =
         keep_alive_while(&mut stream, status_interval, opening).await??;
@@ -509,28 +512,6 @@ async fn connect<'a>(
         catalog: control,
     };
     Ok(Session::new(settings, mapping.mapping, metrics, ends, start).skipping_below(progress))
-}
-
-/// Exactly-once: the server's timeline and its history, which a progress value written on
-/// another timeline is checked against. A history that cannot be read is reported as unknown
-/// (such a progress value then stops the relay).
-async fn server_history(
-    sender: &mut WalSender,
-    config: &Config,
-) -> Result<ServerHistory, RelayError> {
-    if config.kafka.delivery != crate::config::Delivery::ExactlyOnce {
-        return Ok(ServerHistory::default());
-    }
-    let timeline = sender.timeline().await?;
-    let history = match sender.timeline_history(timeline).await {
-        Ok(history) => Some(history),
-        Err(ReplicationError::Server(e)) => {
-            warn!(timeline, error = %e, "cannot read the server's timeline history");
-            None
-        }
-        Err(e) => return Err(e.into()),
-    };
-    Ok(ServerHistory { timeline, history })
 }
 
 /// Runs `work` while sending the walsender a status update every `interval` that confirms

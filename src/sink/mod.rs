@@ -31,6 +31,7 @@ use crate::mapping::partition;
 use blocked::Blocked;
 use progress::{
     ensure_topic, read_last, reconcile, Progress, ProgressRecord, ServerHistory, SlotIdentity,
+    Timelines,
 };
 use publisher::{Delivery, PublishError, Publisher};
 
@@ -52,6 +53,7 @@ pub async fn open(
     slot: &str,
     blocked: Arc<Blocked>,
     server: &ServerHistory,
+    timelines: Timelines,
 ) -> Result<OpenedSink, PublishError> {
     if config.delivery == DeliveryMode::AtLeastOnce {
         let (publisher, deliveries) = Publisher::reporting_blocks(config, blocked)?;
@@ -65,7 +67,7 @@ pub async fn open(
         topic: topic.clone(),
         partition: partition::partition_for_key(&key, partitions),
         key,
-        timeline: server.timeline,
+        timelines,
     };
     let partition = progress.partition;
     let (publisher, deliveries) = Publisher::transactional(

@@ -4,7 +4,12 @@
 //! still advances the standby's slot (the primary's `pg_log_standby_snapshot()` gives the
 //! standby's decoder the running-transactions record it moves on).
 //!
-//! On a major below 16 the test prints why and passes without running;
+//! Exactly-once on a standby promoted in place (issue 39 point 5): the walsender goes on
+//! decoding across the promotion, so the progress values the relay writes after it must carry
+//! the new timeline; with the old one, the next session cuts them back to the switch point and
+//! publishes again what Kafka already has.
+//!
+//! On a major below 16 the tests print why and pass without running;
 //! `scripts/test-versions.sh` runs it on 17 with the failover tests.
 
 use std::time::{Duration, Instant};
@@ -172,6 +177,131 @@ async fn a_relay_on_a_standby_survives_sigkills_and_advances_while_the_outbox_is
         &format!("SELECT pg_drop_replication_slot('{}')", db.slot),
     )
     .await;
+    db.cleanup().await;
+    services("pg-ha-stop");
+}
+
+/// The timeline `url`'s server writes on now (a primary: the one of its current WAL file).
+async fn current_timeline(url: &str) -> u32 {
+    let file = query_text(url, "SELECT pg_walfile_name(pg_current_wal_lsn())")
+        .await
+        .expect("the WAL file name of a primary");
+    u32::from_str_radix(&file[..8], 16).expect("a WAL file name starts with its timeline")
+}
+
+/// The timeline of the last progress value on `topic` (read_committed).
+async fn last_progress_timeline(topic: &str) -> Option<u64> {
+    let records = read_until(
+        &[topic.to_string()],
+        1,
+        Duration::from_secs(10),
+        Duration::from_millis(500),
+        |_| true,
+    )
+    .await;
+    let last = records.last()?;
+    let value: serde_json::Value = serde_json::from_slice(last.payload.as_deref()?).ok()?;
+    value["timeline"].as_u64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_on_a_standby_promoted_mid_stream_publishes_each_event_once() {
+    let major = pg_major();
+    if major < 16 {
+        println!("SKIPPED: decoding on a standby needs PostgreSQL 16+, this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test integration standby::");
+        return;
+    }
+    let pair = HaPair::fresh(&[]);
+    let db = TestDb::new_on(&pair.primary).await;
+    let primary = with_db(&pair.primary, &db.name);
+    let standby = with_db(&pair.standby, &db.name);
+    wait_for(
+        "the database on the standby",
+        Duration::from_secs(30),
+        || async { query_text(&standby, "SELECT 1").await.is_some() },
+    )
+    .await;
+    create_standby_slot(&primary, &standby, &db.slot).await;
+    // No target_session_attrs: the restart below finds the same server promoted. A status
+    // update every 20 s (the first at the start; the relay keeps it under a third of
+    // wal_sender_timeout) and a new position confirmed 20 s late, so the kill leaves every transaction since the promotion
+    // unconfirmed: the next session is sent them again and must skip them all.
+    for sql in [
+        "ALTER SYSTEM SET wal_sender_timeout = '90s'",
+        "SELECT pg_reload_conf()",
+    ] {
+        query_text(&pair.standby, sql).await;
+    }
+    let env = with(
+        exactly_once_env(&db),
+        &[
+            ("OUTBOX_RELAY__POSTGRES__URL", standby.as_str()),
+            ("OUTBOX_RELAY__POSTGRES__CREATE_SLOT", "false"),
+            ("OUTBOX_RELAY__POSTGRES__CREATE_PUBLICATION", "false"),
+            ("OUTBOX_RELAY__POSTGRES__FAILOVER_SLOT", "false"),
+            ("OUTBOX_RELAY__POSTGRES__STATUS_INTERVAL_MS", "20000"),
+            ("OUTBOX_RELAY__RELAY__CONFIRM_DELAY_MS", "20000"),
+        ],
+    );
+    let order = db.topic("order");
+    let log_name = format!("standby_promoted_{}", db.name);
+    let mut relay = RelayProcess::start(&env, &log_name);
+    let mut events = Vec::new();
+    // Written on `url`, 10 transactions of 10, then read back (read_committed) before going on.
+    let mut round = |url: String, writer: usize| {
+        let order = order.clone();
+        let ids_before = events.len();
+        let batch: Vec<Event> = (0..100)
+            .map(|i| Event::new("order", &format!("a{writer}"), writer, i))
+            .collect();
+        events.extend(batch.clone());
+        let all: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+        async move {
+            let mut client = connect(&url).await;
+            for txn in batch.chunks(10) {
+                insert_events(&mut client, txn, true).await;
+            }
+            let got =
+                read_ids_committed(&[order], &all, Duration::from_secs(90), Duration::ZERO).await;
+            assert!(
+                got.len() >= all.len(),
+                "writer {writer}: {} of {} events arrived ({ids_before} before this round)",
+                got.len(),
+                all.len()
+            );
+        }
+    };
+    round(primary.clone(), 0).await;
+    let before = current_timeline(&primary).await;
+    services("pg-ha-promote");
+    let after = current_timeline(&standby).await;
+    assert!(after > before, "the promotion started no new timeline");
+    // The relay streams on across the promotion; what it decodes now lies on `after`.
+    round(standby.clone(), 1).await;
+    assert!(relay.try_status().is_none(), "{}", relay.log_text());
+    let timeline = last_progress_timeline(&db.topic("progress")).await;
+    relay.kill9();
+    relay = RelayProcess::start(&env, &log_name);
+    round(standby.clone(), 2).await;
+    expect_exactly_once(
+        "a standby promoted mid-stream, then a SIGKILL",
+        &db,
+        &events,
+        &[],
+        &relay.log_text(),
+    )
+    .await;
+    let log = relay.log_text();
+    assert_eq!(
+        timeline,
+        Some(u64::from(after)),
+        "the last progress value before the kill lies past the switch point, on timeline {after}:\n{log}"
+    );
+    assert!(
+        log.contains("skipped=true"),
+        "the restart had nothing to skip: the test proved nothing\n{log}"
+    );
+    assert!(relay.terminate(Duration::from_secs(30)).success(), "{log}");
     db.cleanup().await;
     services("pg-ha-stop");
 }

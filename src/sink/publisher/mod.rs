@@ -459,7 +459,18 @@ async fn commit(
         .wait_while(give_up, || counts.any_waiting())
         .await
         .map_err(|e| failed("commit (records wait for a partition count)", e))?;
-    let value = progress_value(at, progress.timeline);
+    // Read after every record of the transaction was decoded: a standby promoted meanwhile
+    // is seen, and a value past its switch point carries the new timeline.
+    let timeline =
+        progress
+            .timelines
+            .of(at.lsn)
+            .await
+            .map_err(|problem| PublishError::Progress {
+                topic: progress.topic.clone(),
+                problem: format!("cannot tell which timeline {at} lies on: {problem}"),
+            })?;
+    let value = progress_value(at, timeline);
     let record = Record {
         topic: progress.topic.clone(),
         key: progress.key.clone().into(),

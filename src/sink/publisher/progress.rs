@@ -18,7 +18,9 @@
 //! - A failover or a point-in-time restore puts the server on a new timeline: each value
 //!   records the timeline it was written on, and a value past the point where the server's
 //!   history left that timeline holds only up to that point ([`reconcile`]), so what the new
-//!   timeline committed after the fork is published.
+//!   timeline committed after the fork is published. A standby promoted in place goes on
+//!   streaming to the relay, so a session on a standby reads the timeline again at each commit
+//!   ([`Timelines`]): a value past the switch point carries the new timeline and holds whole.
 //! - A copy of an earlier data directory started as it was stays on the same timeline but
 //!   writes LSNs below the progress value again, for other transactions: a session whose
 //!   server's WAL position is below the value stops with the fix (delete the key with a
@@ -33,6 +35,8 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
 
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -106,8 +110,49 @@ pub struct ProgressRecord {
     pub topic: String,
     pub partition: i32,
     pub key: Vec<u8>,
-    /// The server's timeline, written into each value.
-    pub timeline: u32,
+    /// The timeline each value's LSN lies on, written into it.
+    pub timelines: Timelines,
+}
+
+/// Which timeline a progress value lies on. A primary's timeline cannot change while a
+/// session streams from it. A standby's can: promoted in place (or following its upstream's
+/// promotion), it moves to a new timeline and its walsender goes on decoding across the switch
+/// (walsender.c, `logical_read_xlog_page`: "to also cover the promotion or timeline change
+/// cases"). A value past the switch point labelled with the old timeline would be cut back to
+/// the switch point by the next session ([`reconcile`]), which would publish again what
+/// Kafka already has.
+#[derive(Clone)]
+pub enum Timelines {
+    /// The session's server is a primary on this timeline.
+    Fixed(u32),
+    /// The session's server is a standby: its history is read again at each commit.
+    Watched(Arc<dyn WatchTimelines>),
+}
+
+/// A standby's timeline history, as of now.
+pub trait WatchTimelines: Send + Sync {
+    /// The server's timeline and history now. Asked after the records of a commit were
+    /// decoded, so every switch below them is in it: timelines only move forward.
+    fn current(&self) -> BoxFuture<'_, Result<ServerHistory, String>>;
+}
+
+impl Timelines {
+    /// The timeline `lsn` lies on.
+    pub async fn of(&self, lsn: Lsn) -> Result<u32, String> {
+        match self {
+            Timelines::Fixed(timeline) => Ok(*timeline),
+            Timelines::Watched(watch) => Ok(watch.current().await?.timeline_of(lsn)),
+        }
+    }
+}
+
+impl std::fmt::Debug for Timelines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Timelines::Fixed(timeline) => write!(f, "Fixed({timeline})"),
+            Timelines::Watched(_) => write!(f, "Watched"),
+        }
+    }
 }
 
 /// The consumer group of the progress reader (it only assigns; see `read_last`).
@@ -350,7 +395,9 @@ impl rdkafka::ClientContext for QuietEof {
 
     fn error(&self, error: KafkaError, reason: &str) {
         self.login.on_error(&error);
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        let eof = matches!(error, KafkaError::PartitionEOF(_))
+            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF);
+        if !eof {
             warn!(error = %error, reason, "kafka client error while reading the progress record");
         }
     }
@@ -372,6 +419,19 @@ pub struct ServerHistory {
     /// `(timeline, the LSN where the server left it)` for each earlier timeline; `None` when
     /// it could not be read.
     pub history: Option<Vec<(u32, Lsn)>>,
+}
+
+impl ServerHistory {
+    /// The timeline `lsn` lies on: the oldest timeline of the history left at or after it,
+    /// else the server's own. A value ending exactly where a timeline was left lies on it
+    /// (its commit record is the last of that timeline).
+    pub fn timeline_of(&self, lsn: Lsn) -> u32 {
+        self.history
+            .iter()
+            .flatten()
+            .find(|(_, left_at)| lsn <= *left_at)
+            .map_or(self.timeline, |(timeline, _)| *timeline)
+    }
 }
 
 /// A progress value as read back: where, and on which timeline (none: written by a relay
@@ -594,6 +654,53 @@ mod tests {
             reconcile(stored(0x600, None, Some(1)), &s, Some(Lsn(0x2000))),
             Ok(Progress::whole(Lsn(0x500)))
         );
+    }
+
+    #[test]
+    fn an_lsn_lies_on_the_timeline_that_was_left_at_or_after_it() {
+        let s = server(3, &[(1, 0x500), (2, 0x900)]);
+        assert_eq!(s.timeline_of(Lsn(0x100)), 1);
+        assert_eq!(
+            s.timeline_of(Lsn(0x500)),
+            1,
+            "the last record of timeline 1"
+        );
+        assert_eq!(s.timeline_of(Lsn(0x501)), 2);
+        assert_eq!(s.timeline_of(Lsn(0x900)), 2);
+        assert_eq!(s.timeline_of(Lsn(0x901)), 3);
+        assert_eq!(server(1, &[]).timeline_of(Lsn(0x901)), 1);
+    }
+
+    /// A standby on timeline 1 decoded from 0x100 on, promoted at 0x500, goes on streaming.
+    /// A value written at 0x800 with the timeline the session opened with is cut back to the
+    /// switch point by the next session (which publishes 0x500..0x800 again); with the
+    /// timeline its LSN lies on, it holds whole.
+    #[tokio::test]
+    async fn a_value_written_after_a_promotion_in_place_holds_whole_on_the_promoted_server() {
+        struct Promoted;
+        impl WatchTimelines for Promoted {
+            fn current(&self) -> BoxFuture<'_, Result<ServerHistory, String>> {
+                Box::pin(async { Ok(server(2, &[(1, 0x500)])) })
+            }
+        }
+        let promoted = server(2, &[(1, 0x500)]);
+        let at = Progress::whole(Lsn(0x800));
+        let read_back = |timeline| parse_progress_value(progress_value(at, timeline).as_bytes());
+
+        let opened_with = Timelines::Fixed(1).of(at.lsn).await.unwrap();
+        let stale = reconcile(read_back(opened_with).unwrap(), &promoted, Some(Lsn(0x900)));
+        assert_eq!(
+            stale,
+            Ok(Progress::whole(Lsn(0x500))),
+            "the defect the watch fixes"
+        );
+
+        let watched = Timelines::Watched(Arc::new(Promoted));
+        assert_eq!(watched.of(Lsn(0x400)).await, Ok(1));
+        let timeline = watched.of(at.lsn).await.unwrap();
+        assert_eq!(timeline, 2);
+        let held = reconcile(read_back(timeline).unwrap(), &promoted, Some(Lsn(0x900)));
+        assert_eq!(held, Ok(at));
     }
 
     #[test]
