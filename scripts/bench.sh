@@ -95,7 +95,7 @@
 #   3. Idle: the same relay's CPU over --idle-seconds with no traffic.
 #   4. The --shapes phases, described in bench/README.md.
 #   Phases 1-3 (and 4) run once per --delivery mode.
-# The phases run in Rust (`outbox-bench run`, src/bin/outbox-bench/run/), which owns the
+# The phases run in Rust (`outbox-bench run`, the crate in bench/), which owns the
 # relays and pg_recvlogical it starts (stopped when it exits, also on an error or
 # Ctrl-C) and writes typed records; this script only builds, starts and stops the
 # services, and passes the options on. It prints one table and writes the same
@@ -154,11 +154,12 @@ scan_args() {
 
 build() {
     if [[ -n $RELAY_BIN ]]; then
-        log "cargo build --release (outbox-bench); relay: $RELAY_BIN"
-        (cd "$REPO" && cargo build --release --quiet --bin outbox-bench)
+        log "cargo build --release -p outbox-bench; relay: $RELAY_BIN"
+        (cd "$REPO" && cargo build --release --quiet -p outbox-bench)
     else
-        log "cargo build --release (outbox-relay, outbox-bench)"
-        (cd "$REPO" && cargo build --release --quiet --bin outbox-relay --bin outbox-bench)
+        # The bench is a workspace member outside the root's default members: named here.
+        log "cargo build --release --workspace --bins (outbox-relay, outbox-bench)"
+        (cd "$REPO" && cargo build --release --quiet --workspace --bins)
         RELAY_BIN="$REPO/target/release/outbox-relay"
     fi
     [[ -x $RELAY_BIN ]] || die "no relay binary at $RELAY_BIN"

@@ -273,7 +273,7 @@ mod tests {
 
     /// The committed result files.
     fn committed() -> Vec<PathBuf> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
         let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().path())
