@@ -1,7 +1,7 @@
-//! The result file (`bench/results/*.json`): what `report` writes and reads back. Every
-//! committed result file parses with these types (see the test at the end), so that a field
-//! renamed here fails a test instead of making earlier results incomparable. Files written
-//! before a field existed lack it: such fields are `Option`s.
+//! The result file (`bench/results/*.json`): what `report` writes and reads back. Every kept
+//! result file (the latest full run of each shape) parses with these types (see the test at
+//! the end), so that a field renamed here fails a test instead of making them unreadable.
+//! Files written before a field existed lack it: such fields are `Option`s.
 
 use serde::{Deserialize, Serialize};
 
@@ -271,7 +271,8 @@ mod tests {
 
     use super::*;
 
-    /// The committed result files.
+    /// The committed result files: the latest full run of each shape (bench/README.md cites
+    /// them; earlier runs are in git's history, read by the bench of their own commit).
     fn committed() -> Vec<PathBuf> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
         let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -299,11 +300,12 @@ mod tests {
         }
     }
 
-    /// Every committed result file parses with the typed structs, and writing it back gives
-    /// the same JSON: no field is unknown to the types (they deny unknown fields), none is
-    /// dropped or renamed on the way (the comparison), so a rename here fails this test.
+    /// Every kept result file parses with the typed structs, and writing it back gives the
+    /// same JSON: no field is unknown to the types (they deny unknown fields), none is dropped
+    /// or renamed on the way (the comparison), so `outbox-bench report --result` still prints
+    /// the runs the README quotes, and a rename fails here rather than there.
     #[test]
-    fn every_committed_result_file_round_trips_through_the_types() {
+    fn every_kept_result_file_round_trips_through_the_types() {
         let files = committed();
         assert!(!files.is_empty(), "no bench/results/*.json");
         for path in files {
