@@ -79,13 +79,17 @@
 #   --keep-services    leave PostgreSQL and Kafka running at the end
 #
 # What it does (see bench/README.md for how to read the results):
-#   1. Drain: for each transaction size, a fresh database and two pgoutput
-#      slots at the same position (the second is a copy of the first), then a
-#      server-side preload of N events (~250-byte JSON payloads). It times
-#      pg_recvlogical draining slot 1 to /dev/null (--endpos: exits at the last
-#      commit), then the relay draining slot 2 to Kafka until that slot's
+#   1. Drain: for each transaction size, a fresh database and pgoutput slots
+#      at the same position (copies of the first: one per contender, one for
+#      the warm-up read and two for pg_recvlogical), then a
+#      server-side preload of N events (~250-byte JSON payloads). An untimed
+#      pg_recvlogical read of the backlog first (the WAL in the page cache for
+#      everyone); then it times pg_recvlogical draining its slot to /dev/null
+#      (--endpos: exits at the last commit), then the relay in each --delivery
+#      mode draining its own slot to Kafka until that slot's
 #      confirmed_flush_lsn reaches the same position (polled every 100 ms),
-#      and samples the relay's peak RSS and CPU time at that moment.
+#      sampling the relay's peak RSS and CPU time at that moment, then the
+#      --peer, then pg_recvlogical once more (the limit after the contenders).
 #   2. Latency: one relay, writers inserting 1-row transactions at each rate;
 #      a consumer computes receive time - record timestamp (the relay stamps
 #      each record with its transaction's commit time). Each rate starts with

@@ -129,6 +129,15 @@ pub struct Recvlogical {
     /// CPU seconds of the walsender that served it (`walsender_cpu.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub walsender_cpu_seconds: Option<f64>,
+    /// The round's second `pg_recvlogical` drain, from a slot copy of its own, after every
+    /// contender: the limit is measured before and after them, so a limit that moved during
+    /// the round shows (false: the drain before them, the one the ratios are against).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub after_contenders: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// `--producer-alone` on a drain round: the relay's producer sending the backlog's events to

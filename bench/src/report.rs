@@ -81,7 +81,10 @@ fn ratio_target(shape: &str, txn_rows: u64) -> Option<f64> {
 /// One row per relay drain of backlog shape `shape`, beside the `pg_recvlogical` drain of the
 /// same round and the relay's exactly-once figures of that drain.
 fn drains(records: &[Record], shape: &str) -> Vec<DrainRow> {
-    let recvs = of_kind!(records, Recvlogical);
+    let (recvs_after, recvs): (Vec<&Recvlogical>, Vec<&Recvlogical>) =
+        of_kind!(records, Recvlogical)
+            .into_iter()
+            .partition(|v| v.after_contenders);
     let alones = of_kind!(records, ProducerAloneDrain);
     let metrics = of_kind!(records, RelayMetrics);
     let mut relays: Vec<&RelayDrain> = of_kind!(records, RelayDrain)
@@ -99,9 +102,10 @@ fn drains(records: &[Record], shape: &str) -> Vec<DrainRow> {
         .into_iter()
         .map(|relay| {
             let round = &relay.backlog.round;
-            let recv = recvs
-                .iter()
-                .find(|v| v.backlog.shape == shape && &v.backlog.round == round);
+            let of_round =
+                |v: &&&Recvlogical| v.backlog.shape == shape && &v.backlog.round == round;
+            let recv = recvs.iter().find(of_round);
+            let after = recvs_after.iter().find(of_round).map(|v| v.seconds);
             let metric = metrics.iter().find(|m| {
                 m.shape.as_deref() == Some(shape)
                     && m.round.as_ref() == Some(round)
@@ -111,7 +115,7 @@ fn drains(records: &[Record], shape: &str) -> Vec<DrainRow> {
                 .iter()
                 .find(|a| a.backlog.shape == shape && &a.backlog.round == round)
                 .map(|a| &a.sent);
-            drain_row(relay, recv.copied(), alone, metric.copied())
+            drain_row(relay, recv.copied(), after, alone, metric.copied())
         })
         .collect()
 }
@@ -119,6 +123,7 @@ fn drains(records: &[Record], shape: &str) -> Vec<DrainRow> {
 fn drain_row(
     relay: &RelayDrain,
     recvlogical: Option<&Recvlogical>,
+    recvlogical_after_seconds: Option<f64>,
     alone: Option<&ProducerAlone>,
     metric: Option<&RelayMetrics>,
 ) -> DrainRow {
@@ -142,6 +147,7 @@ fn drain_row(
         pg_recvlogical_events_per_s: ratio(events, recv),
         pg_recvlogical_payload_mb_per_s: ratio(mb, recv),
         pg_recvlogical_walsender_cpu_seconds: recvlogical.and_then(|v| v.walsender_cpu_seconds),
+        pg_recvlogical_after_events_per_s: recvlogical_after_seconds.and_then(|s| ratio(events, s)),
         producer_alone_events_per_s: alone.map(|a| a.events as f64 / a.seconds),
         producer_alone_cpu_seconds_per_million_events: alone
             .map(|a| a.cpu_seconds / a.events as f64 * 1e6),
@@ -169,7 +175,10 @@ fn drain_row(
 /// One row per peer drain, beside the same round's `pg_recvlogical` drain and relay drain
 /// (at-least-once when it ran, else the first mode).
 fn peer_rows(records: &[Record], drain: &[DrainRow]) -> Vec<PeerRow> {
-    let recvs = of_kind!(records, Recvlogical);
+    let recvs: Vec<&Recvlogical> = of_kind!(records, Recvlogical)
+        .into_iter()
+        .filter(|v| !v.after_contenders)
+        .collect();
     of_kind!(records, PeerDrain)
         .into_iter()
         .map(|peer| {
@@ -465,6 +474,61 @@ mod tests {
     }
 
     #[test]
+    fn the_limit_after_the_contenders_is_shown_beside_the_one_the_ratios_are_against() {
+        let relay = |round: &str| {
+            Record::RelayDrain(RelayDrain {
+                kind: crate::records::RelayDrainKind,
+                delivery: "at_least_once".into(),
+                backlog: backlog(round, 1_000),
+                load_before: String::new(),
+                reached: peer(round, 1_000, 1_000).reached,
+                walsender_cpu_seconds: None,
+            })
+        };
+        let limit = |round: &str, seconds: f64, after_contenders: bool| {
+            Record::Recvlogical(Recvlogical {
+                kind: RecvlogicalKind,
+                backlog: backlog(round, 1_000),
+                seconds,
+                walsender_cpu_seconds: None,
+                after_contenders,
+            })
+        };
+        // The after drain first: the order of the records does not matter.
+        let records = vec![
+            limit("tx1", 2.0, true),
+            limit("tx1", 1.0, false),
+            limit("tx100", 0.5, false),
+            relay("tx1"),
+            relay("tx100"),
+            Record::PeerDrain(peer("tx1", 1_000, 1_000)),
+        ];
+        let rows = drains(&records, "txn");
+        let by_round = |round: &str| rows.iter().find(|r| r.round.as_deref() == Some(round));
+        let tx1 = by_round("tx1").unwrap();
+        assert_eq!(tx1.pg_recvlogical_events_per_s, Some(1_000.0));
+        assert_eq!(tx1.pg_recvlogical_after_events_per_s, Some(500.0));
+        // The relay took 10 s: the ratio is against the limit before the contenders.
+        assert_eq!(tx1.ratio, Some(0.1));
+        assert_eq!(
+            by_round("tx100").unwrap().pg_recvlogical_after_events_per_s,
+            None
+        );
+        let peers = peer_rows(&records, &rows);
+        assert_eq!(peers[0].pg_recvlogical_events_per_s, Some(1_000.0));
+        let table = crate::table::render(&result_of(&records, RunMeta::default()));
+        let lines: Vec<&str> = table
+            .lines()
+            .filter(|l| l.contains("before / after"))
+            .collect();
+        assert_eq!(
+            lines,
+            ["  100-row: pg_recvlogical before / after the contenders 1000 / 500 ev/s"],
+            "{table}"
+        );
+    }
+
+    #[test]
     fn a_peer_row_is_beside_its_own_round_and_the_at_least_once_relay() {
         let records = vec![
             Record::Recvlogical(Recvlogical {
@@ -472,12 +536,14 @@ mod tests {
                 backlog: backlog("tx1", 1_000),
                 seconds: 1.0,
                 walsender_cpu_seconds: None,
+                after_contenders: false,
             }),
             Record::Recvlogical(Recvlogical {
                 kind: RecvlogicalKind,
                 backlog: backlog("tx100", 1_000),
                 seconds: 2.0,
                 walsender_cpu_seconds: None,
+                after_contenders: false,
             }),
             Record::PeerDrain(peer("tx100", 1_000, 1_000)),
         ];

@@ -149,6 +149,11 @@ pub struct DrainRow {
     /// walsender was the bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pg_recvlogical_walsender_cpu_seconds: Option<f64>,
+    /// `pg_recvlogical` once more after every contender of the round, from its own copy of
+    /// the slot: the limit measured after them as well as before (the ratios are against the
+    /// drain before). Absent in runs from before 2026-12-06.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pg_recvlogical_after_events_per_s: Option<f64>,
     /// `--producer-alone`: the relay's producer sending the same events with no relay in
     /// front (the Kafka side's limit), and its CPU per million events.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -154,6 +154,30 @@ fn drain(out: &mut String, rows: &[DrainRow]) {
         }
     }
     producer_alone(out, rows, |d| format!("{}-row", fmt(d.txn_rows, 0)));
+    limit_after(out, rows, |d| format!("{}-row", fmt(d.txn_rows, 0)));
+}
+
+/// Under a drain table, once per round: `pg_recvlogical` before the contenders (the ratios'
+/// reference) and again after them, so that a limit that moved during the round shows.
+fn limit_after(out: &mut String, rows: &[DrainRow], label: impl Fn(&DrainRow) -> String) {
+    let mut seen: Vec<&str> = Vec::new();
+    for d in rows {
+        let (Some(after), Some(round)) = (d.pg_recvlogical_after_events_per_s, d.round.as_deref())
+        else {
+            continue;
+        };
+        if seen.contains(&round) {
+            continue;
+        }
+        seen.push(round);
+        let _ = writeln!(
+            out,
+            "  {}: pg_recvlogical before / after the contenders {} / {} ev/s",
+            label(d),
+            fmt_o(d.pg_recvlogical_events_per_s, 0),
+            fmt(after, 0),
+        );
+    }
 }
 
 /// `--producer-alone`: under a drain table, each row's Kafka-side limit (the relay's producer
@@ -299,6 +323,9 @@ fn payload(out: &mut String, rows: &[DrainRow]) {
     producer_alone(out, rows, |d| {
         format!("{} B", fmt_o(d.payload_bytes_avg, 0))
     });
+    limit_after(out, rows, |d| {
+        format!("{} B", fmt_o(d.payload_bytes_avg, 0))
+    });
 }
 
 fn topics(out: &mut String, rows: &[DrainRow]) {
@@ -338,6 +365,9 @@ fn topics(out: &mut String, rows: &[DrainRow]) {
         &cells,
     );
     producer_alone(out, rows, |d| {
+        format!("{} topics", fmt_o(d.aggregate_types, 0))
+    });
+    limit_after(out, rows, |d| {
         format!("{} topics", fmt_o(d.aggregate_types, 0))
     });
 }
@@ -388,6 +418,7 @@ fn serialization(out: &mut String, rows: &[DrainRow]) {
         ],
         &cells,
     );
+    limit_after(out, rows, |d| d.serialization.clone().unwrap_or_default());
 }
 
 fn big_transaction(out: &mut String, r: &BenchResult) {

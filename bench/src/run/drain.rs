@@ -1,5 +1,11 @@
-//! Drain rounds: one backlog drained by `pg_recvlogical` once and by the relay once per
-//! delivery mode, each from its own slot at the same start position.
+//! Drain rounds: one backlog drained by `pg_recvlogical` and by the relay once per delivery
+//! mode (then the peer, if any), each from its own slot at the same start position.
+//!
+//! Fair to every contender: an untimed `pg_recvlogical` read of the whole backlog comes first,
+//! so that the first one timed does not pay for bringing the WAL into the page cache; the
+//! limit (`pg_recvlogical`, timed) is measured before the contenders and again after them, each
+//! from its own slot copy; the contenders run in a fixed order: the relay in `--delivery`
+//! order, then the peer.
 
 use std::time::Instant;
 
@@ -79,6 +85,8 @@ async fn preload(r: &Round, client: &tokio_postgres::Client) -> anyhow::Result<(
 pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     let db = format!("bench_{}", r.round);
     let recv_slot = format!("bench_recv_{}", r.round);
+    let warm_slot = format!("bench_warm_{}", r.round);
+    let after_slot = format!("bench_recv_after_{}", r.round);
     eprintln!(
         "[bench] drain {} ({}, {}-row transactions): fresh database {db}",
         r.round, r.shape, r.txn_rows
@@ -87,8 +95,13 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     // All slots before the preload, at the same position: a copy shares the original's
     // restart and confirmed positions exactly.
     create_slot(&client, &recv_slot).await?;
-    for mode in ctx.settings.delivery.clone() {
-        let copy = format!("bench_relay_{}_{}", r.round, mode_tag(&mode));
+    let relay_slots = ctx.settings.delivery.iter();
+    let relay_slots = relay_slots.map(|mode| format!("bench_relay_{}_{}", r.round, mode_tag(mode)));
+    let copies: Vec<String> = [warm_slot.clone(), after_slot.clone()]
+        .into_iter()
+        .chain(relay_slots)
+        .collect();
+    for copy in copies {
         client
             .execute(
                 "SELECT pg_copy_logical_replication_slot($1, $2)",
@@ -110,30 +123,17 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     ctx.create_topics(r.partitions, &topics).await?;
     crate::kafka::touch_topics(&ctx.services.brokers, r.partitions, &topics).await?;
 
-    eprintln!(
-        "[bench]   pg_recvlogical draining {recv_slot} (load {})",
-        loadavg()
-    );
-    ctx.record_load(format!("recvlogical-{}", r.round))?;
-    let walsender = walsender_cpu::watch(&ctx.url(&db), &recv_slot, ctx.clk_tck);
-    let seconds = recvlogical(&ctx.services.pg_bin, &ctx.url(&db), &recv_slot, &end_lsn).await;
-    let walsender_cpu_seconds = walsender
-        .finish("pg_recvlogical", *seconds.as_ref().unwrap_or(&f64::NAN))
-        .await;
-    let seconds = seconds?;
-    eprintln!("[bench]   pg_recvlogical: {seconds:.3} s");
-    let check = format!(
-        "SELECT confirmed_flush_lsn >= '{end_lsn}' FROM pg_replication_slots WHERE slot_name = '{recv_slot}'"
-    );
-    if scalar(&client, &check).await?.as_deref() != Some("t") {
-        anyhow::bail!("pg_recvlogical exited before its slot reached {end_lsn}");
-    }
-    ctx.record(Record::Recvlogical(Recvlogical {
-        kind: RecvlogicalKind,
-        backlog: backlog.clone(),
-        seconds,
-        walsender_cpu_seconds,
-    }))?;
+    eprintln!("[bench]   warm-up: pg_recvlogical reading the backlog from {warm_slot}, untimed");
+    recvlogical(&ctx.services.pg_bin, &ctx.url(&db), &warm_slot, &end_lsn).await?;
+    drop_slot(&client, &warm_slot).await?;
+    let limit = Limit {
+        db: &db,
+        slot: &recv_slot,
+        end_lsn: &end_lsn,
+        backlog: &backlog,
+        after_contenders: false,
+    };
+    limit_drain(ctx, &client, limit).await?;
     let payloads = match ctx.settings.producer_alone {
         true => sample_payloads(&client).await?,
         false => Vec::new(),
@@ -158,6 +158,17 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     if let Some(p) = peer {
         peer::drain(ctx, &p, &db, &end_lsn, &backlog).await?;
     }
+    let client = ctx.services.cluster.connect(&db).await?;
+    let limit = Limit {
+        db: &db,
+        slot: &after_slot,
+        end_lsn: &end_lsn,
+        backlog: &backlog,
+        after_contenders: true,
+    };
+    limit_drain(ctx, &client, limit).await?;
+    drop_slot(&client, &after_slot).await?;
+    drop(client);
     // Last, so that its records' flushing on the broker is behind every relay's drain.
     if ctx.settings.producer_alone {
         match producer_alone(ctx, r, &alone_topics, &payloads).await {
@@ -174,6 +185,61 @@ pub async fn drain_backlog(ctx: &mut Ctx, r: &Round) -> anyhow::Result<()> {
     }
     // Frees the WAL the slots hold, so every round starts alike.
     ctx.drop_database(&db).await
+}
+
+/// A timed `pg_recvlogical` drain of a round's backlog: the walsender's limit.
+struct Limit<'a> {
+    db: &'a str,
+    slot: &'a str,
+    end_lsn: &'a str,
+    backlog: &'a Backlog,
+    /// After every contender of the round (false: before them).
+    after_contenders: bool,
+}
+
+/// Times `pg_recvlogical` draining `limit.slot` to the end of the backlog, with its
+/// walsender's CPU, checks that the slot got there, and records it.
+async fn limit_drain(
+    ctx: &mut Ctx,
+    client: &tokio_postgres::Client,
+    limit: Limit<'_>,
+) -> anyhow::Result<()> {
+    let (db, slot, end_lsn) = (limit.db, limit.slot, limit.end_lsn);
+    let when = if limit.after_contenders {
+        "after"
+    } else {
+        "before"
+    };
+    eprintln!(
+        "[bench]   pg_recvlogical draining {slot}, {when} the contenders (load {})",
+        loadavg()
+    );
+    let round = &limit.backlog.round;
+    let phase = match limit.after_contenders {
+        false => format!("recvlogical-{round}"),
+        true => format!("recvlogical-after-{round}"),
+    };
+    ctx.record_load(phase)?;
+    let walsender = walsender_cpu::watch(&ctx.url(db), slot, ctx.clk_tck);
+    let seconds = recvlogical(&ctx.services.pg_bin, &ctx.url(db), slot, end_lsn).await;
+    let walsender_cpu_seconds = walsender
+        .finish("pg_recvlogical", *seconds.as_ref().unwrap_or(&f64::NAN))
+        .await;
+    let seconds = seconds?;
+    eprintln!("[bench]   pg_recvlogical: {seconds:.3} s");
+    let check = format!(
+        "SELECT confirmed_flush_lsn >= '{end_lsn}' FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    );
+    if scalar(client, &check).await?.as_deref() != Some("t") {
+        anyhow::bail!("pg_recvlogical exited before its slot reached {end_lsn}");
+    }
+    ctx.record(Record::Recvlogical(Recvlogical {
+        kind: RecvlogicalKind,
+        backlog: limit.backlog.clone(),
+        seconds,
+        walsender_cpu_seconds,
+        after_contenders: limit.after_contenders,
+    }))
 }
 
 /// Payloads of the backlog for the producer alone: up to 1,000 rows, 16 MB.

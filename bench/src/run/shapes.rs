@@ -120,6 +120,7 @@ pub async fn big_txn_shape(ctx: &mut Ctx) -> anyhow::Result<()> {
             },
             seconds,
             walsender_cpu_seconds: None,
+            after_contenders: false,
         }))?;
     }
     drop(client);
