@@ -79,13 +79,17 @@
 #   --keep-services    leave PostgreSQL and Kafka running at the end
 #
 # What it does (see bench/README.md for how to read the results):
-#   1. Drain: for each transaction size, a fresh database and two pgoutput
-#      slots at the same position (the second is a copy of the first), then a
-#      server-side preload of N events (~250-byte JSON payloads). It times
-#      pg_recvlogical draining slot 1 to /dev/null (--endpos: exits at the last
-#      commit), then the relay draining slot 2 to Kafka until that slot's
+#   1. Drain: for each transaction size, a fresh database and pgoutput slots
+#      at the same position (copies of the first: one per contender, one for
+#      the warm-up read and two for pg_recvlogical), then a
+#      server-side preload of N events (~250-byte JSON payloads). An untimed
+#      pg_recvlogical read of the backlog first (the WAL in the page cache for
+#      everyone); then it times pg_recvlogical draining its slot to /dev/null
+#      (--endpos: exits at the last commit), then the relay in each --delivery
+#      mode draining its own slot to Kafka until that slot's
 #      confirmed_flush_lsn reaches the same position (polled every 100 ms),
-#      and samples the relay's peak RSS and CPU time at that moment.
+#      sampling the relay's peak RSS and CPU time at that moment, then the
+#      --peer, then pg_recvlogical once more (the limit after the contenders).
 #   2. Latency: one relay, writers inserting 1-row transactions at each rate;
 #      a consumer computes receive time - record timestamp (the relay stamps
 #      each record with its transaction's commit time). Each rate starts with
@@ -95,7 +99,7 @@
 #   3. Idle: the same relay's CPU over --idle-seconds with no traffic.
 #   4. The --shapes phases, described in bench/README.md.
 #   Phases 1-3 (and 4) run once per --delivery mode.
-# The phases run in Rust (`outbox-bench run`, src/bin/outbox-bench/run/), which owns the
+# The phases run in Rust (`outbox-bench run`, the crate in bench/), which owns the
 # relays and pg_recvlogical it starts (stopped when it exits, also on an error or
 # Ctrl-C) and writes typed records; this script only builds, starts and stops the
 # services, and passes the options on. It prints one table and writes the same
@@ -154,11 +158,12 @@ scan_args() {
 
 build() {
     if [[ -n $RELAY_BIN ]]; then
-        log "cargo build --release (outbox-bench); relay: $RELAY_BIN"
-        (cd "$REPO" && cargo build --release --quiet --bin outbox-bench)
+        log "cargo build --release -p outbox-bench; relay: $RELAY_BIN"
+        (cd "$REPO" && cargo build --release --quiet -p outbox-bench)
     else
-        log "cargo build --release (outbox-relay, outbox-bench)"
-        (cd "$REPO" && cargo build --release --quiet --bin outbox-relay --bin outbox-bench)
+        # The bench is a workspace member outside the root's default members: named here.
+        log "cargo build --release --workspace --bins (outbox-relay, outbox-bench)"
+        (cd "$REPO" && cargo build --release --quiet --workspace --bins)
         RELAY_BIN="$REPO/target/release/outbox-relay"
     fi
     [[ -x $RELAY_BIN ]] || die "no relay binary at $RELAY_BIN"

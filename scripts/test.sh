@@ -2,7 +2,7 @@
 # scripts/test.sh: build, start PostgreSQL + Kafka, run every test, stop
 # them again. This is THE test command (CI runs it through .ci/run).
 #
-#   scripts/test.sh                       all tests
+#   scripts/test.sh                       all tests (the bench crate's unit tests too)
 #   scripts/test.sh some_filter           only tests whose name contains it
 #   scripts/test.sh --test integration relay_e2e::
 #                                         one area of the integration tests
@@ -49,13 +49,20 @@ for arg in "$@"; do
         cargo_args+=("$arg")
     fi
 done
-# --all-targets unless the caller picked targets.
+# --all-targets unless the caller picked targets. --workspace (the relay and the bench crate,
+# bench/, whose unit tests run here too) unless the caller picked targets, which are the
+# relay's, or packages.
 targets=(--all-targets)
+packages=(--workspace)
 for arg in "${cargo_args[@]}"; do
     case $arg in
     --lib | --bins | --bin | --bin=* | --tests | --test | --test=* | --examples | --example | \
         --example=* | --benches | --bench | --bench=* | --doc | --all-targets)
         targets=()
+        packages=()
+        ;;
+    -p | -p* | --package | --package=* | --workspace | --all | --exclude | --exclude=*)
+        packages=()
         ;;
     esac
 done
@@ -68,8 +75,8 @@ bash "$ROOT/scripts/build-deps.sh"
 
 # Build first (exactly what `cargo test` below runs), so that the services
 # are not kept waiting by the compiler.
-log "building: cargo test --no-run ${targets[*]} ${locked[*]} ${cargo_args[*]}"
-cargo test --no-run "${targets[@]}" "${locked[@]}" "${cargo_args[@]}"
+log "building: cargo test --no-run ${packages[*]} ${targets[*]} ${locked[*]} ${cargo_args[*]}"
+cargo test --no-run "${packages[@]}" "${targets[@]}" "${locked[@]}" "${cargo_args[@]}"
 
 services_started=0
 # shellcheck disable=SC2317 # called through the EXIT trap
@@ -150,7 +157,7 @@ fi
 
 set +e
 # --no-fail-fast: a failing test binary does not hide the results of the others.
-cargo test --no-fail-fast "${targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${test_args[@]}"
+cargo test --no-fail-fast "${packages[@]}" "${targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${test_args[@]}"
 rc=$?
 set -e
 exit "$rc"

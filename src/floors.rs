@@ -7,9 +7,10 @@
 //! Everything else is: `use crate::…`, `super::`/`self::` paths, paths through a child module,
 //! and `crate::…` paths written inline. Modules only compiled for tests are left out.
 //!
-//! `cargo test --lib floors` reads the sources of the library, of the relay's binary and of
-//! every other binary in `src/bin` (circles only for those: they have no floors), and fails on
-//! an arrow against the floors or on a circle, naming the files and the paths that tie them.
+//! `cargo test --lib floors` reads the sources of the library, of the relay's binary, of any
+//! other binary in `src/bin` and of the benchmark's crate in `bench/` (circles only for those:
+//! they have no floors), and fails on an arrow against the floors or on a circle, naming the
+//! files and the paths that tie them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
