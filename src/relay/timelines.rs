@@ -10,13 +10,12 @@
 
 use std::sync::Arc;
 
-use futures_util::future::BoxFuture;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use super::RelayError;
 use crate::config::{Config, Delivery};
-use crate::sink::progress::{ServerHistory, Timelines, WatchTimelines};
+use crate::sink::progress::{BoxFuture, ServerHistory, Timelines, WatchTimelines};
 use crate::source::walsender::{ConnectParams, ReplicationError, WalSender};
 
 /// The server's timeline and its history, which a progress value written on another timeline

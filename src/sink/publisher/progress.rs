@@ -33,10 +33,10 @@
 //! standby, a zombie after a network split) shares it: the one that starts a session fences
 //! the others, whose open transaction is aborted and whose commits fail from then on.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use futures_util::future::BoxFuture;
 
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -128,6 +128,9 @@ pub enum Timelines {
     /// The session's server is a standby: its history is read again at each commit.
     Watched(Arc<dyn WatchTimelines>),
 }
+
+/// What [`WatchTimelines::current`] returns (a trait object's async method).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A standby's timeline history, as of now.
 pub trait WatchTimelines: Send + Sync {
