@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::{BreakerPolicy, Config, DeadLetterPolicy, Delivery as DeliveryMode};
 use crate::lsn::Lsn;
@@ -684,6 +684,12 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             .await?;
         if flush > self.last_reported || self.in_flight.is_empty() {
             self.metrics.mark_progress();
+        }
+        if flush > self.last_reported {
+            // One line per new position: with "transaction handed to kafka" above it, a
+            // test's log shows what was confirmed and what was still in flight then.
+            debug!(flush = %flush, in_flight = self.in_flight.messages(),
+                transactions_held = self.ledger.transactions_held(), "confirmed");
         }
         self.last_reported = flush;
         self.metrics.set_lsns(self.received, flush);
