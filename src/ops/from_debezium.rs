@@ -574,33 +574,72 @@ impl Translation {
                 "plugin.name absent: the slot must be a pgoutput slot to be reused (a decoderbufs slot needs a new postgres.slot)",
             ),
         }
-        match self.take("slot.name") {
-            Some(slot) => self.out.set("postgres", "slot", slot, "slot.name: the relay continues from the position Debezium confirmed (stop Debezium first)"),
-            None => self.out.set("postgres", "slot", "debezium", "slot.name (Debezium's default): the relay continues from the position Debezium confirmed"),
-        }
-        match self.take("publication.name") {
-            Some(name) => self
-                .out
-                .set("postgres", "publication", name, "publication.name"),
-            None => self.out.set(
+        // Debezium's publication can be the relay's only if it names the outbox tables alone:
+        // an insert into any other published table stops the relay. `filtered` made it so,
+        // `disabled` means someone made it (`outbox-relay check` says whether it fits); the
+        // default `all_tables` publishes every table.
+        let mode = self.take("publication.autocreate.mode");
+        let reusable = matches!(mode.as_deref(), Some("filtered" | "disabled"));
+        let mode_text = match &mode {
+            Some(mode) => format!("publication.autocreate.mode = {mode}"),
+            None => {
+                "publication.autocreate.mode absent (Debezium's default all_tables)".to_string()
+            }
+        };
+        if reusable {
+            match self.take("slot.name") {
+                Some(slot) => self.out.set("postgres", "slot", slot, "slot.name: the relay continues from the position Debezium confirmed (stop Debezium first)"),
+                None => self.out.set("postgres", "slot", "debezium", "slot.name (Debezium's default): the relay continues from the position Debezium confirmed (stop Debezium first)"),
+            }
+            match self.take("publication.name") {
+                Some(name) => self
+                    .out
+                    .set("postgres", "publication", name, "publication.name"),
+                None => self.out.set(
+                    "postgres",
+                    "publication",
+                    "dbz_publication",
+                    "publication.name (Debezium's default)",
+                ),
+            }
+            let create = mode.as_deref() == Some("filtered");
+            self.out.set(
                 "postgres",
-                "publication",
-                "dbz_publication",
-                "publication.name (Debezium's default)",
-            ),
-        }
-        if let Some(mode) = self.take("publication.autocreate.mode") {
-            match mode.as_str() {
-                "disabled" => self.out.set("postgres", "create_publication", false, "publication.autocreate.mode = disabled"),
-                "filtered" => self.out.set("postgres", "create_publication", true, "publication.autocreate.mode = filtered: created FOR TABLE <the outbox tables> WITH (publish = 'insert')"),
-                "all_tables" | "no_tables" => {
-                    self.out.set("postgres", "create_publication", true, &format!("publication.autocreate.mode = {mode}: the relay creates it for the outbox tables only, inserts only; `outbox-relay check` prints the ALTER PUBLICATION for an existing one"));
-                }
-                other => {
-                    let other = other.to_string();
-                    self.leave("publication.autocreate.mode", format!("`{other}` is none of all_tables, disabled, filtered, no_tables"));
+                "create_publication",
+                create,
+                &format!("{mode_text}: the publication names the outbox tables; `outbox-relay check` prints the ALTER PUBLICATION that makes it publish inserts only"),
+            );
+        } else {
+            let why = format!("{mode_text}: Debezium's publication publishes every table, and an insert into a table that is not an outbox stops the relay: it gets a slot and a publication of its own (postgres.slot, postgres.publication, created at start); create the slot before stopping Debezium so that nothing falls in between (see the guide: moving from Debezium)");
+            for key in ["slot.name", "publication.name"] {
+                if self.by_key.contains_key(key) {
+                    self.leave(key, why.clone());
                 }
             }
+            if let Some(other) = mode
+                .as_deref()
+                .filter(|m| !["all_tables", "no_tables"].contains(m))
+            {
+                let other = other.to_string();
+                self.leave(
+                    "publication.autocreate.mode",
+                    format!("`{other}` is none of all_tables, disabled, filtered, no_tables"),
+                );
+            }
+            self.out.note("postgres", &why);
+            self.out.set(
+                "postgres",
+                "slot",
+                "outbox_relay",
+                "a slot of the relay's own: `outbox-relay slot create` while Debezium still runs",
+            );
+            self.out.set("postgres", "publication", "outbox_relay_pub", "a publication of the relay's own: FOR TABLE <the outbox tables> WITH (publish = 'insert')");
+            self.out.set(
+                "postgres",
+                "create_publication",
+                true,
+                "created by `outbox-relay slot create` or at start",
+            );
         }
         if let Some(drop) = self.take("slot.drop.on.stop") {
             if drop.eq_ignore_ascii_case("true") {

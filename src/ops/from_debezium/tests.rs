@@ -105,8 +105,10 @@ fn debeziums_documented_outbox_example_becomes_a_config_that_validates() {
         config.postgres.url,
         "postgres://postgresuser@order-db:5432/orderdb"
     );
-    assert_eq!(config.postgres.slot, "debezium", "Debezium's default slot");
-    assert_eq!(config.postgres.publication, "dbz_publication");
+    // Debezium's default publication is FOR ALL TABLES: the relay gets its own.
+    assert_eq!(config.postgres.slot, "outbox_relay");
+    assert_eq!(config.postgres.publication, "outbox_relay_pub");
+    assert!(config.postgres.create_publication);
     let outbox = &config.outbox;
     assert_eq!(outbox.table, "inventory.outboxevent");
     assert_eq!(outbox.topic, "{aggregatetype}.events");
@@ -281,4 +283,26 @@ fn several_outbox_tables_become_outbox_tables_entries() {
     assert_eq!(tables, ["billing.outbox", "shipping.outbox"]);
     assert_eq!(config.outbox.aggregate_type_column, "topic");
     assert_eq!(config.outbox.topic, "{aggregatetype}");
+}
+
+#[test]
+fn debeziums_slot_is_reused_only_with_a_publication_of_the_outbox_tables_alone() {
+    let base = "transforms=outbox\n\
+                transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n\
+                slot.name=orders_slot\n\
+                publication.name=orders_pub\n";
+    let filtered = convert(&format!("{base}publication.autocreate.mode=filtered\n")).unwrap();
+    let config = validated(&filtered);
+    assert_eq!(config.postgres.slot, "orders_slot");
+    assert_eq!(config.postgres.publication, "orders_pub");
+    assert!(filtered.unmapped.is_empty(), "{:?}", filtered.unmapped);
+
+    for mode in ["", "publication.autocreate.mode=all_tables\n"] {
+        let all_tables = convert(&format!("{base}{mode}")).unwrap();
+        let config = validated(&all_tables);
+        assert_eq!(config.postgres.slot, "outbox_relay", "{mode}");
+        assert_eq!(config.postgres.publication, "outbox_relay_pub", "{mode}");
+        let left = unmapped_keys(&all_tables);
+        assert_eq!(left, ["slot.name", "publication.name"], "{mode}");
+    }
 }
