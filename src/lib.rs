@@ -32,6 +32,8 @@ pub mod lsn;
 pub mod mapping;
 pub mod ops;
 pub mod postgres;
+#[cfg(test)]
+mod reference;
 pub mod relay;
 pub mod serve;
 pub mod sink;

@@ -1,200 +1,16 @@
 //! The `outbox-relay` command line.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 use outbox_relay::config::{Config, LogFormat};
+use outbox_relay::ops::cli::{
+    Cli, Command, ConfigArgs, DeadLettersCommand, DeadLettersListArgs, ReplayArgs, SlotCommand,
+};
 use outbox_relay::ops::{self, replay, slot, OpsError};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-
-#[derive(Parser)]
-#[command(
-    name = "outbox-relay",
-    version,
-    about = "Transactional outbox relay: PostgreSQL logical replication to Kafka"
-)]
-struct Cli {
-    /// The config file (TOML). Every key can also be set as OUTBOX_RELAY__<SECTION>__<KEY>.
-    #[arg(long, short, global = true, env = "OUTBOX_RELAY_CONFIG")]
-    config: Option<PathBuf>,
-    /// Log one JSON object per line (overrides relay.log_format).
-    #[arg(long, global = true)]
-    log_json: bool,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Stream the outbox to Kafka until SIGTERM or Ctrl-C.
-    Run,
-    /// Print the effective configuration, secrets redacted.
-    Config,
-    /// Pre-flight: check PostgreSQL and Kafka set-up; each problem comes with its fix.
-    ///
-    /// Exit 0 when there is no problem (warnings allowed), 1 otherwise.
-    Check(JsonFlag),
-    /// Where the relay stands: slot, lag, retained WAL, publication, outbox rows.
-    ///
-    /// Read-only; safe while the relay runs. Exit 1 when the slot is missing or lost.
-    Status(JsonFlag),
-    /// Create, drop or advance the replication slot; release its sweeper hold.
-    #[command(subcommand)]
-    Slot(SlotCommand),
-    /// Re-publish events still in the outbox table (the rewind a slot cannot do).
-    ///
-    /// Rows are selected by the given filters (all must match) and sent in created_at, id order
-    /// with the same topic, key, payload and headers as the live stream, plus the header
-    /// `outbox-relay-replay: true`. Success is reported only once Kafka acknowledged every
-    /// record; any failure exits 1.
-    Replay(ReplayArgs),
-    /// Read the dead-letter topic (`dead_letter.topic`).
-    #[command(subcommand)]
-    DeadLetters(DeadLettersCommand),
-}
-
-#[derive(Subcommand)]
-enum DeadLettersCommand {
-    /// List dead letters (reason, event id, original topic or table, error), filtered; reads
-    /// the topic from its beginning to its current end and consumes nothing.
-    List(DeadLettersListArgs),
-    /// Send dead letters back: those of a mapping reason are mapped again with the current
-    /// configuration, those Kafka refused are re-sent to their topic as they were.
-    ///
-    /// Reads from the position of its consumer group (--group), which is committed only once
-    /// Kafka acknowledged what was sent: an interrupted redrive resumes, a finished one run
-    /// again sends nothing. Records still unmappable are dead-lettered again with their
-    /// redrive count raised; past --max-redrives a dead letter is left and reported. Exit 1
-    /// when Kafka did not take a record (run it again).
-    Redrive(DeadLettersRedriveArgs),
-}
-
-#[derive(Args)]
-struct DeadLettersRedriveArgs {
-    #[command(flatten)]
-    select: DeadLettersListArgs,
-    /// Decide and report, but send and commit nothing.
-    #[arg(long)]
-    dry_run: bool,
-    /// Leave a dead letter that was redriven this many times already.
-    #[arg(long, value_name = "N", default_value_t = ops::dead_letters::DEFAULT_MAX_REDRIVES)]
-    max_redrives: u32,
-    /// The consumer group holding the redrive's position. Filters pass over the dead letters
-    /// they do not select; redrive those later with another group.
-    #[arg(long, default_value = ops::dead_letters::REDRIVE_GROUP)]
-    group: String,
-}
-
-#[derive(Args)]
-struct DeadLettersListArgs {
-    /// Only this reason: mapping, invalid_topic, too_large or rejected.
-    #[arg(long)]
-    reason: Option<String>,
-    /// Only the dead letter of this event id (the record key).
-    #[arg(long, value_name = "ID")]
-    event_id: Option<String>,
-    /// Only those of this original topic (or, for rows that never became a record, table).
-    #[arg(long)]
-    topic: Option<String>,
-    /// Records timestamped at or after this RFC 3339 time (e.g. 2026-05-01T12:00:00Z).
-    #[arg(long, value_name = "TIME")]
-    since: Option<jiff::Timestamp>,
-    /// Records timestamped before this RFC 3339 time.
-    #[arg(long, value_name = "TIME")]
-    until: Option<jiff::Timestamp>,
-    /// Show (redrive: send) at most this many; the counts per reason cover all that match.
-    #[arg(long, value_name = "N")]
-    limit: Option<usize>,
-    #[command(flatten)]
-    out: JsonFlag,
-}
-
-#[derive(Args)]
-struct JsonFlag {
-    /// Print the result as JSON on stdout (for scripts).
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Subcommand)]
-enum SlotCommand {
-    /// Create the logical slot (pgoutput) if it does not exist. Idempotent.
-    Create(JsonFlag),
-    /// Drop the slot. Idempotent. Refuses while the slot is active unless --force.
-    Drop {
-        /// Confirm: the slot's position is lost, and events committed while no slot exists are
-        /// never relayed.
-        #[arg(long)]
-        yes: bool,
-        /// End the backend holding the slot first (pg_terminate_backend). Stop a running relay
-        /// instead: it reconnects.
-        #[arg(long)]
-        force: bool,
-        #[command(flatten)]
-        out: JsonFlag,
-    },
-    /// Skip forward: move the slot's confirmed position to an LSN, or to `now`.
-    ///
-    /// Events committed in between are not relayed. A slot cannot move backwards: to send
-    /// events again, use `replay`. Refuses while the slot is active unless --force.
-    Advance {
-        /// The target position, like 0/16B3748, or `now` for the server's current position.
-        #[arg(long, value_name = "LSN|now")]
-        to: slot::AdvanceTarget,
-        /// End the backend holding the slot first (pg_terminate_backend).
-        #[arg(long)]
-        force: bool,
-        #[command(flatten)]
-        out: JsonFlag,
-    },
-    /// End the sweeper hold on the rows a new slot never streamed (a covering `replay`
-    /// releases it by itself): they are then swept once older than the retention.
-    ReleaseHold {
-        /// Confirm: the held rows are deleted once they pass the retention.
-        #[arg(long)]
-        yes: bool,
-        /// Only this outbox table's hold (`schema.table`, or a bare name in public).
-        #[arg(long, value_name = "TABLE")]
-        table: Option<String>,
-        #[command(flatten)]
-        out: JsonFlag,
-    },
-}
-
-#[derive(Args)]
-struct ReplayArgs {
-    /// Rows with created_at at or after this time (PostgreSQL timestamptz input,
-    /// e.g. '2026-05-01 12:00:00+00'; '-infinity' selects all).
-    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
-    since: Option<String>,
-    /// Rows with created_at before this time.
-    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
-    until: Option<String>,
-    /// Rows whose id is at least this (compared as the id column's type).
-    #[arg(long, value_name = "ID", allow_hyphen_values = true)]
-    from_id: Option<String>,
-    /// Rows whose id is at most this.
-    #[arg(long, value_name = "ID", allow_hyphen_values = true)]
-    to_id: Option<String>,
-    /// Rows of this aggregate type only.
-    #[arg(long, value_name = "TYPE")]
-    aggregate_type: Option<String>,
-    /// Rows of this event type only.
-    #[arg(long = "type", value_name = "TYPE")]
-    event_type: Option<String>,
-    /// Replay only this outbox table (`schema.table`, or a bare name in public); default: every
-    /// configured table, merged in created_at order.
-    #[arg(long, value_name = "TABLE")]
-    table: Option<String>,
-    /// Count and map the selected rows; send nothing.
-    #[arg(long)]
-    dry_run: bool,
-    #[command(flatten)]
-    out: JsonFlag,
-}
 
 fn main() -> ExitCode {
     // Signals first, before anything else runs: a pod stopped right after it started (a rolling
@@ -231,6 +47,13 @@ fn main() -> ExitCode {
         },
         _ => None,
     };
+    if let Command::Config(ConfigArgs {
+        from_debezium: Some(path),
+    }) = &cli.command
+    {
+        // A translation of another tool's file: no config of ours is read, nothing is reached.
+        return from_debezium(path);
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(e) => {
@@ -240,7 +63,7 @@ fn main() -> ExitCode {
     };
     // The operator commands print their own results: only warnings and errors go to the log.
     let default_log = match cli.command {
-        Command::Run | Command::Config => "info,rdkafka=warn",
+        Command::Run | Command::Config(_) => "info,rdkafka=warn",
         _ => "warn,rdkafka=error",
     };
     let log_format = if cli.log_json {
@@ -252,13 +75,39 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match (cli.command, signals) {
             (Command::Run, Some(signals)) => run(config, signals).await,
-            (Command::Config, _) => {
+            (Command::Config(_), _) => {
                 print!("{}", config.to_redacted_toml());
                 ExitCode::SUCCESS
             }
             (command, _) => operator_command(&config, command).await,
         }
     })
+}
+
+/// `config --from-debezium FILE`: the TOML on stdout, each key left behind on stderr with its
+/// reason; exit 0 when the file was translated, 1 when it cannot be read or is no outbox
+/// router configuration.
+fn from_debezium(path: &std::path::Path) -> ExitCode {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("outbox-relay: cannot read `{}`: {e}", path.display());
+            return ExitCode::from(ops::EXIT_FAILURE);
+        }
+    };
+    match ops::from_debezium::convert(&text) {
+        Ok(converted) => {
+            print!("{}", converted.toml);
+            for left in &converted.unmapped {
+                eprintln!("outbox-relay: not mapped: {left}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("outbox-relay: `{}`: {e}", path.display());
+            ExitCode::from(ops::EXIT_FAILURE)
+        }
+    }
 }
 
 /// Runs `check`, `status`, `slot …` or `replay`: prints the report, or one line saying what
@@ -275,7 +124,7 @@ async fn operator_command(config: &Config, command: Command) -> ExitCode {
         Command::Replay(args) => args.out.json,
         Command::DeadLetters(DeadLettersCommand::List(args)) => args.out.json,
         Command::DeadLetters(DeadLettersCommand::Redrive(args)) => args.select.out.json,
-        Command::Run | Command::Config => false,
+        Command::Run | Command::Config(_) => false,
     };
     let succeeded = match command {
         Command::Check(_) => Ok(ops::emit(&ops::check::run(config).await, json)),
@@ -317,7 +166,7 @@ async fn operator_command(config: &Config, command: Command) -> ExitCode {
                 .await
                 .map(|r| ops::emit(&r, json))
         }
-        Command::Run | Command::Config => Ok(true),
+        Command::Run | Command::Config(_) => Ok(true),
     };
     match succeeded {
         Ok(true) => ExitCode::SUCCESS,

@@ -10,8 +10,10 @@
 //! bound as parameters: nothing the operator types is spliced into SQL text.
 
 pub mod check;
+pub mod cli;
 pub mod dead_letters;
 pub mod format;
+pub mod from_debezium;
 pub mod release_hold;
 pub mod replay;
 mod rows;

@@ -15,6 +15,7 @@ mod dead_letters;
 mod exactly_once;
 mod exactly_once_edges;
 mod failover;
+mod from_debezium;
 mod hardening;
 mod inbox;
 mod kafka_faults;

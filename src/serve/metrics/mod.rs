@@ -486,7 +486,7 @@ impl Metrics {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::Ordering::Relaxed;
 
@@ -624,7 +624,7 @@ mod tests {
     }
 
     /// A `Metrics` with a value in every family (each labelled family with a series).
-    fn every_family() -> Metrics {
+    pub(crate) fn every_family() -> Metrics {
         let m = Metrics::default();
         m.events_published.fetch_add(3, Relaxed);
         m.events_dead_lettered.fetch_add(1, Relaxed);
