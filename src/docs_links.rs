@@ -392,6 +392,27 @@ fn every_docs_section_the_code_names_exists() {
 }
 
 #[test]
+fn every_book_page_is_in_the_summary() {
+    let src = root().join("docs/src");
+    let summary = std::fs::read_to_string(src.join("SUMMARY.md")).unwrap_or_default();
+    let listed: BTreeSet<PathBuf> = links(&summary)
+        .into_iter()
+        .map(|l| normalize(&src.join(l.target.split('#').next().unwrap_or(""))))
+        .collect();
+    let orphans: Vec<String> = files_under(&src, &[".md"])
+        .into_iter()
+        .filter(|f| !f.ends_with("SUMMARY.md") && !listed.contains(f))
+        .map(|f| f.strip_prefix(&src).unwrap_or(&f).display().to_string())
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "{} page(s) of docs/src that docs/src/SUMMARY.md does not list (mdBook would not build them): {}",
+        orphans.len(),
+        orphans.join(", ")
+    );
+}
+
+#[test]
 fn slugs_follow_github() {
     assert_eq!(
         slug("Dead letters: list, redrive, breaker"),
