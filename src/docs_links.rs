@@ -11,9 +11,9 @@
 //!   punctuation dropped, spaces to `-`, `-1`, `-2` … for repeated headings).
 //!
 //! It also reads what the code and the operator files (`src/`, `tests/`, `examples/`,
-//! `config/`, `deploy/`, `migrations/`, `scripts/`) say to a reader: every `docs/….md#anchor`
-//! they name (error hints, runbook URLs, comments) must exist, and so must every README section
-//! they name in words (`README "Routing"`, `the README (High availability)`).
+//! `config/`, `deploy/`, `migrations/`, `scripts/`, `bench/README.md`) say to a reader: every
+//! `docs/….md#anchor` they name (error hints, runbook URLs, comments) must exist, and so must
+//! every README section they name in words (`README "Routing"`, `the README (High availability)`).
 //!
 //! Nothing is skipped: a link to a page another change is still writing counts as broken until
 //! that page is committed. External links (`https:`, `mailto:`) are not fetched.
@@ -333,7 +333,15 @@ fn broken_hints(root: &Path) -> Vec<String> {
     ] {
         files.extend(files_under(&root.join(dir), &[]));
     }
-    files.extend(["Dockerfile", "docker-compose.yml", "Cargo.toml"].map(|f| root.join(f)));
+    files.extend(
+        [
+            "Dockerfile",
+            "docker-compose.yml",
+            "Cargo.toml",
+            "bench/README.md",
+        ]
+        .map(|f| root.join(f)),
+    );
     let mut cache = BTreeMap::new();
     let mut problems = Vec::new();
     for file in files {
