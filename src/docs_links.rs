@@ -311,9 +311,11 @@ fn broken_markdown_links(root: &Path) -> Vec<String> {
 
 /// Every docs section the code and the operator files name that does not exist.
 fn broken_hints(root: &Path) -> Vec<String> {
-    // `docs/….md` with an optional anchor, as hints and runbook URLs write it.
+    // `docs/….md` with an optional anchor, as hints and runbook URLs write it; not a path that
+    // merely ends in docs/ (`../shared/docs/x.md` lies outside the repository).
     let docs_path =
-        Regex::new(r"\bdocs/[A-Za-z0-9_./-]*\.md(?:#[A-Za-z0-9_-]+)?").expect("a valid pattern");
+        Regex::new(r"(?:^|[^A-Za-z0-9_./-])(docs/[A-Za-z0-9_./-]*\.md(?:#[A-Za-z0-9_-]+)?)")
+            .expect("a valid pattern");
     // A README section named in words: README "Routing", README, "Kafka", README: "Kafka",
     // the README (High availability), "Routing" in the README.
     let readme_section =
@@ -357,9 +359,10 @@ fn broken_hints(root: &Path) -> Vec<String> {
             .display()
             .to_string();
         for (i, line) in text.lines().enumerate() {
-            for found in docs_path.find_iter(line) {
-                if let Some(why) = broken(root, root, found.as_str(), &mut cache) {
-                    problems.push(format!("{shown}:{}: {}: {why}", i + 1, found.as_str()));
+            for caps in docs_path.captures_iter(line) {
+                let found = &caps[1];
+                if let Some(why) = broken(root, root, found, &mut cache) {
+                    problems.push(format!("{shown}:{}: {found}: {why}", i + 1));
                 }
             }
             for caps in readme_section.captures_iter(line) {
