@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 -- rows by created_at.
 CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON outbox (created_at);
 
--- A partitioned outbox instead (README: "Partitioned outbox tables"): one
+-- A partitioned outbox instead (docs/src/guides/partitioned-outboxes.md): one
 -- partition per month, dropped when every row in it was confirmed by the slot
 -- (by hand, or by the sweeper with [outbox.sweeper] drop_partitions = true).
 -- The primary key must include the partition key. Configure the partitioned

@@ -1,4 +1,4 @@
--- 002_sweeper_hold.sql: the retention sweeper's holds (README "The sweeper hold").
+-- 002_sweeper_hold.sql: the retention sweeper's holds (docs/src/guides/keeping-the-table-small.md, "The sweeper hold").
 --
 -- outbox-relay creates this table on demand, in the schema of the first
 -- configured outbox table, the first time it creates a slot. Run this file

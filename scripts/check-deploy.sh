@@ -5,7 +5,7 @@
 #     non-firing case per alert), `promtool check config` of the example configuration;
 #   - every metric named in the rules and the dashboard is one src/serve/metrics/mod.rs serves;
 #   - every alert has a summary, a description and a runbook_url whose anchor is a heading of
-#     docs/operations.md;
+#     docs/src/operations/runbooks.md;
 #   - deploy/grafana/outbox-relay.json is valid JSON and every panel query parses as PromQL;
 #   - deploy/kubernetes: the YAML parses; 2 replicas on one slot; liveness on /healthz and
 #     readiness not on /readyz; terminationGracePeriodSeconds above relay.shutdown_timeout_ms;
@@ -27,7 +27,7 @@ RULE_TESTS=$PROM/outbox-relay.rules.test.yml
 DASHBOARD=deploy/grafana/outbox-relay.json
 K8S=deploy/kubernetes/outbox-relay.yaml
 K8S_JOB=deploy/kubernetes/outbox-relay-slot-job.yaml
-RUNBOOK=docs/operations.md
+RUNBOOK=docs/src/operations/runbooks.md
 
 WORK=$(mktemp -d)
 relay_pid=
@@ -509,7 +509,7 @@ EOF
 }
 check "outbox-relay config accepts the ConfigMap with the manifest's env and Secret" relay_accepts_config
 
-# The managed-service examples (README, "Running on managed services"): the relay accepts
+# The managed-service examples (docs/src/guides/managed/index.md): the relay accepts
 # each, with the files it names (secrets, CA bundles) made under $WORK, and every key comes
 # out in the effective config as the example sets it.
 managed_example() {

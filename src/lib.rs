@@ -27,6 +27,8 @@
 pub mod aws;
 pub mod config;
 #[cfg(test)]
+mod docs_links;
+#[cfg(test)]
 mod floors;
 pub mod lsn;
 pub mod mapping;

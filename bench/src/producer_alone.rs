@@ -174,7 +174,7 @@ impl Sender<'_> {
         let key = format!("00000000-0000-4000-8000-{:012}", self.sent);
         let topic = &self.topics[n % self.topics.len()];
         let aggregate_id = (self.sent % 100_000).to_string();
-        // The relay's four headers (README: `id`, `type`, `aggregatetype`, `aggregateid`), so
+        // The relay's four headers (docs/src/guides/routing.md: `id`, `type`, `aggregatetype`, `aggregateid`), so
         // that its records weigh what the relay's do.
         let headers = OwnedHeaders::new_with_capacity(4)
             .insert(header("id", &key))

@@ -43,7 +43,7 @@ pub enum SlotError {
     StillActive { slot: String, pid: i32 },
     #[error("slot `{slot}` was taken again by backend {pid} right after its holder was ended (a running relay reconnects by itself): stop the relay first, then retry")]
     Retaken { slot: String, pid: i32 },
-    #[error("slot `{slot}` has confirmed up to {confirmed}; {target} is behind that, and a logical slot cannot move backwards. To send those events again: `outbox-relay replay`; see docs/operations.md#replay-after-an-incident")]
+    #[error("slot `{slot}` has confirmed up to {confirmed}; {target} is behind that, and a logical slot cannot move backwards. To send those events again: `outbox-relay replay`; see docs/src/operations/runbooks.md#replay-after-an-incident")]
     Behind {
         slot: String,
         confirmed: Lsn,
@@ -51,7 +51,7 @@ pub enum SlotError {
     },
     #[error("{target} is ahead of the server's WAL position {written}: there is nothing there to skip to yet; `--to now` skips everything written so far")]
     Ahead { target: Lsn, written: Lsn },
-    #[error("publication `{publication}` does not exist and postgres.create_publication is off: create it first (`outbox-relay check` prints the statement) or turn that on; see docs/operations.md#slot-create-refused")]
+    #[error("publication `{publication}` does not exist and postgres.create_publication is off: create it first (`outbox-relay check` prints the statement) or turn that on; see docs/src/operations/runbooks.md#slot-create-refused")]
     PublicationMissing { publication: String },
     #[error("refusing to drop slot `{slot}` without --yes: the slot's position is lost, and events committed while no slot exists are never relayed")]
     NeedsYes { slot: String },

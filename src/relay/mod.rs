@@ -72,11 +72,11 @@ pub enum RelayError {
     Poison(String),
     /// An event Kafka refuses as too large whose dead letter could keep neither its payload
     /// nor its row: dead-lettering it would leave its outbox row as its only copy.
-    #[error("stopped on an event too large for Kafka and for its dead letter; the slot is not confirmed past it: {0}. Fix: raise the topic's max.message.bytes (and kafka.properties message.max.bytes) above it and restart, or republish it yourself and skip it; see docs/operations.md#too-large-to-keep")]
+    #[error("stopped on an event too large for Kafka and for its dead letter; the slot is not confirmed past it: {0}. Fix: raise the topic's max.message.bytes (and kafka.properties message.max.bytes) above it and restart, or republish it yourself and skip it; see docs/src/operations/runbooks.md#too-large-to-keep")]
     TooLargeToKeep(String),
     /// More dead letters in a minute than `dead_letter.max_per_minute`: the slot is not
     /// confirmed past the transaction of the one that tripped the breaker.
-    #[error("the dead-letter breaker tripped: {0}; the slot is not confirmed past this event. Fix the producer or the configuration (see `outbox-relay dead-letters list`), then restart; see docs/operations.md#dead-letter-breaker")]
+    #[error("the dead-letter breaker tripped: {0}; the slot is not confirmed past this event. Fix the producer or the configuration (see `outbox-relay dead-letters list`), then restart; see docs/src/operations/runbooks.md#dead-letter-breaker")]
     Breaker(String),
     /// An insert from a relation that is not a configured outbox table (nor a partition of
     /// one): never skipped, because the slot would be confirmed past it.
@@ -125,9 +125,9 @@ impl std::fmt::Display for Unmapped {
             write!(f, " but a partition of {root}, which is not one either")?;
         }
         if self.dropped {
-            return write!(f, " and no longer exists (a dropped partition?): the relay stops. Fix: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true), then skip past it; see docs/operations.md#unmapped-relation");
+            return write!(f, " and no longer exists (a dropped partition?): the relay stops. Fix: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true), then skip past it; see docs/src/operations/runbooks.md#unmapped-relation");
         }
-        write!(f, ": the relay stops. Fix: configure it as an outbox table, or ALTER PUBLICATION {publication} DROP TABLE it; see docs/operations.md#unmapped-relation")
+        write!(f, ": the relay stops. Fix: configure it as an outbox table, or ALTER PUBLICATION {publication} DROP TABLE it; see docs/src/operations/runbooks.md#unmapped-relation")
     }
 }
 

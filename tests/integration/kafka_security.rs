@@ -366,7 +366,7 @@ async fn prepare_exactly_once(
     progress
 }
 
-/// The baseline: with the ACLs the README documents, and no more, both delivery modes deliver
+/// The baseline: with the ACLs docs/src/guides/kafka.md#locked-down-kafka-and-topic-creation names, and no more, both delivery modes deliver
 /// everything, also after a restart. At-least-once: WRITE on the events' topics. Exactly-once:
 /// also READ+WRITE on the progress topic, READ on the group `outbox-relay-progress` and
 /// WRITE+DESCRIBE on the transactional id.

@@ -58,7 +58,7 @@ pub(super) async fn failover(
     if server.in_recovery {
         items.push(ok(
             "failover slot",
-            format!("connected to a standby ({}): the relay decodes from a slot of the standby itself (PostgreSQL 16+, needs hot_standby_feedback = on); that slot is not synchronized anywhere, see the README (High availability)", control.endpoint().target()),
+            format!("connected to a standby ({}): the relay decodes from a slot of the standby itself (PostgreSQL 16+, needs hot_standby_feedback = on); that slot is not synchronized anywhere, see docs/src/guides/high-availability.md#decoding-on-a-standby-postgresql-16", control.endpoint().target()),
         ));
         return items;
     }
@@ -77,7 +77,7 @@ pub(super) async fn failover(
             warning(
                 "failover slot",
                 format!("PostgreSQL {} has no failover slots: a promoted standby has no copy of slot `{name}`, and the relay stops (exit 3) after a failover", version_name(server.version_num)),
-                "PostgreSQL 17+ keeps the slot across a failover; until then see the README (High availability) for the recovery",
+                "PostgreSQL 17+ keeps the slot across a failover; until then see docs/src/guides/high-availability.md#without-failover-slots for the recovery",
             )
         };
         items.push(item);

@@ -95,7 +95,7 @@ pub enum PublishError {
     Progress { topic: String, problem: String },
     /// The progress record says something this database's history contradicts: the relay
     /// cannot tell what Kafka has, so it stops.
-    #[error("kafka.progress_topic `{topic}`: {problem}. Fix: a tombstone with key {key} to `{topic}`, or a new postgres.slot and `outbox-relay replay`; see docs/operations.md#exactly-once-progress")]
+    #[error("kafka.progress_topic `{topic}`: {problem}. Fix: a tombstone with key {key} to `{topic}`, or a new postgres.slot and `outbox-relay replay`; see docs/src/operations/runbooks.md#exactly-once-progress")]
     ProgressDiverged {
         topic: String,
         key: String,

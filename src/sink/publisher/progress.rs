@@ -358,7 +358,7 @@ fn wait_stable(
             return Ok(low);
         }
         if started.elapsed() > READ_TIMEOUT {
-            return Err(format!("an open Kafka transaction holds its stable end at offset {stable}, below its end {high}, for over {READ_TIMEOUT:?}: retrying; see docs/operations.md#exactly-once-progress"));
+            return Err(format!("an open Kafka transaction holds its stable end at offset {stable}, below its end {high}, for over {READ_TIMEOUT:?}: retrying; see docs/src/operations/runbooks.md#exactly-once-progress"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

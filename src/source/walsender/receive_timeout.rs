@@ -34,7 +34,7 @@ pub const RECEIVE_TIMEOUT_MARGIN: Duration = Duration::from_secs(1);
 
 /// An explicit `postgres.receive_timeout_ms` shorter than the server's longest silence.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("postgres.receive_timeout_ms = {configured_ms} is below the minimum of {minimum_ms} ms for this server (wal_sender_timeout = {wal_sender_timeout_ms} ms): set it to 0 (derived) or at least {minimum_ms}; see docs/operations.md#receive-deadline-refused")]
+#[error("postgres.receive_timeout_ms = {configured_ms} is below the minimum of {minimum_ms} ms for this server (wal_sender_timeout = {wal_sender_timeout_ms} ms): set it to 0 (derived) or at least {minimum_ms}; see docs/src/operations/runbooks.md#receive-deadline-refused")]
 pub struct ReceiveTimeoutTooLow {
     pub configured_ms: u64,
     pub wal_sender_timeout_ms: u64,
