@@ -38,6 +38,7 @@ use crate::postgres::control::{alter_failover_command, Control, ControlError, Sl
 use crate::relay::ledger::LedgerError;
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::publisher::{self, PublishError, Publisher, Rejection};
+use crate::sink::OpenedSink;
 use crate::source::pgoutput::DecodeError;
 use crate::source::walsender::{
     check_receive_timeout, receive_timeout, ConnectParams, ReplicationError, ReplicationStream,
@@ -474,8 +475,11 @@ async fn connect<'a>(
         &server,
         timelines,
     );
-    let (publisher, deliveries, progress) =
-        keep_alive_while(&mut stream, status_interval, opening).await??;
+    let OpenedSink {
+        publisher,
+        deliveries,
+        skip_below,
+    } = keep_alive_while(&mut stream, status_interval, opening).await??;
     metrics.watch_kafka(publisher.kafka_latency());
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.
@@ -511,7 +515,7 @@ async fn connect<'a>(
         deliveries,
         catalog: control,
     };
-    Ok(Session::new(settings, mapping.mapping, metrics, ends, start).skipping_below(progress))
+    Ok(Session::new(settings, mapping.mapping, metrics, ends, start).skipping_below(skip_below))
 }
 
 /// Runs `work` while sending the walsender a status update every `interval` that confirms

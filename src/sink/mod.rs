@@ -35,13 +35,15 @@ use progress::{
 };
 use publisher::{Delivery, PublishError, Publisher};
 
-/// The producer of a session, its delivery reports, and (in `exactly_once`) the end LSN below
-/// which PostgreSQL transactions are already in Kafka.
-pub type OpenedSink = (
-    Publisher,
-    mpsc::UnboundedReceiver<Delivery>,
-    Option<Progress>,
-);
+/// What a session sends with.
+pub struct OpenedSink {
+    pub publisher: Publisher,
+    /// Its delivery reports.
+    pub deliveries: mpsc::UnboundedReceiver<Delivery>,
+    /// `exactly_once`: the end LSN below which PostgreSQL transactions are already in Kafka
+    /// (none in at-least-once, or before the first commit).
+    pub skip_below: Option<Progress>,
+}
 
 /// Opens the session's producer. In `exactly_once`: the slot's identity is read, the progress
 /// topic made when missing, the transactional producer initialised (fencing older ones), and
@@ -57,7 +59,11 @@ pub async fn open(
 ) -> Result<OpenedSink, PublishError> {
     if config.delivery == DeliveryMode::AtLeastOnce {
         let (publisher, deliveries) = Publisher::reporting_blocks(config, blocked)?;
-        return Ok((publisher, deliveries, None));
+        return Ok(OpenedSink {
+            publisher,
+            deliveries,
+            skip_below: None,
+        });
     }
     let identity = SlotIdentity::read(client, slot).await?;
     let topic = &config.progress_topic;
@@ -96,7 +102,11 @@ pub async fn open(
     info!(transactional_id = %identity.transactional_id(), topic = %topic, partition,
         progress = ?skip_below.map(|p| p.to_string()),
         "exactly-once: producer initialised; transactions below the progress record are skipped");
-    Ok((publisher, deliveries, skip_below))
+    Ok(OpenedSink {
+        publisher,
+        deliveries,
+        skip_below,
+    })
 }
 
 /// Identifies a PostgreSQL transaction in the relay's ledger; travels with each record as the
