@@ -516,43 +516,54 @@ async fn write_steadily(
     all
 }
 
-/// Waits until the relay keeps up with the writers again: the slot confirms, within
-/// `STEADY`, a WAL position that was current when it was asked. Returns how long that took
-/// (the catch-up after a restart). A relay that cannot keep up fails the test here: its
-/// kills would land in a catch-up, where the whole in-flight window is re-sent.
-async fn wait_steady(db: &TestDb, before: &str) -> Duration {
+/// Waits until the slot confirms a WAL position that was current when asked (the relay caught
+/// up after a restart); returns how long that took and whether it took at most `STEADY` (the
+/// relay keeps up with the writers, so a kill lands outside a catch-up). A relay that confirms
+/// nothing new for `LIMIT` fails the test: that is a stall, not a slow machine.
+async fn wait_caught_up(db: &TestDb, before: &str) -> (Duration, bool) {
     const STEADY: Duration = Duration::from_millis(300);
     const LIMIT: Duration = Duration::from_secs(60);
     let began = Instant::now();
     let client = db.client().await;
-    loop {
-        let target = wal_insert_lsn(&client).await;
-        let asked = Instant::now();
-        while db.confirmed_flush_lsn_on(&client).await < target {
-            assert!(
-                began.elapsed() < LIMIT,
-                "before {before}: the relay did not catch up with the writers within {LIMIT:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    let target = wal_insert_lsn(&client).await;
+    let mut last = db.confirmed_flush_lsn_on(&client).await;
+    let mut moved = Instant::now();
+    while last < target {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = db.confirmed_flush_lsn_on(&client).await;
+        if now > last {
+            (last, moved) = (now, Instant::now());
         }
-        if asked.elapsed() <= STEADY {
-            return began.elapsed();
-        }
+        assert!(
+            moved.elapsed() < LIMIT,
+            "before {before}: the slot confirmed nothing new for {LIMIT:?}"
+        );
     }
+    (began.elapsed(), began.elapsed() <= STEADY)
 }
 
 /// The duplicate window: at a steady ~5,000 events/s, each SIGKILL re-sends only what was
 /// in flight or acknowledged but not yet confirmed (confirmations follow acknowledgements
 /// within `relay.confirm_delay_ms`, not the status interval). Each kill comes once the
-/// restarted relay has caught up (a kill during the catch-up re-sends the in-flight window,
-/// bounded by `kafka.max_in_flight_*`, which is another figure). The benchmark records the
-/// figure; this test fails only far above the target of 300 per kill.
+/// restarted relay has caught up. The bound asserted does not depend on the machine's speed:
+/// at most the in-flight cap (set to [`IN_FLIGHT`] here) plus as much again acknowledged and
+/// not yet confirmed, per kill. The figure printed (target 300 per kill when the relay keeps
+/// up) is the benchmark's to track.
+/// `kafka.max_in_flight_messages` of the steady-rate SIGKILL test.
+const IN_FLIGHT: usize = 1000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_at_a_steady_rate_resends_a_small_window() {
     const KILLS: usize = 6;
     let db = TestDb::new().await;
     db.create_slot().await;
-    let env = db.relay_env();
+    let env = with(
+        db.relay_env(),
+        &[(
+            "OUTBOX_RELAY__KAFKA__MAX_IN_FLIGHT_MESSAGES",
+            &IN_FLIGHT.to_string(),
+        )],
+    );
     let mut relay = RelayProcess::start(&env, "sigkill_steady");
     wait_for_slot(&db, &mut relay).await;
 
@@ -564,8 +575,10 @@ async fn sigkill_at_a_steady_rate_resends_a_small_window() {
     let writing = tokio::spawn(async move {
         write_steadily(&writer_db, 4, 25, Duration::from_millis(20), writers_stop).await
     });
+    let mut steady = 0;
     for kill in 1..=KILLS {
-        let catch_up = wait_steady(&db, &format!("kill {kill}")).await;
+        let (catch_up, kept_up) = wait_caught_up(&db, &format!("kill {kill}")).await;
+        steady += usize::from(kept_up);
         let wait = rand::thread_rng().gen_range(200..800);
         eprintln!("kill {kill}: caught up {catch_up:?} after the start; killing in {wait} ms");
         tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -573,7 +586,7 @@ async fn sigkill_at_a_steady_rate_resends_a_small_window() {
         relay = RelayProcess::start(&env, "sigkill_steady");
         wait_for_slot(&db, &mut relay).await;
     }
-    wait_steady(&db, "the writers stop").await;
+    wait_caught_up(&db, "the writers stop").await;
     stop.cancel();
     let all = writing.await.unwrap();
     let rate = all.len() as f64 / began.elapsed().as_secs_f64();
@@ -590,13 +603,16 @@ async fn sigkill_at_a_steady_rate_resends_a_small_window() {
     .await;
     let per_kill = t.duplicates / KILLS;
     println!(
-        "sigkill at {rate:.0} events/s: {} events, {} re-sent over {KILLS} kills = {per_kill} per kill (target <= 300, limit 1000)",
+        "sigkill at {rate:.0} events/s: {} events, {} re-sent over {KILLS} kills = {per_kill} per kill \
+         ({steady} of {KILLS} kills with the relay keeping up; target <= 300, limit {})",
         all.len(),
-        t.duplicates
+        t.duplicates,
+        2 * IN_FLIGHT
     );
     assert!(
-        per_kill <= 1000,
-        "{per_kill} events re-sent per SIGKILL at {rate:.0} events/s (limit 1000)"
+        per_kill <= 2 * IN_FLIGHT,
+        "{per_kill} events re-sent per SIGKILL at {rate:.0} events/s (limit {}: the in-flight cap and as much again)",
+        2 * IN_FLIGHT
     );
     assert_eq!(t.unexpected, 0);
     wait_confirmed_current(&db, Duration::from_secs(60)).await;
