@@ -266,7 +266,7 @@ async fn a_transaction_many_kafka_timeouts_long_arrives_once_without_aborts() {
     let aborted = metric(&body, "outbox_relay_kafka_transactions_aborted_total");
     let committed = metric(&body, "outbox_relay_kafka_transactions_committed_total");
     let log = relay.log_text();
-    let splits = log.matches("records of the transaction there)").count();
+    let splits = log.matches("changes of the transaction there)").count();
     println!(
         "big transaction: all {} of {big} rows read_committed {:?} after the commit \
          (read for {:?}), {} duplicates, {} unexpected; {committed:?} Kafka transactions \

@@ -121,12 +121,25 @@ struct OpenTxn {
     events: u64,
     /// Records of it handed to the sink.
     sent: u64,
+    /// Its changes received so far (inserts and transactional logical messages), the ones
+    /// already in Kafka included: where a split commit puts its progress value.
+    changes: u64,
     /// Already in Kafka (below the progress record): nothing of it is published.
     skip: bool,
-    /// Its first records already in Kafka (a split transaction): so many are not published.
-    in_kafka: u64,
-    /// Of those, how many are still to come (and be skipped).
+    /// Of its first changes already in Kafka (a split transaction), how many are still to come
+    /// (and be skipped).
     skip_left: u64,
+}
+
+impl OpenTxn {
+    /// Counts a change of the transaction; true when what it made is in Kafka already (one
+    /// of the first changes of a split transaction).
+    fn change_in_kafka(&mut self) -> bool {
+        self.changes += 1;
+        let in_kafka = self.skip_left > 0;
+        self.skip_left = self.skip_left.saturating_sub(1);
+        in_kafka
+    }
 }
 
 /// A record for the sink, with what its acknowledgement stands for (exactly-once: held while
@@ -489,7 +502,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         match &self.txn {
             None => Reading::Between,
             Some(txn) if txn.sent == 0 => Reading::Starting,
-            Some(txn) => Reading::Inside(Progress::partial(txn.final_lsn, txn.in_kafka + txn.sent)),
+            Some(txn) => Reading::Inside(Progress::partial(txn.final_lsn, txn.changes)),
         }
     }
 

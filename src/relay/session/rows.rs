@@ -46,8 +46,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     commit_time_us,
                     events: 0,
                     sent: 0,
+                    changes: 0,
                     skip: covered == Covered::All,
-                    in_kafka,
                     skip_left: in_kafka,
                 });
             }
@@ -70,16 +70,17 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         &mut self,
         message: pgoutput::Message,
     ) -> Result<(), RelayError> {
+        // A transactional message is a change of its transaction, whatever the mapping makes
+        // of it: the split progress counts it either way.
+        if message.transactional {
+            let txn = self.open_txn()?;
+            if txn.skip || txn.change_in_kafka() {
+                return Ok(());
+            }
+        }
         match self.mapping.route_message(&message) {
             MessageRoute::Event => {
-                let OpenTxn {
-                    commit_time_ms,
-                    skip,
-                    ..
-                } = *self.open_txn()?;
-                if skip {
-                    return Ok(());
-                }
+                let commit_time_ms = self.open_txn()?.commit_time_ms;
                 let event = self.mapping.message_event(&message, commit_time_ms);
                 let (relation, tuple) = mapping::message_as_row(&message);
                 self.publish_event(event, Arc::new(relation), tuple).await?;
@@ -169,14 +170,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         &mut self,
         insert: pgoutput::Insert,
     ) -> Result<(), RelayError> {
-        let OpenTxn {
-            commit_time_ms,
-            skip,
-            ..
-        } = *self.open_txn()?;
-        if skip {
+        let txn = self.open_txn()?;
+        if txn.skip || txn.change_in_kafka() {
             return Ok(());
         }
+        let commit_time_ms = txn.commit_time_ms;
         let Some(entry) = self.relations.get(&insert.relation_id) else {
             return Err(RelayError::Protocol(format!(
                 "INSERT for relation {} before its RELATION message",
@@ -217,11 +215,6 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let txn = self.open_txn()?;
         let commit_time_ms = txn.commit_time_ms;
         txn.events += 1;
-        // A split transaction's first records are in Kafka already.
-        if txn.skip_left > 0 {
-            txn.skip_left -= 1;
-            return Ok(());
-        }
         let commit_time_us = txn.commit_time_us;
         let seq = self.ledger.record_sent()?;
         let mut event = match event {

@@ -485,13 +485,15 @@ pub fn reconcile(
 }
 
 /// Where Kafka stands for a slot: every PostgreSQL transaction that commits below `lsn` is in
-/// Kafka; with `records`, also the first that many records (events and dead letters, in row
-/// order) of the transaction that commits *at* `lsn` — a transaction too big for one Kafka
-/// transaction, split across several.
+/// Kafka; with `changes`, also what the first that many changes (inserts and logical
+/// messages, in WAL order) of the transaction that commits *at* `lsn` made — a transaction too
+/// big for one Kafka transaction, split across several. Changes, not records: the WAL fixes
+/// them, so a mapping changed between a crash and the restart (a message prefix now ignored,
+/// say) cannot shift the count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
     pub lsn: Lsn,
-    pub records: Option<u64>,
+    pub changes: Option<u64>,
 }
 
 /// What a session skips of a PostgreSQL transaction, by [`Progress`].
@@ -499,7 +501,7 @@ pub struct Progress {
 pub enum Covered {
     Nothing,
     All,
-    /// Its first records (a split transaction).
+    /// Its first changes (a split transaction).
     First(u64),
 }
 
@@ -508,22 +510,22 @@ impl Progress {
     pub fn whole(end: Lsn) -> Progress {
         Progress {
             lsn: end,
-            records: None,
+            changes: None,
         }
     }
 
-    /// The first `records` records of the transaction committing at `final_lsn` are in Kafka
-    /// (and every transaction before it).
-    pub fn partial(final_lsn: Lsn, records: u64) -> Progress {
+    /// What the first `changes` changes of the transaction committing at `final_lsn` made is
+    /// in Kafka (and every transaction before it).
+    pub fn partial(final_lsn: Lsn, changes: u64) -> Progress {
         Progress {
             lsn: final_lsn,
-            records: Some(records),
+            changes: Some(changes),
         }
     }
 
     /// How much of the transaction that commits at `final_lsn` (BEGIN's final LSN) is in Kafka.
     pub fn covers(&self, final_lsn: Lsn) -> Covered {
-        match self.records {
+        match self.changes {
             _ if final_lsn < self.lsn => Covered::All,
             Some(n) if final_lsn == self.lsn => Covered::First(n),
             _ => Covered::Nothing,
@@ -533,11 +535,11 @@ impl Progress {
 
 impl std::fmt::Display for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.records {
+        match self.changes {
             None => write!(f, "{}", self.lsn),
             Some(n) => write!(
                 f,
-                "{} (first {n} records of the transaction there)",
+                "{} (first {n} changes of the transaction there)",
                 self.lsn
             ),
         }
@@ -545,15 +547,17 @@ impl std::fmt::Display for Progress {
 }
 
 /// The progress record's value, as JSON so that operators can read it:
-/// `{"end_lsn":"0/16B3748"}`, or for a split transaction `{"end_lsn":"0/16B3748","records":500}`
+/// `{"end_lsn":"0/16B3748"}`, or for a split transaction `{"end_lsn":"0/16B3748","changes":500}`
 /// with its commit LSN. A relay that knows only `end_lsn` then publishes that transaction
-/// again whole (duplicates, never loss).
+/// again whole (duplicates, never loss). Relays before this counted `records` (what the
+/// changes made): read as changes, the same number unless the transaction carried logical
+/// messages the mapping ignores.
 ///
 /// `timeline` is the server's timeline when it was written (see [`reconcile`]).
 pub fn progress_value(progress: Progress, timeline: u32) -> String {
     let mut value = serde_json::json!({ "end_lsn": progress.lsn.to_string() });
-    if let Some(n) = progress.records {
-        value["records"] = n.into();
+    if let Some(n) = progress.changes {
+        value["changes"] = n.into();
     }
     if timeline > 0 {
         value["timeline"] = timeline.into();
@@ -566,7 +570,9 @@ pub fn parse_progress_value(value: &[u8]) -> Option<Stored> {
     let v: serde_json::Value = serde_json::from_slice(value).ok()?;
     let at = Progress {
         lsn: v.get("end_lsn")?.as_str()?.parse().ok()?,
-        records: v.get("records").and_then(serde_json::Value::as_u64),
+        changes: ["changes", "records"]
+            .into_iter()
+            .find_map(|field| v.get(field).and_then(serde_json::Value::as_u64)),
     };
     let timeline = v
         .get("timeline")
@@ -579,11 +585,11 @@ pub fn parse_progress_value(value: &[u8]) -> Option<Stored> {
 mod tests {
     use super::*;
 
-    fn stored(lsn: u64, records: Option<u64>, timeline: Option<u32>) -> Stored {
+    fn stored(lsn: u64, changes: Option<u64>, timeline: Option<u32>) -> Stored {
         Stored {
             at: Progress {
                 lsn: Lsn(lsn),
-                records,
+                changes,
             },
             timeline,
         }
@@ -602,11 +608,16 @@ mod tests {
         let value = progress_value(split, 3);
         assert_eq!(
             value,
-            r#"{"end_lsn":"0/16B3748","records":500,"timeline":3}"#
+            r#"{"changes":500,"end_lsn":"0/16B3748","timeline":3}"#
         );
         assert_eq!(
             parse_progress_value(value.as_bytes()),
             Some(stored(0x16B3748, Some(500), Some(3)))
+        );
+        // Written by a relay that counted records.
+        assert_eq!(
+            parse_progress_value(br#"{"end_lsn":"0/16B3748","records":500}"#),
+            Some(stored(0x16B3748, Some(500), None))
         );
         assert_eq!(
             parse_progress_value(br#"{"end_lsn":"0/10"}"#),
@@ -616,7 +627,7 @@ mod tests {
     }
 
     #[test]
-    fn a_split_value_covers_the_first_records_of_its_transaction_only() {
+    fn a_split_value_covers_the_first_changes_of_its_transaction_only() {
         let at = Progress::partial(Lsn(0x100), 7);
         assert_eq!(at.covers(Lsn(0xFF)), Covered::All);
         assert_eq!(at.covers(Lsn(0x100)), Covered::First(7));
