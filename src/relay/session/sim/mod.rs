@@ -133,7 +133,7 @@ async fn simulate(seed: u64) -> Outcome {
     let metrics = Metrics::default();
     let mut driver = Driver {
         world: world.clone(),
-        steps: rng.range(10, 300) as usize,
+        steps: rng.range(10, 600) as usize,
         chaos: [0, 3, 10, 25][rng.below(4) as usize],
         step: 0,
         rng,
@@ -427,4 +427,17 @@ fn every_seed_keeps_the_invariants() {
         failed.len(),
         &failed[..failed.len().min(20)]
     );
+}
+
+/// A seed is a replay: the same schedule, step for step, every time (nothing of the run
+/// depends on the machine's speed or a hash seed).
+#[test]
+fn a_seed_replays_the_same_schedule() {
+    for seed in [3, 42, 4_242] {
+        let first = run_seed(seed);
+        let again = run_seed(seed);
+        assert_eq!(first.schedule, again.schedule, "seed {seed}");
+        assert_eq!(first.sessions, again.sessions, "seed {seed}");
+        assert!(first.schedule.len() > 2, "seed {seed} did nothing");
+    }
 }

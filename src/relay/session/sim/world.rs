@@ -94,7 +94,7 @@ impl Workload {
                 },
             })
             .collect();
-        let count = rng.range(1, 30) as usize;
+        let count = rng.range(1, 60) as usize;
         let max_rows = rng.range(1, 6);
         let mut lsn = SLOT_START.0 + 0x100;
         let (mut txns, mut events, mut rolled_back) = (Vec::new(), Vec::new(), 0);
