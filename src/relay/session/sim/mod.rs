@@ -76,8 +76,9 @@ impl Rng {
     }
 }
 
-/// Sessions one run may start before it counts as a restart loop.
-const MAX_SESSIONS: u32 = 80;
+/// Sessions the healing phase (no faults injected but size refusals, which converge) may
+/// start before it counts as a restart loop.
+const MAX_HEALING_SESSIONS: u32 = 30;
 /// Steps the healing phase may take to confirm everything before it counts as a stall.
 const HEAL_STEPS: usize = 4_000;
 
@@ -160,6 +161,7 @@ async fn simulate(seed: u64) -> Outcome {
         );
         w.note(summary);
     }
+    let mut healing_sessions = 0;
     loop {
         let (frames_tx, frames) = mpsc::unbounded_channel();
         let (reports, deliveries) = mpsc::unbounded_channel();
@@ -223,11 +225,15 @@ async fn simulate(seed: u64) -> Outcome {
         w.producer_gone(&mut driver.rng);
         w.incarnation += 1;
         w.restart_causes = 0;
-        if w.incarnation >= MAX_SESSIONS {
-            w.violation(format!(
-                "{MAX_SESSIONS} sessions: the relay restarts in a loop"
-            ));
-            break;
+        w.status_fails = false;
+        if driver.step > driver.steps {
+            healing_sessions += 1;
+            if healing_sessions > MAX_HEALING_SESSIONS {
+                w.violation(format!(
+                    "{MAX_HEALING_SESSIONS} sessions after the faults stopped: the relay restarts in a loop"
+                ));
+                break;
+            }
         }
     }
     let mut w = world.borrow_mut();
@@ -294,14 +300,28 @@ impl Driver {
         let rng = &mut self.rng;
         let mut w = self.world.borrow_mut();
         if rng.chance(self.chaos) {
-            match rng.below(6) {
+            match rng.below(8) {
                 0 => {
                     return Some(Ending::Crashed);
+                }
+                6 => {
+                    // PostgreSQL restarts: the slot falls back to the position its last
+                    // checkpoint persisted (`CheckPointReplicationSlots`, slot.c), and the
+                    // connection is gone.
+                    w.restart_causes += 1;
+                    w.postgres_restarts();
+                    walsender.borrow().drop_connection();
+                }
+                7 => {
+                    // A checkpoint persists the slot's position.
+                    w.slot_persisted = w.slot;
                 }
                 1 => {
                     w.restart_causes += 1;
                     w.note("the replication connection drops".into());
                     walsender.borrow().drop_connection();
+                    // Or only the next status update notices it.
+                    w.status_fails = rng.chance(50);
                 }
                 2 => {
                     w.transient += 1;

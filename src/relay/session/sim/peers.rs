@@ -206,7 +206,12 @@ impl FrameSource for SimSource {
         flush: Lsn,
         reply: bool,
     ) -> Result<(), ReplicationError> {
-        self.world.borrow_mut().confirm(flush);
+        let mut world = self.world.borrow_mut();
+        if std::mem::take(&mut world.status_fails) {
+            return Err(ReplicationError::Closed);
+        }
+        world.confirm(flush);
+        drop(world);
         // The walsender answers a status update that asks for a reply with a keepalive
         // (`ProcessStandbyReplyMessage` → `WalSndKeepalive`, walsender.c).
         if reply {

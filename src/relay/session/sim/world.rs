@@ -240,6 +240,13 @@ pub(super) struct World {
     pub workload: Workload,
     /// The slot's `confirmed_flush_lsn`.
     pub slot: Lsn,
+    /// Its position as of the last checkpoint: where it stands after PostgreSQL restarts.
+    pub slot_persisted: Lsn,
+    /// The next status update fails (the connection broke while it was written).
+    pub status_fails: bool,
+    /// PostgreSQL restarted during the run: duplicates are allowed then, even with one
+    /// session.
+    postgres_restarted: bool,
     /// The session running now (0, 1, …): also its producer's identity.
     pub incarnation: u32,
     /// Faults injected in this session that end it (a dropped connection, a transient
@@ -288,6 +295,9 @@ impl World {
         World {
             workload,
             slot: SLOT_START,
+            slot_persisted: SLOT_START,
+            status_fails: false,
+            postgres_restarted: false,
             incarnation: 0,
             restart_causes: 0,
             transient: 0,
@@ -333,6 +343,24 @@ impl World {
     pub fn confirm(&mut self, flush: Lsn) {
         self.slot = self.slot.max(flush);
         self.check_slot();
+    }
+
+    /// PostgreSQL restarts: the slot goes back to its persisted position (duplicates, not
+    /// loss, as long as what was confirmed was safe when it was).
+    pub fn postgres_restarts(&mut self) {
+        self.note(format!(
+            "PostgreSQL restarts: the slot goes back from {} to {}",
+            self.slot, self.slot_persisted
+        ));
+        self.slot = self.slot_persisted;
+        self.postgres_restarted = true;
+        let slot = self.slot;
+        self.verified = self
+            .workload
+            .txns
+            .iter()
+            .position(|t| t.final_lsn >= slot)
+            .unwrap_or(self.workload.txns.len());
     }
 
     /// The slot never passes an event that is neither in its topic nor dead-lettered: on a
@@ -559,7 +587,7 @@ impl World {
     /// own; per aggregate, the topic holds the events in commit order, re-sent only as a
     /// suffix after a restart; nothing is duplicated unless a session restarted.
     pub fn check_end(&mut self) {
-        let restarts = self.incarnation;
+        let restarts = self.incarnation + u32::from(self.postgres_restarted);
         for e in 0..self.workload.events.len() {
             let (topic, dead) = self.landed[e];
             let ev = &self.workload.events[e];
