@@ -45,7 +45,8 @@ pub(super) struct Walsender {
 
 impl Walsender {
     /// START_REPLICATION from the slot: the server starts at its `confirmed_flush_lsn` and
-    /// skips every transaction whose commit starts before it (`SnapBuildXactNeedsSkip`).
+    /// skips every transaction whose commit starts before it (`SnapBuildXactNeedsSkip`,
+    /// replication/logical/snapbuild.c).
     pub fn start(world: &World, tx: Frames) -> Walsender {
         let next_txn = world
             .workload
@@ -92,7 +93,7 @@ impl Walsender {
     }
 
     /// Decodes the next committed transaction (whole: `streaming` is off, so pgoutput sends
-    /// it at its commit) into frames.
+    /// it at its commit, `ReorderBufferCommit`, reorderbuffer.c) into frames.
     fn stage(&mut self, world: &World) -> bool {
         let txns = &world.workload.txns;
         let Some(txn) = txns.get(self.next_txn) else {

@@ -261,7 +261,7 @@ pub(super) struct World {
     pub gate: BTreeMap<String, VecDeque<(i32, Pending)>>,
     /// Partitions where a batch of this producer failed, so that the session ends: the
     /// idempotent producer's later batches there are refused by the broker as out of
-    /// sequence (OUT_OF_ORDER_SEQUENCE_NUMBER), so none of them is written before the
+    /// sequence (OUT_OF_ORDER_SEQUENCE_NUMBER, Kafka's `ProducerAppendInfo.checkSequence`), so none of them is written before the
     /// producer goes.
     broken: BTreeSet<(String, i32)>,
     logs: BTreeMap<(String, i32), Vec<Landed>>,
@@ -455,8 +455,8 @@ impl World {
     }
 
     /// The brokers answer the oldest batch of a partition. One batch per ProduceRequest and
-    /// partition (`rd_kafka_toppar_producer_serve`); a batch holds the queued records up to
-    /// `batch.size` (`rd_kafka_msgset_writer_write_msgq` starts a new batch before a record
+    /// partition (`rd_kafka_toppar_producer_serve`, rdkafka_broker.c); a batch holds the queued records up to
+    /// `batch.size` (`rd_kafka_msgset_writer_write_msgq`, rdkafka_msgset_writer.c, starts a new batch before a record
     /// that would pass it). Partitions are answered in any order, each in order.
     pub fn answer(&mut self, key: &(String, i32), rng: &mut Rng) {
         let batch_size = self.batch_size();
@@ -475,7 +475,7 @@ impl World {
         let (topic, partition) = (key.0.clone(), key.1);
         if self.acl_denied.contains(&topic) {
             // TOPIC_AUTHORIZATION_FAILED in each delivery report; the reporter sends such
-            // records back to the gate (`DeliveryReporter::delivery`) when `waits_at_gate`.
+            // records back to the gate (`DeliveryReporter::delivery`, sink/publisher/delivery.rs) when `waits_at_gate`.
             let error = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
             for pending in batch {
                 if waits_at_gate(&error) {
@@ -488,7 +488,7 @@ impl World {
             return;
         }
         if self.transient > 0 {
-            // message.timeout.ms expired (`rd_kafka_msgq_age_scan`): the request may have
+            // message.timeout.ms expired (`rd_kafka_msgq_age_scan`, rdkafka_msg.c): the request may have
             // been written and its answer lost, so a prefix of the batch may be in Kafka.
             self.transient -= 1;
             self.restart_causes += 1;
@@ -500,7 +500,7 @@ impl World {
             ));
             // The younger records of the partition fail with it (modelled so: librdkafka's
             // idempotent producer without `enable.gapless.guarantee` may instead send them
-            // on after an epoch bump, `rd_kafka_idemp_drain_epoch_bump`, leaving a gap).
+            // on after an epoch bump, `rd_kafka_idemp_drain_epoch_bump` in rdkafka_idempotence.c, leaving a gap).
             let rest = self.queues.get_mut(key).map(std::mem::take);
             for (i, pending) in batch.iter().chain(rest.iter().flatten()).enumerate() {
                 if i < written && self.landable(pending) {
@@ -513,7 +513,7 @@ impl World {
         }
         if bytes > self.workload.limit(&topic) {
             // MESSAGE_TOO_LARGE for the partition: every record of the batch fails with it,
-            // none is split off (`rd_kafka_handle_Produce_error`, librdkafka 2.12).
+            // none is split off (`rd_kafka_handle_Produce_error`, rdkafka_request.c, librdkafka 2.12).
             if batch.len() > 1 || bytes < batch_size {
                 self.restart_causes += 1;
                 self.broken.insert(key.clone());
@@ -535,8 +535,12 @@ impl World {
                     .event_of(&pending.record)
                     .is_ok_and(|e| self.workload.events[e].fault == Some(OwnFault::Invalid));
             if invalid {
-                // Modelled per record, as the broker names the records at fault (KIP-467
-                // `record_errors`): the others of the batch are written.
+                // Modelled per record: only the record at fault fails, the others of its
+                // batch are written. UNVERIFIED: the broker rejects the whole batch
+                // (KIP-467 names the records at fault in `record_errors`); if librdkafka
+                // 2.12 fails every record of it with INVALID_RECORD
+                // (`rd_kafka_handle_Produce_error`, rdkafka_request.c), the session dead-letters the healthy
+                // ones too: with that model the simulation fails at seed 1.
                 let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord);
                 pending.report(Err(error), partition);
             } else {
@@ -546,7 +550,8 @@ impl World {
         }
     }
 
-    /// The producer goes (a crash, or its session ended): of each partition's queue, a
+    /// The producer goes (a crash, or its session ended: rust-rdkafka's `BaseProducer` purges
+    /// its queues when dropped, producer/base_producer.rs): of each partition's queue, a
     /// seeded prefix had been sent and is written; the rest, and whatever the gate held, is
     /// lost with the process. No report reaches anyone.
     pub fn producer_gone(&mut self, rng: &mut Rng) {
