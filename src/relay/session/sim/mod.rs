@@ -429,7 +429,13 @@ fn every_seed_keeps_the_invariants() {
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
     let mut sessions = 0u64;
+    // `OUTBOX_SIM_TRACE=1`: each seed is named before it runs, so that a seed that never
+    // ends (a session that spins without waiting) is found in a long run.
+    let trace = std::env::var_os("OUTBOX_SIM_TRACE").is_some();
     for seed in first..first + count {
+        if trace {
+            eprintln!("seed {seed}");
+        }
         let outcome = run_seed(seed);
         sessions += u64::from(outcome.sessions);
         if !outcome.violations.is_empty() {
