@@ -24,6 +24,8 @@ mod reads;
 mod rows;
 mod serialize;
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;

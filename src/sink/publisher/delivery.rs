@@ -155,6 +155,14 @@ pub fn is_size_refusal(error: &KafkaError) -> bool {
     )
 }
 
+/// Whether a record that failed with `error` goes back to the publisher's gate to wait for
+/// its topic (at-least-once) rather than to the session: a refusal to WRITE a topic whose
+/// metadata we may read. One decision, named, so that the session simulation
+/// (`relay::session::sim`) routes its delivery reports through it as the reporter does.
+pub fn waits_at_gate(error: &KafkaError) -> bool {
+    BlockReason::of(error) == Some(BlockReason::TopicAuthorization)
+}
+
 /// A record a topic refused for a deployment reason when it was sent (WRITE missing while
 /// DESCRIBE is allowed, or revoked): not the record's fault, so it goes back to the
 /// publisher's gate to wait, instead of failing (at-least-once).
@@ -323,9 +331,7 @@ impl ProducerContext for DeliveryReporter {
                 // Held by the gate until the topic takes records again: the session never
                 // sees the failure, so nothing of other topics is sent again. (A topic gone
                 // mid-stream still ends the session: the next one's first read creates it.)
-                if let (Some(refusals), Some(BlockReason::TopicAuthorization)) =
-                    (&self.refusals, reason)
-                {
+                if let (Some(refusals), true) = (&self.refusals, waits_at_gate(error)) {
                     if refusals.send(Refused::of(m, seq)).is_ok() {
                         return;
                     }

@@ -1,0 +1,298 @@
+//! The simulated peers the real session talks to through its seams: a walsender (frames out,
+//! status updates in) and a Kafka producer (records in, delivery reports out), both reading
+//! and writing the shared [`World`].
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use rdkafka::error::KafkaError;
+use tokio::sync::{mpsc, oneshot};
+
+use super::world::{Pending, World};
+use crate::lsn::Lsn;
+use crate::mapping::Record;
+use crate::postgres::control::ControlError;
+use crate::relay::ledger::TxnSeq;
+use crate::relay::seams::{Catalog, CommitOutcome, FrameSource, RecordKind, RecordSink};
+use crate::sink::limits::SizeRefusal;
+use crate::sink::progress::Progress;
+use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError};
+use crate::source::pgoutput::encode::encode;
+use crate::source::pgoutput::{
+    Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue,
+};
+use crate::source::walsender::{ReplicationError, ReplicationFrame};
+
+pub(super) const OUTBOX: u32 = 16_400;
+
+type Frames = mpsc::UnboundedSender<Result<ReplicationFrame, ReplicationError>>;
+
+/// The walsender's side of one replication connection.
+pub(super) struct Walsender {
+    tx: Frames,
+    /// The next transaction to decode.
+    next_txn: usize,
+    /// Frames of the transaction being sent, not yet written to the connection.
+    staged: VecDeque<ReplicationFrame>,
+    /// pgoutput sends a relation before its first change in each connection
+    /// (`maybe_send_schema`, pgoutput.c).
+    relation_sent: bool,
+    /// `sentPtr`: what has been decoded (and sent).
+    sent: Lsn,
+}
+
+impl Walsender {
+    /// START_REPLICATION from the slot: the server starts at its `confirmed_flush_lsn` and
+    /// skips every transaction whose commit starts before it (`SnapBuildXactNeedsSkip`,
+    /// replication/logical/snapbuild.c).
+    pub fn start(world: &World, tx: Frames) -> Walsender {
+        let next_txn = world
+            .workload
+            .txns
+            .iter()
+            .position(|t| t.final_lsn >= world.slot)
+            .unwrap_or(world.workload.txns.len());
+        Walsender {
+            tx,
+            next_txn,
+            staged: VecDeque::new(),
+            relation_sent: false,
+            sent: world.slot,
+        }
+    }
+
+    /// Writes up to `n` more frames; `false` when the workload is all sent.
+    pub fn send(&mut self, world: &World, n: usize) -> bool {
+        for _ in 0..n {
+            if self.staged.is_empty() && !self.stage(world) {
+                return false;
+            }
+            if let Some(frame) = self.staged.pop_front() {
+                let _ = self.tx.send(Ok(frame));
+            }
+        }
+        true
+    }
+
+    pub fn keepalive(&self, reply_requested: bool) {
+        let _ = self.tx.send(Ok(ReplicationFrame::Keepalive {
+            wal_end: self.sent,
+            reply_requested,
+        }));
+    }
+
+    /// The connection breaks.
+    pub fn drop_connection(&self) {
+        let _ = self.tx.send(Err(ReplicationError::Closed));
+    }
+
+    pub fn is_done(&self, world: &World) -> bool {
+        self.staged.is_empty() && self.next_txn >= world.workload.txns.len()
+    }
+
+    /// Decodes the next committed transaction (whole: `streaming` is off, so pgoutput sends
+    /// it at its commit, `ReorderBufferCommit`, reorderbuffer.c) into frames.
+    fn stage(&mut self, world: &World) -> bool {
+        let txns = &world.workload.txns;
+        let Some(txn) = txns.get(self.next_txn) else {
+            self.sent = self.sent.max(world.workload.wal_end);
+            return false;
+        };
+        self.next_txn += 1;
+        self.sent = self.sent.max(if self.next_txn == txns.len() {
+            world.workload.wal_end
+        } else {
+            txn.after
+        });
+        self.staged.push_back(frame(LogicalMessage::Begin(Begin {
+            final_lsn: txn.final_lsn,
+            commit_time_us: 0,
+            xid: self.next_txn as u32,
+        })));
+        if txn.ddl {
+            self.relation_sent = false;
+        }
+        for &e in &txn.events {
+            if !self.relation_sent {
+                self.staged.push_back(relation(txn.extra_columns));
+                self.relation_sent = true;
+            }
+            let ev = &world.workload.events[e];
+            let mut values = vec![
+                text(&ev.id),
+                text(ev.aggregate_type),
+                text(&ev.aggregate_id),
+                text("Happened"),
+                text(&ev.payload),
+            ];
+            values.extend((0..txn.extra_columns).map(|_| text("x")));
+            self.staged.push_back(frame(LogicalMessage::Insert(Insert {
+                relation_id: OUTBOX,
+                tuple: Tuple(values),
+            })));
+        }
+        self.staged.push_back(frame(LogicalMessage::Commit(Commit {
+            flags: 0,
+            commit_lsn: txn.final_lsn,
+            end_lsn: txn.end_lsn,
+            commit_time_us: 0,
+        })));
+        true
+    }
+}
+
+fn frame(message: LogicalMessage) -> ReplicationFrame {
+    ReplicationFrame::XLogData {
+        wal_start: Lsn::ZERO,
+        wal_end: Lsn::ZERO,
+        data: encode(&message),
+    }
+}
+
+fn text(s: &str) -> TupleValue {
+    TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+fn relation(extra_columns: usize) -> ReplicationFrame {
+    let column = |name: String, type_oid| Column {
+        flags: 0,
+        name,
+        type_oid,
+        type_modifier: -1,
+    };
+    let mut columns = vec![
+        column("id".into(), 2950),
+        column("aggregatetype".into(), 1043),
+        column("aggregateid".into(), 1043),
+        column("type".into(), 1043),
+        column("payload".into(), 3802),
+    ];
+    columns.extend((0..extra_columns).map(|i| column(format!("added_{i}"), 25)));
+    frame(LogicalMessage::Relation(Relation {
+        id: OUTBOX,
+        namespace: "public".into(),
+        name: "outbox".into(),
+        replica_identity: b'd',
+        columns,
+    }))
+}
+
+/// The session's end of the replication connection.
+pub(super) struct SimSource {
+    pub frames: mpsc::UnboundedReceiver<Result<ReplicationFrame, ReplicationError>>,
+    pub world: Rc<RefCell<World>>,
+    pub walsender: Rc<RefCell<Walsender>>,
+}
+
+impl FrameSource for SimSource {
+    async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
+        match self.frames.recv().await {
+            Some(frame) => frame,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn buffered_frame(&mut self) -> Result<Option<ReplicationFrame>, ReplicationError> {
+        match self.frames.try_recv() {
+            Ok(frame) => frame.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn send_status(
+        &mut self,
+        _write: Lsn,
+        flush: Lsn,
+        reply: bool,
+    ) -> Result<(), ReplicationError> {
+        let mut world = self.world.borrow_mut();
+        if std::mem::take(&mut world.status_fails) {
+            return Err(ReplicationError::Closed);
+        }
+        world.confirm(flush);
+        drop(world);
+        // The walsender answers a status update that asks for a reply with a keepalive
+        // (`ProcessStandbyReplyMessage` → `WalSndKeepalive`, walsender.c).
+        if reply {
+            self.walsender.borrow().keepalive(false);
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) {}
+}
+
+/// The session's producer: an idempotent at-least-once producer over the world's partitions.
+pub(super) struct SimSink {
+    pub world: Rc<RefCell<World>>,
+    pub reports: mpsc::UnboundedSender<Delivery>,
+    pub producer: u32,
+    /// `batch.size` this producer was made with.
+    pub batch_size: usize,
+}
+
+impl RecordSink for SimSink {
+    async fn send(
+        &mut self,
+        record: &Record,
+        seq: TxnSeq,
+        _event_id: &str,
+        kind: RecordKind,
+    ) -> Result<(), PublishError> {
+        let mut world = self.world.borrow_mut();
+        let partition = world.partition_of(record);
+        let queue = world.queues.entry((record.topic.clone(), partition));
+        queue.or_default().push_back(Pending {
+            record: record.clone(),
+            seq,
+            kind,
+            producer: self.producer,
+            reports: self.reports.clone(),
+        });
+        Ok(())
+    }
+
+    fn fatal_error(&self) -> Option<String> {
+        None
+    }
+
+    fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
+        use rdkafka::message::Message;
+        let world = self.world.borrow();
+        world.limits.judge(
+            failure.message.topic(),
+            failure.message.key().unwrap_or_default(),
+            failure.record_bytes(),
+            self.batch_size,
+        )
+    }
+
+    fn begin(&mut self) -> Result<(), PublishError> {
+        Err(PublishError::Transaction {
+            what: "begin (not modelled: at-least-once)",
+            error: KafkaError::Canceled,
+        })
+    }
+
+    fn commit(&mut self, _at: Progress) -> CommitOutcome {
+        oneshot::channel().1
+    }
+
+    async fn abort(&mut self) {}
+
+    fn skip_linger(&mut self) {}
+}
+
+/// Every relation is the outbox itself.
+pub(super) struct SimCatalog;
+
+impl Catalog for SimCatalog {
+    async fn partition_root(
+        &mut self,
+        _relid: u32,
+    ) -> Result<Option<(String, String)>, ControlError> {
+        Ok(Some(("public".into(), "outbox".into())))
+    }
+}

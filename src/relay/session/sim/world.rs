@@ -1,0 +1,665 @@
+//! The simulated world: a workload of outbox transactions (what PostgreSQL committed and rolled
+//! back), the slot's confirmed position, and "Kafka" (per-partition queues of records the
+//! producer holds, the gate that holds a topic's refused records, and the logs of what the
+//! brokers wrote). The invariants are checked here, as things happen and at the end.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedMessage;
+use rdkafka::Timestamp;
+use tokio::sync::mpsc;
+
+use super::Rng;
+use crate::lsn::Lsn;
+use crate::mapping::partition::partition_for_key;
+use crate::mapping::Record;
+use crate::relay::ledger::TxnSeq;
+use crate::relay::seams::RecordKind;
+use crate::sink::limits::TopicLimits;
+use crate::sink::publisher::{waits_at_gate, Delivery, DeliveryFailure};
+
+pub(super) const DLQ: &str = "sim.dlq";
+/// Where the slot was created: nothing before it is streamed.
+pub(super) const SLOT_START: Lsn = Lsn(0x1000);
+const AGGREGATE_TYPES: [&str; 3] = ["order", "invoice", "shipment"];
+/// Event numbers of rolled-back transactions start here (they must never be seen).
+const ROLLED_BACK_BASE: u64 = 1_000_000;
+
+/// A fault that is the record's own: it is dead-lettered, in every session that meets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OwnFault {
+    /// The broker refuses the record itself (INVALID_RECORD in the delivery report).
+    Invalid,
+    /// Larger than its topic's `max.message.bytes`: refused whenever it is sent, alone too.
+    TooLarge,
+}
+
+pub(super) struct Event {
+    pub id: String,
+    pub aggregate_type: &'static str,
+    pub aggregate_id: String,
+    pub payload: String,
+    pub topic: String,
+    pub fault: Option<OwnFault>,
+}
+
+pub(super) struct Txn {
+    /// BEGIN's final LSN = the commit record's start (`Commit.commit_lsn`).
+    pub final_lsn: Lsn,
+    pub end_lsn: Lsn,
+    /// The walsender's sent position once it has decoded this transaction: past its commit
+    /// and the unpublished WAL after it (rolled-back work, other tables), before the next
+    /// committed transaction.
+    pub after: Lsn,
+    pub events: Vec<usize>,
+    /// A DDL on the outbox right before it: the relation is sent again (pgoutput.c,
+    /// `rel_sync_cache_relation_cb` resets `schema_sent`), with one more column.
+    pub ddl: bool,
+    /// Columns added by DDL so far.
+    pub extra_columns: usize,
+}
+
+pub(super) struct TopicSpec {
+    pub name: String,
+    pub partitions: i32,
+    /// `max.message.bytes`: the largest record batch the brokers take.
+    pub limit: usize,
+}
+
+pub(super) struct Workload {
+    pub txns: Vec<Txn>,
+    pub events: Vec<Event>,
+    /// Past the last transaction: unrelated WAL, reached only through keepalives.
+    pub wal_end: Lsn,
+    pub topics: Vec<TopicSpec>,
+    /// Rows of rolled-back transactions (never streamed, never to be seen).
+    pub rolled_back: usize,
+}
+
+impl Workload {
+    pub fn generate(rng: &mut Rng) -> Workload {
+        let small = rng.below(AGGREGATE_TYPES.len() as u64) as usize;
+        let topics: Vec<TopicSpec> = AGGREGATE_TYPES
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TopicSpec {
+                name: format!("outbox.event.{t}"),
+                partitions: 1 + rng.below(3) as i32,
+                limit: if i == small {
+                    600 + rng.below(400) as usize
+                } else {
+                    1_000_000
+                },
+            })
+            .collect();
+        let count = rng.range(1, 60) as usize;
+        let max_rows = rng.range(1, 6);
+        let mut lsn = SLOT_START.0 + 0x100;
+        let (mut txns, mut events, mut rolled_back) = (Vec::new(), Vec::new(), 0);
+        let mut extra_columns = 0;
+        for _ in 0..count {
+            if rng.chance(20) {
+                // Rolled back: its WAL is decoded and dropped; pgoutput never sends it.
+                let rows = rng.range(1, 3);
+                rolled_back += rows as usize;
+                lsn += 0x100 * rows + 0x40;
+            }
+            let ddl = rng.chance(5);
+            extra_columns += usize::from(ddl);
+            let rows = rng.range(1, max_rows);
+            let final_lsn = Lsn(lsn + 0x100 * rows + 0x10);
+            let end_lsn = Lsn(final_lsn.0 + 0x30);
+            let mut ids = Vec::new();
+            for _ in 0..rows {
+                let n = events.len();
+                let t = rng.below(AGGREGATE_TYPES.len() as u64) as usize;
+                let fault = if rng.chance(3) {
+                    Some(OwnFault::Invalid)
+                } else if t == small && rng.chance(8) {
+                    Some(OwnFault::TooLarge)
+                } else {
+                    None
+                };
+                let pad = match fault {
+                    Some(OwnFault::TooLarge) => topics[t].limit + rng.below(200) as usize,
+                    _ => rng.below(100) as usize,
+                };
+                events.push(Event {
+                    id: format!("00000000-0000-4000-8000-{n:012}"),
+                    aggregate_type: AGGREGATE_TYPES[t],
+                    aggregate_id: format!("a{}", rng.below(4)),
+                    payload: format!("{{\"e\":{n},\"p\":\"{}\"}}", "x".repeat(pad)),
+                    topic: topics[t].name.clone(),
+                    fault,
+                });
+                ids.push(n);
+            }
+            lsn = end_lsn.0 + 0x10 + rng.below(0x200);
+            txns.push(Txn {
+                final_lsn,
+                end_lsn,
+                after: Lsn(lsn),
+                events: ids,
+                ddl,
+                extra_columns,
+            });
+        }
+        Workload {
+            txns,
+            events,
+            wal_end: Lsn(lsn + rng.below(0x1000)),
+            topics,
+            rolled_back,
+        }
+    }
+
+    fn topic(&self, name: &str) -> Option<&TopicSpec> {
+        self.topics.iter().find(|t| t.name == name)
+    }
+
+    fn partitions(&self, topic: &str) -> i32 {
+        self.topic(topic).map_or(1, |t| t.partitions)
+    }
+
+    fn limit(&self, topic: &str) -> usize {
+        self.topic(topic).map_or(usize::MAX, |t| t.limit)
+    }
+
+    /// The event a record stands for, from the number in its payload (`{"e":N,…}`): dead
+    /// letters keep the payload, which is how their content is recoverable.
+    fn event_of(&self, record: &Record) -> Result<usize, String> {
+        let payload = record.payload.as_deref().unwrap_or_default();
+        let text = String::from_utf8_lossy(payload);
+        let n = text
+            .strip_prefix("{\"e\":")
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .ok_or_else(|| {
+                format!(
+                    "a record in `{}` whose content names no event: {:?}",
+                    record.topic,
+                    text.chars().take(60).collect::<String>()
+                )
+            })?;
+        if n >= ROLLED_BACK_BASE {
+            return Err(format!(
+                "an event of a rolled-back transaction in `{}`",
+                record.topic
+            ));
+        }
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n < self.events.len())
+            .ok_or_else(|| format!("an event never committed ({n}) in `{}`", record.topic))
+    }
+}
+
+/// A record the producer holds, not yet answered by the brokers.
+pub(super) struct Pending {
+    pub record: Record,
+    pub seq: TxnSeq,
+    pub kind: RecordKind,
+    /// The session (and so the producer) that sent it.
+    pub producer: u32,
+    pub reports: mpsc::UnboundedSender<Delivery>,
+}
+
+impl Pending {
+    fn report(&self, result: Result<(), KafkaError>, partition: i32) {
+        let result = result.map_err(|error| DeliveryFailure {
+            error,
+            message: OwnedMessage::new(
+                self.record.payload.as_ref().map(|p| p.to_vec()),
+                Some(self.record.key.to_vec()),
+                self.record.topic.clone(),
+                Timestamp::NotAvailable,
+                partition,
+                -1,
+                None,
+            ),
+        });
+        // A report to a session that ended is lost with its producer.
+        let _ = self.reports.send(Delivery {
+            seq: self.seq,
+            dead_letter: self.kind == RecordKind::DeadLetter,
+            bytes: self.record.size(),
+            result,
+        });
+    }
+}
+
+/// A record the brokers wrote.
+struct Landed {
+    event: usize,
+    producer: u32,
+}
+
+pub(super) struct World {
+    pub workload: Workload,
+    /// The slot's `confirmed_flush_lsn`.
+    pub slot: Lsn,
+    /// Its position as of the last checkpoint: where it stands after PostgreSQL restarts.
+    pub slot_persisted: Lsn,
+    /// The next status update fails (the connection broke while it was written).
+    pub status_fails: bool,
+    /// PostgreSQL restarted during the run: duplicates are allowed then, even with one
+    /// session.
+    postgres_restarted: bool,
+    /// The session running now (0, 1, …): also its producer's identity.
+    pub incarnation: u32,
+    /// Faults injected in this session that end it (a dropped connection, a transient
+    /// delivery failure, a batch refused as too large): a session may end on an error only
+    /// after one.
+    pub restart_causes: u32,
+    /// Transient failures (delivery timeout) the next answered batches get.
+    pub transient: u32,
+    pub acl_denied: BTreeSet<String>,
+    pub queues: BTreeMap<(String, i32), VecDeque<Pending>>,
+    /// Records held by the publisher's gate, per topic, in the order refused.
+    pub gate: BTreeMap<String, VecDeque<(i32, Pending)>>,
+    /// Partitions where a batch of this producer failed, so that the session ends: the
+    /// idempotent producer's later batches there are refused by the broker as out of
+    /// sequence (OUT_OF_ORDER_SEQUENCE_NUMBER, Kafka's `ProducerAppendInfo.checkSequence`), so none of them is written before the
+    /// producer goes.
+    broken: BTreeSet<(String, i32)>,
+    logs: BTreeMap<(String, i32), Vec<Landed>>,
+    /// Per event: (in its topic, dead-lettered) landings, for the checks.
+    landed: Vec<(u32, u32)>,
+    /// Transactions known to be safely behind the slot.
+    verified: usize,
+    /// Limits known to the producer, which outlive sessions (`sink::limits`).
+    pub limits: Arc<TopicLimits>,
+    /// The producer's configured `batch.size`.
+    pub batch_size_configured: usize,
+    pub violations: Vec<String>,
+    /// What happened, for a failing run's report.
+    pub schedule: Vec<String>,
+    pub step: usize,
+    /// How long (ms) the driver lets the paused clock run after this step.
+    pub pending_pause: u64,
+}
+
+impl World {
+    pub fn new(workload: Workload, rng: &mut Rng) -> World {
+        let limits = Arc::new(TopicLimits::default());
+        for topic in &workload.topics {
+            // `partition_counts` reads `max.message.bytes` with DescribeConfigs when allowed;
+            // otherwise the limit is learned from refusals.
+            if rng.chance(60) {
+                limits.read(&topic.name, topic.limit);
+            }
+        }
+        let landed = vec![(0, 0); workload.events.len()];
+        World {
+            workload,
+            slot: SLOT_START,
+            slot_persisted: SLOT_START,
+            status_fails: false,
+            postgres_restarted: false,
+            incarnation: 0,
+            restart_causes: 0,
+            transient: 0,
+            acl_denied: BTreeSet::new(),
+            queues: BTreeMap::new(),
+            gate: BTreeMap::new(),
+            broken: BTreeSet::new(),
+            logs: BTreeMap::new(),
+            landed,
+            verified: 0,
+            limits,
+            batch_size_configured: [1_000_000, 4096, 1024][rng.below(3) as usize],
+            violations: Vec::new(),
+            schedule: Vec::new(),
+            step: 0,
+            pending_pause: 0,
+        }
+    }
+
+    pub fn note(&mut self, what: String) {
+        self.schedule.push(format!("step {}: {what}", self.step));
+    }
+
+    pub fn violation(&mut self, what: String) {
+        let step = self.step;
+        self.violations.push(format!("step {step}: {what}"));
+    }
+
+    /// The producer of this session batches up to this many bytes (`TopicLimits::batch_size`).
+    pub fn batch_size(&self) -> usize {
+        self.limits.batch_size(self.batch_size_configured)
+    }
+
+    /// The partition librdkafka's `murmur2_random` partitioner picks (the aggregate id, as
+    /// the outbox sets `partition_key`).
+    pub fn partition_of(&self, record: &Record) -> i32 {
+        let key = record.partition_key.as_ref().unwrap_or(&record.key);
+        partition_for_key(key, self.workload.partitions(&record.topic))
+    }
+
+    /// A status update: PostgreSQL moves `confirmed_flush_lsn` forward only
+    /// (`LogicalConfirmReceivedLocation`, replication/logical/logical.c).
+    pub fn confirm(&mut self, flush: Lsn) {
+        self.slot = self.slot.max(flush);
+        self.check_slot();
+    }
+
+    /// PostgreSQL restarts: the slot goes back to its persisted position (duplicates, not
+    /// loss, as long as what was confirmed was safe when it was).
+    pub fn postgres_restarts(&mut self) {
+        self.note(format!(
+            "PostgreSQL restarts: the slot goes back from {} to {}",
+            self.slot, self.slot_persisted
+        ));
+        self.slot = self.slot_persisted;
+        self.postgres_restarted = true;
+        let slot = self.slot;
+        self.verified = self
+            .workload
+            .txns
+            .iter()
+            .position(|t| t.final_lsn >= slot)
+            .unwrap_or(self.workload.txns.len());
+    }
+
+    /// The slot never passes an event that is neither in its topic nor dead-lettered: on a
+    /// restart, decoding skips every transaction whose commit record starts before the
+    /// confirmed position (`SnapBuildXactNeedsSkip`, replication/logical/snapbuild.c).
+    pub fn check_slot(&mut self) {
+        while let Some(txn) = self.workload.txns.get(self.verified) {
+            if txn.final_lsn >= self.slot {
+                break;
+            }
+            let missing: Vec<usize> = txn
+                .events
+                .iter()
+                .copied()
+                .filter(|&e| self.landed[e] == (0, 0))
+                .collect();
+            if let Some(&e) = missing.first() {
+                let what = format!(
+                    "the slot was confirmed at {} past event {e} (transaction committing at {}), which is neither in Kafka nor dead-lettered",
+                    self.slot, txn.final_lsn
+                );
+                self.violation(what);
+                return;
+            }
+            self.verified += 1;
+        }
+    }
+
+    /// The brokers write `pending` to `partition`: checked as it lands.
+    fn land(&mut self, pending: &Pending, partition: i32) {
+        let event = match self.workload.event_of(&pending.record) {
+            Ok(e) => e,
+            Err(what) => return self.violation(what),
+        };
+        let ev = &self.workload.events[event];
+        let dead = pending.kind == RecordKind::DeadLetter;
+        if !dead && pending.record.topic != ev.topic {
+            let what = format!("event {event} written to `{}`", pending.record.topic);
+            return self.violation(what);
+        }
+        if dead && ev.fault.is_none() {
+            let what = format!(
+                "event {event} of `{}` dead-lettered for no fault of its own",
+                ev.topic
+            );
+            self.violation(what);
+        }
+        let key = (pending.record.topic.clone(), partition);
+        let log = self.logs.entry(key).or_default();
+        if log
+            .iter()
+            .any(|l| l.event == event && l.producer == pending.producer)
+        {
+            let what = format!(
+                "event {event} written twice to `{}` by one session",
+                pending.record.topic
+            );
+            self.violation(what);
+        }
+        let log = self.logs.entry((pending.record.topic.clone(), partition));
+        log.or_default().push(Landed {
+            event,
+            producer: pending.producer,
+        });
+        let counts = &mut self.landed[event];
+        if dead {
+            counts.1 += 1;
+        } else {
+            counts.0 += 1;
+        }
+    }
+
+    /// Whether a record would be written if its partition were answered now.
+    fn landable(&self, pending: &Pending) -> bool {
+        let topic = &pending.record.topic;
+        let own_fault = self
+            .workload
+            .event_of(&pending.record)
+            .ok()
+            .and_then(|e| self.workload.events[e].fault);
+        !self.acl_denied.contains(topic)
+            && pending.record.size() <= self.workload.limit(topic)
+            && (pending.kind == RecordKind::DeadLetter || own_fault.is_none())
+    }
+
+    pub fn partitions_waiting(&self) -> Vec<(String, i32)> {
+        self.queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// The brokers answer the oldest batch of a partition. One batch per ProduceRequest and
+    /// partition (`rd_kafka_toppar_producer_serve`, rdkafka_broker.c); a batch holds the queued records up to
+    /// `batch.size` (`rd_kafka_msgset_writer_write_msgq`, rdkafka_msgset_writer.c, starts a new batch before a record
+    /// that would pass it). Partitions are answered in any order, each in order.
+    pub fn answer(&mut self, key: &(String, i32), rng: &mut Rng) {
+        let batch_size = self.batch_size();
+        let Some(queue) = self.queues.get_mut(key) else {
+            return;
+        };
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        while let Some(next) = queue.front() {
+            if !batch.is_empty() && bytes + next.record.size() > batch_size {
+                break;
+            }
+            bytes += next.record.size();
+            batch.extend(queue.pop_front());
+        }
+        let (topic, partition) = (key.0.clone(), key.1);
+        if self.acl_denied.contains(&topic) {
+            // TOPIC_AUTHORIZATION_FAILED in each delivery report; the reporter sends such
+            // records back to the gate (`DeliveryReporter::delivery`, sink/publisher/delivery.rs) when `waits_at_gate`.
+            let error = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+            for pending in batch {
+                if waits_at_gate(&error) {
+                    let held = self.gate.entry(topic.clone()).or_default();
+                    held.push_back((partition, pending));
+                } else {
+                    pending.report(Err(error.clone()), partition);
+                }
+            }
+            return;
+        }
+        if self.transient > 0 {
+            // message.timeout.ms expired (`rd_kafka_msgq_age_scan`, rdkafka_msg.c): the request may have
+            // been written and its answer lost, so a prefix of the batch may be in Kafka.
+            self.transient -= 1;
+            self.restart_causes += 1;
+            self.broken.insert(key.clone());
+            let written = rng.below(batch.len() as u64 + 1) as usize;
+            self.note(format!(
+                "delivery timeout for a batch of {} in {topic}/{partition} ({written} written)",
+                batch.len()
+            ));
+            // The younger records of the partition fail with it (modelled so: librdkafka's
+            // idempotent producer without `enable.gapless.guarantee` may instead send them
+            // on after an epoch bump, `rd_kafka_idemp_drain_epoch_bump` in rdkafka_idempotence.c, leaving a gap).
+            let rest = self.queues.get_mut(key).map(std::mem::take);
+            for (i, pending) in batch.iter().chain(rest.iter().flatten()).enumerate() {
+                if i < written && self.landable(pending) {
+                    self.land(pending, partition);
+                }
+                let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
+                pending.report(Err(error), partition);
+            }
+            return;
+        }
+        if bytes > self.workload.limit(&topic) {
+            // MESSAGE_TOO_LARGE for the partition: every record of the batch fails with it,
+            // none is split off (`rd_kafka_handle_Produce_error`, rdkafka_request.c, librdkafka 2.12).
+            if batch.len() > 1 || bytes < batch_size {
+                self.restart_causes += 1;
+                self.broken.insert(key.clone());
+            }
+            self.note(format!(
+                "{topic}/{partition} refused a batch of {} ({bytes} bytes) as too large",
+                batch.len()
+            ));
+            for pending in batch {
+                let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+                pending.report(Err(error), partition);
+            }
+            return;
+        }
+        for pending in batch {
+            let invalid = pending.kind == RecordKind::Event
+                && self
+                    .workload
+                    .event_of(&pending.record)
+                    .is_ok_and(|e| self.workload.events[e].fault == Some(OwnFault::Invalid));
+            if invalid {
+                // Modelled per record: only the record at fault fails, the others of its
+                // batch are written. UNVERIFIED: the broker rejects the whole batch
+                // (KIP-467 names the records at fault in `record_errors`); if librdkafka
+                // 2.12 fails every record of it with INVALID_RECORD
+                // (`rd_kafka_handle_Produce_error`, rdkafka_request.c), the session dead-letters the healthy
+                // ones too: with that model the simulation fails at seed 1.
+                let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord);
+                pending.report(Err(error), partition);
+            } else {
+                self.land(&pending, partition);
+                pending.report(Ok(()), partition);
+            }
+        }
+    }
+
+    /// The producer goes (a crash, or its session ended: rust-rdkafka's `BaseProducer` purges
+    /// its queues when dropped, producer/base_producer.rs): of each partition's queue, a
+    /// seeded prefix had been sent and is written; the rest, and whatever the gate held, is
+    /// lost with the process. No report reaches anyone.
+    pub fn producer_gone(&mut self, rng: &mut Rng) {
+        let queues = std::mem::take(&mut self.queues);
+        for (key, queue) in queues {
+            if self.broken.contains(&key) {
+                continue;
+            }
+            let written = rng.below(queue.len() as u64 + 1) as usize;
+            for pending in queue.iter().take(written) {
+                if !self.landable(pending) {
+                    break;
+                }
+                self.land(pending, key.1);
+            }
+        }
+        self.broken.clear();
+        self.gate.clear();
+        self.transient = 0;
+    }
+
+    /// The topic's WRITE is granted again: the gate's records go first, in order.
+    pub fn grant(&mut self, topic: &str) {
+        self.acl_denied.remove(topic);
+        if let Some(held) = self.gate.remove(topic) {
+            for (partition, pending) in held.into_iter().rev() {
+                let queue = self.queues.entry((topic.to_string(), partition));
+                queue.or_default().push_front(pending);
+            }
+        }
+    }
+
+    pub fn is_quiet(&self) -> bool {
+        self.queues.values().all(VecDeque::is_empty) && self.gate.is_empty()
+    }
+
+    /// The end: every committed event is in its topic or dead-lettered for a fault of its
+    /// own; per aggregate, the topic holds the events in commit order, re-sent only as a
+    /// suffix after a restart; nothing is duplicated unless a session restarted.
+    pub fn check_end(&mut self) {
+        let restarts = self.incarnation + u32::from(self.postgres_restarted);
+        for e in 0..self.workload.events.len() {
+            let (topic, dead) = self.landed[e];
+            let ev = &self.workload.events[e];
+            let what = match ev.fault {
+                None if topic == 0 => Some("is missing from its topic"),
+                Some(_) if dead == 0 => Some("has a fault of its own but was not dead-lettered"),
+                _ if topic + dead > 1 && restarts == 0 => {
+                    Some("is duplicated though no session restarted")
+                }
+                _ => None,
+            };
+            if let Some(what) = what {
+                let what = format!("event {e} ({}, `{}`) {what}", ev.id, ev.topic);
+                self.violation(what);
+            }
+        }
+        self.check_order();
+    }
+
+    fn check_order(&mut self) {
+        // Per aggregate: its events in commit order (the workload's order), as indexes.
+        let mut order: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+        for (e, ev) in self.workload.events.iter().enumerate() {
+            if ev.fault.is_none() {
+                order
+                    .entry((ev.aggregate_type, ev.aggregate_id.as_str()))
+                    .or_default()
+                    .push(e);
+            }
+        }
+        let mut problems = Vec::new();
+        for ((topic, partition), log) in &self.logs {
+            if topic == DLQ {
+                continue;
+            }
+            // (next new index, previous index, runs) per aggregate.
+            let mut state: HashMap<(&str, &str), (usize, Option<usize>, u32)> = HashMap::new();
+            for landed in log {
+                let ev = &self.workload.events[landed.event];
+                let key = (ev.aggregate_type, ev.aggregate_id.as_str());
+                let Some(at) = order[&key].iter().position(|&e| e == landed.event) else {
+                    continue;
+                };
+                let (next, prev, runs) = state.entry(key).or_insert((0, None, 0));
+                if at > *next {
+                    problems.push(format!(
+                        "{topic}/{partition}: aggregate {}/{} has event {} before event {} (out of commit order)",
+                        key.0, key.1, landed.event, order[&key][*next]
+                    ));
+                    break;
+                }
+                if prev.is_none_or(|p| at != p + 1) {
+                    *runs += 1;
+                }
+                if *runs > self.incarnation + 1 {
+                    problems.push(format!(
+                        "{topic}/{partition}: aggregate {}/{} re-sent {} times in {} sessions (not a re-sent suffix)",
+                        key.0, key.1, *runs - 1, self.incarnation + 1
+                    ));
+                    break;
+                }
+                *next = (*next).max(at + 1);
+                *prev = Some(at);
+            }
+        }
+        for p in problems {
+            self.violation(p);
+        }
+    }
+}
