@@ -4,7 +4,7 @@
 //! fails every record of a refused batch with MSG_SIZE_TOO_LARGE without splitting it
 //! (`rd_kafka_handle_Produce_error`, librdkafka 2.12). A "too large" delivery report
 //! therefore does not say that *this* record is too large: only a record that was alone in
-//! its batch is. Two rules follow, both here:
+//! its batch is. The rules that follow, all here:
 //!
 //! - The producer's `batch.size` stays below the smallest limit known
 //!   ([`TopicLimits::batch_size`]), so that healthy records are never batched past a limit.
@@ -20,16 +20,21 @@
 //!   record larger than the limit may well be taken.
 //! - A record refused alone is remembered ([`TopicLimits::refused`]), so that a session that
 //!   meets it again (`exactly_once` starts again after any refusal) refuses it before it is
-//!   sent, and dead-letters it inside its Kafka transaction.
+//!   sent, and dead-letters it inside its Kafka transaction. So is a record the broker named
+//!   invalid (INVALID_RECORD, [`TopicLimits::remember_invalid`]): the broker refuses its whole
+//!   batch, and librdkafka fails the others with `_INVALID_DIFFERENT_RECORD`
+//!   (`rd_kafka_msgbatch_handle_Produce_result_record_errors`), which sends them again from
+//!   the slot — with the invalid one among them, every time, unless it is refused first.
 //!
 //! Limits are read with DescribeConfigs when a topic is first met by a producer
 //! (`partition_counts`), and learned from refusals when that is not allowed; they outlive
 //! sessions (the publisher of the next session starts with them), like [`super::blocked`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
+use rdkafka::types::RDKafkaErrorCode;
 
 /// librdkafka's default `batch.size`.
 pub const DEFAULT_BATCH_SIZE: usize = 1_000_000;
@@ -39,8 +44,8 @@ pub const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 #[derive(Debug, Default)]
 pub struct TopicLimits {
     limits: Mutex<HashMap<String, usize>>,
-    /// Records a topic refused alone: `(topic, key)`.
-    refused: Mutex<HashSet<(String, Bytes)>>,
+    /// Records a topic refused for a fault of their own, `(topic, key)`, with the refusal.
+    refused: Mutex<HashMap<(String, Bytes), RDKafkaErrorCode>>,
 }
 
 /// What a size refusal means.
@@ -97,10 +102,7 @@ impl TopicLimits {
         // librdkafka starts a new batch before a record that would take it past
         // `batch_size`: one at least that large was alone.
         if record_bytes >= batch_size {
-            self.refused
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert((topic.to_string(), Bytes::copy_from_slice(key)));
+            self.remember(topic, key, RDKafkaErrorCode::MessageSizeTooLarge);
             return SizeRefusal::Record {
                 limit: known.unwrap_or(batch_size),
             };
@@ -116,11 +118,29 @@ impl TopicLimits {
         SizeRefusal::Batch { limit }
     }
 
-    /// The topic refused this record (by key) alone before: it is refused before it is sent
-    /// again.
-    pub fn refused(&self, topic: &str, key: &[u8]) -> bool {
+    /// The broker named this record invalid (INVALID_RECORD in a delivery report: with
+    /// KIP-467's record errors only the records at fault get it).
+    pub fn remember_invalid(&self, topic: &str, key: &[u8]) {
+        self.remember(topic, key, RDKafkaErrorCode::InvalidRecord);
+    }
+
+    fn remember(&self, topic: &str, key: &[u8], refusal: RDKafkaErrorCode) {
+        self.refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((topic.to_string(), Bytes::copy_from_slice(key)), refusal);
+    }
+
+    /// How the topic refused this record (by key) for its own fault before, if it did: it is
+    /// refused so before it is sent again.
+    pub fn refused(&self, topic: &str, key: &[u8]) -> Option<RDKafkaErrorCode> {
         let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
-        !refused.is_empty() && refused.contains(&(topic.to_string(), Bytes::copy_from_slice(key)))
+        if refused.is_empty() {
+            return None;
+        }
+        refused
+            .get(&(topic.to_string(), Bytes::copy_from_slice(key)))
+            .copied()
     }
 }
 
@@ -151,7 +171,7 @@ mod tests {
                 limit: DEFAULT_BATCH_SIZE / 2
             }
         );
-        assert!(!limits.refused("t", b"e1"));
+        assert_eq!(limits.refused("t", b"e1"), None);
         // Read from the brokers: 64 KiB. A 100 KB record, alone in a 60 KiB batch, is refused
         // for itself, and remembered.
         limits.read("t", 64 * KIB);
@@ -159,9 +179,12 @@ mod tests {
             limits.judge("t", b"big", 100_000, 60 * KIB),
             SizeRefusal::Record { limit: 64 * KIB }
         );
-        assert!(limits.refused("t", b"big"));
-        assert!(!limits.refused("t", b"e1"));
-        assert!(!limits.refused("other", b"big"));
+        assert_eq!(
+            limits.refused("t", b"big"),
+            Some(RDKafkaErrorCode::MessageSizeTooLarge)
+        );
+        assert_eq!(limits.refused("t", b"e1"), None);
+        assert_eq!(limits.refused("other", b"big"), None);
         // A healthy one refused with a batch that should have fitted: the limit was lowered
         // meanwhile; what is known of it halves.
         assert_eq!(
@@ -195,5 +218,25 @@ mod tests {
             limits.judge("t", b"big", 100_000, batch_size),
             SizeRefusal::Record { .. }
         ));
+    }
+
+    /// The broker named one record of a batch invalid: that one is refused before it is sent
+    /// again (by its own error), its neighbours are not, and are not the record's fault.
+    #[test]
+    fn a_record_named_invalid_is_refused_before_it_is_sent_again_and_only_it() {
+        use crate::sink::publisher::is_permanent;
+        use rdkafka::error::KafkaError;
+        let limits = TopicLimits::default();
+        limits.remember_invalid("t", b"bad");
+        assert_eq!(
+            limits.refused("t", b"bad"),
+            Some(RDKafkaErrorCode::InvalidRecord)
+        );
+        assert_eq!(limits.refused("t", b"healthy"), None);
+        let produced = |code| KafkaError::MessageProduction(code);
+        assert!(is_permanent(&produced(RDKafkaErrorCode::InvalidRecord)));
+        assert!(!is_permanent(&produced(
+            RDKafkaErrorCode::InvalidDifferentRecord
+        )));
     }
 }

@@ -134,6 +134,9 @@ impl PublishError {
 /// ([`BlockReason`]). Neither is CORRUPT_MESSAGE (`InvalidMessage`: a CRC that failed on the
 /// way, retriable in Kafka). A size refusal is the record's only when it alone is too large:
 /// see [`is_size_refusal`] and `sink::limits`.
+///
+/// `_INVALID_DIFFERENT_RECORD` is not: librdkafka gives it to the healthy records of a batch
+/// the broker refused for another record of it (KIP-467's record errors), which are sent again.
 pub fn is_permanent(error: &KafkaError) -> bool {
     is_size_refusal(error)
         || matches!(
@@ -327,6 +330,14 @@ impl ProducerContext for DeliveryReporter {
                 let reason = BlockReason::of(error);
                 if let Some(reason) = reason {
                     self.blocked.block(reason, m.topic(), error);
+                }
+                // Named invalid by the broker: refused before it is sent again, or the
+                // neighbours its batch fails with it would go back to the broker with it,
+                // every time (see `sink::limits`).
+                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidRecord) {
+                    self.blocked
+                        .limits()
+                        .remember_invalid(m.topic(), m.key().unwrap_or_default());
                 }
                 // Held by the gate until the topic takes records again: the session never
                 // sees the failure, so nothing of other topics is sent again. (A topic gone

@@ -290,9 +290,11 @@ impl Publisher {
         opaque: usize,
         event_id: &str,
     ) -> Result<(), PublishError> {
-        // A record its topic refused alone before is refused again before it is sent
-        // (exactly-once: it is then dead-lettered inside the Kafka transaction).
-        if self
+        // A record its topic refused for its own fault before (too large alone, invalid) is
+        // refused again before it is sent: at-least-once, so that it does not take a batch of
+        // healthy neighbours down with it again; exactly-once, so that it is dead-lettered
+        // inside the Kafka transaction.
+        if let Some(refusal) = self
             .shared
             .blocked
             .limits()
@@ -301,7 +303,7 @@ impl Publisher {
             return Err(PublishError::Rejected(Box::new(Rejection {
                 topic: record.topic.clone(),
                 event_id: event_id.to_string(),
-                error: KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+                error: KafkaError::MessageProduction(refusal),
             })));
         }
         let Some(partition) = self.counts.route(record, opaque) else {

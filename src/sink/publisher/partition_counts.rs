@@ -542,17 +542,15 @@ impl PartitionCounts {
                 .limits()
                 .refused(&next.record.topic, &next.record.key);
             let target = partition.as_ref().ok().copied().flatten();
-            let result = match partition {
-                // Refused alone before: refused again, not sent.
-                Ok(_) if refused_before => Err(KafkaError::MessageProduction(
-                    RDKafkaErrorCode::MessageSizeTooLarge,
-                )),
-                Ok(partition) => {
+            let result = match (partition, refused_before) {
+                // Refused for its own fault before: refused again, not sent.
+                (Ok(_), Some(refusal)) => Err(KafkaError::MessageProduction(refusal)),
+                (Ok(partition), None) => {
                     self.shared
                         .produce(&next.record, next.opaque, partition)
                         .await
                 }
-                Err(error) => Err(error),
+                (Err(error), _) => Err(error),
             };
             match result {
                 Ok(()) => {}
