@@ -52,6 +52,42 @@ async fn create_standby_slot(primary: &str, standby: &str, slot: &str) {
     assert!(lsn.is_some(), "creating slot {slot} on the standby failed");
 }
 
+/// A fresh primary and standby (`pg-ha`), a test database on both and the test's slot on the
+/// standby; `None` (the test prints why and passes) below PostgreSQL 16.
+struct OnStandby {
+    pair: HaPair,
+    db: TestDb,
+    /// The test database's URL on the primary.
+    primary: String,
+    /// The test database's URL on the standby.
+    standby: String,
+}
+
+async fn on_a_fresh_standby() -> Option<OnStandby> {
+    let major = pg_major();
+    if major < 16 {
+        println!("SKIPPED: decoding on a standby needs PostgreSQL 16+, this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test integration standby::");
+        return None;
+    }
+    let pair = HaPair::fresh(&[]);
+    let db = TestDb::new_on(&pair.primary).await;
+    let primary = with_db(&pair.primary, &db.name);
+    let standby = with_db(&pair.standby, &db.name);
+    wait_for(
+        "the database on the standby",
+        Duration::from_secs(30),
+        || async { query_text(&standby, "SELECT 1").await.is_some() },
+    )
+    .await;
+    create_standby_slot(&primary, &standby, &db.slot).await;
+    Some(OnStandby {
+        pair,
+        db,
+        primary,
+        standby,
+    })
+}
+
 /// The slot's confirmed position on `url`, as a number.
 async fn confirmed(url: &str, slot: &str) -> Option<u64> {
     query_text(
@@ -64,25 +100,15 @@ async fn confirmed(url: &str, slot: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_relay_on_a_standby_survives_sigkills_and_advances_while_the_outbox_is_idle() {
-    let major = pg_major();
-    if major < 16 {
-        println!("SKIPPED: decoding on a standby needs PostgreSQL 16+, this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test integration standby::");
+    let Some(OnStandby {
+        pair: _,
+        db,
+        primary,
+        standby,
+    }) = on_a_fresh_standby().await
+    else {
         return;
-    }
-    let HaPair {
-        primary: primary_admin,
-        standby: standby_admin,
-    } = HaPair::fresh(&[]);
-    let db = TestDb::new_on(&primary_admin).await;
-    let primary = with_db(&primary_admin, &db.name);
-    let standby = with_db(&standby_admin, &db.name);
-    wait_for(
-        "the database on the standby",
-        Duration::from_secs(30),
-        || async { query_text(&standby, "SELECT 1").await.is_some() },
-    )
-    .await;
-    create_standby_slot(&primary, &standby, &db.slot).await;
+    };
     let env = with(
         db.relay_env(),
         &[
@@ -206,22 +232,15 @@ async fn last_progress_timeline(topic: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_once_on_a_standby_promoted_mid_stream_publishes_each_event_once() {
-    let major = pg_major();
-    if major < 16 {
-        println!("SKIPPED: decoding on a standby needs PostgreSQL 16+, this run has {major}; run scripts/test-versions.sh or OUTBOX_PG_VERSION=17 scripts/test.sh --test integration standby::");
+    let Some(OnStandby {
+        pair,
+        db,
+        primary,
+        standby,
+    }) = on_a_fresh_standby().await
+    else {
         return;
-    }
-    let pair = HaPair::fresh(&[]);
-    let db = TestDb::new_on(&pair.primary).await;
-    let primary = with_db(&pair.primary, &db.name);
-    let standby = with_db(&pair.standby, &db.name);
-    wait_for(
-        "the database on the standby",
-        Duration::from_secs(30),
-        || async { query_text(&standby, "SELECT 1").await.is_some() },
-    )
-    .await;
-    create_standby_slot(&primary, &standby, &db.slot).await;
+    };
     // No target_session_attrs: the restart below finds the same server promoted. A status
     // update every 20 s (the first at the start; the relay keeps it under a third of
     // wal_sender_timeout) and a new position confirmed 20 s late, so the kill leaves every transaction since the promotion
