@@ -71,6 +71,20 @@ async fn skip_linger_sends_a_lingering_record_at_once() {
         .unwrap();
 }
 
+/// An invalid record is its own fault; the neighbours librdkafka fails with it
+/// (`_INVALID_DIFFERENT_RECORD`) are not: they are sent again.
+#[test]
+fn only_the_invalid_record_of_a_refused_batch_is_at_fault() {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    let produced = KafkaError::MessageProduction;
+    assert!(super::is_permanent(&produced(
+        RDKafkaErrorCode::InvalidRecord
+    )));
+    assert!(!super::is_permanent(&produced(
+        RDKafkaErrorCode::InvalidDifferentRecord
+    )));
+}
+
 /// Exactly-once: a commit waits for its records at most as long as the producer's
 /// `message.timeout.ms`, which is capped by the transaction timeout, not the configured 300 s.
 #[test]
