@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::common::*;
 use serde_json::Value;
@@ -1819,12 +1819,21 @@ async fn a_hold_is_not_completed_while_its_slot_is_still_being_created() {
     creating.await.unwrap().expect("the slot's creation");
     let mut relay = relay;
     wait_for_slot(&db, &mut relay).await;
-    let status = ops(&env, &["status", "--json"]).await.json();
-    assert_ne!(
-        status["sweeper_holds"][0]["below_xid"],
-        i64::MAX,
-        "not completed: {status:#}"
-    );
+    // Completed once the relay streams the slot (after its producer is up, a moment after the
+    // slot shows active): waited for, not sampled at once.
+    let completed = Instant::now();
+    loop {
+        let status = ops(&env, &["status", "--json"]).await.json();
+        if status["sweeper_holds"][0]["below_xid"] != i64::MAX {
+            break;
+        }
+        assert!(
+            completed.elapsed() < Duration::from_secs(30),
+            "not completed within 30 s of streaming: {status:#}\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     let gap: Vec<Event> = [&before[..], &across[..], &meanwhile[..]].concat();
     let live = events("order", 5);
