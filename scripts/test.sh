@@ -77,6 +77,12 @@ bash "$ROOT/scripts/build-deps.sh"
 # are not kept waiting by the compiler.
 log "building: cargo test --no-run ${packages[*]} ${targets[*]} ${locked[*]} ${cargo_args[*]}"
 cargo test --no-run "${packages[@]}" "${targets[@]}" "${locked[@]}" "${cargo_args[@]}"
+# The whole suite: the inbox test runs examples/inbox_consumer as a program, which --all-targets
+# built as a test harness only. Built now, with the same features, not beside running tests.
+if [[ ${#cargo_args[@]} -eq 0 ]]; then
+    log "building: cargo build --workspace --examples ${locked[*]}"
+    cargo build --workspace --examples "${locked[@]}"
+fi
 
 services_started=0
 # shellcheck disable=SC2317 # called through the EXIT trap

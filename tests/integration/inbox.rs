@@ -204,9 +204,10 @@ async fn inbox_consumer_applies_every_event_once_while_relay_and_consumer_are_ki
     sink.cleanup().await;
 }
 
-/// The example binary. `cargo test --all-targets` (what scripts/test.sh runs) builds it next to
-/// the relay binary; a narrower `cargo test --test integration inbox::` does not, so it is built here when
-/// missing or older than its source.
+/// The example binary, built here when missing or older than its source (`cargo test
+/// --all-targets` builds examples as test harnesses, not as the program). `--workspace`: the
+/// features cargo unifies are then those of scripts/test.sh's `cargo test --workspace`, so only
+/// the example itself is compiled, not 15 dependencies again beside running tests.
 fn consumer_binary() -> PathBuf {
     let relay = PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay"));
     let profile_dir = relay.parent().expect("the relay binary has a directory");
@@ -217,7 +218,7 @@ fn consumer_binary() -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = Command::new(cargo);
         build
-            .args(["build", "--example", "inbox_consumer"])
+            .args(["build", "--workspace", "--example", "inbox_consumer"])
             .current_dir(repo_path(""));
         if profile_dir.ends_with("release") {
             build.arg("--release");
