@@ -7,8 +7,17 @@
 //! sent again, and the slot is not confirmed past the held records (they are still in flight
 //! for the session).
 //!
-//! Held records wait in order: first those refused (in the order their reports came, which is
-//! send order within a partition), then those sent since (in send order). After a pause
+//! Held records wait in send order: first those refused, then those sent since. Refusals are
+//! put in order by their transaction's sequence number, not taken in the order their reports
+//! come: when a produce response says TOPIC_AUTHORIZATION_FAILED, librdkafka marks the topic
+//! errored and fails the records still queued for it *before* it reports the batch that was
+//! refused (`rd_kafka_handle_Produce_error` → `rd_kafka_topic_set_error` →
+//! `rd_kafka_topic_assign_uas`, librdkafka 2.12), so later records are reported first. Taken in
+//! report order, they went out ahead of the refused batch once the topic was fixed (CI saw
+//! event 0 of an aggregate arrive after its event 93). Records of one transaction share a
+//! sequence number and keep their report order among themselves: a transaction's records of
+//! one topic split between the refused batch and the queue at the first refusal could still
+//! swap (a window of milliseconds, once per refusal). After a pause
 //! (doubling up to [`PROBE_PAUSE_MAX`]) the oldest one is sent alone as a probe. Refused
 //! again, it goes back to the front; delivered (the block lifted), the rest follow in order.
 //! A record of the topic still inside librdkafka when the probe goes (refused only later) can
@@ -23,7 +32,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::super::delivery::Refused;
+use super::super::delivery::{Refused, DEAD_LETTER_BIT};
 use super::{PartitionCounts, Waiting};
 
 /// The first pause before a held topic's probe, doubled after each refused probe.
@@ -48,6 +57,14 @@ pub(super) struct HeldTopic {
 impl HeldTopic {
     fn pop_front(&mut self) -> Option<Waiting> {
         self.refused.pop_front().or_else(|| self.later.pop_front())
+    }
+
+    /// Puts a refused record among the refused in send order: behind those of its own and
+    /// earlier transactions, ahead of later ones (see the module's docs for why not at the back).
+    fn insert_refused(&mut self, waiting: Waiting) {
+        let seq = |w: &Waiting| w.opaque & !DEAD_LETTER_BIT;
+        let at = self.refused.partition_point(|w| seq(w) <= seq(&waiting));
+        self.refused.insert(at, waiting);
     }
 }
 
@@ -107,7 +124,7 @@ impl PartitionCounts {
             held.probe_refused = true;
             held.refused.push_front(waiting);
         } else {
-            held.refused.push_back(waiting);
+            held.insert_refused(waiting);
         }
         drop(topics);
         if new {
@@ -238,5 +255,44 @@ impl PartitionCounts {
         let held = topics.held.entry(topic.to_string()).or_default();
         held.probe = None;
         held.refused.push_front(waiting);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mapping::Record;
+
+    fn waiting(seq: usize, key: &str) -> Waiting {
+        Waiting {
+            record: Record {
+                topic: "a".into(),
+                key: bytes::Bytes::from(key.to_string()),
+                ..Record::default()
+            },
+            opaque: seq,
+        }
+    }
+
+    #[test]
+    fn refusals_reported_queue_first_wait_in_send_order() {
+        let mut held = HeldTopic::default();
+        // librdkafka's order: the records still queued (transactions 5 to 7, one with two
+        // records), then the refused batch (3 and 4).
+        for (seq, key) in [
+            (5, "e5"),
+            (6, "e6a"),
+            (6, "e6b"),
+            (7, "e7"),
+            (3, "e3"),
+            (4, "e4"),
+        ] {
+            held.insert_refused(waiting(seq, key));
+        }
+        held.later.push_back(waiting(8, "e8"));
+        let order: Vec<_> = std::iter::from_fn(|| held.pop_front())
+            .map(|w| String::from_utf8(w.record.key.to_vec()).unwrap())
+            .collect();
+        assert_eq!(order, ["e3", "e4", "e5", "e6a", "e6b", "e7", "e8"]);
     }
 }
