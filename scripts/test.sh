@@ -70,6 +70,15 @@ done
 # outages, deadlines), and the tests assert properties, not rates (a timing run: 922 s of tests
 # in 462 s with two).
 threads=(--test-threads=3)
+# The whole suite: tests/exclusive (they stop and restart their broker and PostgreSQL, one at a
+# time, mostly waiting: 150 s) run beside the others, on services of their own in
+# ${OUTBOX_RUN_DIR}-exclusive, instead of after them. Their output is printed at the end.
+run_targets=("${targets[@]}")
+EXCLUSIVE_DIR=$OUTBOX_RUN_DIR-exclusive
+exclusive_pid=
+if [[ ${#cargo_args[@]} -eq 0 ]]; then
+    run_targets=(--lib --bins --examples --test integration)
+fi
 for arg in "${test_args[@]}"; do
     [[ $arg == --test-threads* ]] && threads=()
 done
@@ -92,16 +101,20 @@ services_started=0
 cleanup() {
     local rc=$? f
     trap - EXIT INT TERM
+    if [[ -n $exclusive_pid ]] && kill -0 "$exclusive_pid" 2>/dev/null; then
+        kill "$exclusive_pid" 2>/dev/null || true
+        wait "$exclusive_pid" 2>/dev/null || true
+    fi
     if ((services_started)); then
         if ((rc != 0)) && [[ ${CI:-} == true ]]; then
             # CI keeps no files: show the end of the service logs.
-            for f in "$OUTBOX_RUN_DIR"/{pg,pg-ha,pg-ha-standby}/postgres.log; do
+            for f in "$OUTBOX_RUN_DIR"{,-exclusive}/{pg,pg-ha,pg-ha-standby}/postgres.log; do
                 if [[ -s $f ]]; then
                     printf -- '----- last lines of %s -----\n' "$f" >&2
                     tail -n 60 "$f" >&2 || true
                 fi
             done
-            for f in "$OUTBOX_RUN_DIR"/{kafka,kafka-acl}/logs/server.log; do
+            for f in "$OUTBOX_RUN_DIR"{,-exclusive}/{kafka,kafka-acl}/logs/server.log; do
                 if [[ -s $f ]]; then
                     printf -- '----- last warnings and errors of %s -----\n' "$f" >&2
                     grep -E '^\[[^]]*\] (WARN|ERROR|FATAL) ' "$f" | tail -n 40 >&2 || true
@@ -117,6 +130,7 @@ cleanup() {
         fi
         log "stopping services"
         bash "$SERVICES" stop || true
+        OUTBOX_RUN_DIR=$EXCLUSIVE_DIR bash "$SERVICES" stop || true
         # services.sh stops the shared registry; the outage test's own one is here.
         OUTBOX_RUN_DIR="$OUTBOX_RUN_DIR/registry-outage" bash "$REGISTRY" stop || true
         log "service logs kept in $OUTBOX_RUN_DIR"
@@ -138,6 +152,23 @@ env_file=$(bash "$SERVICES" start) || {
     log "services failed to start (logs in $OUTBOX_RUN_DIR)"
     exit 1
 }
+if [[ ${run_targets[*]} != "${targets[*]}" ]]; then
+    if [[ ${OUTBOX_KEEP_STATE:-0} != 1 ]]; then
+        OUTBOX_RUN_DIR=$EXCLUSIVE_DIR bash "$SERVICES" clean
+    fi
+    exclusive_env=$(OUTBOX_RUN_DIR=$EXCLUSIVE_DIR bash "$SERVICES" start) || {
+        log "the exclusive tests' services failed to start (logs in $EXCLUSIVE_DIR)"
+        exit 1
+    }
+    log "exclusive tests start beside the others (services in $EXCLUSIVE_DIR; output at the end)"
+    # A subshell with only the exclusive services' environment (the main one is sourced below).
+    (
+        # shellcheck disable=SC1090 # written at run time by services.sh
+        source "$exclusive_env"
+        exec cargo test --workspace --test exclusive "${locked[@]}"
+    ) >"$EXCLUSIVE_DIR/exclusive-tests.log" 2>&1 &
+    exclusive_pid=$!
+fi
 bash "$SERVICES" pg-replica-start >/dev/null || {
     log "the wal_level=replica cluster failed to start (log: $OUTBOX_RUN_DIR/pg-replica/postgres.log)"
     exit 1
@@ -166,7 +197,15 @@ fi
 
 set +e
 # --no-fail-fast: a failing test binary does not hide the results of the others.
-cargo test --no-fail-fast "${packages[@]}" "${targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${test_args[@]}"
+cargo test --no-fail-fast "${packages[@]}" "${run_targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${test_args[@]}"
 rc=$?
+if [[ -n $exclusive_pid ]]; then
+    wait "$exclusive_pid"
+    exclusive_rc=$?
+    exclusive_pid=
+    printf '\n----- tests/exclusive (ran beside the others; exit %d) -----\n' "$exclusive_rc"
+    cat "$EXCLUSIVE_DIR/exclusive-tests.log"
+    ((rc != 0)) || rc=$exclusive_rc
+fi
 set -e
 exit "$rc"
