@@ -26,8 +26,6 @@ pub(super) const DLQ: &str = "sim.dlq";
 /// Where the slot was created: nothing before it is streamed.
 pub(super) const SLOT_START: Lsn = Lsn(0x1000);
 const AGGREGATE_TYPES: [&str; 3] = ["order", "invoice", "shipment"];
-/// Records the broker refuses as invalid in exactly-once runs too.
-const INVALID_IN_EXACTLY_ONCE: bool = false;
 /// Event numbers of rolled-back transactions start here (they must never be seen).
 const ROLLED_BACK_BASE: u64 = 1_000_000;
 
@@ -83,8 +81,8 @@ pub(super) struct Workload {
 }
 
 impl Workload {
-    /// `exactly_once`: the run is in exactly-once (see below for what that changes).
-    pub fn generate(rng: &mut Rng, exactly_once: bool) -> Workload {
+    /// `invalid`: some records are refused by the broker as invalid (INVALID_RECORD).
+    pub fn generate(rng: &mut Rng, invalid: bool) -> Workload {
         let small = rng.below(AGGREGATE_TYPES.len() as u64) as usize;
         let topics: Vec<TopicSpec> = AGGREGATE_TYPES
             .iter()
@@ -120,7 +118,7 @@ impl Workload {
             for _ in 0..rows {
                 let n = events.len();
                 let t = rng.below(AGGREGATE_TYPES.len() as u64) as usize;
-                let fault = if rng.chance(3) && (!exactly_once || INVALID_IN_EXACTLY_ONCE) {
+                let fault = if rng.chance(3) && invalid {
                     Some(OwnFault::Invalid)
                 } else if t == small && rng.chance(8) {
                     Some(OwnFault::TooLarge)
