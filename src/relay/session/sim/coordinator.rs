@@ -65,6 +65,9 @@ pub(super) struct Coordinator {
     /// the zombie, fenced.
     pub fenced: bool,
     pub open: Option<KafkaTxn>,
+    /// A commit of a producer that is gone (or a zombie): its EndTxn is on its way, to be
+    /// answered when the next producer initialises the id.
+    pub zombie: Option<(Progress, Vec<Written>)>,
     next_id: u64,
     /// The progress values committed, in commit order: the progress topic's partition as a
     /// read_committed reader sees it.
@@ -77,6 +80,7 @@ impl Coordinator {
             epoch: 0,
             fenced: false,
             open: None,
+            zombie: None,
             next_id: 0,
             committed: Vec::new(),
         }

@@ -115,6 +115,9 @@ pub(super) enum Defect {
     /// Exactly-once: the commit goes out before every record of the transaction was
     /// acknowledged (the publisher's wait for `in_flight_count` and librdkafka's flush skipped).
     CommitBeforeAcks,
+    /// Exactly-once: the progress value is read before the producer is initialised (fencing
+    /// the previous one), so a zombie's commit can land after the read.
+    ReadBeforeFence,
 }
 
 /// How a session ended.
@@ -130,6 +133,9 @@ pub(super) struct Outcome {
     pub violations: Vec<String>,
     pub schedule: Vec<String>,
     pub sessions: u32,
+    pub exactly_once: bool,
+    /// Exactly-once: Kafka transactions committed, and commits that failed.
+    pub commits: (u32, u32),
 }
 
 fn settings(rng: &mut Rng, exactly_once: bool) -> Settings {
@@ -262,7 +268,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
             deliveries,
             catalog: SimCatalog,
         };
-        let progress = world.borrow_mut().init_transactions();
+        let progress = world.borrow_mut().init_transactions(&mut driver.rng);
         let session = Session::new(settings.clone(), &mapping, &metrics, ends, start)
             .skipping_below(progress);
         let shutdown = CancellationToken::new();
@@ -321,6 +327,8 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         violations: std::mem::take(&mut w.violations),
         schedule: std::mem::take(&mut w.schedule),
         sessions: w.incarnation + 1,
+        exactly_once: w.eos.is_some(),
+        commits: w.commits,
     }
 }
 
@@ -531,6 +539,7 @@ fn every_seed_keeps_the_invariants() {
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
     let mut sessions = 0u64;
+    let (mut eos_seeds, mut committed, mut commits_failed) = (0u64, 0u64, 0u64);
     // `OUTBOX_SIM_TRACE=1`: each seed is named before it runs, so that a seed that never
     // ends (a session that spins without waiting) is found in a long run.
     let trace = std::env::var_os("OUTBOX_SIM_TRACE").is_some();
@@ -540,6 +549,9 @@ fn every_seed_keeps_the_invariants() {
         }
         let outcome = run_seed_with(seed, injected);
         sessions += u64::from(outcome.sessions);
+        eos_seeds += u64::from(outcome.exactly_once);
+        committed += u64::from(outcome.commits.0);
+        commits_failed += u64::from(outcome.commits.1);
         if !outcome.violations.is_empty() {
             if failed.is_empty() {
                 eprintln!("{}", describe(seed, &outcome));
@@ -548,7 +560,7 @@ fn every_seed_keeps_the_invariants() {
         }
     }
     println!(
-        "{count} seeds ({sessions} sessions) in {:.1} s; {} failed",
+        "{count} seeds ({sessions} sessions; {eos_seeds} in exactly-once, {committed} Kafka transactions committed, {commits_failed} commits failed) in {:.1} s; {} failed",
         started.elapsed().as_secs_f64(),
         failed.len()
     );
@@ -582,6 +594,7 @@ fn injected_defects_are_caught() {
         Defect::StaleProgress,
         Defect::ForgetDoom,
         Defect::CommitBeforeAcks,
+        Defect::ReadBeforeFence,
     ];
     for defect in table {
         let caught = (1..=SEEDS_TO_CATCH).find_map(|seed| {

@@ -263,6 +263,12 @@ impl RecordSink for SimSink {
                 world.violation("a record sent with no Kafka transaction open".into());
                 return rejected(RDKafkaErrorCode::State);
             };
+            // librdkafka takes no record while a commit runs (`rd_kafka_txn_may_enq_msg`,
+            // rdkafka_txnmgr.c): the session holds them for the next transaction.
+            if open.commit.is_some() {
+                world.violation("a record sent while the Kafka commit runs".into());
+                return rejected(RDKafkaErrorCode::State);
+            }
             // A record its topic refused alone before is refused before it is sent, so that
             // it is dead-lettered inside the transaction (`Publisher::send_with_opaque`,
             // sink/publisher/mod.rs). Modelled in exactly-once only: at-least-once

@@ -288,6 +288,8 @@ pub(super) struct World {
     pub eos: Option<Coordinator>,
     /// The defect injected into this run, if any (see `Defect`).
     pub defect: Defect,
+    /// Exactly-once: Kafka transactions committed, and commits that failed.
+    pub commits: (u32, u32),
 }
 
 impl World {
@@ -325,6 +327,7 @@ impl World {
             pending_pause: 0,
             eos: exactly_once.then(Coordinator::new),
             defect,
+            commits: (0, 0),
         }
     }
 
@@ -706,6 +709,7 @@ impl World {
         };
         if result.is_err() {
             self.restart_causes += 1;
+            self.commits.1 += 1;
         }
         self.note(format!(
             "kafka commit at {at} of {records} written records: {what}"
@@ -718,6 +722,7 @@ impl World {
 
     /// A Kafka transaction commits: its records become visible, with its progress value.
     fn apply(&mut self, at: Progress, written: Vec<Written>) {
+        self.commits.0 += 1;
         for w in &written {
             self.land_record(&w.record, w.kind, w.producer, w.partition);
         }
@@ -754,16 +759,41 @@ impl World {
 
     /// Exactly-once: a session starts; its producer initialises the transactional id
     /// (`init_transactions`: fences older producers and aborts their open transaction,
-    /// KIP-98), and the progress value is read (`read_last`, sink/publisher/progress.rs: the
-    /// last committed value of the key, read_committed).
-    pub fn init_transactions(&mut self) -> Option<Progress> {
+    /// KIP-98), and then the progress value is read (`read_last`, sink/publisher/progress.rs:
+    /// the last committed value of the key, read_committed) — in that order, as `sink::open`
+    /// does, so that a zombie's commit cannot land after the read.
+    pub fn init_transactions(&mut self, rng: &mut Rng) -> Option<Progress> {
         let incarnation = self.incarnation;
-        let stale = self.defect == Defect::StaleProgress;
+        let defect = self.defect;
+        let coordinator = self.eos.as_mut()?;
+        let zombie = coordinator.zombie.take();
+        let mut read = None;
+        if defect == Defect::ReadBeforeFence {
+            read = Some(self.read_progress());
+        }
+        if let Some((at, written)) = zombie {
+            // The zombie's EndTxn reaches the coordinator before the fence (then the read
+            // below sees it), or after it (then it fails with PRODUCER_FENCED).
+            if defect == Defect::ReadBeforeFence || rng.chance(50) {
+                self.note(format!(
+                    "the previous producer's commit at {at} reaches the coordinator"
+                ));
+                self.apply(at, written);
+            } else {
+                self.note(format!("the previous producer's commit at {at} is fenced"));
+            }
+        }
         let coordinator = self.eos.as_mut()?;
         coordinator.epoch = incarnation;
         coordinator.fenced = false;
         coordinator.open = None;
-        let committed = &coordinator.committed;
+        read.unwrap_or_else(|| self.read_progress())
+    }
+
+    /// The last committed progress value, as a read_committed reader reads it.
+    fn read_progress(&mut self) -> Option<Progress> {
+        let stale = self.defect == Defect::StaleProgress;
+        let committed = &self.eos.as_ref()?.committed;
         let read = if stale {
             // The defect: the value before the last.
             committed.len().checked_sub(2).map(|i| committed[i])
@@ -782,8 +812,8 @@ impl World {
     /// seeded prefix had been sent and is written; the rest, and whatever the gate held, is
     /// lost with the process. No report reaches anyone. Exactly-once: what it wrote is in its
     /// open transaction, which the next producer's `init_transactions` aborts — unless its
-    /// commit was asked and flushed, when EndTxn may have reached the coordinator before the
-    /// crash (the answer was lost with the process).
+    /// commit was asked and flushed: its EndTxn may be on its way (a zombie's, after a
+    /// network split), to reach the coordinator before or after the next producer fences it.
     pub fn producer_gone(&mut self, rng: &mut Rng) {
         let queues = std::mem::take(&mut self.queues);
         if let Some(coordinator) = self.eos.as_mut() {
@@ -793,15 +823,10 @@ impl World {
                     && t.doomed.is_none()
                     && coordinator.is_current(t.producer)
             });
-            if committing && rng.chance(50) {
+            if committing {
                 let txn = coordinator.open.take();
-                if let Some((txn, (at, _))) = txn.and_then(|mut t| t.commit.take().map(|c| (t, c)))
-                {
-                    self.note(format!(
-                        "the commit at {at} reached the coordinator before the crash"
-                    ));
-                    self.apply(at, txn.written);
-                }
+                coordinator.zombie =
+                    txn.and_then(|mut t| t.commit.take().map(|(at, _)| (at, t.written)));
             }
         } else {
             for (key, queue) in queues {
