@@ -587,6 +587,8 @@ fn a_seed_replays_the_same_schedule() {
 
 /// The injected-defect table: each defect, switched on alone, must make some seed fail within
 /// `SEEDS_TO_CATCH`; the seed that first catches it and what it found are printed (`--nocapture`).
+/// `OUTBOX_SIM_DEFECT_SEEDS=<n>`: also counts how many of the first `n` seeds catch each (in
+/// exactly-once seeds: the defects are all exactly-once ones).
 #[test]
 fn injected_defects_are_caught() {
     const SEEDS_TO_CATCH: u64 = 2_000;
@@ -611,6 +613,21 @@ fn injected_defects_are_caught() {
             panic!("{defect:?} went unnoticed in {SEEDS_TO_CATCH} seeds");
         };
         println!("{defect:?}: caught at seed {seed}: {found}");
+        if let Some(n) = env_u64("OUTBOX_SIM_DEFECT_SEEDS") {
+            let (mut eos, mut caught) = (0, 0);
+            for seed in 1..=n {
+                let injected = Injected {
+                    defect,
+                    ..Injected::NOTHING
+                };
+                let outcome = run_seed_with(seed, injected);
+                eos += u32::from(outcome.exactly_once);
+                caught += u32::from(!outcome.violations.is_empty());
+            }
+            println!(
+                "{defect:?}: caught by {caught} of {eos} exactly-once seeds among the first {n}"
+            );
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! The simulated world: a workload of outbox transactions (what PostgreSQL committed and rolled
 //! back), the slot's confirmed position, and "Kafka" (per-partition queues of records the
 //! producer holds, the gate that holds a topic's refused records, and the logs of what the
-//! brokers wrote). The invariants are checked here, as things happen and at the end.
+//! brokers wrote; in exactly-once, the transaction coordinator of `coordinator.rs`, whose
+//! commits make records visible). The invariants are checked here, as things happen and at
+//! the end.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -197,6 +199,14 @@ impl Workload {
             .filter(|&n| n < self.events.len())
             .ok_or_else(|| format!("an event never committed ({n}) in `{}`", record.topic))
     }
+}
+
+/// What a commit the coordinator answers does.
+enum Fate {
+    Commits,
+    Aborts,
+    /// Its EndTxn is still on its way: answered when the next producer initialises the id.
+    InFlight,
 }
 
 /// A record the producer holds, not yet answered by the brokers.
@@ -661,27 +671,24 @@ impl World {
                 error: KafkaError::MessageProduction(code),
             })
         };
-        let (applied, result, what) = if !coordinator.is_current(txn.producer) {
+        use Fate::*;
+        let (fate, result, what) = if !coordinator.is_current(txn.producer) {
             // The coordinator aborted it when the newer producer initialised the id.
-            (false, failed(RDKafkaErrorCode::ProducerFenced), "fenced")
+            (Aborts, failed(RDKafkaErrorCode::ProducerFenced), "fenced")
         } else if let Some(code) = txn.doomed {
-            (false, failed(code), "abortable: a record of it failed")
+            (Aborts, failed(code), "abortable: a record of it failed")
         } else if fault {
-            match rng.below(3) {
-                // Retriable: EndTxn timed out; the coordinator may have committed it.
-                0 if rng.chance(50) => (
-                    true,
-                    failed(RDKafkaErrorCode::OperationTimedOut),
-                    "timed out, committed all the same",
-                ),
-                0 => (
-                    false,
-                    failed(RDKafkaErrorCode::OperationTimedOut),
-                    "timed out",
-                ),
+            let timed_out = failed(RDKafkaErrorCode::OperationTimedOut);
+            match rng.below(5) {
+                // Retriable: EndTxn timed out. The coordinator may have committed it, or
+                // not, or the request may still be on its way (answered when the next
+                // producer initialises the id: before its fence, or fenced).
+                0 => (Commits, timed_out, "timed out, committed all the same"),
+                1 => (InFlight, timed_out, "timed out, EndTxn still on its way"),
+                2 => (Aborts, timed_out, "timed out"),
                 // Abortable: a permanent EndTxn error (`rd_kafka_txn_set_abortable_error0`).
-                1 => (
-                    false,
+                3 => (
+                    Aborts,
                     failed(RDKafkaErrorCode::UnknownProducerId),
                     "abortable",
                 ),
@@ -689,23 +696,28 @@ impl World {
                 _ => {
                     coordinator.fenced = true;
                     (
-                        false,
+                        Aborts,
                         failed(RDKafkaErrorCode::InvalidProducerEpoch),
                         "fatal (fenced)",
                     )
                 }
             }
         } else {
-            (true, Ok(()), "committed")
+            (Commits, Ok(()), "committed")
         };
         let records = txn.written.len();
-        let written = if applied {
-            std::mem::take(&mut txn.written)
-        } else {
-            // Still open on the broker, until the session aborts it or the next producer
-            // initialises the id.
-            coordinator.open = Some(txn);
-            Vec::new()
+        let written = match fate {
+            Commits => std::mem::take(&mut txn.written),
+            InFlight => {
+                coordinator.zombie = Some((at, std::mem::take(&mut txn.written)));
+                Vec::new()
+            }
+            Aborts => {
+                // Still open on the broker, until the session aborts it or the next
+                // producer initialises the id.
+                coordinator.open = Some(txn);
+                Vec::new()
+            }
         };
         if result.is_err() {
             self.restart_causes += 1;
@@ -715,7 +727,7 @@ impl World {
             "kafka commit at {at} of {records} written records: {what}"
         ));
         let _ = outcome.send(result);
-        if applied {
+        if let Commits = fate {
             self.apply(at, written);
         }
     }
