@@ -432,6 +432,22 @@ impl World {
             return self.violation(what);
         }
         let (has_fault, topic) = (ev.fault.is_some(), ev.topic.clone());
+        if self.eos.is_some() && !dead {
+            // Exactly-once, as it becomes visible: the aggregate's previous event (in commit
+            // order) is visible already.
+            let previous = self.workload.events[..event].iter().rposition(|p| {
+                p.fault.is_none()
+                    && p.aggregate_type == ev.aggregate_type
+                    && p.aggregate_id == ev.aggregate_id
+            });
+            if let Some(p) = previous.filter(|&p| self.landed[p].0 == 0) {
+                let what = format!(
+                    "event {event} of aggregate {}/{} visible before event {p}, committed before it",
+                    ev.aggregate_type, ev.aggregate_id
+                );
+                self.violation(what);
+            }
+        }
         if self.eos.is_some() && self.landed[event] != (0, 0) {
             let what = format!(
                 "event {event} of `{topic}` seen twice by a read_committed reader (exactly-once), now in `{}`",
