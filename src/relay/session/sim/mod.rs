@@ -102,7 +102,14 @@ const EXACTLY_ONCE_SHARE: u64 = 40;
 
 /// A defect injected on purpose, to prove the invariants catch it (`injected_defects_are_caught`):
 /// each is a throwaway switch of the simulated peers standing for a mistake the relay (or its
-/// producer) could make.
+/// producer) could make. Measured (seeds 1..=5,000, of which 1,973 in exactly-once):
+///
+/// | defect | first caught at seed | exactly-once seeds that catch it | by |
+/// |---|---|---|---|
+/// | `StaleProgress` | 8 | 969 of 1,973 | an event seen twice |
+/// | `ForgetDoom` | 5 | 1,471 of 1,973 | a progress value committed past a missing event |
+/// | `CommitBeforeAcks` | 5 | 1,733 of 1,973 | a progress value committed past a missing event |
+/// | `ReadBeforeFence` | 8 | 125 of 1,973 | an event seen twice |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Defect {
     None,
