@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
 use super::world::{Pending, World};
@@ -18,7 +18,7 @@ use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, CommitOutcome, FrameSource, RecordKind, RecordSink};
 use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
-use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError};
+use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
 use crate::source::pgoutput::encode::encode;
 use crate::source::pgoutput::{
     Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue,
@@ -224,7 +224,8 @@ impl FrameSource for SimSource {
     async fn close(&mut self) {}
 }
 
-/// The session's producer: an idempotent at-least-once producer over the world's partitions.
+/// The session's producer over the world's partitions: idempotent (at-least-once), or
+/// transactional (exactly-once, when the world has a coordinator), as the `Publisher` is.
 pub(super) struct SimSink {
     pub world: Rc<RefCell<World>>,
     pub reports: mpsc::UnboundedSender<Delivery>,
@@ -238,10 +239,48 @@ impl RecordSink for SimSink {
         &mut self,
         record: &Record,
         seq: TxnSeq,
-        _event_id: &str,
+        event_id: &str,
         kind: RecordKind,
     ) -> Result<(), PublishError> {
-        let mut world = self.world.borrow_mut();
+        let mut guard = self.world.borrow_mut();
+        let world = &mut *guard;
+        let mut txn = None;
+        if let Some(coordinator) = &mut world.eos {
+            let rejected = |error| {
+                Err(PublishError::Rejected(Box::new(Rejection {
+                    topic: record.topic.clone(),
+                    event_id: event_id.to_string(),
+                    error: KafkaError::MessageProduction(error),
+                })))
+            };
+            // After a fatal error librdkafka takes nothing more (`rd_kafka_producev`,
+            // rdkafka_msg.c, answers `RD_KAFKA_RESP_ERR__FATAL`).
+            if !coordinator.is_current(self.producer) {
+                return rejected(RDKafkaErrorCode::Fatal);
+            }
+            let producer = self.producer;
+            let Some(open) = coordinator.open.as_mut().filter(|t| t.producer == producer) else {
+                world.violation("a record sent with no Kafka transaction open".into());
+                return rejected(RDKafkaErrorCode::State);
+            };
+            // librdkafka takes no record while a commit runs (`rd_kafka_txn_may_enq_msg`,
+            // rdkafka_txnmgr.c): the session holds them for the next transaction.
+            if open.commit.is_some() {
+                world.violation("a record sent while the Kafka commit runs".into());
+                return rejected(RDKafkaErrorCode::State);
+            }
+            // A record its topic refused alone before is refused before it is sent, so that
+            // it is dead-lettered inside the transaction (`Publisher::send_with_opaque`,
+            // sink/publisher/mod.rs). Modelled in exactly-once only: at-least-once
+            // dead-letters it from the delivery report.
+            if kind == RecordKind::Event {
+                if let Some(refusal) = world.limits.refused(&record.topic, &record.key) {
+                    return rejected(refusal);
+                }
+            }
+            open.sent += 1;
+            txn = Some(open.id);
+        }
         let partition = world.partition_of(record);
         let queue = world.queues.entry((record.topic.clone(), partition));
         queue.or_default().push_back(Pending {
@@ -250,12 +289,16 @@ impl RecordSink for SimSink {
             kind,
             producer: self.producer,
             reports: self.reports.clone(),
+            txn,
         });
         Ok(())
     }
 
     fn fatal_error(&self) -> Option<String> {
-        None
+        let world = self.world.borrow();
+        let coordinator = world.eos.as_ref()?;
+        (!coordinator.is_current(self.producer))
+            .then(|| "fenced by a newer producer with the same transactional.id".into())
     }
 
     fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
@@ -269,18 +312,73 @@ impl RecordSink for SimSink {
         )
     }
 
+    /// A local state change in librdkafka (`rd_kafka_begin_transaction`, rdkafka_txnmgr.c),
+    /// refused once the producer is fenced (a fatal error).
     fn begin(&mut self) -> Result<(), PublishError> {
-        Err(PublishError::Transaction {
-            what: "begin (not modelled: at-least-once)",
-            error: KafkaError::Canceled,
-        })
+        let mut world = self.world.borrow_mut();
+        let Some(coordinator) = &mut world.eos else {
+            return Err(PublishError::Transaction {
+                what: "begin (not modelled: at-least-once)",
+                error: KafkaError::Canceled,
+            });
+        };
+        if !coordinator.is_current(self.producer) {
+            return Err(PublishError::Transaction {
+                what: "begin",
+                error: KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced),
+            });
+        }
+        if coordinator.open.is_some() {
+            world.violation("a Kafka transaction begun while one is open".into());
+            return Err(PublishError::Transaction {
+                what: "begin",
+                error: KafkaError::MessageProduction(RDKafkaErrorCode::State),
+            });
+        }
+        coordinator.begin(self.producer);
+        Ok(())
     }
 
-    fn commit(&mut self, _at: Progress) -> CommitOutcome {
-        oneshot::channel().1
+    /// The coordinator answers in a later step of the driver, once every record of the
+    /// transaction was answered (`World::answer_commit`).
+    fn commit(&mut self, at: Progress) -> CommitOutcome {
+        let (tx, rx) = oneshot::channel();
+        let mut world = self.world.borrow_mut();
+        let producer = self.producer;
+        match world
+            .eos
+            .as_mut()
+            .and_then(|c| c.open.as_mut())
+            .filter(|t| t.producer == producer && t.commit.is_none())
+        {
+            Some(open) => open.commit = Some((at, tx)),
+            None => world.violation(format!("a commit at {at} with no Kafka transaction open")),
+        }
+        rx
     }
 
-    async fn abort(&mut self) {}
+    /// `abort_transaction`: the open transaction's records are dropped, written or not
+    /// (librdkafka purges what it still queues, `rd_kafka_txn_op_begin_abort`, rdkafka_txnmgr.c).
+    async fn abort(&mut self) {
+        let mut world = self.world.borrow_mut();
+        let producer = self.producer;
+        let Some(coordinator) = &mut world.eos else {
+            return;
+        };
+        let Some(id) = coordinator
+            .open
+            .as_ref()
+            .filter(|t| t.producer == producer)
+            .map(|t| t.id)
+        else {
+            return;
+        };
+        coordinator.open = None;
+        for queue in world.queues.values_mut() {
+            queue.retain(|p| p.txn != Some(id));
+        }
+        world.note("the session aborts its Kafka transaction".into());
+    }
 
     fn skip_linger(&mut self) {}
 }

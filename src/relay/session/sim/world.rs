@@ -1,7 +1,9 @@
 //! The simulated world: a workload of outbox transactions (what PostgreSQL committed and rolled
 //! back), the slot's confirmed position, and "Kafka" (per-partition queues of records the
 //! producer holds, the gate that holds a topic's refused records, and the logs of what the
-//! brokers wrote). The invariants are checked here, as things happen and at the end.
+//! brokers wrote; in exactly-once, the transaction coordinator of `coordinator.rs`, whose
+//! commits make records visible). The invariants are checked here, as things happen and at
+//! the end.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -11,14 +13,16 @@ use rdkafka::message::OwnedMessage;
 use rdkafka::Timestamp;
 use tokio::sync::mpsc;
 
-use super::Rng;
+use super::coordinator::{progress_order, Coordinator, Written};
+use super::{Defect, Rng};
 use crate::lsn::Lsn;
 use crate::mapping::partition::partition_for_key;
 use crate::mapping::Record;
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::RecordKind;
 use crate::sink::limits::TopicLimits;
-use crate::sink::publisher::{waits_at_gate, Delivery, DeliveryFailure};
+use crate::sink::progress::{Covered, Progress};
+use crate::sink::publisher::{waits_at_gate, Delivery, DeliveryFailure, PublishError};
 
 pub(super) const DLQ: &str = "sim.dlq";
 /// Where the slot was created: nothing before it is streamed.
@@ -79,7 +83,8 @@ pub(super) struct Workload {
 }
 
 impl Workload {
-    pub fn generate(rng: &mut Rng) -> Workload {
+    /// `invalid`: some records are refused by the broker as invalid (INVALID_RECORD).
+    pub fn generate(rng: &mut Rng, invalid: bool) -> Workload {
         let small = rng.below(AGGREGATE_TYPES.len() as u64) as usize;
         let topics: Vec<TopicSpec> = AGGREGATE_TYPES
             .iter()
@@ -115,7 +120,7 @@ impl Workload {
             for _ in 0..rows {
                 let n = events.len();
                 let t = rng.below(AGGREGATE_TYPES.len() as u64) as usize;
-                let fault = if rng.chance(3) {
+                let fault = if rng.chance(3) && invalid {
                     Some(OwnFault::Invalid)
                 } else if t == small && rng.chance(8) {
                     Some(OwnFault::TooLarge)
@@ -196,6 +201,14 @@ impl Workload {
     }
 }
 
+/// What a commit the coordinator answers does.
+enum Fate {
+    Commits,
+    Aborts,
+    /// Its EndTxn is still on its way: answered when the next producer initialises the id.
+    InFlight,
+}
+
 /// A record the producer holds, not yet answered by the brokers.
 pub(super) struct Pending {
     pub record: Record,
@@ -204,6 +217,8 @@ pub(super) struct Pending {
     /// The session (and so the producer) that sent it.
     pub producer: u32,
     pub reports: mpsc::UnboundedSender<Delivery>,
+    /// Exactly-once: the Kafka transaction it was sent in.
+    pub txn: Option<u64>,
 }
 
 impl Pending {
@@ -279,10 +294,16 @@ pub(super) struct World {
     pub step: usize,
     /// How long (ms) the driver lets the paused clock run after this step.
     pub pending_pause: u64,
+    /// Exactly-once: Kafka's transactions (`None`: at-least-once).
+    pub eos: Option<Coordinator>,
+    /// The defect injected into this run, if any (see `Defect`).
+    pub defect: Defect,
+    /// Exactly-once: Kafka transactions committed, and commits that failed.
+    pub commits: (u32, u32),
 }
 
 impl World {
-    pub fn new(workload: Workload, rng: &mut Rng) -> World {
+    pub fn new(workload: Workload, rng: &mut Rng, exactly_once: bool, defect: Defect) -> World {
         let limits = Arc::new(TopicLimits::default());
         for topic in &workload.topics {
             // `partition_counts` reads `max.message.bytes` with DescribeConfigs when allowed;
@@ -314,6 +335,9 @@ impl World {
             schedule: Vec::new(),
             step: 0,
             pending_pause: 0,
+            eos: exactly_once.then(Coordinator::new),
+            defect,
+            commits: (0, 0),
         }
     }
 
@@ -391,40 +415,64 @@ impl World {
 
     /// The brokers write `pending` to `partition`: checked as it lands.
     fn land(&mut self, pending: &Pending, partition: i32) {
-        let event = match self.workload.event_of(&pending.record) {
+        self.land_record(&pending.record, pending.kind, pending.producer, partition);
+    }
+
+    /// A record becomes visible to a read_committed reader (at-least-once: as it is written;
+    /// exactly-once: as its transaction commits).
+    fn land_record(&mut self, record: &Record, kind: RecordKind, producer: u32, partition: i32) {
+        let event = match self.workload.event_of(record) {
             Ok(e) => e,
             Err(what) => return self.violation(what),
         };
         let ev = &self.workload.events[event];
-        let dead = pending.kind == RecordKind::DeadLetter;
-        if !dead && pending.record.topic != ev.topic {
-            let what = format!("event {event} written to `{}`", pending.record.topic);
+        let dead = kind == RecordKind::DeadLetter;
+        if !dead && record.topic != ev.topic {
+            let what = format!("event {event} written to `{}`", record.topic);
             return self.violation(what);
         }
-        if dead && ev.fault.is_none() {
+        let (has_fault, topic) = (ev.fault.is_some(), ev.topic.clone());
+        if self.eos.is_some() && !dead {
+            // Exactly-once, as it becomes visible: the aggregate's previous event (in commit
+            // order) is visible already.
+            let previous = self.workload.events[..event].iter().rposition(|p| {
+                p.fault.is_none()
+                    && p.aggregate_type == ev.aggregate_type
+                    && p.aggregate_id == ev.aggregate_id
+            });
+            if let Some(p) = previous.filter(|&p| self.landed[p].0 == 0) {
+                let what = format!(
+                    "event {event} of aggregate {}/{} visible before event {p}, committed before it",
+                    ev.aggregate_type, ev.aggregate_id
+                );
+                self.violation(what);
+            }
+        }
+        if self.eos.is_some() && self.landed[event] != (0, 0) {
             let what = format!(
-                "event {event} of `{}` dead-lettered for no fault of its own",
-                ev.topic
+                "event {event} of `{topic}` seen twice by a read_committed reader (exactly-once), now in `{}`",
+                record.topic
             );
             self.violation(what);
         }
-        let key = (pending.record.topic.clone(), partition);
+        if dead && !has_fault {
+            let what = format!("event {event} of `{topic}` dead-lettered for no fault of its own");
+            self.violation(what);
+        }
+        let key = (record.topic.clone(), partition);
         let log = self.logs.entry(key).or_default();
         if log
             .iter()
-            .any(|l| l.event == event && l.producer == pending.producer)
+            .any(|l| l.event == event && l.producer == producer)
         {
             let what = format!(
                 "event {event} written twice to `{}` by one session",
-                pending.record.topic
+                record.topic
             );
             self.violation(what);
         }
-        let log = self.logs.entry((pending.record.topic.clone(), partition));
-        log.or_default().push(Landed {
-            event,
-            producer: pending.producer,
-        });
+        let log = self.logs.entry((record.topic.clone(), partition));
+        log.or_default().push(Landed { event, producer });
         let counts = &mut self.landed[event];
         if dead {
             counts.1 += 1;
@@ -473,16 +521,20 @@ impl World {
             batch.extend(queue.pop_front());
         }
         let (topic, partition) = (key.0.clone(), key.1);
+        let eos = self.eos.is_some();
         if self.acl_denied.contains(&topic) {
             // TOPIC_AUTHORIZATION_FAILED in each delivery report; the reporter sends such
             // records back to the gate (`DeliveryReporter::delivery`, sink/publisher/delivery.rs) when `waits_at_gate`.
+            // Exactly-once has no gate (`Publisher::with_client_config`, sink/publisher/mod.rs):
+            // the failure dooms the transaction and ends the session.
             let error = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
             for pending in batch {
-                if waits_at_gate(&error) {
+                if waits_at_gate(&error) && !eos {
                     let held = self.gate.entry(topic.clone()).or_default();
                     held.push_back((partition, pending));
                 } else {
-                    pending.report(Err(error.clone()), partition);
+                    self.restart_causes += u32::from(eos);
+                    self.fail(&pending, error.clone(), partition);
                 }
             }
             return;
@@ -504,17 +556,18 @@ impl World {
             let rest = self.queues.get_mut(key).map(std::mem::take);
             for (i, pending) in batch.iter().chain(rest.iter().flatten()).enumerate() {
                 if i < written && self.landable(pending) {
-                    self.land(pending, partition);
+                    self.write(pending, partition);
                 }
                 let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
-                pending.report(Err(error), partition);
+                self.fail(pending, error, partition);
             }
             return;
         }
         if bytes > self.workload.limit(&topic) {
             // MESSAGE_TOO_LARGE for the partition: every record of the batch fails with it,
             // none is split off (`rd_kafka_handle_Produce_error`, rdkafka_request.c, librdkafka 2.12).
-            if batch.len() > 1 || bytes < batch_size {
+            // Exactly-once: the failure dooms the transaction, whatever the batch held.
+            if batch.len() > 1 || bytes < batch_size || eos {
                 self.restart_causes += 1;
                 self.broken.insert(key.clone());
             }
@@ -524,7 +577,7 @@ impl World {
             ));
             for pending in batch {
                 let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
-                pending.report(Err(error), partition);
+                self.fail(&pending, error, partition);
             }
             return;
         }
@@ -534,38 +587,287 @@ impl World {
                     .workload
                     .event_of(&pending.record)
                     .is_ok_and(|e| self.workload.events[e].fault == Some(OwnFault::Invalid));
-            if invalid {
+            let fenced = self
+                .eos
+                .as_ref()
+                .is_some_and(|c| !c.is_current(pending.producer));
+            if fenced {
+                // A zombie's produce: "transactional producer fenced by newer producer
+                // instance" (`rd_kafka_handle_Produce_error`, rdkafka_request.c).
+                let error = KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced);
+                self.fail(&pending, error, partition);
+            } else if invalid {
                 // Modelled per record: only the record at fault fails, the others of its
                 // batch are written. UNVERIFIED: the broker rejects the whole batch
                 // (KIP-467 names the records at fault in `record_errors`); if librdkafka
                 // 2.12 fails every record of it with INVALID_RECORD
                 // (`rd_kafka_handle_Produce_error`, rdkafka_request.c), the session dead-letters the healthy
                 // ones too: with that model the simulation fails at seed 1.
+                self.restart_causes += u32::from(eos);
+                // The reporter remembers it, so that it is refused before it is sent again
+                // (`DeliveryReporter::delivery`, sink/publisher/delivery.rs).
+                let record = &pending.record;
+                self.limits.remember_invalid(&record.topic, &record.key);
                 let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord);
-                pending.report(Err(error), partition);
+                self.fail(&pending, error, partition);
             } else {
-                self.land(&pending, partition);
+                self.write(&pending, partition);
+                self.answered(&pending, None);
                 pending.report(Ok(()), partition);
             }
         }
     }
 
+    /// The brokers wrote `pending`: visible now (at-least-once), or once its Kafka
+    /// transaction commits — into nothing when that one was aborted (its records carry the
+    /// abort marker) or is already committed.
+    fn write(&mut self, pending: &Pending, partition: i32) {
+        let Some(txn) = pending.txn else {
+            return self.land(pending, partition);
+        };
+        if let Some(open) = self.eos.as_mut().and_then(|c| c.txn(txn)) {
+            open.written.push(Written {
+                record: pending.record.clone(),
+                kind: pending.kind,
+                producer: pending.producer,
+                partition,
+            });
+        }
+    }
+
+    /// A record failed: its report, and (exactly-once) its transaction is doomed.
+    fn fail(&mut self, pending: &Pending, error: KafkaError, partition: i32) {
+        self.answered(pending, error.rdkafka_error_code());
+        pending.report(Err(error), partition);
+    }
+
+    /// Exactly-once: one more record of its transaction answered (`failed`: with this error,
+    /// which makes the transaction abortable).
+    fn answered(&mut self, pending: &Pending, failed: Option<RDKafkaErrorCode>) {
+        let defect = self.defect;
+        let Some(open) = pending
+            .txn
+            .and_then(|txn| self.eos.as_mut().and_then(|c| c.txn(txn)))
+        else {
+            return;
+        };
+        open.answered += 1;
+        if defect != Defect::ForgetDoom {
+            open.doomed = open.doomed.or(failed);
+        }
+    }
+
+    /// Exactly-once: the commit asked for may be answered (every record of its transaction
+    /// was answered: the flush is over).
+    pub fn commit_ready(&self) -> bool {
+        self.eos
+            .as_ref()
+            .and_then(|c| c.open.as_ref())
+            .is_some_and(|t| {
+                t.commit.is_some() && (t.flushed() || self.defect == Defect::CommitBeforeAcks)
+            })
+    }
+
+    /// Exactly-once: the coordinator answers the commit (`fault`: with a failure of a class
+    /// the seed picks, if the transaction would otherwise commit).
+    pub fn answer_commit(&mut self, rng: &mut Rng, fault: bool) {
+        let Some(coordinator) = self.eos.as_mut() else {
+            return;
+        };
+        let Some(mut txn) = coordinator.open.take() else {
+            return;
+        };
+        let Some((at, outcome)) = txn.commit.take() else {
+            coordinator.open = Some(txn);
+            return;
+        };
+        let failed = |code| {
+            Err(PublishError::Transaction {
+                what: "commit",
+                error: KafkaError::MessageProduction(code),
+            })
+        };
+        use Fate::*;
+        let (fate, result, what) = if !coordinator.is_current(txn.producer) {
+            // The coordinator aborted it when the newer producer initialised the id.
+            (Aborts, failed(RDKafkaErrorCode::ProducerFenced), "fenced")
+        } else if let Some(code) = txn.doomed {
+            (Aborts, failed(code), "abortable: a record of it failed")
+        } else if fault {
+            let timed_out = failed(RDKafkaErrorCode::OperationTimedOut);
+            match rng.below(5) {
+                // Retriable: EndTxn timed out. The coordinator may have committed it, or
+                // not, or the request may still be on its way (answered when the next
+                // producer initialises the id: before its fence, or fenced).
+                0 => (Commits, timed_out, "timed out, committed all the same"),
+                1 => (InFlight, timed_out, "timed out, EndTxn still on its way"),
+                2 => (Aborts, timed_out, "timed out"),
+                // Abortable: a permanent EndTxn error (`rd_kafka_txn_set_abortable_error0`).
+                3 => (
+                    Aborts,
+                    failed(RDKafkaErrorCode::UnknownProducerId),
+                    "abortable",
+                ),
+                // Fatal: the producer was fenced meanwhile.
+                _ => {
+                    coordinator.fenced = true;
+                    (
+                        Aborts,
+                        failed(RDKafkaErrorCode::InvalidProducerEpoch),
+                        "fatal (fenced)",
+                    )
+                }
+            }
+        } else {
+            (Commits, Ok(()), "committed")
+        };
+        let records = txn.written.len();
+        let written = match fate {
+            Commits => std::mem::take(&mut txn.written),
+            InFlight => {
+                coordinator.zombie = Some((at, std::mem::take(&mut txn.written)));
+                Vec::new()
+            }
+            Aborts => {
+                // Still open on the broker, until the session aborts it or the next
+                // producer initialises the id.
+                coordinator.open = Some(txn);
+                Vec::new()
+            }
+        };
+        if result.is_err() {
+            self.restart_causes += 1;
+            self.commits.1 += 1;
+        }
+        self.note(format!(
+            "kafka commit at {at} of {records} written records: {what}"
+        ));
+        let _ = outcome.send(result);
+        if let Commits = fate {
+            self.apply(at, written);
+        }
+    }
+
+    /// A Kafka transaction commits: its records become visible, with its progress value.
+    fn apply(&mut self, at: Progress, written: Vec<Written>) {
+        self.commits.0 += 1;
+        for w in &written {
+            self.land_record(&w.record, w.kind, w.producer, w.partition);
+        }
+        let Some(coordinator) = self.eos.as_mut() else {
+            return;
+        };
+        let previous = coordinator.committed.last().copied();
+        coordinator.committed.push(at);
+        if let Some(previous) = previous.filter(|p| progress_order(p) > progress_order(&at)) {
+            self.violation(format!(
+                "the progress value went back: {at} committed after {previous}"
+            ));
+        }
+        // What the value says is in Kafka must be: the next session skips all of it.
+        for t in 0..self.workload.txns.len() {
+            let txn = &self.workload.txns[t];
+            let first = match at.covers(txn.final_lsn) {
+                Covered::Nothing => break,
+                Covered::All => txn.events.len(),
+                Covered::First(n) => (n as usize).min(txn.events.len()),
+            };
+            if let Some(&e) = txn.events[..first]
+                .iter()
+                .find(|&&e| self.landed[e] == (0, 0))
+            {
+                let what = format!(
+                    "the progress value {at} was committed though event {e} (transaction committing at {}) is not in Kafka",
+                    txn.final_lsn
+                );
+                return self.violation(what);
+            }
+        }
+    }
+
+    /// Exactly-once: a session starts; its producer initialises the transactional id
+    /// (`init_transactions`: fences older producers and aborts their open transaction,
+    /// KIP-98), and then the progress value is read (`read_last`, sink/publisher/progress.rs:
+    /// the last committed value of the key, read_committed) — in that order, as `sink::open`
+    /// does, so that a zombie's commit cannot land after the read.
+    pub fn init_transactions(&mut self, rng: &mut Rng) -> Option<Progress> {
+        let incarnation = self.incarnation;
+        let defect = self.defect;
+        let coordinator = self.eos.as_mut()?;
+        let zombie = coordinator.zombie.take();
+        let mut read = None;
+        if defect == Defect::ReadBeforeFence {
+            read = Some(self.read_progress());
+        }
+        if let Some((at, written)) = zombie {
+            // The zombie's EndTxn reaches the coordinator before the fence (then the read
+            // below sees it), or after it (then it fails with PRODUCER_FENCED).
+            if defect == Defect::ReadBeforeFence || rng.chance(50) {
+                self.note(format!(
+                    "the previous producer's commit at {at} reaches the coordinator"
+                ));
+                self.apply(at, written);
+            } else {
+                self.note(format!("the previous producer's commit at {at} is fenced"));
+            }
+        }
+        let coordinator = self.eos.as_mut()?;
+        coordinator.epoch = incarnation;
+        coordinator.fenced = false;
+        coordinator.open = None;
+        read.unwrap_or_else(|| self.read_progress())
+    }
+
+    /// The last committed progress value, as a read_committed reader reads it.
+    fn read_progress(&mut self) -> Option<Progress> {
+        let stale = self.defect == Defect::StaleProgress;
+        let committed = &self.eos.as_ref()?.committed;
+        let read = if stale {
+            // The defect: the value before the last.
+            committed.len().checked_sub(2).map(|i| committed[i])
+        } else {
+            committed.last().copied()
+        };
+        self.note(format!(
+            "the progress value read: {}",
+            read.map_or("none".into(), |p| p.to_string())
+        ));
+        read
+    }
+
     /// The producer goes (a crash, or its session ended: rust-rdkafka's `BaseProducer` purges
     /// its queues when dropped, producer/base_producer.rs): of each partition's queue, a
     /// seeded prefix had been sent and is written; the rest, and whatever the gate held, is
-    /// lost with the process. No report reaches anyone.
+    /// lost with the process. No report reaches anyone. Exactly-once: what it wrote is in its
+    /// open transaction, which the next producer's `init_transactions` aborts — unless its
+    /// commit was asked and flushed: its EndTxn may be on its way (a zombie's, after a
+    /// network split), to reach the coordinator before or after the next producer fences it.
     pub fn producer_gone(&mut self, rng: &mut Rng) {
         let queues = std::mem::take(&mut self.queues);
-        for (key, queue) in queues {
-            if self.broken.contains(&key) {
-                continue;
+        if let Some(coordinator) = self.eos.as_mut() {
+            let committing = coordinator.open.as_ref().is_some_and(|t| {
+                t.commit.is_some()
+                    && t.flushed()
+                    && t.doomed.is_none()
+                    && coordinator.is_current(t.producer)
+            });
+            if committing {
+                let txn = coordinator.open.take();
+                coordinator.zombie =
+                    txn.and_then(|mut t| t.commit.take().map(|(at, _)| (at, t.written)));
             }
-            let written = rng.below(queue.len() as u64 + 1) as usize;
-            for pending in queue.iter().take(written) {
-                if !self.landable(pending) {
-                    break;
+        } else {
+            for (key, queue) in queues {
+                if self.broken.contains(&key) {
+                    continue;
                 }
-                self.land(pending, key.1);
+                let written = rng.below(queue.len() as u64 + 1) as usize;
+                for pending in queue.iter().take(written) {
+                    if !self.landable(pending) {
+                        break;
+                    }
+                    self.land(pending, key.1);
+                }
             }
         }
         self.broken.clear();
@@ -623,6 +925,12 @@ impl World {
                     .push(e);
             }
         }
+        // Exactly-once: one run per aggregate, whatever the restarts.
+        let runs_allowed = if self.eos.is_some() {
+            1
+        } else {
+            self.incarnation + 1
+        };
         let mut problems = Vec::new();
         for ((topic, partition), log) in &self.logs {
             if topic == DLQ {
@@ -647,7 +955,7 @@ impl World {
                 if prev.is_none_or(|p| at != p + 1) {
                     *runs += 1;
                 }
-                if *runs > self.incarnation + 1 {
+                if *runs > runs_allowed {
                     problems.push(format!(
                         "{topic}/{partition}: aggregate {}/{} re-sent {} times in {} sessions (not a re-sent suffix)",
                         key.0, key.1, *runs - 1, self.incarnation + 1
