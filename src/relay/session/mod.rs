@@ -52,6 +52,7 @@ use crate::sink::progress::Progress;
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
 use contract::{Ack, Contract};
 use reads::Reads;
+use serialize::RegistryWait;
 
 use crate::sink::window::InFlight;
 use crate::source::pgoutput::{self, Relation};
@@ -254,6 +255,8 @@ pub struct Session<'a, S, K, C> {
     shutdown: CancellationToken,
     /// Buffered frames taken in a run since the last `select!` turn.
     reads: Reads,
+    /// An event waiting for the schema registry: until it is serialized, no frame is read.
+    registry: Option<RegistryWait>,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -291,6 +294,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             breaker,
             shutdown: CancellationToken::new(),
             reads: Reads::new(),
+            registry: None,
         }
     }
 
@@ -315,7 +319,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             if settled.is_ok() && self.is_drained() {
                 break self.end();
             }
-            let (due_at, early_at) = self.contract.wake_times(self.reading());
+            let (due_at, early_at) = self.contract_wake_times();
+            let registry_retry = self.registry_retry_at();
             let step = if settled.is_err() {
                 settled
             } else if let Some(step) = self.next_buffered(shutdown, due_at).await {
@@ -325,8 +330,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled(), if matches!(self.phase, Phase::Streaming | Phase::Blocked) => {
-                        self.start_draining();
-                        Ok(())
+                        self.handle_shutdown().await
                     }
                     _ = sleep_until(self.drain_deadline()), if self.drain_deadline().is_some() => {
                         warn!(in_flight = self.in_flight.messages(),
@@ -334,7 +338,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                         break self.end();
                     }
                     Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await,
-                    outcome = self.contract.outcome() => {
+                    outcome = self.contract.outcome(), if registry_retry.is_none() => {
                         self.contract.outcome_arrived(outcome, self.metrics).map_err(Into::into)
                     }
                     _ = sleep_until(self.confirm_due), if self.confirm_due.is_some() => {
@@ -345,6 +349,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     _ = feedback.tick() => self.send_status(true).await,
                     // Exactly-once: a Kafka transaction gets old; the top of the loop commits it.
                     _ = sleep_until(due_at), if due_at.is_some() => Ok(()),
+                    _ = sleep_until(registry_retry), if registry_retry.is_some() => {
+                        self.retry_registry().await
+                    }
                     frame = self.source.next_frame(), if self.wants_frames() => match frame {
                         Ok(frame) => self.handle_received(frame).await,
                         Err(e) => Err(e.into()),
@@ -411,6 +418,16 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.handle_frame(frame).await
     }
 
+    /// Shutdown: an event waiting for the registry gets its last try first (the session ends
+    /// if the registry still fails); otherwise the session starts draining.
+    async fn handle_shutdown(&mut self) -> Result<(), RelayError> {
+        if self.waits_for_registry() {
+            return self.retry_registry().await;
+        }
+        self.start_draining();
+        Ok(())
+    }
+
     fn start_draining(&mut self) {
         if let Phase::Blocked = self.phase {
             // The transaction that tripped the breaker is not finished (nor confirmed): the
@@ -442,6 +459,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// after what was sent before it is confirmed (`None`: the loop goes on, stopping); any
     /// other, or a second one, ends it now with the result given.
     fn stop_on(&mut self, error: RelayError) -> Option<Result<(), RelayError>> {
+        self.give_up_registry_wait();
         if let Phase::Stopping { .. } = self.phase {
             warn!(error = %error, "a second error while stopping");
             return Some(self.end());
@@ -510,7 +528,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
 
     /// The delivery contract's turn at the top of the loop: a commit it finished makes its
     /// acknowledgements durable (the ledger counts them), and the records it held are sent.
+    /// None while an event waits for the registry (`RegistryWait`).
     async fn settle(&mut self) -> Result<(), RelayError> {
+        if self.waits_for_registry() {
+            return Ok(());
+        }
         let (reading, ending) = (self.reading(), !matches!(self.phase, Phase::Streaming));
         let settled = self
             .contract
@@ -521,10 +543,20 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.send_held(settled.held).await
     }
 
-    /// More frames are read while under the caps; when draining, only to finish the open
-    /// transaction (so that its records need not be sent again after the restart).
+    /// When the loop must wake up for the delivery contract: `(due, early)`; never while an
+    /// event waits for the registry (the contract takes no turn then).
+    fn contract_wake_times(&self) -> (Option<Instant>, Option<Instant>) {
+        if self.waits_for_registry() {
+            return (None, None);
+        }
+        self.contract.wake_times(self.reading())
+    }
+
+    /// More frames are read while under the caps and no event waits for the registry; when
+    /// draining, only to finish the open transaction (so that its records need not be sent
+    /// again after the restart).
     fn wants_frames(&self) -> bool {
-        let room = self.in_flight.has_room();
+        let room = self.in_flight.has_room() && !self.waits_for_registry();
         match self.phase {
             Phase::Streaming => room,
             Phase::Draining { .. } => room && self.txn.is_some(),
