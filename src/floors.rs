@@ -41,6 +41,10 @@ pub const FLOORS: &[(&str, &str)] = &[
         "metrics and the HTTP endpoints, which show the sink's state",
     ),
     (
+        "signals",
+        "SIGTERM and SIGINT, from main's first line, to a shutdown token: under the relay and the operator commands, which run until stopped; over the data path, whose stages are handed a token and never look at signals themselves",
+    ),
+    (
         "relay",
         "the session and its supervisor, wiring source, mapping, sink and serve",
     ),

@@ -18,7 +18,8 @@
 //! Around the data path: `config` (the TOML file and its environment overrides: plain data and
 //! validation, a leaf), `postgres` (the control connection and TLS), `serve` (metrics and the
 //! HTTP endpoints), `ops` (the operator commands, which reuse the same mapping and sink so that
-//! a replayed record equals the live one), `lsn` (WAL positions).
+//! a replayed record equals the live one), `lsn` (WAL positions), `signals` (SIGTERM and SIGINT,
+//! from the first line of `main`, to the shutdown token).
 //!
 //! The folders stand on floors, each using only what stands below it, with no files using each
 //! other round in a circle: `src/floors.rs` writes the order down, with why, and its test
@@ -38,5 +39,6 @@ pub mod postgres;
 mod reference;
 pub mod relay;
 pub mod serve;
+pub mod signals;
 pub mod sink;
 pub mod source;

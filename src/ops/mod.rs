@@ -3,7 +3,7 @@
 //!
 //! They share the relay's configuration and its control connection. Each command returns a
 //! report that prints for a human ([`std::fmt::Display`]) or as JSON (`serde`), and says
-//! whether it succeeded; `main` picks the form and the exit code (1 for a failure, 2 for a
+//! whether it succeeded; `commands.rs` picks the form and the exit code (1 for a failure, 2 for a
 //! usage error, see [`OpsError::exit_code`]).
 //!
 //! Names from the configuration are quoted as identifiers and values from the command line are
@@ -11,6 +11,7 @@
 
 pub mod check;
 pub mod cli;
+pub mod commands;
 pub mod dead_letters;
 pub mod format;
 pub mod from_debezium;

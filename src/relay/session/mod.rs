@@ -3,13 +3,16 @@
 //! the source. No I/O of its own: both ends are seams, so every rule here is unit-tested with
 //! fakes (`tests.rs`). `rows.rs` turns the WAL's messages into ledger entries and records.
 //!
-//! The loop, by priority: shutdown → acknowledgements → a Kafka commit's outcome → a due
-//! confirmation → the status timer → a due Kafka commit → the next frame (only while in-flight
-//! work is under its caps) → an early Kafka commit when no frame is waiting. Frames already
-//! buffered skip the `select!` while nothing ranked above them is due (`reads.rs`). On
-//! shutdown the session stops reading (after finishing a half-read transaction), waits for
-//! every acknowledgement up to `shutdown_timeout`, confirms the last fully acknowledged commit
-//! and closes.
+//! One loop (`Session::run`), by priority, each place's reason written at its `select!` arm:
+//! shutdown → the drain deadline → acknowledgements → a Kafka commit's outcome → a due
+//! confirmation → the status timer → a due Kafka commit → the event waiting for the schema
+//! registry, or else the next frame (only while in-flight work is under its caps) → an early
+//! Kafka commit when no frame is waiting. Frames already buffered skip the `select!` while
+//! nothing ranked above them is due (`reads.rs`). On shutdown the session stops reading (after
+//! finishing a half-read transaction), waits for every acknowledgement up to
+//! `shutdown_timeout`, confirms the last fully acknowledged commit and closes. While the
+//! registry gives no schema for an event, the session waits in this same loop
+//! (`serialize.rs`): nothing after the event is read, everything else goes on.
 //!
 //! What differs between at-least-once and exactly-once sits behind one delivery contract
 //! (`contract.rs`), which the loop calls at the few points that matter: a record handed over,
@@ -52,6 +55,7 @@ use crate::sink::progress::Progress;
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
 use contract::{Ack, Contract};
 use reads::Reads;
+use serialize::RegistryWait;
 
 use crate::sink::window::InFlight;
 use crate::source::pgoutput::{self, Relation};
@@ -254,6 +258,8 @@ pub struct Session<'a, S, K, C> {
     shutdown: CancellationToken,
     /// Buffered frames taken in a run since the last `select!` turn.
     reads: Reads,
+    /// An event waiting for the schema registry: until it is serialized, no frame is read.
+    registry: Option<RegistryWait>,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -291,6 +297,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             breaker,
             shutdown: CancellationToken::new(),
             reads: Reads::new(),
+            registry: None,
         }
     }
 
@@ -315,41 +322,69 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             if settled.is_ok() && self.is_drained() {
                 break self.end();
             }
-            let (due_at, early_at) = self.contract.wake_times(self.reading());
+            let (due_at, early_at) = self.contract_wake_times();
+            let registry_retry = self.registry_retry_at();
             let step = if settled.is_err() {
                 settled
             } else if let Some(step) = self.next_buffered(shutdown, due_at).await {
                 step
             } else {
                 self.reads.turn();
+                // Highest priority first (`biased`): an arm is polled only when none above it
+                // is ready, so each one's place says what may wait for what.
                 tokio::select! {
                     biased;
+                    // 1. Shutdown: seen however busy the stream is, since it changes what every
+                    // arm below does (draining reads only to finish the open transaction). An
+                    // event waiting for the registry gets its last try first.
                     _ = shutdown.cancelled(), if matches!(self.phase, Phase::Streaming | Phase::Blocked) => {
-                        self.start_draining();
-                        Ok(())
+                        self.handle_shutdown().await
                     }
+                    // 2. The drain deadline, armed only once 1 no longer is (draining, stopping):
+                    // the operator's bound on the way out. Above every arm that may be ready
+                    // again and again — acknowledgements, timers, the frames of a long open
+                    // transaction — so that none holds the exit past `shutdown_timeout`;
+                    // acknowledgements unread then are sent again after the restart
+                    // (duplicates, never a loss: the ledger confirms only what it counted).
                     _ = sleep_until(self.drain_deadline()), if self.drain_deadline().is_some() => {
-                        warn!(in_flight = self.in_flight.messages(),
-                            "drain deadline reached; unacknowledged events will be sent again on restart");
-                        break self.end();
+                        break self.deadline_reached();
                     }
+                    // 3. Acknowledgements, before anything that makes more work: they free
+                    // in-flight room and move the ledger, which the status updates confirm.
                     Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await,
-                    outcome = self.contract.outcome() => {
+                    // 4. Exactly-once: a Kafka commit's outcome, which makes acknowledgements
+                    // durable (counted at the top of the loop). Not while an event waits for
+                    // the registry: the contract takes no turn then (`RegistryWait`).
+                    outcome = self.contract.outcome(), if registry_retry.is_none() => {
                         self.contract.outcome_arrived(outcome, self.metrics).map_err(Into::into)
                     }
+                    // 5. A newly confirmable position, `confirm_delay` after it became one:
+                    // feedback ranks above all reading (it never waits on the stream), and this
+                    // one above 6 as the news PostgreSQL is waiting for (the slot moves).
                     _ = sleep_until(self.confirm_due), if self.confirm_due.is_some() => {
                         self.send_status(false).await
                     }
-                    // Asking for a reply makes the server answer with a keepalive carrying its WAL
-                    // end, which an idle relay confirms: unrelated traffic never piles up WAL.
+                    // 6. The status timer, asking for a reply: the server answers with a
+                    // keepalive carrying its WAL end, which an idle relay confirms (unrelated
+                    // traffic never piles up WAL); above reading, so that `wal_sender_timeout`
+                    // never ends a busy session or one waiting for the registry.
                     _ = feedback.tick() => self.send_status(true).await,
-                    // Exactly-once: a Kafka transaction gets old; the top of the loop commits it.
+                    // 7. Exactly-once: a Kafka transaction got old or big; the top of the loop
+                    // commits it before more is read into it.
                     _ = sleep_until(due_at), if due_at.is_some() => Ok(()),
+                    // 8. The event waiting for the registry, in the frames' place: it is the
+                    // frame being handled, and none is read while it waits (9 is not armed).
+                    _ = sleep_until(registry_retry), if registry_retry.is_some() => {
+                        self.retry_registry().await
+                    }
+                    // 9. The next frame, last of the work and only under the in-flight caps:
+                    // everything above frees room or tells PostgreSQL where the relay stands.
                     frame = self.source.next_frame(), if self.wants_frames() => match frame {
                         Ok(frame) => self.handle_received(frame).await,
                         Err(e) => Err(e.into()),
                     },
-                    // Below the frames: polled only when no frame is waiting.
+                    // 10. Exactly-once: an early commit, below the frames so that it comes
+                    // only when no frame is waiting.
                     _ = sleep_until(early_at), if early_at.is_some() => {
                         self.contract.nothing_to_read();
                         Ok(())
@@ -411,6 +446,25 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.handle_frame(frame).await
     }
 
+    /// The drain deadline passed with acknowledgements outstanding: the loop ends now.
+    fn deadline_reached(&mut self) -> Result<(), RelayError> {
+        warn!(
+            in_flight = self.in_flight.messages(),
+            "drain deadline reached; unacknowledged events will be sent again on restart"
+        );
+        self.end()
+    }
+
+    /// Shutdown: an event waiting for the registry gets its last try first (the session ends
+    /// if the registry still fails); otherwise the session starts draining.
+    async fn handle_shutdown(&mut self) -> Result<(), RelayError> {
+        if self.waits_for_registry() {
+            return self.retry_registry().await;
+        }
+        self.start_draining();
+        Ok(())
+    }
+
     fn start_draining(&mut self) {
         if let Phase::Blocked = self.phase {
             // The transaction that tripped the breaker is not finished (nor confirmed): the
@@ -442,6 +496,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// after what was sent before it is confirmed (`None`: the loop goes on, stopping); any
     /// other, or a second one, ends it now with the result given.
     fn stop_on(&mut self, error: RelayError) -> Option<Result<(), RelayError>> {
+        self.give_up_registry_wait();
         if let Phase::Stopping { .. } = self.phase {
             warn!(error = %error, "a second error while stopping");
             return Some(self.end());
@@ -510,7 +565,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
 
     /// The delivery contract's turn at the top of the loop: a commit it finished makes its
     /// acknowledgements durable (the ledger counts them), and the records it held are sent.
+    /// None while an event waits for the registry (`RegistryWait`).
     async fn settle(&mut self) -> Result<(), RelayError> {
+        if self.waits_for_registry() {
+            return Ok(());
+        }
         let (reading, ending) = (self.reading(), !matches!(self.phase, Phase::Streaming));
         let settled = self
             .contract
@@ -521,10 +580,20 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.send_held(settled.held).await
     }
 
-    /// More frames are read while under the caps; when draining, only to finish the open
-    /// transaction (so that its records need not be sent again after the restart).
+    /// When the loop must wake up for the delivery contract: `(due, early)`; never while an
+    /// event waits for the registry (the contract takes no turn then).
+    fn contract_wake_times(&self) -> (Option<Instant>, Option<Instant>) {
+        if self.waits_for_registry() {
+            return (None, None);
+        }
+        self.contract.wake_times(self.reading())
+    }
+
+    /// More frames are read while under the caps and no event waits for the registry; when
+    /// draining, only to finish the open transaction (so that its records need not be sent
+    /// again after the restart).
     fn wants_frames(&self) -> bool {
-        let room = self.in_flight.has_room();
+        let room = self.in_flight.has_room() && !self.waits_for_registry();
         match self.phase {
             Phase::Streaming => room,
             Phase::Draining { .. } => room && self.txn.is_some(),

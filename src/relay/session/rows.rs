@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
+use super::serialize::Mapped;
 use super::{Held, OpenTxn, RelationEntry, Session, SourceRow};
 use crate::config::DeadLetterPolicy;
 use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
@@ -203,9 +204,10 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             .ok_or_else(|| RelayError::Protocol("change outside a transaction".into()))
     }
 
-    /// Hands one mapped event of the open transaction to the sink; an event that cannot be
-    /// published goes to the dead-letter topic (or stops the relay, by policy). `relation`
-    /// and `tuple` are the row it came from, for the dead letter.
+    /// Hands one mapped event of the open transaction to the sink, once serialized (which may
+    /// leave it waiting for the registry: `serialize.rs`); an event that cannot be published
+    /// goes to the dead-letter topic (or stops the relay, by policy). `relation` and `tuple`
+    /// are the row it came from, for the dead letter.
     pub(super) async fn publish_event(
         &mut self,
         event: Result<OutboxEvent, MappingError>,
@@ -217,7 +219,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         txn.events += 1;
         let commit_time_us = txn.commit_time_us;
         let seq = self.ledger.record_sent()?;
-        let mut event = match event {
+        let event = match event {
             Ok(event) => event,
             Err(e) => {
                 let row = SourceRow {
@@ -228,7 +230,33 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 return self.dead_letter_unmapped(seq, &e, &row).await;
             }
         };
-        if let Err(why) = self.serialize(&mut event).await? {
+        self.serialize_first(Mapped {
+            event,
+            seq,
+            relation,
+            tuple,
+            commit_time_ms,
+            commit_time_us,
+        })
+        .await
+    }
+
+    /// Sends a mapped event whose record is serialized (when its table's serialization is
+    /// on), or its dead letter when its schema refused it (`refused`: why).
+    pub(super) async fn send_mapped(
+        &mut self,
+        mapped: Mapped,
+        refused: Option<String>,
+    ) -> Result<(), RelayError> {
+        let Mapped {
+            mut event,
+            seq,
+            relation,
+            tuple,
+            commit_time_ms,
+            commit_time_us,
+        } = mapped;
+        if let Some(why) = refused {
             let dlq = &self.settings.dead_letter_topic;
             let mut record = dead_letter::from_record(dlq, &event.record, Reason::Schema, &why);
             // With the row, a redrive maps it again, so it is encoded by its table's section.

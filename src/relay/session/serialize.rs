@@ -1,73 +1,117 @@
 //! `[outbox.serialization]` in the session: a mapped record's value encoded and framed
 //! before it is sent. A payload the schema refuses goes to the dead-letter topic (reason
-//! `schema`); while the registry gives no schema the record waits here, retried with
-//! back-off: nothing after it is read, so the slot is never confirmed past it, while the
-//! acknowledgements of what was sent before it still count and the walsender still hears
-//! from the relay.
+//! `schema`). While the registry gives no schema the event waits in the session
+//! ([`RegistryWait`]), retried with back-off by the loop's registry arm: nothing after it is
+//! read, so the slot is never confirmed past it, while the loop's other arms — shutdown,
+//! acknowledgements of what was sent before it, status updates — go on being served, so the
+//! walsender still hears from the relay.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::Session;
 use crate::mapping::OutboxEvent;
+use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordSink};
 use crate::relay::RelayError;
 use crate::sink::schema::SerializeError;
+use crate::source::pgoutput::{Relation, Tuple};
 
 /// First pause after the registry failed; doubled up to [`MAX_BACKOFF`].
 const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// A mapped event of the open transaction on its way to the sink: its ledger entry is
+/// taken, its record not yet serialized.
+pub(super) struct Mapped {
+    pub event: OutboxEvent,
+    pub seq: TxnSeq,
+    /// The row it came from, for its dead letter.
+    pub relation: Arc<Relation>,
+    pub tuple: Tuple,
+    pub commit_time_ms: i64,
+    /// Where its trace span starts.
+    pub commit_time_us: i64,
+}
+
+/// An event whose schema the registry did not give: the session reads nothing after it and
+/// the delivery contract takes no turn (an exactly-once commit now would put the waiting
+/// change below its progress value) until it is serialized.
+pub(super) struct RegistryWait {
+    mapped: Mapped,
+    /// The pause that ends at `retry_at`; the next one is twice as long.
+    backoff: Duration,
+    retry_at: Instant,
+}
+
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
-    /// Serializes the event's record in place when its table's serialization is on.
-    /// `Ok(Err(why))`: the payload (or key) does not fit its schema (dead-letter it). Waits
-    /// while the registry fails; `Err` only when shutdown comes meanwhile (the record is sent
-    /// again after the restart).
-    pub(super) async fn serialize(
+    /// Serializes the event's record when its table's serialization is on, then sends it (or
+    /// dead-letters it when the payload or key does not fit its schema). When the registry
+    /// fails, the event waits in the session, to be retried after `backoff` by the loop; `Err`
+    /// when shutdown has come meanwhile (the record is sent again after the restart).
+    pub(super) async fn serialize_and_send(
         &mut self,
-        event: &mut OutboxEvent,
-    ) -> Result<Result<(), String>, RelayError> {
-        let Some(serializer) = self.settings.serializers.get(event.profile).cloned() else {
-            return Ok(Ok(()));
+        mut mapped: Mapped,
+        backoff: Duration,
+    ) -> Result<(), RelayError> {
+        let Some(serializer) = self.settings.serializers.get(mapped.event.profile).cloned() else {
+            return self.send_mapped(mapped, None).await;
         };
-        let record = &mut event.record;
-        let mut backoff = INITIAL_BACKOFF;
-        loop {
-            match serializer.serialize(record).await {
-                Ok(()) => return Ok(Ok(())),
-                Err(SerializeError::Payload(why)) => return Ok(Err(why)),
-                Err(SerializeError::Registry { subject, error }) => {
-                    serializer.health().block(&subject, &error);
-                    if self.shutdown.is_cancelled() {
-                        return Err(RelayError::SchemaRegistry(format!(
-                            "subject `{subject}`: {error}"
-                        )));
-                    }
-                    self.wait_for_registry(backoff).await?;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+        match serializer.serialize(&mut mapped.event.record).await {
+            Ok(()) => self.send_mapped(mapped, None).await,
+            Err(SerializeError::Payload(why)) => self.send_mapped(mapped, Some(why)).await,
+            Err(SerializeError::Registry { subject, error }) => {
+                serializer.health().block(&subject, &error);
+                if self.shutdown.is_cancelled() {
+                    return Err(RelayError::SchemaRegistry(format!(
+                        "subject `{subject}`: {error}"
+                    )));
                 }
+                self.registry = Some(RegistryWait {
+                    mapped,
+                    backoff,
+                    retry_at: Instant::now() + backoff,
+                });
+                Ok(())
             }
         }
     }
 
-    /// Sleeps `pause`, meanwhile handling acknowledgements and sending status updates (so
-    /// that `wal_sender_timeout` does not end the stream during a long outage). Returns at
-    /// once on shutdown: the caller then gives up.
-    async fn wait_for_registry(&mut self, pause: Duration) -> Result<(), RelayError> {
-        let until = Instant::now() + pause;
-        let shutdown = self.shutdown.clone();
-        loop {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return Ok(()),
-                _ = tokio::time::sleep_until(until) => break,
-                Some(delivery) = self.deliveries.recv() => {
-                    Box::pin(self.handle_deliveries(delivery)).await?;
-                }
-            }
+    /// Serializes an event for the first time.
+    pub(super) async fn serialize_first(&mut self, mapped: Mapped) -> Result<(), RelayError> {
+        self.serialize_and_send(mapped, INITIAL_BACKOFF).await
+    }
+
+    /// Whether an event waits for the registry.
+    pub(super) fn waits_for_registry(&self) -> bool {
+        self.registry.is_some()
+    }
+
+    /// When the waiting event is tried again (`None`: none waits).
+    pub(super) fn registry_retry_at(&self) -> Option<Instant> {
+        self.registry.as_ref().map(|wait| wait.retry_at)
+    }
+
+    /// The registry arm of the loop, at the retry time or on shutdown: a status update after
+    /// the pause (so that `wal_sender_timeout` does not end the stream during a long outage),
+    /// then the event is tried again. On shutdown this is its last try: failing, it ends the
+    /// session.
+    pub(super) async fn retry_registry(&mut self) -> Result<(), RelayError> {
+        let Some(wait) = self.registry.take() else {
+            return Ok(());
+        };
+        if !self.shutdown.is_cancelled() {
+            self.send_status(false).await?;
         }
-        self.schedule_confirm();
-        self.send_status(false).await
+        let backoff = (wait.backoff * 2).min(MAX_BACKOFF);
+        self.serialize_and_send(wait.mapped, backoff).await
+    }
+
+    /// An error ends the wait: the waiting event is given up, and sent again after the
+    /// restart (its transaction is not confirmed).
+    pub(super) fn give_up_registry_wait(&mut self) {
+        self.registry = None;
     }
 }

@@ -2099,3 +2099,73 @@ async fn a_registry_that_gives_no_schema_blocks_the_record_and_confirms_nothing_
         "{result:?}"
     );
 }
+
+/// While an event waits for the registry, the session's one loop goes on serving its other
+/// arms: PostgreSQL hears from the relay every status interval (not only after each back-off
+/// pause, which grows to 10 s), nothing after the event is read, and a shutdown ends the
+/// session at once instead of at the next retry.
+#[tokio::test(start_paused = true)]
+async fn while_an_event_waits_for_the_registry_status_updates_flow_and_shutdown_is_prompt() {
+    use crate::config::{SerializationConfig, SerializationFormat};
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (first, _) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    let (second, _) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    rig.push(first.into_iter().chain(second));
+    let serializer = crate::sink::schema::Serializer::new(&SerializationConfig {
+        format: SerializationFormat::Avro,
+        registry_url: "http://127.0.0.1:1".into(),
+        request_timeout_ms: 100,
+        ..SerializationConfig::default()
+    })
+    .unwrap()
+    .unwrap();
+    let health = serializer.health();
+    let status_interval = Duration::from_secs(1);
+    let settings = Settings {
+        serializers: crate::sink::schema::Serializers::single(serializer),
+        status_interval,
+        ..settings()
+    };
+    let session = rig.session(settings, &mapping, &metrics);
+    let run = async {
+        let result = session.run(&rig.shutdown).await;
+        (result, tokio::time::Instant::now())
+    };
+    let driver = async {
+        rig.until("blocked", |_| health.readiness().is_err()).await;
+        // Long enough for the back-off to reach its 10 s pause.
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        let updates = rig.log.lock().unwrap().flushes.len();
+        tokio::time::sleep(status_interval * 9).await;
+        let log = rig.log.lock().unwrap();
+        assert!(
+            log.flushes.len() - updates >= 8,
+            "{} status updates in 9 status intervals while waiting",
+            log.flushes.len() - updates
+        );
+        assert_eq!(
+            log.frames_read, 3,
+            "read past the event waiting for the registry"
+        );
+        drop(log);
+        assert!(
+            rig.sent().is_empty(),
+            "sent while the registry gave no schema"
+        );
+        rig.shutdown.cancel();
+        tokio::time::Instant::now()
+    };
+    let ((result, ended), cancelled) = tokio::join!(run, driver);
+    assert!(
+        matches!(&result, Err(RelayError::SchemaRegistry(_))),
+        "{result:?}"
+    );
+    assert!(
+        ended - cancelled < Duration::from_secs(1),
+        "the session ended {:?} after shutdown",
+        ended - cancelled
+    );
+}
