@@ -649,11 +649,17 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 Ack::Accepted => Ok(()),
             },
             // No dead letter can stand in for it: the session ends. A record too large for
-            // its topic is refused at `send` by the next session, before its transaction.
+            // its topic, or one the broker named invalid, is remembered by the publisher and
+            // refused at `send` by the next session, which dead-letters it inside its
+            // transaction: a restart, not a stop (found by the simulation, seed 5).
             Err(failure) if self.contract.failure_dooms() => {
                 self.metrics.count_delivery_error(&failure.error);
                 if let Some(refusal) = self.judge_size_refusal(&failure) {
                     return Err(refusal);
+                }
+                if publisher::is_invalid_record(&failure.error) {
+                    let topic = failure.rejection().topic;
+                    return Err(PublishError::InvalidRecordRefused { topic }.into());
                 }
                 Err(RelayError::Delivery(Box::new(failure.rejection())))
             }

@@ -90,6 +90,12 @@ pub enum PublishError {
         what: &'static str,
         limit: usize,
     },
+    /// Exactly-once: the broker refused a record as invalid (INVALID_RECORD), which dooms the
+    /// transaction. The publisher remembers the record (`sink::limits`): the next session
+    /// refuses it at `send` and dead-letters it inside its transaction; the rest is sent again
+    /// from the slot.
+    #[error("kafka refused a record for topic `{topic}` as invalid: the transaction is aborted, and the next one dead-letters that record and sends the others again from the slot")]
+    InvalidRecordRefused { topic: String },
     /// The progress record (`exactly_once`) could not be read, or its topic made.
     #[error("kafka.progress_topic `{topic}`: {problem}")]
     Progress { topic: String, problem: String },
@@ -112,7 +118,8 @@ impl PublishError {
             PublishError::Create(_)
             | PublishError::Fatal(_)
             | PublishError::Progress { .. }
-            | PublishError::SizeRefused { .. } => true,
+            | PublishError::SizeRefused { .. }
+            | PublishError::InvalidRecordRefused { .. } => true,
             PublishError::Rejected(r) => !is_permanent(&r.error),
             PublishError::ProgressDiverged { .. } => false,
             // Fenced is transient too: the relay that fenced us holds the slot, so the next
@@ -143,6 +150,12 @@ pub fn is_permanent(error: &KafkaError) -> bool {
             error.rdkafka_error_code(),
             Some(RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::InvalidRecord)
         )
+}
+
+/// The broker named the record invalid (INVALID_RECORD): remembered by (topic, key) and
+/// refused before it is sent again (`sink::limits`).
+pub fn is_invalid_record(error: &KafkaError) -> bool {
+    error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidRecord)
 }
 
 /// Kafka refused the record, or the batch it was in, for its size (MESSAGE_TOO_LARGE,
@@ -334,7 +347,7 @@ impl ProducerContext for DeliveryReporter {
                 // Named invalid by the broker: refused before it is sent again, or the
                 // neighbours its batch fails with it would go back to the broker with it,
                 // every time (see `sink::limits`).
-                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidRecord) {
+                if is_invalid_record(error) {
                     self.blocked
                         .limits()
                         .remember_invalid(m.topic(), m.key().unwrap_or_default());

@@ -57,8 +57,8 @@ use crate::sink::TxnSeq;
 use client::admin_config;
 pub use client::{client_config, consumer_config, transaction_timeout_ms};
 pub use delivery::{
-    is_permanent, is_size_refusal, waits_at_gate, Delivery, DeliveryFailure, DeliveryReporter,
-    PublishError, Rejection,
+    is_invalid_record, is_permanent, is_size_refusal, waits_at_gate, Delivery, DeliveryFailure,
+    DeliveryReporter, PublishError, Rejection,
 };
 use delivery::{DEAD_LETTER_BIT, PROGRESS_OPAQUE};
 pub use login::{KafkaLogin, LoginContext};

@@ -178,15 +178,11 @@ fn settings(rng: &mut Rng, exactly_once: bool) -> Settings {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Injected {
     pub defect: Defect,
-    /// Records the broker refuses as invalid in exactly-once runs too. Off by default: the
-    /// relay stops for good on one (see `an_invalid_record_in_exactly_once_is_dead_lettered_after_a_restart`).
-    pub invalid_in_exactly_once: bool,
 }
 
 impl Injected {
     const NOTHING: Injected = Injected {
         defect: Defect::None,
-        invalid_in_exactly_once: false,
     };
 }
 
@@ -208,8 +204,7 @@ pub(super) fn run_seed_with(seed: u64, injected: Injected) -> Outcome {
 async fn simulate(seed: u64, injected: Injected) -> Outcome {
     let mut rng = Rng::new(seed);
     let exactly_once = rng.chance(EXACTLY_ONCE_SHARE);
-    let invalid = !exactly_once || injected.invalid_in_exactly_once;
-    let workload = Workload::generate(&mut rng, invalid);
+    let workload = Workload::generate(&mut rng);
     let defect = injected.defect;
     let world = World::new(workload, &mut rng, exactly_once, defect);
     let world = Rc::new(RefCell::new(world));
@@ -518,15 +513,9 @@ fn env_u64(name: &str) -> Option<u64> {
 /// `OUTBOX_SIM_SEED=<seed>` replays one seed (printing its schedule); otherwise
 /// `OUTBOX_SIM_SEEDS` seeds (5,000 by default) from `OUTBOX_SIM_FIRST` (1 by default) run, and
 /// the first failure is reported in full.
-///
-/// `OUTBOX_SIM_INVALID_EO=1`: exactly-once runs get records the broker refuses as invalid
-/// too (see `Injected::invalid_in_exactly_once`).
 #[test]
 fn every_seed_keeps_the_invariants() {
-    let injected = Injected {
-        invalid_in_exactly_once: std::env::var_os("OUTBOX_SIM_INVALID_EO").is_some(),
-        ..Injected::NOTHING
-    };
+    let injected = Injected::NOTHING;
     if let Some(seed) = env_u64("OUTBOX_SIM_SEED") {
         let outcome = run_seed_with(seed, injected);
         println!(
@@ -638,23 +627,15 @@ fn injected_defects_are_caught() {
     }
 }
 
-/// Found by the simulation (seed 5, with invalid records in exactly-once; replay:
-/// `OUTBOX_SIM_INVALID_EO=1 OUTBOX_SIM_SEED=5 cargo test --lib sim -- --nocapture`): a record the
-/// broker refuses as invalid (INVALID_RECORD) in exactly-once ends the session with
-/// `RelayError::Delivery`, which `is_transient` calls permanent (`is_permanent`), so the relay
-/// stops for good — though the publisher remembers the record (`remember_invalid`) so that
-/// the next session would refuse it at `send` and dead-letter it inside the transaction, as
-/// it does for a record too large alone (which ends the session with the transient
-/// `SizeRefused`). Fails until `handle_delivery` (session/mod.rs, the `failure_dooms` branch)
-/// ends such a session with a transient error; with that change all 5,000 seeds pass with
-/// invalid records in exactly-once.
+/// Found by the simulation (seed 5): a record the broker refuses as invalid (INVALID_RECORD)
+/// in exactly-once ended the session with `RelayError::Delivery`, which `is_transient` calls
+/// permanent, so the relay stopped for good — though the publisher remembers the record
+/// (`remember_invalid`) so that the next session refuses it at `send` and dead-letters it
+/// inside the transaction. The session now ends with the transient `InvalidRecordRefused`
+/// (`handle_delivery`, the `failure_dooms` branch). Replay: `OUTBOX_SIM_SEED=5 cargo test
+/// --lib sim -- --nocapture`.
 #[test]
-#[ignore = "relay defect: an INVALID_RECORD in exactly-once stops the relay for good instead of restarting to dead-letter it"]
 fn an_invalid_record_in_exactly_once_is_dead_lettered_after_a_restart() {
-    let injected = Injected {
-        invalid_in_exactly_once: true,
-        ..Injected::NOTHING
-    };
-    let outcome = run_seed_with(5, injected);
+    let outcome = run_seed_with(5, Injected::NOTHING);
     assert!(outcome.violations.is_empty(), "{}", describe(5, &outcome));
 }

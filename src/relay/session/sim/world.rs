@@ -83,8 +83,8 @@ pub(super) struct Workload {
 }
 
 impl Workload {
-    /// `invalid`: some records are refused by the broker as invalid (INVALID_RECORD).
-    pub fn generate(rng: &mut Rng, invalid: bool) -> Workload {
+    /// Some records are refused by the broker as invalid (INVALID_RECORD), in both modes.
+    pub fn generate(rng: &mut Rng) -> Workload {
         let small = rng.below(AGGREGATE_TYPES.len() as u64) as usize;
         let topics: Vec<TopicSpec> = AGGREGATE_TYPES
             .iter()
@@ -120,7 +120,7 @@ impl Workload {
             for _ in 0..rows {
                 let n = events.len();
                 let t = rng.below(AGGREGATE_TYPES.len() as u64) as usize;
-                let fault = if rng.chance(3) && invalid {
+                let fault = if rng.chance(3) {
                     Some(OwnFault::Invalid)
                 } else if t == small && rng.chance(8) {
                     Some(OwnFault::TooLarge)
