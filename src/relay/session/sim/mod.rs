@@ -596,13 +596,7 @@ fn injected_defects_are_caught() {
     ];
     for defect in table {
         let caught = (1..=SEEDS_TO_CATCH).find_map(|seed| {
-            let outcome = run_seed_with(
-                seed,
-                Injected {
-                    defect,
-                    ..Injected::NOTHING
-                },
-            );
+            let outcome = run_seed_with(seed, Injected { defect });
             (!outcome.violations.is_empty()).then(|| (seed, outcome.violations[0].clone()))
         });
         let Some((seed, found)) = caught else {
@@ -612,11 +606,7 @@ fn injected_defects_are_caught() {
         if let Some(n) = env_u64("OUTBOX_SIM_DEFECT_SEEDS") {
             let (mut eos, mut caught) = (0, 0);
             for seed in 1..=n {
-                let injected = Injected {
-                    defect,
-                    ..Injected::NOTHING
-                };
-                let outcome = run_seed_with(seed, injected);
+                let outcome = run_seed_with(seed, Injected { defect });
                 eos += u32::from(outcome.exactly_once);
                 caught += u32::from(!outcome.violations.is_empty());
             }
