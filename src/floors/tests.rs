@@ -88,6 +88,34 @@ fn the_library_uses_nothing_above_its_floor() {
     );
 }
 
+/// Records out, nothing read: the sink is handed what it needs from PostgreSQL (the relay
+/// reads the slot's identity and the WAL position for exactly-once), so that the floor order
+/// says the truth about who talks to the database.
+#[test]
+fn the_sink_never_talks_to_postgresql() {
+    let src = src();
+    let offenders: Vec<String> = modules(&src.join("lib.rs"))
+        .iter()
+        .filter(|m| m.file.starts_with(src.join("sink")))
+        .filter_map(|m| {
+            let text = std::fs::read_to_string(&m.file).ok()?;
+            let line = text
+                .lines()
+                .position(|l| l.contains("tokio_postgres") && !l.trim_start().starts_with("//"))?;
+            Some(format!(
+                "{}:{}",
+                m.file.strip_prefix(&src).unwrap_or(&m.file).display(),
+                line + 1
+            ))
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "the sink uses tokio_postgres (hand it what it needs from the relay instead):\n{}",
+        offenders.join("\n")
+    );
+}
+
 #[test]
 fn no_files_use_each_other_in_a_circle() {
     let src = src();

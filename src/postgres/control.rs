@@ -205,6 +205,30 @@ impl Control {
         &self.client
     }
 
+    /// The cluster's system identifier and the connection's database: with the slot's name,
+    /// who writes an exactly-once progress value.
+    pub async fn system_identity(&self) -> Result<(String, String), ControlError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT system_identifier::text, current_database()::text FROM pg_control_system()",
+                &[],
+            )
+            .await
+            .map_err(query_err("reading the database's system identifier"))?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    /// `pg_current_wal_insert_lsn()`; `None` where it cannot be read (a standby).
+    pub async fn wal_insert_lsn(&self) -> Option<Lsn> {
+        let row = self
+            .client
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .ok()?;
+        row.get::<_, String>(0).parse().ok()
+    }
+
     pub async fn slot(&self, slot: &str) -> Result<Option<SlotInfo>, ControlError> {
         let row = self
             .client

@@ -30,15 +30,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, Delivery as DeliveryMode};
 use crate::lsn::Lsn;
 use crate::mapping::{MappingError, OutboxMapping};
 use crate::postgres::conninfo::ConnInfo;
 use crate::postgres::control::{alter_failover_command, Control, ControlError, SlotInfo};
 use crate::relay::ledger::LedgerError;
 use crate::serve::metrics::{Metrics, RelayState};
+use crate::sink::progress::SlotIdentity;
 use crate::sink::publisher::{self, PublishError, Publisher, Rejection};
-use crate::sink::OpenedSink;
+use crate::sink::{OpenedSink, SlotFacts};
 use crate::source::pgoutput::DecodeError;
 use crate::source::walsender::{
     check_receive_timeout, receive_timeout, ConnectParams, ReplicationError, ReplicationStream,
@@ -467,14 +468,8 @@ async fn connect<'a>(
     // is told meanwhile that we are alive: this can take longer than wal_sender_timeout.
     let timelines =
         timelines::timelines(config, control.server().in_recovery, &params, &server).await?;
-    let opening = crate::sink::open(
-        &config.kafka,
-        control.client(),
-        &pg.slot,
-        metrics.blocked(),
-        &server,
-        timelines,
-    );
+    let facts = slot_facts(config, &control, &pg.slot).await?;
+    let opening = crate::sink::open(&config.kafka, facts, metrics.blocked(), &server, timelines);
     let OpenedSink {
         publisher,
         deliveries,
@@ -537,6 +532,28 @@ async fn keep_alive_while<T>(
 
 /// The slot vanished after this process streamed it: most likely a failover to a server that
 /// has no copy of it (no failover slot, or not synchronized yet). Never recreated silently.
+/// Exactly-once: who writes the slot's progress, and how far the WAL goes, read with the slot
+/// held (a relay that lost the slot can decode nothing past this position any more). `None` in
+/// at-least-once, which needs neither.
+async fn slot_facts(
+    config: &Config,
+    control: &Control,
+    slot: &str,
+) -> Result<Option<SlotFacts>, RelayError> {
+    if config.kafka.delivery != DeliveryMode::ExactlyOnce {
+        return Ok(None);
+    }
+    let (system_identifier, database) = control.system_identity().await?;
+    Ok(Some(SlotFacts {
+        identity: SlotIdentity {
+            system_identifier,
+            database,
+            slot: slot.to_string(),
+        },
+        wal_insert: control.wal_insert_lsn().await,
+    }))
+}
+
 fn slot_missing_after_streaming(slot: &str, control: &Control, metrics: &Metrics) -> SlotGone {
     let server = control.endpoint().target();
     slot_watch::slot_gone(slot, slot_watch::GoneCause::Missing { server }, metrics)

@@ -45,27 +45,38 @@ pub struct OpenedSink {
     pub skip_below: Option<Progress>,
 }
 
-/// Opens the session's producer. In `exactly_once`: the slot's identity is read, the progress
-/// topic made when missing, the transactional producer initialised (fencing older ones), and
-/// then the last committed progress value read. Call only while holding the slot: starting
-/// fences whoever held it before.
+/// What exactly-once needs from PostgreSQL, read by the relay: the sink never queries it.
+#[derive(Debug, Clone)]
+pub struct SlotFacts {
+    pub identity: SlotIdentity,
+    /// `pg_current_wal_insert_lsn()` read with the slot held (none on a standby): a progress
+    /// value past it means the data directory went back in time.
+    pub wal_insert: Option<Lsn>,
+}
+
+/// Opens the session's producer. In `exactly_once` (`facts` given): the progress topic made
+/// when missing, the transactional producer initialised (fencing older ones), and then the
+/// last committed progress value read. Call only while holding the slot: starting fences
+/// whoever held it before.
 pub async fn open(
     config: &KafkaConfig,
-    client: &tokio_postgres::Client,
-    slot: &str,
+    facts: Option<SlotFacts>,
     blocked: Arc<Blocked>,
     server: &ServerHistory,
     timelines: Timelines,
 ) -> Result<OpenedSink, PublishError> {
-    if config.delivery == DeliveryMode::AtLeastOnce {
+    let Some(SlotFacts {
+        identity,
+        wal_insert,
+    }) = facts.filter(|_| config.delivery == DeliveryMode::ExactlyOnce)
+    else {
         let (publisher, deliveries) = Publisher::reporting_blocks(config, blocked)?;
         return Ok(OpenedSink {
             publisher,
             deliveries,
             skip_below: None,
         });
-    }
-    let identity = SlotIdentity::read(client, slot).await?;
+    };
     let topic = &config.progress_topic;
     let partitions = ensure_topic(config, &blocked).await?;
     let key = identity.key();
@@ -84,13 +95,8 @@ pub async fn open(
     )
     .await?;
     let last = read_last(config, &progress).await?;
-    let wal = client
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-        .await
-        .ok()
-        .and_then(|row| row.get::<_, String>(0).parse::<Lsn>().ok());
     let skip_below = match last {
-        Some(stored) => Some(reconcile(stored, server, wal).map_err(|problem| {
+        Some(stored) => Some(reconcile(stored, server, wal_insert).map_err(|problem| {
             PublishError::ProgressDiverged {
                 topic: topic.clone(),
                 key: String::from_utf8_lossy(&progress.key).into_owned(),

@@ -449,9 +449,18 @@ async fn a_restored_earlier_data_directory_stops_the_relay_and_skips_nothing() {
     // first events); the events after the copy, which the restored database lacks, are not.
     let identity = {
         let client = db.client().await;
-        outbox_relay::sink::progress::SlotIdentity::read(&client, &db.slot)
+        let row = client
+            .query_one(
+                "SELECT system_identifier::text, current_database()::text FROM pg_control_system()",
+                &[],
+            )
             .await
-            .unwrap()
+            .unwrap();
+        outbox_relay::sink::progress::SlotIdentity {
+            system_identifier: row.get(0),
+            database: row.get(1),
+            slot: db.slot.clone(),
+        }
     };
     let key = String::from_utf8_lossy(&identity.key()).into_owned();
     assert!(

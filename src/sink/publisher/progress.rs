@@ -61,28 +61,6 @@ pub struct SlotIdentity {
 }
 
 impl SlotIdentity {
-    /// Reads the system identifier and database over an ordinary connection.
-    pub async fn read(
-        client: &tokio_postgres::Client,
-        slot: &str,
-    ) -> Result<SlotIdentity, PublishError> {
-        let row = client
-            .query_one(
-                "SELECT system_identifier::text, current_database()::text FROM pg_control_system()",
-                &[],
-            )
-            .await
-            .map_err(|e| PublishError::Progress {
-                topic: String::new(),
-                problem: format!("cannot read the database's system identifier: {e}"),
-            })?;
-        Ok(SlotIdentity {
-            system_identifier: row.get(0),
-            database: row.get(1),
-            slot: slot.to_string(),
-        })
-    }
-
     /// The progress record's key.
     pub fn key(&self) -> Vec<u8> {
         serde_json::json!({
