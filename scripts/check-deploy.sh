@@ -89,8 +89,8 @@ if [[ -z $RELAY ]]; then
     [[ -f Cargo.lock ]] && locked=(--locked)
     # Built as scripts/test.sh builds it (the tests' features): `cargo build`
     # would compile tokio and everything above it a second time.
-    echo "check-deploy: building the relay (cargo test --no-run --test integration)" >&2
-    if ! cargo test --no-run -q "${locked[@]}" --test integration >&2; then
+    echo "check-deploy: building the relay (cargo test --no-run --workspace --test integration)" >&2
+    if ! cargo test --no-run -q "${locked[@]}" --workspace --test integration >&2; then
         echo "FAILED  cargo test --no-run --test integration (builds the relay)"
         echo "0 passed, 1 failed"
         exit 1

@@ -86,7 +86,8 @@ prefetch=("${majors[@]}")
 for major in "${prefetch[@]}"; do
     bash scripts/pg-binaries.sh "$major" >/dev/null
 done
-cargo test --no-run --quiet --locked --test integration
+# --workspace: the features of scripts/test.sh's build, which this reuses.
+cargo test --no-run --quiet --locked --workspace --test integration
 
 # The longest part first, so that the shorter ones fill in beside it.
 if [[ ${OUTBOX_VERSIONS_FAILOVER:-1} == 1 ]]; then

@@ -50,8 +50,9 @@ for arg in "$@"; do
     fi
 done
 # --all-targets unless the caller picked targets. --workspace (the relay and the bench crate,
-# bench/, whose unit tests run here too) unless the caller picked targets, which are the
-# relay's, or packages.
+# bench/, whose unit tests run here too) unless the caller picked packages: also with picked
+# targets, so that cargo unifies the same features as for the whole suite and reuses its build
+# (`--test integration` alone would compile 15 dependencies again, with the root's features).
 targets=(--all-targets)
 packages=(--workspace)
 for arg in "${cargo_args[@]}"; do
@@ -59,7 +60,6 @@ for arg in "${cargo_args[@]}"; do
     --lib | --bins | --bin | --bin=* | --tests | --test | --test=* | --examples | --example | \
         --example=* | --benches | --bench | --bench=* | --doc | --all-targets)
         targets=()
-        packages=()
         ;;
     -p | -p* | --package | --package=* | --workspace | --all | --exclude | --exclude=*)
         packages=()
