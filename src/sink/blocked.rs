@@ -13,6 +13,7 @@
 //! | SASL authentication failed | blocked `authentication` | librdkafka reconnects; records wait |
 //! | `UNKNOWN_TOPIC_OR_PARTITION` | blocked `unknown_topic` | records of that topic wait, other topics go on |
 //! | topic creation refused | blocked `topic_creation` | records of that topic wait |
+//! | `INVALID_TIMESTAMP`, or `INVALID_RECORD` for a record outside its topic's timestamp window | blocked `record_timestamp` | the session restarts with back-off; nothing is dead-lettered |
 //!
 //! A block is lifted by the first success that shows it fixed: a record delivered to the
 //! topic, its metadata read (a topic that appeared), a transactional producer initialised.
@@ -39,6 +40,10 @@ pub enum BlockReason {
     Authentication,
     UnknownTopic,
     TopicCreation,
+    /// The topic's timestamp window (`message.timestamp.before.max.ms`/`after.max.ms`,
+    /// CreateTime) refuses the records' timestamps: a backlog older than the window, or
+    /// clocks apart. The topic's setting, not the records.
+    RecordTimestamp,
 }
 
 impl BlockReason {
@@ -55,6 +60,7 @@ impl BlockReason {
             C::TransactionalIdAuthorizationFailed => BlockReason::TransactionalIdAuthorization,
             C::Authentication | C::SaslAuthenticationFailed => BlockReason::Authentication,
             C::UnknownTopicOrPartition | C::UnknownTopic => BlockReason::UnknownTopic,
+            C::InvalidTimestamp => BlockReason::RecordTimestamp,
             _ => return None,
         })
     }
@@ -68,6 +74,7 @@ impl BlockReason {
             BlockReason::Authentication => "authentication",
             BlockReason::UnknownTopic => "unknown_topic",
             BlockReason::TopicCreation => "topic_creation",
+            BlockReason::RecordTimestamp => "record_timestamp",
         }
     }
 
@@ -257,6 +264,10 @@ impl Blocked {
             ),
             BlockReason::TopicCreation => format!(
                 "the relay may not create topic `{subject}`: grant CREATE ({acls} --operation Create --topic {subject}), fix kafka.topic_creation, or create the topic yourself"
+            ),
+            BlockReason::RecordTimestamp => format!(
+                "topic `{subject}` refuses the records' timestamps (their commit time, or outbox.timestamp_column): widen its window (kafka-configs --bootstrap-server {} --alter --entity-type topics --entity-name {subject} --add-config message.timestamp.before.max.ms=<ms>,message.timestamp.after.max.ms=<ms>) or set message.timestamp.type=LogAppendTime on it",
+                self.brokers
             ),
         }
     }

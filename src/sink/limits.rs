@@ -26,6 +26,17 @@
 //!   (`rd_kafka_msgbatch_handle_Produce_result_record_errors`), which sends them again from
 //!   the slot — with the invalid one among them, every time, unless it is refused first.
 //!
+//! A topic's timestamp window is a limit too (`message.timestamp.before.max.ms` and
+//! `after.max.ms` of a CreateTime topic; `message.timestamp.difference.max.ms` before Kafka
+//! 3.6): the broker refuses a batch with a record outside it, naming each such record
+//! INVALID_RECORD when there are several (`rd_kafka_msgbatch_handle_Produce_result_record_errors`).
+//! A backlog older than the window is then refused record by record, though nothing is wrong
+//! with any of them — and a failed delivery report carries no timestamp to tell them from
+//! invalid ones (`rd_kafka_message_timestamp` returns none for a message with an error). So a
+//! record outside its topic's known window ([`TopicLimits::outside_window`], with a margin for
+//! the clocks) is not sent at all: its topic blocks (`record_timestamp`), and the session
+//! restarts with back-off until the window is widened (the next session reads it again).
+//!
 //! Limits are read with DescribeConfigs when a topic is first met by a producer
 //! (`partition_counts`), and learned from refusals when that is not allowed; they outlive
 //! sessions (the publisher of the next session starts with them), like [`super::blocked`].
@@ -46,6 +57,49 @@ pub struct TopicLimits {
     limits: Mutex<HashMap<String, usize>>,
     /// Records a topic refused for a fault of their own, `(topic, key)`, with the refusal.
     refused: Mutex<HashMap<(String, Bytes), RDKafkaErrorCode>>,
+    /// The timestamp window of CreateTime topics that have one, as read.
+    windows: Mutex<HashMap<String, TimestampWindow>>,
+}
+
+/// How far a record's timestamp may lie before and after the broker's clock (milliseconds;
+/// `None`: no limit that side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimestampWindow {
+    pub before_ms: Option<i64>,
+    pub after_ms: Option<i64>,
+}
+
+impl TimestampWindow {
+    /// From the topic's configuration entries (name, value): `None` for LogAppendTime topics
+    /// and for windows without a limit (Kafka's default, `Long.MAX_VALUE`).
+    pub fn from_config<'a>(value: impl Fn(&str) -> Option<&'a str>) -> Option<TimestampWindow> {
+        if value("message.timestamp.type") == Some("LogAppendTime") {
+            return None;
+        }
+        let limit = |name: &str| {
+            value(name)
+                .and_then(|v| v.parse::<i64>().ok())
+                .filter(|ms| *ms < i64::MAX)
+        };
+        let legacy = limit("message.timestamp.difference.max.ms");
+        let window = TimestampWindow {
+            before_ms: limit("message.timestamp.before.max.ms").or(legacy),
+            after_ms: limit("message.timestamp.after.max.ms").or(legacy),
+        };
+        (window.before_ms.is_some() || window.after_ms.is_some()).then_some(window)
+    }
+
+    /// Whether a record stamped `timestamp_ms` lies outside the window at `now_ms`, or so
+    /// near its edge that the broker's clock may already see it outside: a margin of a tenth
+    /// of the limit, at most 10 s (a record near the `before` edge only grows older).
+    pub fn excludes(&self, timestamp_ms: i64, now_ms: i64) -> bool {
+        let margin = |limit: i64| (limit / 10).min(10_000);
+        self.before_ms
+            .is_some_and(|b| timestamp_ms < now_ms.saturating_sub(b - margin(b)))
+            || self
+                .after_ms
+                .is_some_and(|a| timestamp_ms > now_ms.saturating_add(a - margin(a)))
+    }
 }
 
 /// What a size refusal means.
@@ -131,6 +185,25 @@ impl TopicLimits {
             .insert((topic.to_string(), Bytes::copy_from_slice(key)), refusal);
     }
 
+    /// The topic's timestamp window as read (DescribeConfigs); `None` removes it.
+    pub fn read_window(&self, topic: &str, window: Option<TimestampWindow>) {
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        match window {
+            Some(window) => windows.insert(topic.to_string(), window),
+            None => windows.remove(topic),
+        };
+    }
+
+    /// Whether a record of `topic` stamped `timestamp_ms` lies outside the topic's known
+    /// timestamp window now: the broker's refusal of it is the window's, not the record's.
+    pub fn outside_window(&self, topic: &str, timestamp_ms: Option<i64>, now_ms: i64) -> bool {
+        let windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        match (windows.get(topic), timestamp_ms) {
+            (Some(window), Some(ts)) => window.excludes(ts, now_ms),
+            _ => false,
+        }
+    }
+
     /// How the topic refused this record (by key) for its own fault before, if it did: it is
     /// refused so before it is sent again.
     pub fn refused(&self, topic: &str, key: &[u8]) -> Option<RDKafkaErrorCode> {
@@ -147,6 +220,60 @@ impl TopicLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_create_time_topic_with_a_window_excludes_what_lies_outside_it_only() {
+        let config = |entries: &'static [(&'static str, &'static str)]| {
+            move |name: &str| entries.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
+        };
+        let unlimited = i64::MAX.to_string();
+        let unlimited: &'static str = Box::leak(unlimited.into_boxed_str());
+        assert_eq!(
+            TimestampWindow::from_config(config(&[
+                ("message.timestamp.type", "CreateTime"),
+                ("message.timestamp.before.max.ms", "60000"),
+            ])),
+            Some(TimestampWindow {
+                before_ms: Some(60_000),
+                after_ms: None
+            })
+        );
+        let both = [
+            ("message.timestamp.type", "CreateTime"),
+            ("message.timestamp.before.max.ms", unlimited),
+            ("message.timestamp.after.max.ms", unlimited),
+        ];
+        assert_eq!(
+            TimestampWindow::from_config(config(Box::leak(Box::new(both)))),
+            None
+        );
+        assert_eq!(
+            TimestampWindow::from_config(config(&[
+                ("message.timestamp.type", "LogAppendTime"),
+                ("message.timestamp.before.max.ms", "60000"),
+            ])),
+            None
+        );
+        let legacy = TimestampWindow::from_config(config(&[(
+            "message.timestamp.difference.max.ms",
+            "1000",
+        )]))
+        .unwrap();
+        // A 1 s window, less its 100 ms margin.
+        assert!(legacy.excludes(9_099, 10_000) && legacy.excludes(10_901, 10_000));
+        assert!(!legacy.excludes(9_100, 10_000) && !legacy.excludes(10_900, 10_000));
+
+        let limits = TopicLimits::default();
+        limits.read_window("t", Some(legacy));
+        assert!(limits.outside_window("t", Some(1), 10_000));
+        assert!(
+            !limits.outside_window("t", None, 10_000),
+            "no timestamp: the broker's own"
+        );
+        assert!(!limits.outside_window("other", Some(1), 10_000));
+        limits.read_window("t", None);
+        assert!(!limits.outside_window("t", Some(1), 10_000));
+    }
 
     const KIB: usize = 1024;
 

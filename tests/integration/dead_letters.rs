@@ -3,11 +3,13 @@
 //! once to its topic — also when SIGKILLed halfway and run again — and a second run sends
 //! nothing; the same for the insert-then-delete pattern. And the dead-letter breaker: past
 //! `dead_letter.max_per_minute` the relay stops before confirming the transaction that tripped it.
+//! And a topic limit that is no record's fault: a backlog older than the topic's timestamp
+//! window waits, blocked, and nothing of it is dead-lettered.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::common::probe::wait_exit;
+use crate::common::probe::{free_port, http_get, wait_exit};
 use crate::common::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
@@ -437,4 +439,130 @@ async fn a_topic_limit_dead_letters_only_the_event_over_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_topic_limit_dead_letters_only_the_event_over_it_in_exactly_once() {
     only_the_oversized_event_is_dead_lettered(true).await;
+}
+
+/// A topic whose timestamp window (`message.timestamp.before.max.ms`) is shorter than the
+/// backlog's age refuses every record of it — several in a batch come back INVALID_RECORD
+/// each, which alone would mean "dead-letter it". Nothing is wrong with the records: they wait
+/// (blocked `record_timestamp`, `/readyz` red, the slot not confirmed past them), none is
+/// dead-lettered, and once the window is widened every one arrives.
+async fn a_backlog_older_than_its_topics_timestamp_window_waits(exactly_once: bool) {
+    let db = TestDb::new().await;
+    let (topic, dlq) = (db.topic("order"), format!("{}.dlq", db.topic_prefix));
+    create_topic_with(&topic, 1, &[("message.timestamp.before.max.ms", "3000")]).await;
+    create_topic(&dlq, 1).await;
+    db.create_slot().await;
+    let events: Vec<Event> = (0..200).map(|i| Event::new("order", "agg", 0, i)).collect();
+    let mut client = db.client().await;
+    for chunk in events.chunks(50) {
+        insert_events(&mut client, chunk, true).await;
+    }
+    let end = db.current_wal_lsn().await;
+    // Older than the window by the time the relay sends them.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let http = free_port();
+    let listen = format!("127.0.0.1:{http}");
+    let base = if exactly_once {
+        exactly_once_env(&db)
+    } else {
+        db.relay_env()
+    };
+    let env = with(
+        base,
+        &[
+            ("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str()),
+            ("OUTBOX_RELAY__HTTP__LISTEN", listen.as_str()),
+        ],
+    );
+    let mut relay = RelayProcess::start(&env, &format!("timestamp_window_{}", db.name));
+    let blocked = format!("reason=\"record_timestamp\",topic=\"{topic}\"");
+    wait_for(
+        "blocked record_timestamp on the topic, /readyz red",
+        Duration::from_secs(60),
+        || async {
+            let metrics = http_get(http, "/metrics")
+                .map(|(_, b)| b)
+                .unwrap_or_default();
+            let red = http_get(http, "/readyz").is_some_and(|(code, _)| code != 200);
+            red && metrics.lines().any(|l| {
+                l.starts_with("outbox_relay_kafka_blocked{")
+                    && l.contains(&blocked)
+                    && l.ends_with(" 1")
+            })
+        },
+    )
+    .await;
+    // Refused for a while (several sessions' worth): nothing dead-lettered, nothing confirmed.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let log = relay.log_text();
+    assert_eq!(
+        high_watermark(&dlq),
+        0,
+        "healthy events dead-lettered\n{log}"
+    );
+    assert!(
+        db.confirmed_flush_lsn().await < end,
+        "the slot was confirmed past refused events\n{log}"
+    );
+    assert!(
+        log.contains("message.timestamp.before.max.ms"),
+        "no log line names the topic setting to change\n{log}"
+    );
+    assert!(relay.try_status().is_none(), "the relay stopped\n{log}");
+
+    // The operator's fix: a window wider than the backlog's age.
+    use rdkafka::admin::{AdminOptions, AlterConfig, ResourceSpecifier};
+    let widen = AlterConfig::new(ResourceSpecifier::Topic(&topic))
+        .set("message.timestamp.before.max.ms", "86400000");
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for r in admin().alter_configs(&[widen], &options).await.unwrap() {
+        r.unwrap_or_else(|(_, e)| panic!("widen the window of {topic}: {e}"));
+    }
+    let ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+    let got = read_ids(
+        std::slice::from_ref(&topic),
+        1,
+        &ids,
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+    )
+    .await;
+    let t = tally(&events, &got);
+    eprintln!(
+        "timestamp window (exactly_once = {exactly_once}): {} events, {} missing, {} duplicates, {} dead letters",
+        events.len(),
+        t.missing.len(),
+        t.duplicates,
+        high_watermark(&dlq)
+    );
+    assert_eq!(
+        t.missing.len(),
+        0,
+        "events missing after the fix\n{}",
+        relay.log_text()
+    );
+    assert_eq!(
+        high_watermark(&dlq),
+        0,
+        "events dead-lettered\n{}",
+        relay.log_text()
+    );
+    wait_for(
+        "the slot confirmed past the backlog",
+        Duration::from_secs(30),
+        || async { db.confirmed_flush_lsn().await >= end },
+    )
+    .await;
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_older_than_its_topics_timestamp_window_waits_and_none_is_dead_lettered() {
+    a_backlog_older_than_its_topics_timestamp_window_waits(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_older_than_its_topics_timestamp_window_waits_in_exactly_once_too() {
+    a_backlog_older_than_its_topics_timestamp_window_waits(true).await;
 }

@@ -37,6 +37,7 @@ use super::topic_handles::TopicCounts;
 use crate::config::TopicCreation;
 use crate::mapping::{partition, Record};
 use crate::sink::blocked::BlockReason;
+use crate::sink::limits::TimestampWindow;
 use crate::sink::TxnSeq;
 
 /// Partition counts of the topics written to, and the records waiting for one.
@@ -484,6 +485,12 @@ impl PartitionCounts {
         };
         let limits = self.shared.blocked.limits();
         for (topic, result) in topics.iter().zip(results) {
+            if let Ok(config) = &result {
+                let value = |name: &str| config.get(name).and_then(|e| e.value.as_deref());
+                let window = TimestampWindow::from_config(value);
+                tracing::debug!(topic, ?window, "the topic's timestamp window");
+                limits.read_window(topic, window);
+            }
             let limit = result.as_ref().ok().and_then(|config| {
                 config
                     .get("max.message.bytes")

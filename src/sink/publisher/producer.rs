@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::delivery::{Delivery, DeliveryReporter};
 use super::topic_handles::TopicHandles;
 use crate::mapping::Record;
-use crate::sink::blocked::Blocked;
+use crate::sink::blocked::{BlockReason, Blocked};
 
 /// The producer and what every sender needs: shared by the publisher and its background
 /// partition-count readers.
@@ -77,13 +77,28 @@ impl Shared {
                 == Some(crate::sink::blocked::BlockReason::TopicAuthorization)
     }
 
-    /// Hands one record to librdkafka, waiting out a full queue on the runtime's timer.
+    /// Hands one record to librdkafka, waiting out a full queue on the runtime's timer. A
+    /// record outside its topic's known timestamp window is not sent: the broker would refuse
+    /// it, and several such records of a batch come back INVALID_RECORD each, which would
+    /// dead-letter healthy records (a failed delivery report carries no timestamp to tell them
+    /// apart). It fails with INVALID_TIMESTAMP instead, a transient failure, and the topic is
+    /// blocked `record_timestamp` until a delivery to it shows the window widened.
     pub(super) async fn produce(
         &self,
         record: &Record,
         opaque: usize,
         partition: Option<i32>,
     ) -> Result<(), KafkaError> {
+        if self
+            .blocked
+            .limits()
+            .outside_window(&record.topic, record.timestamp_ms, unix_now_ms())
+        {
+            let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidTimestamp);
+            self.blocked
+                .block(BlockReason::RecordTimestamp, &record.topic, &error);
+            return Err(error);
+        }
         let give_up = Instant::now() + QUEUE_FULL_WAIT;
         loop {
             match self.handles.send(record, partition, opaque) {
@@ -99,4 +114,11 @@ impl Shared {
             }
         }
     }
+}
+
+/// Milliseconds since the Unix epoch now, for timestamp windows.
+fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
