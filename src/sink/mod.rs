@@ -54,7 +54,7 @@ pub struct SlotFacts {
     pub wal_insert: Option<Lsn>,
 }
 
-/// Opens the session's producer. In `exactly_once` (`facts` given): the progress topic made
+/// Opens the session's producer. In `exactly_once` (which requires `facts`): the progress topic made
 /// when missing, the transactional producer initialised (fencing older ones), and then the
 /// last committed progress value read. Call only while holding the slot: starting fences
 /// whoever held it before.
@@ -65,19 +65,27 @@ pub async fn open(
     server: &ServerHistory,
     timelines: Timelines,
 ) -> Result<OpenedSink, PublishError> {
-    let Some(SlotFacts {
-        identity,
-        wal_insert,
-    }) = facts.filter(|_| config.delivery == DeliveryMode::ExactlyOnce)
-    else {
+    if config.delivery == DeliveryMode::AtLeastOnce {
         let (publisher, deliveries) = Publisher::reporting_blocks(config, blocked)?;
         return Ok(OpenedSink {
             publisher,
             deliveries,
             skip_below: None,
         });
-    };
+    }
     let topic = &config.progress_topic;
+    // Never a quiet fall back to at-least-once: without the slot's identity there is no
+    // progress key and no transactional id to fence with.
+    let Some(SlotFacts {
+        identity,
+        wal_insert,
+    }) = facts
+    else {
+        return Err(PublishError::Progress {
+            topic: topic.clone(),
+            problem: "exactly-once needs the slot's identity, which was not read".into(),
+        });
+    };
     let partitions = ensure_topic(config, &blocked).await?;
     let key = identity.key();
     let progress = ProgressRecord {
