@@ -42,6 +42,7 @@
 //! sessions (the publisher of the next session starts with them), like [`super::blocked`].
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
@@ -59,6 +60,8 @@ pub struct TopicLimits {
     refused: Mutex<HashMap<(String, Bytes), RDKafkaErrorCode>>,
     /// The timestamp window of CreateTime topics that have one, as read.
     windows: Mutex<HashMap<String, TimestampWindow>>,
+    /// Some topic has a window: the produce path looks at the map (and the clock) only then.
+    any_window: AtomicBool,
 }
 
 /// How far a record's timestamp may lie before and after the broker's clock (milliseconds;
@@ -192,14 +195,25 @@ impl TopicLimits {
             Some(window) => windows.insert(topic.to_string(), window),
             None => windows.remove(topic),
         };
+        self.any_window
+            .store(!windows.is_empty(), Ordering::Release);
     }
 
     /// Whether a record of `topic` stamped `timestamp_ms` lies outside the topic's known
-    /// timestamp window now: the broker's refusal of it is the window's, not the record's.
-    pub fn outside_window(&self, topic: &str, timestamp_ms: Option<i64>, now_ms: i64) -> bool {
+    /// timestamp window at `now_ms()` (read only when some topic has a window: this runs for
+    /// every record sent).
+    pub fn outside_window(
+        &self,
+        topic: &str,
+        timestamp_ms: Option<i64>,
+        now_ms: impl FnOnce() -> i64,
+    ) -> bool {
+        if !self.any_window.load(Ordering::Acquire) {
+            return false;
+        }
         let windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         match (windows.get(topic), timestamp_ms) {
-            (Some(window), Some(ts)) => window.excludes(ts, now_ms),
+            (Some(window), Some(ts)) => window.excludes(ts, now_ms()),
             _ => false,
         }
     }
@@ -265,14 +279,14 @@ mod tests {
 
         let limits = TopicLimits::default();
         limits.read_window("t", Some(legacy));
-        assert!(limits.outside_window("t", Some(1), 10_000));
+        assert!(limits.outside_window("t", Some(1), || 10_000));
         assert!(
-            !limits.outside_window("t", None, 10_000),
+            !limits.outside_window("t", None, || 10_000),
             "no timestamp: the broker's own"
         );
-        assert!(!limits.outside_window("other", Some(1), 10_000));
+        assert!(!limits.outside_window("other", Some(1), || 10_000));
         limits.read_window("t", None);
-        assert!(!limits.outside_window("t", Some(1), 10_000));
+        assert!(!limits.outside_window("t", Some(1), || 10_000));
     }
 
     const KIB: usize = 1024;

@@ -92,7 +92,7 @@ impl Shared {
         if self
             .blocked
             .limits()
-            .outside_window(&record.topic, record.timestamp_ms, unix_now_ms())
+            .outside_window(&record.topic, record.timestamp_ms, unix_now_ms)
         {
             let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidTimestamp);
             self.blocked
