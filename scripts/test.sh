@@ -70,13 +70,13 @@ done
 # outages, deadlines), and the tests assert properties, not rates (a timing run: 922 s of tests
 # in 462 s with two).
 threads=(--test-threads=3)
-# The whole suite: tests/exclusive (they stop and restart their broker and PostgreSQL, one at a
-# time, mostly waiting: 150 s) run beside the others, on services of their own in
-# ${OUTBOX_RUN_DIR}-exclusive, instead of after them. Their output is printed at the end.
+# The whole suite, no filter: tests/exclusive (they stop and restart their broker and
+# PostgreSQL, one at a time, mostly waiting: 150 s) run beside the others, on services of their
+# own in ${OUTBOX_RUN_DIR}-exclusive, instead of after them. Their output is printed at the end.
 run_targets=("${targets[@]}")
 EXCLUSIVE_DIR=$OUTBOX_RUN_DIR-exclusive
 exclusive_pid=
-if [[ ${#cargo_args[@]} -eq 0 ]]; then
+if [[ ${#cargo_args[@]} -eq 0 && ${#test_args[@]} -eq 0 ]]; then
     run_targets=(--lib --bins --examples --test integration)
 fi
 for arg in "${test_args[@]}"; do

@@ -530,8 +530,6 @@ async fn keep_alive_while<T>(
     }
 }
 
-/// The slot vanished after this process streamed it: most likely a failover to a server that
-/// has no copy of it (no failover slot, or not synchronized yet). Never recreated silently.
 /// Exactly-once: who writes the slot's progress, and how far the WAL goes, read with the slot
 /// held (a relay that lost the slot can decode nothing past this position any more). `None` in
 /// at-least-once, which needs neither.
@@ -554,6 +552,8 @@ async fn slot_facts(
     }))
 }
 
+/// The slot vanished after this process streamed it: most likely a failover to a server that
+/// has no copy of it (no failover slot, or not synchronized yet). Never recreated silently.
 fn slot_missing_after_streaming(slot: &str, control: &Control, metrics: &Metrics) -> SlotGone {
     let server = control.endpoint().target();
     slot_watch::slot_gone(slot, slot_watch::GoneCause::Missing { server }, metrics)

@@ -240,8 +240,8 @@ mod tests {
         let config = |entries: &'static [(&'static str, &'static str)]| {
             move |name: &str| entries.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
         };
-        let unlimited = i64::MAX.to_string();
-        let unlimited: &'static str = Box::leak(unlimited.into_boxed_str());
+        // Kafka's "no limit": Long.MAX_VALUE.
+        const UNLIMITED: &str = "9223372036854775807";
         assert_eq!(
             TimestampWindow::from_config(config(&[
                 ("message.timestamp.type", "CreateTime"),
@@ -252,13 +252,12 @@ mod tests {
                 after_ms: None
             })
         );
-        let both = [
-            ("message.timestamp.type", "CreateTime"),
-            ("message.timestamp.before.max.ms", unlimited),
-            ("message.timestamp.after.max.ms", unlimited),
-        ];
         assert_eq!(
-            TimestampWindow::from_config(config(Box::leak(Box::new(both)))),
+            TimestampWindow::from_config(config(&[
+                ("message.timestamp.type", "CreateTime"),
+                ("message.timestamp.before.max.ms", UNLIMITED),
+                ("message.timestamp.after.max.ms", UNLIMITED),
+            ])),
             None
         );
         assert_eq!(

@@ -54,10 +54,10 @@ pub struct SlotFacts {
     pub wal_insert: Option<Lsn>,
 }
 
-/// Opens the session's producer. In `exactly_once` (which requires `facts`): the progress topic made
-/// when missing, the transactional producer initialised (fencing older ones), and then the
-/// last committed progress value read. Call only while holding the slot: starting fences
-/// whoever held it before.
+/// Opens the session's producer. In `exactly_once` (which requires `facts`): the progress
+/// topic made when missing, the transactional producer initialised (fencing older ones), and
+/// then the last committed progress value read. Call only while holding the slot: starting
+/// fences whoever held it before.
 pub async fn open(
     config: &KafkaConfig,
     facts: Option<SlotFacts>,
