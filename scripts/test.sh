@@ -165,7 +165,7 @@ if [[ ${run_targets[*]} != "${targets[*]}" ]]; then
     (
         # shellcheck disable=SC1090 # written at run time by services.sh
         source "$exclusive_env"
-        exec cargo test --workspace --test exclusive "${locked[@]}"
+        exec cargo test --workspace --test exclusive "${locked[@]}" -- --skip kafka_msk_iam
     ) >"$EXCLUSIVE_DIR/exclusive-tests.log" 2>&1 &
     exclusive_pid=$!
 fi
@@ -206,6 +206,17 @@ if [[ -n $exclusive_pid ]]; then
     printf '\n----- tests/exclusive (ran beside the others; exit %d) -----\n' "$exclusive_rc"
     cat "$EXCLUSIVE_DIR/exclusive-tests.log"
     ((rc != 0)) || rc=$exclusive_rc
+    # The token-login tests restart their broker and wait for every client to log in again
+    # within fixed deadlines: once (in 3 runs) a consumer had not within 60 s while the suite
+    # ran beside it. They run alone, after it.
+    printf '\n----- tests/exclusive: kafka_msk_iam, alone -----\n'
+    (
+        # shellcheck disable=SC1090 # written at run time by services.sh
+        source "$exclusive_env"
+        exec cargo test --workspace --test exclusive "${locked[@]}" -- kafka_msk_iam
+    )
+    msk_rc=$?
+    ((rc != 0)) || rc=$msk_rc
 fi
 set -e
 exit "$rc"
