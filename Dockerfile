@@ -15,7 +15,7 @@ WORKDIR /src
 COPY . .
 # The caches keep the crate downloads and compiled dependencies between builds;
 # the binary is copied out because the target dir is not part of the image.
-# The image ships it without its debug info (150 MB of line tables; about 20 MB without), but
+# The image ships it without its debug info (most of the release binary's 150 MB), but
 # with its symbol table, so a panic's backtrace still names the functions. The line tables go
 # to outbox-relay.debug, which the binary names (.gnu_debuglink): get it with
 #   docker build --target debug-symbols --output type=local,dest=. .
