@@ -134,6 +134,26 @@ impl Relay {
         );
     }
 
+    /// The three signals of a blocked phase: `/readyz` red within [`READY_RED_WITHIN`] of the
+    /// writes (`watch`), `outbox_relay_kafka_blocked{reason, topic} 1` and, when `names` is
+    /// given, a log line naming it with the `kafka-acls` command that grants it.
+    async fn assert_blocked(
+        &mut self,
+        watch: &ReadyWatch,
+        what: &str,
+        (reason, topic): (&str, Option<&str>),
+        names: Option<&str>,
+    ) {
+        watch.assert_red_within(READY_RED_WITHIN, self, what).await;
+        let line = self
+            .wait_blocked(reason, topic, Duration::from_secs(10))
+            .await;
+        println!("blocked: {line}");
+        if let Some(names) = names {
+            self.assert_log_names(names);
+        }
+    }
+
     /// No `outbox_relay_kafka_blocked` series is 1 any more.
     fn assert_not_blocked(&self) {
         let body = self.metrics();
@@ -259,111 +279,188 @@ async fn write_interleaved(client: &mut Client, a: &[Event], b: &[Event], per_tx
     first.expect("events to write")
 }
 
-/// Reads `events` from `topics` on the ACL broker and fails when any is missing; with
-/// `exactly_once` also on duplicates (the reader is read_committed).
-async fn expect_delivered(
-    label: &str,
-    broker: &AclBroker,
-    topics: &[String],
-    events: &[Event],
-    exactly_once: bool,
-    relay: &Relay,
-) -> Vec<Received> {
-    let received = broker
-        .read_ids(
-            topics,
-            1,
-            &ids(events),
-            DELIVERY_TIMEOUT,
-            Duration::from_secs(2),
-        )
-        .await;
-    let t = assert_none_missing(label, events, &received, &relay.process.log_text());
-    if exactly_once {
-        assert_eq!(
-            t.duplicates, 0,
-            "{label}: duplicates for a read_committed reader"
-        );
-    }
-    received
+/// What every test here starts from: the ACL broker, and a database of its own with the
+/// relay's slot made.
+struct Scene {
+    broker: AclBroker,
+    db: TestDb,
 }
 
-/// Watches a blocked phase until `until`: the relay keeps running, the slot stays below `lsn`
-/// (a position inside the first blocked transaction, before its commit), and the topics in
-/// `empty` get no record. Fails at the first breach.
-async fn assert_held(
-    broker: &AclBroker,
-    db: &TestDb,
-    relay: &mut Relay,
-    until: Instant,
-    (lsn, what): (u64, &str),
-    empty: &[(&str, &str)],
-) {
-    loop {
-        relay.assert_running();
-        for (topic, breach) in empty {
-            let n = broker.record_count(topic).await;
-            assert_eq!(
-                n,
-                0,
-                "{breach}: {n} records in {topic}\n{}",
-                relay.process.log_text()
-            );
-        }
-        let confirmed = db.confirmed_flush_lsn().await;
-        if confirmed >= lsn {
-            let mut meanwhile = String::new();
-            for (topic, _) in empty {
-                let n = broker.record_count(topic).await;
-                meanwhile.push_str(&format!("; {n} records in {topic}"));
-            }
-            panic!(
-                "the slot was confirmed to {confirmed:X}, past {what} (its commit is after \
-                 {lsn:X}){meanwhile}\n{}",
-                relay.process.log_text()
-            );
-        }
-        if Instant::now() >= until {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+impl Scene {
+    async fn start() -> Scene {
+        Scene::start_after("").await
     }
-}
 
-async fn wait_confirmed(db: &TestDb, relay: &Relay) {
-    let end = db.current_wal_lsn().await;
-    let began = Instant::now();
-    while db.confirmed_flush_lsn().await < end {
-        assert!(
-            began.elapsed() < Duration::from_secs(30),
-            "the slot did not reach {end:X} within 30 s of delivery:\n{}",
-            relay.process.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    /// With `sql` run on the database before the slot is made.
+    async fn start_after(sql: &str) -> Scene {
+        let broker = AclBroker::start().await;
+        let db = TestDb::new().await;
+        if !sql.is_empty() {
+            db.client().await.batch_execute(sql).await.unwrap();
+        }
+        db.create_slot().await;
+        Scene { broker, db }
     }
-}
 
-/// Makes the exactly-once progress topic and grants what a transactional relay needs besides
-/// its events' topics: READ and WRITE on the progress topic, READ on the progress reader's
-/// group and, when `with_transactional_id`, WRITE and DESCRIBE on its transactional id.
-/// Returns the progress topic.
-async fn prepare_exactly_once(
-    broker: &AclBroker,
-    db: &TestDb,
-    with_transactional_id: bool,
-) -> String {
-    let progress = db.topic("progress");
-    broker
-        .create_topic_with(&progress, 1, &[("cleanup.policy", "compact")])
-        .await;
-    broker.grant_read_write(&progress).await;
-    broker.grant_group_read(PROGRESS_GROUP).await;
-    if with_transactional_id {
-        broker
-            .grant_transactional_id(&transactional_id(db).await)
+    /// This test's topic `name`, made with one partition.
+    async fn topic(&self, name: &str) -> String {
+        let topic = self.db.topic(name);
+        self.broker.create_topic(&topic, 1).await;
+        topic
+    }
+
+    /// A relay with `extra` settings (see [`Relay::start`]), streaming from the slot.
+    async fn relay(&self, extra: &[(&str, &str)], name: &str) -> Relay {
+        let mut relay = Relay::start(&self.broker, &self.db, extra, name);
+        wait_for_slot(&self.db, &mut relay.process).await;
+        relay
+    }
+
+    /// Reads `events` from `topics` on the ACL broker and fails when any is missing; with
+    /// `exactly_once` also on duplicates (the reader is read_committed).
+    async fn delivered(
+        &self,
+        label: &str,
+        (topics, events): (&[&String], &[Event]),
+        exactly_once: bool,
+        relay: &Relay,
+    ) -> Vec<Received> {
+        let topics: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
+        let received = self
+            .broker
+            .read_ids(
+                &topics,
+                1,
+                &ids(events),
+                DELIVERY_TIMEOUT,
+                Duration::from_secs(2),
+            )
             .await;
+        let t = assert_none_missing(label, events, &received, &relay.process.log_text());
+        if exactly_once {
+            assert_eq!(
+                t.duplicates, 0,
+                "{label}: duplicates for a read_committed reader"
+            );
+        }
+        received
     }
-    progress
+
+    /// Watches a blocked phase until `until`: the relay keeps running, the slot stays below
+    /// `lsn` (a position inside the first blocked transaction, before its commit), and the
+    /// topics in `empty` get no record. Fails at the first breach.
+    async fn held(
+        &self,
+        relay: &mut Relay,
+        until: Instant,
+        (lsn, what): (u64, &str),
+        empty: &[(&str, &str)],
+    ) {
+        let (broker, db) = (&self.broker, &self.db);
+        loop {
+            relay.assert_running();
+            for (topic, breach) in empty {
+                let n = broker.record_count(topic).await;
+                assert_eq!(
+                    n,
+                    0,
+                    "{breach}: {n} records in {topic}\n{}",
+                    relay.process.log_text()
+                );
+            }
+            let confirmed = db.confirmed_flush_lsn().await;
+            if confirmed >= lsn {
+                let mut meanwhile = String::new();
+                for (topic, _) in empty {
+                    let n = broker.record_count(topic).await;
+                    meanwhile.push_str(&format!("; {n} records in {topic}"));
+                }
+                panic!(
+                    "the slot was confirmed to {confirmed:X}, past {what} (its commit is after \
+                     {lsn:X}){meanwhile}\n{}",
+                    relay.process.log_text()
+                );
+            }
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Waits until the slot is confirmed to the end of the WAL as it is now.
+    async fn confirmed(&self, relay: &Relay) {
+        let end = self.db.current_wal_lsn().await;
+        let began = Instant::now();
+        while self.db.confirmed_flush_lsn().await < end {
+            assert!(
+                began.elapsed() < Duration::from_secs(30),
+                "the slot did not reach {end:X} within 30 s of delivery:\n{}",
+                relay.process.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// After the operator's fix: `/readyz` green again, nothing blocked any more, the slot
+    /// confirmed to the end of the WAL.
+    async fn recovered(&self, relay: &mut Relay) {
+        relay
+            .wait_readyz(true, Duration::from_secs(30), "after the grant")
+            .await;
+        relay.assert_not_blocked();
+        self.confirmed(relay).await;
+    }
+
+    /// Stops the relay (it must exit cleanly) and drops the database.
+    async fn finish(self, relay: Relay) {
+        relay.stop().await;
+        self.db.cleanup().await;
+    }
+
+    /// The settings of a delivery mode, for [`Relay::start`]: none for at-least-once; for
+    /// exactly-once the mode and its progress topic, made and granted with what a
+    /// transactional relay needs besides its events' topics: READ and WRITE on the progress
+    /// topic, READ on the progress reader's group and, when `with_transactional_id`, WRITE and
+    /// DESCRIBE on its transactional id.
+    async fn delivery(
+        &self,
+        exactly_once: bool,
+        with_transactional_id: bool,
+    ) -> Vec<(&'static str, String)> {
+        if !exactly_once {
+            return vec![];
+        }
+        let (broker, db) = (&self.broker, &self.db);
+        let progress = db.topic("progress");
+        broker
+            .create_topic_with(&progress, 1, &[("cleanup.policy", "compact")])
+            .await;
+        broker.grant_read_write(&progress).await;
+        broker.grant_group_read(PROGRESS_GROUP).await;
+        if with_transactional_id {
+            broker
+                .grant_transactional_id(&transactional_id(db).await)
+                .await;
+        }
+        vec![
+            ("OUTBOX_RELAY__KAFKA__DELIVERY", "exactly_once".to_string()),
+            ("OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC", progress),
+        ]
+    }
+}
+
+/// Borrows owned settings as [`Relay::start`] takes them.
+fn settings<'a>(owned: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    owned.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+fn mode_label(exactly_once: bool) -> &'static str {
+    if exactly_once {
+        "exactly_once"
+    } else {
+        "at_least_once"
+    }
 }
 
 /// The baseline: with the ACLs docs/src/guides/kafka.md#locked-down-kafka-and-topic-creation names, and no more, both delivery modes deliver
@@ -372,42 +469,22 @@ async fn prepare_exactly_once(
 /// WRITE+DESCRIBE on the transactional id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn documented_acls_are_enough_for_both_delivery_modes() {
-    let broker = AclBroker::start().await;
     for exactly_once in [false, true] {
-        let db = TestDb::new().await;
-        db.create_slot().await;
-        let (order, customer) = (db.topic("order"), db.topic("customer"));
-        broker.create_topic(&order, 1).await;
-        broker.create_topic(&customer, 1).await;
-        broker.grant_write(&[&order, &customer]).await;
-        let mut extra = vec![];
-        let progress;
-        if exactly_once {
-            progress = prepare_exactly_once(&broker, &db, true).await;
-            extra.push(("OUTBOX_RELAY__KAFKA__DELIVERY", "exactly_once"));
-            extra.push(("OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC", progress.as_str()));
-        }
-        let label = if exactly_once {
-            "exactly_once"
-        } else {
-            "at_least_once"
-        };
-        let mut relay = Relay::start(&broker, &db, &extra, &format!("acl_baseline_{label}"));
-        wait_for_slot(&db, &mut relay.process).await;
+        let s = Scene::start().await;
+        let (order, customer) = (s.topic("order").await, s.topic("customer").await);
+        s.broker.grant_write(&[&order, &customer]).await;
+        let delivery = s.delivery(exactly_once, true).await;
+        let label = mode_label(exactly_once);
+        let extra = settings(&delivery);
+        let mut relay = s.relay(&extra, &format!("acl_baseline_{label}")).await;
         let (a, b) = (events("order", "o", 100), events("customer", "c", 100));
-        let mut client = db.client().await;
+        let mut client = s.db.client().await;
         write_interleaved(&mut client, &a, &b, 10).await;
         let mut all: Vec<Event> = a.iter().chain(&b).cloned().collect();
-        expect_delivered(
-            &format!("documented ACLs, {label}"),
-            &broker,
-            &[order.clone(), customer.clone()],
-            &all,
-            exactly_once,
-            &relay,
-        )
-        .await;
-        wait_confirmed(&db, &relay).await;
+        let label_1 = format!("documented ACLs, {label}");
+        s.delivered(&label_1, (&[&order, &customer], &all), exactly_once, &relay)
+            .await;
+        s.confirmed(&relay).await;
         relay
             .wait_readyz(true, Duration::from_secs(10), label)
             .await;
@@ -416,22 +493,14 @@ async fn documented_acls_are_enough_for_both_delivery_modes() {
         let more = events("order", "o2", 20);
         insert_events(&mut client, &more, true).await;
         all.extend(more);
-        let mut relay = Relay::start(&broker, &db, &extra, &format!("acl_baseline_{label}_2"));
-        wait_for_slot(&db, &mut relay.process).await;
-        expect_delivered(
-            &format!("documented ACLs, {label}, after a restart"),
-            &broker,
-            &[order.clone(), customer.clone()],
-            &all,
-            exactly_once,
-            &relay,
-        )
-        .await;
+        let relay = s.relay(&extra, &format!("acl_baseline_{label}_2")).await;
+        let label_2 = format!("documented ACLs, {label}, after a restart");
+        s.delivered(&label_2, (&[&order, &customer], &all), exactly_once, &relay)
+            .await;
         if exactly_once {
             relay.assert_log_contains("transactions below the progress record are skipped");
         }
-        relay.stop().await;
-        db.cleanup().await;
+        s.finish(relay).await;
     }
 }
 
@@ -439,93 +508,57 @@ async fn documented_acls_are_enough_for_both_delivery_modes() {
 /// confirmed; other topics flow; once WRITE is granted every event arrives in its own topic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn missing_write_acl_blocks_instead_of_dead_lettering() {
-    let broker = AclBroker::start().await;
-    let db = TestDb::new().await;
-    db.create_slot().await;
-    let (a_topic, b_topic, dlq) = (db.topic("order"), db.topic("customer"), db.topic("dlq"));
-    for topic in [&a_topic, &b_topic, &dlq] {
-        broker.create_topic(topic, 1).await;
-    }
-    // The operator's slip: WRITE on B and the dead-letter topic, not on A.
-    broker.grant_write(&[&b_topic, &dlq]).await;
-    let mut relay = Relay::start(
-        &broker,
-        &db,
-        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
-        "acl_missing_write",
+    let s = Scene::start().await;
+    let (a_topic, b_topic, dlq) = (
+        s.topic("order").await,
+        s.topic("customer").await,
+        s.topic("dlq").await,
     );
-    wait_for_slot(&db, &mut relay.process).await;
+    // The operator's slip: WRITE on B and the dead-letter topic, not on A.
+    s.broker.grant_write(&[&b_topic, &dlq]).await;
+    let dead_letter = [("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())];
+    let mut relay = s.relay(&dead_letter, "acl_missing_write").await;
     relay
         .wait_readyz(true, Duration::from_secs(30), "before any blocked record")
         .await;
 
     let (a, b) = (events("order", "a", 200), events("customer", "b", 200));
-    let mut client = db.client().await;
+    let mut client = s.db.client().await;
     let watch = ReadyWatch::start(relay.http);
     let written = Instant::now();
     let first_a = write_interleaved(&mut client, &a, &b, 20).await;
 
-    expect_delivered(
-        "B while A is blocked",
-        &broker,
-        std::slice::from_ref(&b_topic),
-        &b,
-        false,
-        &relay,
-    )
-    .await;
-    assert_held(
-        &broker,
-        &db,
+    s.delivered("B while A is blocked", (&[&b_topic], &b), false, &relay)
+        .await;
+    let dead_lettered = "A's events were dead-lettered: a missing ACL is a deployment error";
+    s.held(
         &mut relay,
         written + BLOCKED_HOLD,
         (first_a, "A's first event"),
         &[
-            (
-                &dlq,
-                "A's events were dead-lettered: a missing ACL is a deployment error",
-            ),
+            (&dlq, dead_lettered),
             (&a_topic, "A got records without WRITE"),
         ],
     )
     .await;
-    watch
-        .assert_red_within(READY_RED_WITHIN, &mut relay, "A blocked")
+    let blocked = ("topic_authorization", Some(a_topic.as_str()));
+    relay
+        .assert_blocked(&watch, "A blocked", blocked, Some(&a_topic))
         .await;
-    let line = relay
-        .wait_blocked(
-            "topic_authorization",
-            Some(&a_topic),
-            Duration::from_secs(10),
-        )
-        .await;
-    println!("blocked: {line}");
-    relay.assert_log_names(&a_topic);
 
     // The operator grants it; the relay resumes by itself.
-    broker.grant_write(&[&a_topic]).await;
-    let received = expect_delivered(
-        "A after the grant",
-        &broker,
-        std::slice::from_ref(&a_topic),
-        &a,
-        false,
-        &relay,
-    )
-    .await;
-    assert!(received.iter().all(|r| r.topic == a_topic));
-    relay
-        .wait_readyz(true, Duration::from_secs(30), "after the grant")
+    s.broker.grant_write(&[&a_topic]).await;
+    let received = s
+        .delivered("A after the grant", (&[&a_topic], &a), false, &relay)
         .await;
-    relay.assert_not_blocked();
-    wait_confirmed(&db, &relay).await;
+    assert!(received.iter().all(|r| r.topic == a_topic));
+    s.recovered(&mut relay).await;
     assert_eq!(
-        broker.record_count(&dlq).await,
+        s.broker.record_count(&dlq).await,
         0,
         "dead letters after the grant"
     );
-    relay.stop().await;
-    db.cleanup().await;
+    s.finish(relay).await;
 }
 
 /// Issue 39: a topic the relay may describe but not write. The metadata checks pass and the
@@ -536,17 +569,16 @@ async fn missing_write_acl_blocks_instead_of_dead_lettering() {
 /// refused event arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn write_refused_at_produce_time_holds_only_that_topic() {
-    let broker = AclBroker::start().await;
-    let db = TestDb::new().await;
-    db.create_slot().await;
-    let (a_topic, b_topic, dlq) = (db.topic("order"), db.topic("customer"), db.topic("dlq"));
-    for topic in [&a_topic, &b_topic, &dlq] {
-        broker.create_topic(topic, 1).await;
-    }
-    broker.grant_write(&[&b_topic, &dlq]).await;
+    let s = Scene::start().await;
+    let (a_topic, b_topic, dlq) = (
+        s.topic("order").await,
+        s.topic("customer").await,
+        s.topic("dlq").await,
+    );
+    s.broker.grant_write(&[&b_topic, &dlq]).await;
     // DESCRIBE on A, not WRITE: the refusal shows only when records are sent.
-    let principal = broker.relay_principal();
-    broker
+    let principal = s.broker.relay_principal();
+    s.broker
         .acl_command(&[
             "--add",
             "--allow-principal",
@@ -557,15 +589,10 @@ async fn write_refused_at_produce_time_holds_only_that_topic() {
             &a_topic,
         ])
         .await;
-    let mut relay = Relay::start(
-        &broker,
-        &db,
-        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
-        "acl_produce_refused",
-    );
-    wait_for_slot(&db, &mut relay.process).await;
+    let dead_letter = [("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())];
+    let mut relay = s.relay(&dead_letter, "acl_produce_refused").await;
     let (a, b) = (events("order", "a", 300), events("customer", "b", 3_000));
-    let mut client = db.client().await;
+    let mut client = s.db.client().await;
     let watch = ReadyWatch::start(relay.http);
     let written = Instant::now();
     let mut first_a = None;
@@ -574,15 +601,9 @@ async fn write_refused_at_produce_time_holds_only_that_topic() {
         let lsn = insert_events_at(&mut client, ca, true).await;
         first_a.get_or_insert(lsn);
     }
-    let received = expect_delivered(
-        "B while A refuses writes",
-        &broker,
-        std::slice::from_ref(&b_topic),
-        &b,
-        false,
-        &relay,
-    )
-    .await;
+    let received = s
+        .delivered("B while A refuses writes", (&[&b_topic], &b), false, &relay)
+        .await;
     let sent_again = tally(&b, &received).duplicates;
     println!(
         "B: {} events, {sent_again} sent again while A refused writes",
@@ -593,30 +614,20 @@ async fn write_refused_at_produce_time_holds_only_that_topic() {
         "{sent_again} of B's events sent again while A refused writes\n{}",
         relay.process.log_text()
     );
-    assert_held(
-        &broker,
-        &db,
+    let dead_lettered = "A's events were dead-lettered: a refused write is a deployment error";
+    s.held(
         &mut relay,
         written + Duration::from_secs(5),
         (first_a.unwrap(), "A's first event"),
         &[
-            (
-                &dlq,
-                "A's events were dead-lettered: a refused write is a deployment error",
-            ),
+            (&dlq, dead_lettered),
             (&a_topic, "A got records without WRITE"),
         ],
     )
     .await;
-    watch
-        .assert_red_within(READY_RED_WITHIN, &mut relay, "A refused at produce time")
-        .await;
+    let blocked = ("topic_authorization", Some(a_topic.as_str()));
     relay
-        .wait_blocked(
-            "topic_authorization",
-            Some(&a_topic),
-            Duration::from_secs(10),
-        )
+        .assert_blocked(&watch, "A refused at produce time", blocked, None)
         .await;
     let restarts = relay
         .process
@@ -630,26 +641,19 @@ async fn write_refused_at_produce_time_holds_only_that_topic() {
         relay.process.log_text()
     );
 
-    broker.grant_write(&[&a_topic]).await;
-    let received = expect_delivered(
-        "A after the grant",
-        &broker,
-        std::slice::from_ref(&a_topic),
-        &a,
-        false,
-        &relay,
-    )
-    .await;
+    s.broker.grant_write(&[&a_topic]).await;
+    let received = s
+        .delivered("A after the grant", (&[&a_topic], &a), false, &relay)
+        .await;
     assert_eq!(tally(&a, &received).duplicates, 0, "A's events sent twice");
     let order: Vec<String> = received.iter().map(Received::key_str).collect();
     assert_eq!(order, ids(&a), "A's events out of their commit order");
     relay
         .wait_readyz(true, Duration::from_secs(30), "after the grant")
         .await;
-    wait_confirmed(&db, &relay).await;
-    assert_eq!(broker.record_count(&dlq).await, 0, "dead letters");
-    relay.stop().await;
-    db.cleanup().await;
+    s.confirmed(&relay).await;
+    assert_eq!(s.broker.record_count(&dlq).await, 0, "dead letters");
+    s.finish(relay).await;
 }
 
 /// Done-when 1, the dead-letter topic: a poison row whose dead letter may not be written
@@ -657,30 +661,16 @@ async fn write_refused_at_produce_time_holds_only_that_topic() {
 /// topic and its neighbours in theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dead_letter_topic_without_acl_blocks() {
-    let broker = AclBroker::start().await;
-    let db = TestDb::new().await;
-    db.client()
-        .await
-        .batch_execute("ALTER TABLE outbox ALTER COLUMN aggregatetype DROP NOT NULL")
-        .await
-        .unwrap();
-    db.create_slot().await;
-    let (order, dlq) = (db.topic("order"), db.topic("dlq"));
-    broker.create_topic(&order, 1).await;
-    broker.create_topic(&dlq, 1).await;
-    broker.grant_write(&[&order]).await;
-    let mut relay = Relay::start(
-        &broker,
-        &db,
-        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", &dlq)],
-        "acl_dead_letter",
-    );
-    wait_for_slot(&db, &mut relay.process).await;
+    let s = Scene::start_after("ALTER TABLE outbox ALTER COLUMN aggregatetype DROP NOT NULL").await;
+    let (order, dlq) = (s.topic("order").await, s.topic("dlq").await);
+    s.broker.grant_write(&[&order]).await;
+    let dead_letter = [("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())];
+    let mut relay = s.relay(&dead_letter, "acl_dead_letter").await;
     relay
         .wait_readyz(true, Duration::from_secs(30), "before the poison row")
         .await;
 
-    let mut client = db.client().await;
+    let mut client = s.db.client().await;
     let before = events("order", "p", 50);
     let watch = ReadyWatch::start(relay.http);
     let written = Instant::now();
@@ -691,35 +681,23 @@ async fn dead_letter_topic_without_acl_blocks() {
         .collect();
     insert_events(&mut client, &after, true).await;
 
-    assert_held(
-        &broker,
-        &db,
+    s.held(
         &mut relay,
         written + BLOCKED_HOLD,
         (poison_lsn, "the poison row"),
         &[(&dlq, "a dead letter without WRITE")],
     )
     .await;
-    expect_delivered(
-        "before the poison row",
-        &broker,
-        std::slice::from_ref(&order),
-        &before,
-        false,
-        &relay,
-    )
-    .await;
-    watch
-        .assert_red_within(READY_RED_WITHIN, &mut relay, "dead-letter topic blocked")
+    s.delivered("before the poison row", (&[&order], &before), false, &relay)
         .await;
-    let line = relay
-        .wait_blocked("topic_authorization", Some(&dlq), Duration::from_secs(10))
+    let blocked = ("topic_authorization", Some(dlq.as_str()));
+    relay
+        .assert_blocked(&watch, "dead-letter topic blocked", blocked, Some(&dlq))
         .await;
-    println!("blocked: {line}");
-    relay.assert_log_names(&dlq);
 
-    broker.grant_write(&[&dlq]).await;
-    let dead = broker
+    s.broker.grant_write(&[&dlq]).await;
+    let dead = s
+        .broker
         .read_ids(
             std::slice::from_ref(&dlq),
             1,
@@ -734,22 +712,11 @@ async fn dead_letter_topic_without_acl_blocks() {
         relay.process.log_text()
     );
     let neighbours: Vec<Event> = before.iter().chain(&after).cloned().collect();
-    expect_delivered(
-        "the poison row's neighbours",
-        &broker,
-        std::slice::from_ref(&order),
-        &neighbours,
-        false,
-        &relay,
-    )
-    .await;
-    relay
-        .wait_readyz(true, Duration::from_secs(30), "after the grant")
+    let label = "the poison row's neighbours";
+    s.delivered(label, (&[&order], &neighbours), false, &relay)
         .await;
-    relay.assert_not_blocked();
-    wait_confirmed(&db, &relay).await;
-    relay.stop().await;
-    db.cleanup().await;
+    s.recovered(&mut relay).await;
+    s.finish(relay).await;
 }
 
 /// Done-when 1, exactly-once: without an ACL on its transactional id the relay publishes
@@ -757,34 +724,26 @@ async fn dead_letter_topic_without_acl_blocks() {
 /// once to a read_committed reader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transactional_id_without_acl_blocks_exactly_once() {
-    let broker = AclBroker::start().await;
-    let db = TestDb::new().await;
-    db.create_slot().await;
-    let (order, customer) = (db.topic("order"), db.topic("customer"));
-    broker.create_topic(&order, 1).await;
-    broker.create_topic(&customer, 1).await;
-    broker.grant_write(&[&order, &customer]).await;
-    let progress = prepare_exactly_once(&broker, &db, false).await;
-    let tid = transactional_id(&db).await;
+    let s = Scene::start().await;
+    let (order, customer) = (s.topic("order").await, s.topic("customer").await);
+    s.broker.grant_write(&[&order, &customer]).await;
+    let delivery = s.delivery(true, false).await;
+    let progress = delivery[1].1.clone();
+    let tid = transactional_id(&s.db).await;
 
-    let mut client = db.client().await;
+    let mut client = s.db.client().await;
     let (a, b) = (events("order", "o", 100), events("customer", "c", 100));
     let first = write_interleaved(&mut client, &a, &b, 10).await;
     let started = Instant::now();
     let mut relay = Relay::start(
-        &broker,
-        &db,
-        &[
-            ("OUTBOX_RELAY__KAFKA__DELIVERY", "exactly_once"),
-            ("OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC", &progress),
-        ],
+        &s.broker,
+        &s.db,
+        &settings(&delivery),
         "acl_transactional_id",
     );
     let watch = ReadyWatch::start(relay.http);
     let published = "published without the transactional id's ACL";
-    assert_held(
-        &broker,
-        &db,
+    s.held(
         &mut relay,
         started + BLOCKED_HOLD,
         (first, "the first transaction"),
@@ -795,37 +754,22 @@ async fn transactional_id_without_acl_blocks_exactly_once() {
         ],
     )
     .await;
-    watch
-        .assert_red_within(READY_RED_WITHIN, &mut relay, "no transactional id ACL")
+    let blocked = ("transactional_id_authorization", None);
+    relay
+        .assert_blocked(&watch, "no transactional id ACL", blocked, Some(&tid))
         .await;
-    let line = relay
-        .wait_blocked(
-            "transactional_id_authorization",
-            None,
-            Duration::from_secs(10),
-        )
-        .await;
-    println!("blocked: {line}");
-    relay.assert_log_names(&tid);
 
-    broker.grant_transactional_id(&tid).await;
+    s.broker.grant_transactional_id(&tid).await;
     let all: Vec<Event> = a.iter().chain(&b).cloned().collect();
-    expect_delivered(
+    s.delivered(
         "after the grant",
-        &broker,
-        &[order.clone(), customer.clone()],
-        &all,
+        (&[&order, &customer], &all),
         true,
         &relay,
     )
     .await;
-    relay
-        .wait_readyz(true, Duration::from_secs(30), "after the grant")
-        .await;
-    relay.assert_not_blocked();
-    wait_confirmed(&db, &relay).await;
-    relay.stop().await;
-    db.cleanup().await;
+    s.recovered(&mut relay).await;
+    s.finish(relay).await;
 }
 
 /// Done-when 2: topic creation on, a group for `outbox\.event\.billing.*` with 6 partitions and
@@ -835,20 +779,18 @@ async fn transactional_id_without_acl_blocks_exactly_once() {
 async fn topic_creation_group_sets_partitions_and_retention() {
     const AGGREGATES: usize = 8;
     const PER_AGGREGATE: usize = 25;
-    let broker = AclBroker::start().await;
-    let db = TestDb::new().await;
-    db.create_slot().await;
+    let s = Scene::start().await;
     let aggregate_type = random_name("billing");
     let topic = format!("outbox.event.{aggregate_type}");
     // CREATE (and WRITE) on the billing topics only: the cluster-wide CREATE is not needed.
-    broker.grant_create_prefixed("outbox.event.billing").await;
+    s.broker.grant_create_prefixed("outbox.event.billing").await;
     assert_eq!(
-        broker.partition_count(&topic).await,
+        s.broker.partition_count(&topic).await,
         None,
         "{topic} exists already"
     );
     let config = write_config(
-        &format!("acl_topic_creation_{}", db.name),
+        &format!("acl_topic_creation_{}", s.db.name),
         r#"
 [kafka.topic_creation]
 enabled = true
@@ -861,23 +803,18 @@ configs = { "retention.ms" = "3600000" }
 "#,
     );
     let config = config.display().to_string();
-    let mut relay = Relay::start(
-        &broker,
-        &db,
-        &[
-            ("OUTBOX_RELAY_CONFIG", &config),
-            (
-                "OUTBOX_RELAY__OUTBOX__TOPIC",
-                "outbox.event.{aggregatetype}",
-            ),
-        ],
-        "acl_topic_creation",
-    );
-    wait_for_slot(&db, &mut relay.process).await;
+    let extra = [
+        ("OUTBOX_RELAY_CONFIG", config.as_str()),
+        (
+            "OUTBOX_RELAY__OUTBOX__TOPIC",
+            "outbox.event.{aggregatetype}",
+        ),
+    ];
+    let relay = s.relay(&extra, "acl_topic_creation").await;
 
     // Aggregates interleaved within and across transactions; the payload's seq is the
     // aggregate's own sequence.
-    let mut client = db.client().await;
+    let mut client = s.db.client().await;
     let mut written: Vec<Event> = Vec::new();
     for round in 0..PER_AGGREGATE / 5 {
         let batch: Vec<Event> = (0..5)
@@ -887,7 +824,8 @@ configs = { "retention.ms" = "3600000" }
         insert_events(&mut client, &batch, true).await;
         written.extend(batch);
     }
-    let received = broker
+    let received = s
+        .broker
         .read_ids(
             std::slice::from_ref(&topic),
             6,
@@ -905,11 +843,11 @@ configs = { "retention.ms" = "3600000" }
         relay.process.log_text()
     );
     assert_eq!(
-        broker.partition_count(&topic).await,
+        s.broker.partition_count(&topic).await,
         Some(6),
         "{topic} was not created with the group's partition count"
     );
-    let configs = broker.topic_configs(&topic).await;
+    let configs = s.broker.topic_configs(&topic).await;
     assert_eq!(
         configs.get("retention.ms").cloned().flatten().as_deref(),
         Some("3600000"),
@@ -946,8 +884,7 @@ configs = { "retention.ms" = "3600000" }
         }
     }
     assert_eq!(partition_of.len(), AGGREGATES);
-    relay.stop().await;
-    db.cleanup().await;
+    s.finish(relay).await;
 }
 
 /// Done-when 3: creation off, topic A missing. At-least-once: B's events committed afterwards
@@ -965,29 +902,18 @@ async fn missing_topic_does_not_stop_other_topics_exactly_once() {
 }
 
 async fn missing_topic_does_not_stop_other_topics(exactly_once: bool) {
-    let label = if exactly_once {
-        "exactly_once"
-    } else {
-        "at_least_once"
-    };
-    let broker = AclBroker::start().await;
-    let db = TestDb::new().await;
-    db.create_slot().await;
-    let (a_topic, b_topic) = (db.topic("order"), db.topic("customer"));
-    broker.create_topic(&b_topic, 1).await;
+    let label = mode_label(exactly_once);
+    let s = Scene::start().await;
+    let a_topic = s.db.topic("order");
+    let b_topic = s.topic("customer").await;
     // WRITE on both: A is missing, not forbidden.
-    broker.grant_write(&[&a_topic, &b_topic]).await;
-    let mut extra = vec![];
-    let progress;
-    if exactly_once {
-        progress = prepare_exactly_once(&broker, &db, true).await;
-        extra.push(("OUTBOX_RELAY__KAFKA__DELIVERY", "exactly_once"));
-        extra.push(("OUTBOX_RELAY__KAFKA__PROGRESS_TOPIC", progress.as_str()));
-    }
-    let mut relay = Relay::start(&broker, &db, &extra, &format!("acl_missing_topic_{label}"));
-    wait_for_slot(&db, &mut relay.process).await;
+    s.broker.grant_write(&[&a_topic, &b_topic]).await;
+    let delivery = s.delivery(exactly_once, true).await;
+    let mut relay = s
+        .relay(&settings(&delivery), &format!("acl_missing_topic_{label}"))
+        .await;
 
-    let mut client = db.client().await;
+    let mut client = s.db.client().await;
     let a = events("order", "a", 100);
     for chunk in a.chunks(10) {
         insert_events(&mut client, chunk, true).await;
@@ -998,7 +924,8 @@ async fn missing_topic_does_not_stop_other_topics(exactly_once: bool) {
     }
     let committed = Instant::now();
     if !exactly_once {
-        let received = broker
+        let received = s
+            .broker
             .read_ids(
                 std::slice::from_ref(&b_topic),
                 1,
@@ -1023,48 +950,34 @@ async fn missing_topic_does_not_stop_other_topics(exactly_once: bool) {
     }
     relay.assert_running();
     assert_eq!(
-        broker.partition_count(&a_topic).await,
+        s.broker.partition_count(&a_topic).await,
         None,
         "{a_topic} was created"
     );
 
-    broker.create_topic(&a_topic, 1).await;
+    s.broker.create_topic(&a_topic, 1).await;
     let all: Vec<Event> = a.iter().chain(&b).cloned().collect();
-    expect_delivered(
-        &format!("{label}, after A was created"),
-        &broker,
-        &[a_topic.clone(), b_topic.clone()],
-        &all,
-        exactly_once,
-        &relay,
-    )
-    .await;
-    wait_confirmed(&db, &relay).await;
-    relay.stop().await;
-    db.cleanup().await;
+    let label = format!("{label}, after A was created");
+    s.delivered(&label, (&[&a_topic, &b_topic], &all), exactly_once, &relay)
+        .await;
+    s.confirmed(&relay).await;
+    s.finish(relay).await;
 }
 
 /// A refused topic creation (creation on, no CREATE ACL) blocks with reason `topic_creation`
 /// and names the topic; once CREATE is granted the relay makes the topic and delivers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refused_topic_creation_blocks_until_create_is_granted() {
-    let broker = AclBroker::start().await;
-    let db = TestDb::new().await;
-    db.create_slot().await;
-    let topic = db.topic("order");
+    let s = Scene::start().await;
+    let topic = s.db.topic("order");
     // WRITE, not CREATE: the creation is what is refused.
-    broker.grant_write(&[&topic]).await;
-    let mut relay = Relay::start(
-        &broker,
-        &db,
-        &[("OUTBOX_RELAY__KAFKA__TOPIC_CREATION__ENABLED", "true")],
-        "acl_creation_refused",
-    );
-    wait_for_slot(&db, &mut relay.process).await;
+    s.broker.grant_write(&[&topic]).await;
+    let creation = [("OUTBOX_RELAY__KAFKA__TOPIC_CREATION__ENABLED", "true")];
+    let mut relay = s.relay(&creation, "acl_creation_refused").await;
     relay
         .wait_readyz(true, Duration::from_secs(30), "before any blocked record")
         .await;
-    let mut client = db.client().await;
+    let mut client = s.db.client().await;
     let watch = ReadyWatch::start(relay.http);
     let written = Instant::now();
     let a = events("order", "a", 50);
@@ -1072,64 +985,38 @@ async fn refused_topic_creation_blocks_until_create_is_granted() {
     for chunk in a[10..].chunks(10) {
         insert_events(&mut client, chunk, true).await;
     }
-    assert_held(
-        &broker,
-        &db,
-        &mut relay,
-        written + BLOCKED_HOLD,
-        (first, "the first event"),
-        &[],
-    )
-    .await;
+    let held = (first, "the first event");
+    s.held(&mut relay, written + BLOCKED_HOLD, held, &[]).await;
     assert_eq!(
-        broker.partition_count(&topic).await,
+        s.broker.partition_count(&topic).await,
         None,
         "{topic} exists without CREATE"
     );
-    watch
-        .assert_red_within(READY_RED_WITHIN, &mut relay, "creation refused")
-        .await;
-    let line = relay
-        .wait_blocked("topic_creation", Some(&topic), Duration::from_secs(10))
-        .await;
-    println!("blocked: {line}");
-    relay.assert_log_names(&topic);
-
-    broker.grant_create_prefixed(&topic).await;
-    expect_delivered(
-        "after CREATE was granted",
-        &broker,
-        std::slice::from_ref(&topic),
-        &a,
-        false,
-        &relay,
-    )
-    .await;
+    let blocked = ("topic_creation", Some(topic.as_str()));
     relay
-        .wait_readyz(true, Duration::from_secs(30), "after the grant")
+        .assert_blocked(&watch, "creation refused", blocked, Some(&topic))
         .await;
-    relay.assert_not_blocked();
-    wait_confirmed(&db, &relay).await;
-    relay.stop().await;
-    db.cleanup().await;
+
+    s.broker.grant_create_prefixed(&topic).await;
+    s.delivered("after CREATE was granted", (&[&topic], &a), false, &relay)
+        .await;
+    s.recovered(&mut relay).await;
+    s.finish(relay).await;
 }
 
 /// A refused login (a wrong password) blocks with reason `authentication`: the relay keeps
 /// running and retrying, confirms nothing, and `/readyz` is red.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refused_login_blocks_with_reason_authentication() {
-    let broker = AclBroker::start().await;
-    let db = TestDb::new().await;
-    db.create_slot().await;
-    let topic = db.topic("order");
-    broker.create_topic(&topic, 1).await;
-    broker.grant_write(&[&topic]).await;
+    let s = Scene::start().await;
+    let topic = s.topic("order").await;
+    s.broker.grant_write(&[&topic]).await;
     let wrong = test_logs_dir().join(random_name("acl-wrong-password-"));
     std::fs::write(&wrong, "not-the-password\n").unwrap();
     let wrong = wrong.display().to_string();
     let mut relay = Relay::start(
-        &broker,
-        &db,
+        &s.broker,
+        &s.db,
         &[
             ("OUTBOX_RELAY__KAFKA__SASL_PASSWORD_FILE", &wrong),
             // SIGTERM at the end finds the records still in flight: drain them for 5 s, not
@@ -1140,30 +1027,24 @@ async fn refused_login_blocks_with_reason_authentication() {
     );
     let watch = ReadyWatch::start(relay.http);
     let started = Instant::now();
-    let mut client = db.client().await;
+    let mut client = s.db.client().await;
     let a = events("order", "a", 20);
     let first = insert_events_at(&mut client, &a, true).await;
-    assert_held(
-        &broker,
-        &db,
+    s.held(
         &mut relay,
         started + BLOCKED_HOLD,
         (first, "the first event"),
         &[(&topic, "published with a refused login")],
     )
     .await;
-    watch
-        .assert_red_within(READY_RED_WITHIN, &mut relay, "login refused")
+    let blocked = ("authentication", None);
+    relay
+        .assert_blocked(&watch, "login refused", blocked, None)
         .await;
-    let line = relay
-        .wait_blocked("authentication", None, Duration::from_secs(10))
-        .await;
-    println!("blocked: {line}");
     let log = relay.process.log_text();
     assert!(
-        !log.contains(&broker.relay_password) && !log.contains("not-the-password"),
+        !log.contains(&s.broker.relay_password) && !log.contains("not-the-password"),
         "a SASL password reached the log"
     );
-    relay.stop().await;
-    db.cleanup().await;
+    s.finish(relay).await;
 }
