@@ -730,48 +730,54 @@ impl Translation {
         }
     }
 
-    /// The router's options (`transforms.<router>.*`) → `[outbox]`.
+    /// The router's options (`transforms.<router>.*`) → `[outbox]`, in the order the TOML
+    /// reads: the columns, the topic, the header and partition placements, what the relay does
+    /// anyway, and what it cannot say.
     fn routing(&mut self, router: &str) {
-        let opt = |name: &str| format!("transforms.{router}.{name}");
-        let column = |t: &mut Translation, name: &str, toml_key: &str, default: Option<&str>| {
-            let key = opt(name);
-            match (t.take(&key), default) {
-                (Some(value), _) => t.out.set("outbox", toml_key, value, &key),
-                (None, Some(default)) => t.out.set(
-                    "outbox",
-                    toml_key,
-                    default,
-                    &format!("{key} (Debezium's default)"),
-                ),
-                (None, None) => {}
+        self.router_columns(router);
+        self.router_topic(router);
+        self.router_placements(router);
+        self.router_payload_and_tracing(router);
+        for (name, reason) in ROUTER_NO_EQUIVALENT {
+            let key = router_option(router, name);
+            if self.by_key.contains_key(&key) {
+                self.leave(&key, *reason);
             }
-        };
-        column(self, "table.field.event.id", "id_column", Some("id"));
+        }
+    }
+
+    /// The columns a record is made of: id, key, type, payload, aggregate id, timestamp and the
+    /// column routed by.
+    fn router_columns(&mut self, router: &str) {
+        self.router_column(router, "table.field.event.id", "id_column", Some("id"));
         // The router's key (default: the aggregate id) is the record key, and Kafka's producer
         // partitions by it: both are kept.
-        column(
-            self,
+        self.router_column(
+            router,
             "table.field.event.key",
             "key_column",
             Some("aggregateid"),
         );
-        column(self, "table.field.event.type", "type_column", None);
-        let payload_key = if self.by_key.contains_key(&opt("table.field.event.payload")) {
+        self.router_column(router, "table.field.event.type", "type_column", None);
+        let payload_key = if self
+            .by_key
+            .contains_key(&router_option(router, "table.field.event.payload"))
+        {
             "table.field.event.payload"
         } else {
             "table.field.payload"
         };
-        column(self, payload_key, "payload_column", None);
+        self.router_column(router, payload_key, "payload_column", None);
         for old in ["table.field.event.payload.id", "table.field.payload.id"] {
-            column(self, old, "aggregate_id_column", None);
+            self.router_column(router, old, "aggregate_id_column", None);
         }
-        column(
-            self,
+        self.router_column(
+            router,
             "table.field.event.timestamp",
             "timestamp_column",
             None,
         );
-        let by = opt("route.by.field");
+        let by = router_option(router, "route.by.field");
         match self.take(&by) {
             Some(field) => self.out.set(
                 "outbox",
@@ -784,9 +790,30 @@ impl Translation {
                 &format!("{by} absent: Debezium's default aggregatetype is outbox.aggregate_type_column's"),
             ),
         }
-        let regex_key = opt("route.topic.regex");
+    }
+
+    /// One router column option → `[outbox] toml_key`; an absent option with a Debezium default
+    /// writes the default, so that records keep what Debezium put in them.
+    fn router_column(&mut self, router: &str, name: &str, toml_key: &str, default: Option<&str>) {
+        let key = router_option(router, name);
+        match (self.take(&key), default) {
+            (Some(value), _) => self.out.set("outbox", toml_key, value, &key),
+            (None, Some(default)) => self.out.set(
+                "outbox",
+                toml_key,
+                default,
+                &format!("{key} (Debezium's default)"),
+            ),
+            (None, None) => {}
+        }
+    }
+
+    /// `route.topic.regex` and `route.topic.replacement` → `outbox.topic`: only the default
+    /// regex (the whole routing value) has an equivalent, the relay's `{aggregatetype}`.
+    fn router_topic(&mut self, router: &str) {
+        let regex_key = router_option(router, "route.topic.regex");
         let regex = self.take(&regex_key);
-        let replacement_key = opt("route.topic.replacement");
+        let replacement_key = router_option(router, "route.topic.replacement");
         let replacement = self.take(&replacement_key);
         let default_regex = regex.as_deref().is_none_or(|r| r == "(?<routedByValue>.*)");
         if !default_regex {
@@ -800,53 +827,40 @@ impl Translation {
                     "goes with route.topic.regex, which is not translated",
                 );
             }
-        } else {
-            let (template, from) = match &replacement {
-                Some(r) => (r.clone(), replacement_key.clone()),
-                None => (
-                    "outbox.event.${routedByValue}".to_string(),
-                    format!("{replacement_key} (Debezium's default)"),
-                ),
-            };
-            let topic = template.replace("${routedByValue}", "{aggregatetype}");
-            if topic.contains('$') {
-                self.leave(
-                    &replacement_key,
-                    format!("`{template}` refers to a regex group other than routedByValue"),
-                );
-            } else {
-                self.out.set(
-                    "outbox",
-                    "topic",
-                    topic,
-                    &format!("{from}: ${{routedByValue}} is {{aggregatetype}}"),
-                );
-            }
+            return;
         }
-        // The headers the relay always sends, by the column they come from.
-        let fixed: Vec<(String, &str)> = [
-            (vec!["table.field.event.id"], "id", "id"),
-            (vec!["table.field.event.type"], "type", "type"),
-            (vec!["route.by.field"], "aggregatetype", "aggregatetype"),
-            (
-                vec!["table.field.event.payload.id", "table.field.payload.id"],
-                "aggregateid",
-                "aggregateid",
+        let (template, from) = match &replacement {
+            Some(r) => (r.clone(), replacement_key.clone()),
+            None => (
+                "outbox.event.${routedByValue}".to_string(),
+                format!("{replacement_key} (Debezium's default)"),
             ),
-        ]
-        .into_iter()
-        .map(|(names, default, header)| {
-            let column = names
-                .iter()
-                .find_map(|name| self.by_key.get(&opt(name)))
-                .map_or(default.to_string(), |c| c.trim().to_string());
-            (column, header)
-        })
-        .collect();
-        let mut headers = toml::value::Table::new();
+        };
+        let topic = template.replace("${routedByValue}", "{aggregatetype}");
+        if topic.contains('$') {
+            self.leave(
+                &replacement_key,
+                format!("`{template}` refers to a regex group other than routedByValue"),
+            );
+        } else {
+            self.out.set(
+                "outbox",
+                "topic",
+                topic,
+                &format!("{from}: ${{routedByValue}} is {{aggregatetype}}"),
+            );
+        }
+    }
+
+    /// `table.fields.additional.placement` → `outbox.header_columns` and `outbox.partition_by`.
+    /// Without a partition placement the records are partitioned by key, as Kafka Connect's
+    /// producer does.
+    fn router_placements(&mut self, router: &str) {
+        let placement_key = router_option(router, "table.fields.additional.placement");
         let mut partition = None;
-        let placement_key = opt("table.fields.additional.placement");
         if let Some(list) = self.take(&placement_key) {
+            let fixed = self.fixed_headers(router);
+            let mut headers = toml::value::Table::new();
             for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
                 let parts: Vec<&str> = item.split(':').map(str::trim).collect();
                 match parts.as_slice() {
@@ -897,20 +911,47 @@ impl Translation {
                 "Kafka Connect's producer partitions by the router's key (murmur2), and so does this",
             ),
         }
-        if let Some(strict) = self.take(&opt("table.fields.additional.error.on.missing")) {
+    }
+
+    /// The headers the relay always sends, by the column they come from: a header placement
+    /// that repeats one of them needs no `header_columns` entry.
+    fn fixed_headers(&self, router: &str) -> Vec<(String, &'static str)> {
+        [
+            (vec!["table.field.event.id"], "id", "id"),
+            (vec!["table.field.event.type"], "type", "type"),
+            (vec!["route.by.field"], "aggregatetype", "aggregatetype"),
+            (
+                vec!["table.field.event.payload.id", "table.field.payload.id"],
+                "aggregateid",
+                "aggregateid",
+            ),
+        ]
+        .into_iter()
+        .map(|(names, default, header)| {
+            let column = names
+                .iter()
+                .find_map(|name| self.by_key.get(&router_option(router, name)))
+                .map_or(default.to_string(), |c| c.trim().to_string());
+            (column, header)
+        })
+        .collect()
+    }
+
+    /// The router's options on missing columns, null and JSON payloads, updates and tracing:
+    /// most are what the relay does anyway (a note), two change what it writes.
+    fn router_payload_and_tracing(&mut self, router: &str) {
+        let strict_key = router_option(router, "table.fields.additional.error.on.missing");
+        if let Some(strict) = self.take(&strict_key) {
             if strict.eq_ignore_ascii_case("false") {
-                self.leave(&opt("table.fields.additional.error.on.missing"), "the relay checks every mapped column when it binds a table: a missing one is an error it names");
+                self.leave(&strict_key, "the relay checks every mapped column when it binds a table: a missing one is an error it names");
             } else {
                 self.out.note(
                     "outbox",
-                    &format!(
-                        "{} = true: a missing mapped column is always an error",
-                        opt("table.fields.additional.error.on.missing")
-                    ),
+                    &format!("{strict_key} = true: a missing mapped column is always an error"),
                 );
             }
         }
-        let tombstone_key = opt("route.tombstone.on.empty.payload");
+        let tombstone_key = router_option(router, "route.tombstone.on.empty.payload");
         match self.take(&tombstone_key) {
             Some(v) if v.eq_ignore_ascii_case("true") => {
                 self.out
@@ -922,14 +963,14 @@ impl Translation {
             ),
             None => {}
         }
-        let expand_key = opt("table.expand.json.payload");
+        let expand_key = router_option(router, "table.expand.json.payload");
         if let Some(expand) = self.take(&expand_key) {
             self.out.note(
                 "outbox",
                 &format!("{expand_key} = {expand}: a json/jsonb payload is always sent as its JSON text, never as an escaped string"),
             );
         }
-        let null_key = opt("table.json.payload.null.behavior");
+        let null_key = router_option(router, "table.json.payload.null.behavior");
         if let Some(behavior) = self.take(&null_key) {
             self.out.note(
                 "outbox",
@@ -939,7 +980,7 @@ impl Translation {
             );
         }
         for name in ["table.op.invalid.behavior", "debezium.op.invalid.behavior"] {
-            let key = opt(name);
+            let key = router_option(router, name);
             if let Some(behavior) = self.take(&key) {
                 self.out.note(
                     "outbox",
@@ -947,7 +988,7 @@ impl Translation {
                 );
             }
         }
-        let tracing_key = opt("tracing.span.context.field");
+        let tracing_key = router_option(router, "tracing.span.context.field");
         if let Some(field) = self.take(&tracing_key) {
             self.out.set(
                 "outbox",
@@ -955,12 +996,6 @@ impl Translation {
                 field,
                 &format!("{tracing_key}: its key=value lines become headers, as Debezium propagates them"),
             );
-        }
-        for (name, reason) in ROUTER_NO_EQUIVALENT {
-            let key = opt(name);
-            if self.by_key.contains_key(&key) {
-                self.leave(&key, *reason);
-            }
         }
     }
 
@@ -1068,6 +1103,11 @@ impl Translation {
             self.leave(&key, reason);
         }
     }
+}
+
+/// The key of the router's option `name`: `transforms.<router>.<name>`.
+fn router_option(router: &str, name: &str) -> String {
+    format!("transforms.{router}.{name}")
 }
 
 /// A URL's user or database name with everything outside RFC 3986's unreserved set escaped.
