@@ -451,54 +451,75 @@ impl Translation {
 
     /// `database.*` → `postgres.url`, TLS and keepalives.
     fn connection(&mut self) {
+        self.connection_url();
+        self.password();
+        self.tls();
+        self.keepalives_and_status();
+    }
+
+    /// `database.hostname`, `port`, `user` and `dbname` → `postgres.url`, with libpq's defaults
+    /// for the parts left out; written only if at least one of them is given.
+    fn connection_url(&mut self) {
         let host = self.take("database.hostname");
         let port = self.take("database.port");
         let user = self.take("database.user");
         let dbname = self.take("database.dbname");
-        if host.is_some() || user.is_some() || dbname.is_some() {
-            let mut from = vec![];
-            for (key, present) in [
-                ("database.hostname", host.is_some()),
-                ("database.port", port.is_some()),
-                ("database.user", user.is_some()),
-                ("database.dbname", dbname.is_some()),
-            ] {
-                if present {
-                    from.push(key);
-                }
+        if host.is_none() && user.is_none() && dbname.is_none() {
+            return;
+        }
+        let mut from = vec![];
+        for (key, present) in [
+            ("database.hostname", host.is_some()),
+            ("database.port", port.is_some()),
+            ("database.user", user.is_some()),
+            ("database.dbname", dbname.is_some()),
+        ] {
+            if present {
+                from.push(key);
             }
-            let url = format!(
-                "postgres://{}@{}:{}/{}",
-                percent_encode(user.as_deref().unwrap_or("postgres")),
-                host.as_deref().unwrap_or("localhost"),
-                port.as_deref().unwrap_or("5432"),
-                percent_encode(dbname.as_deref().unwrap_or("postgres")),
-            );
-            self.out.set(
-                "postgres",
-                "url",
-                url,
-                &format!(
-                    "{} (without the password: see password_file)",
-                    from.join(", ")
-                ),
-            );
         }
-        if self.by_key.contains_key("database.password") {
-            self.take("database.password");
-            self.out.note(
-                "postgres",
-                "database.password: not copied (a secret in a config file). Write it to a file and set",
-            );
-            self.out.note(
-                "postgres",
-                "password_file = \"/run/secrets/postgres-password\"",
-            );
-            self.leave(
-                "database.password",
-                "not copied into the output: write the password to a file and set postgres.password_file (or PGPASSWORD)",
-            );
+        let url = format!(
+            "postgres://{}@{}:{}/{}",
+            percent_encode(user.as_deref().unwrap_or("postgres")),
+            host.as_deref().unwrap_or("localhost"),
+            port.as_deref().unwrap_or("5432"),
+            percent_encode(dbname.as_deref().unwrap_or("postgres")),
+        );
+        self.out.set(
+            "postgres",
+            "url",
+            url,
+            &format!(
+                "{} (without the password: see password_file)",
+                from.join(", ")
+            ),
+        );
+    }
+
+    /// `database.password` is never copied: a secret does not belong in a config file, so the
+    /// output says where to put it instead.
+    fn password(&mut self) {
+        if !self.by_key.contains_key("database.password") {
+            return;
         }
+        self.take("database.password");
+        self.out.note(
+            "postgres",
+            "database.password: not copied (a secret in a config file). Write it to a file and set",
+        );
+        self.out.note(
+            "postgres",
+            "password_file = \"/run/secrets/postgres-password\"",
+        );
+        self.leave(
+            "database.password",
+            "not copied into the output: write the password to a file and set postgres.password_file (or PGPASSWORD)",
+        );
+    }
+
+    /// `database.sslmode` and `sslrootcert` → `postgres.ssl_mode` and `ssl_root_cert`; client
+    /// certificates have no equivalent (the relay logs in with a password or AWS IAM).
+    fn tls(&mut self) {
         if let Some(mode) = self.take("database.sslmode") {
             let mode = mode.to_ascii_lowercase();
             if ["disable", "prefer", "require", "verify-ca", "verify-full"].contains(&mode.as_str())
@@ -526,6 +547,11 @@ impl Translation {
                 self.leave(key, "client certificate login is not translated: the relay logs in with a password or AWS IAM (postgres.auth)");
             }
         }
+    }
+
+    /// `database.tcpKeepAlive` (the relay's keepalives are always on) and
+    /// `status.update.interval.ms` → `postgres.status_interval_ms`.
+    fn keepalives_and_status(&mut self) {
         if let Some(keepalive) = self.take("database.tcpKeepAlive") {
             if keepalive.eq_ignore_ascii_case("true") {
                 self.out.note(
