@@ -583,6 +583,28 @@ impl Translation {
 
     /// `slot.name`, `publication.name` and how they are made.
     fn slot_and_publication(&mut self) {
+        self.plugin();
+        // Debezium's publication can be the relay's only if it names the outbox tables alone:
+        // an insert into any other published table stops the relay. `filtered` made it so,
+        // `disabled` means someone made it (`outbox-relay check` says whether it fits); the
+        // default `all_tables` publishes every table.
+        let mode = self.take("publication.autocreate.mode");
+        let mode_text = match &mode {
+            Some(mode) => format!("publication.autocreate.mode = {mode}"),
+            None => {
+                "publication.autocreate.mode absent (Debezium's default all_tables)".to_string()
+            }
+        };
+        if matches!(mode.as_deref(), Some("filtered" | "disabled")) {
+            self.reuse_debezium_slot(mode.as_deref() == Some("filtered"), &mode_text);
+        } else {
+            self.own_slot_and_publication(mode.as_deref(), &mode_text);
+        }
+        self.slot_lifecycle();
+    }
+
+    /// `plugin.name`: the relay decodes pgoutput only, so only a pgoutput slot can be reused.
+    fn plugin(&mut self) {
         match self.take("plugin.name").as_deref() {
             Some("pgoutput") => self.out.note(
                 "postgres",
@@ -600,73 +622,69 @@ impl Translation {
                 "plugin.name absent: the slot must be a pgoutput slot to be reused (a decoderbufs slot needs a new postgres.slot)",
             ),
         }
-        // Debezium's publication can be the relay's only if it names the outbox tables alone:
-        // an insert into any other published table stops the relay. `filtered` made it so,
-        // `disabled` means someone made it (`outbox-relay check` says whether it fits); the
-        // default `all_tables` publishes every table.
-        let mode = self.take("publication.autocreate.mode");
-        let reusable = matches!(mode.as_deref(), Some("filtered" | "disabled"));
-        let mode_text = match &mode {
-            Some(mode) => format!("publication.autocreate.mode = {mode}"),
-            None => {
-                "publication.autocreate.mode absent (Debezium's default all_tables)".to_string()
-            }
-        };
-        if reusable {
-            match self.take("slot.name") {
-                Some(slot) => self.out.set("postgres", "slot", slot, "slot.name: the relay continues from the position Debezium confirmed (stop Debezium first)"),
-                None => self.out.set("postgres", "slot", "debezium", "slot.name (Debezium's default): the relay continues from the position Debezium confirmed (stop Debezium first)"),
-            }
-            match self.take("publication.name") {
-                Some(name) => self
-                    .out
-                    .set("postgres", "publication", name, "publication.name"),
-                None => self.out.set(
-                    "postgres",
-                    "publication",
-                    "dbz_publication",
-                    "publication.name (Debezium's default)",
-                ),
-            }
-            let create = mode.as_deref() == Some("filtered");
-            self.out.set(
+    }
+
+    /// Debezium's publication names the outbox tables: the relay takes over its slot and
+    /// publication and continues from the position Debezium confirmed. `create` is whether
+    /// Debezium created the publication (`filtered`), so the relay may too.
+    fn reuse_debezium_slot(&mut self, create: bool, mode_text: &str) {
+        match self.take("slot.name") {
+            Some(slot) => self.out.set("postgres", "slot", slot, "slot.name: the relay continues from the position Debezium confirmed (stop Debezium first)"),
+            None => self.out.set("postgres", "slot", "debezium", "slot.name (Debezium's default): the relay continues from the position Debezium confirmed (stop Debezium first)"),
+        }
+        match self.take("publication.name") {
+            Some(name) => self
+                .out
+                .set("postgres", "publication", name, "publication.name"),
+            None => self.out.set(
                 "postgres",
-                "create_publication",
-                create,
-                &format!("{mode_text}: the publication names the outbox tables; `outbox-relay check` prints the ALTER PUBLICATION that makes it publish inserts only"),
-            );
-        } else {
-            let why = format!("{mode_text}: Debezium's publication publishes every table, and an insert into a table that is not an outbox stops the relay: it gets a slot and a publication of its own (postgres.slot, postgres.publication, created at start); create the slot before stopping Debezium so that nothing falls in between (see the guide: moving from Debezium)");
-            for key in ["slot.name", "publication.name"] {
-                if self.by_key.contains_key(key) {
-                    self.leave(key, why.clone());
-                }
+                "publication",
+                "dbz_publication",
+                "publication.name (Debezium's default)",
+            ),
+        }
+        self.out.set(
+            "postgres",
+            "create_publication",
+            create,
+            &format!("{mode_text}: the publication names the outbox tables; `outbox-relay check` prints the ALTER PUBLICATION that makes it publish inserts only"),
+        );
+    }
+
+    /// Debezium's publication publishes every table (or an unknown `mode`): the relay gets a
+    /// slot and a publication of its own, and Debezium's names are left with the reason.
+    fn own_slot_and_publication(&mut self, mode: Option<&str>, mode_text: &str) {
+        let why = format!("{mode_text}: Debezium's publication publishes every table, and an insert into a table that is not an outbox stops the relay: it gets a slot and a publication of its own (postgres.slot, postgres.publication, created at start); create the slot before stopping Debezium so that nothing falls in between (see the guide: moving from Debezium)");
+        for key in ["slot.name", "publication.name"] {
+            if self.by_key.contains_key(key) {
+                self.leave(key, why.clone());
             }
-            if let Some(other) = mode
-                .as_deref()
-                .filter(|m| !["all_tables", "no_tables"].contains(m))
-            {
-                let other = other.to_string();
-                self.leave(
-                    "publication.autocreate.mode",
-                    format!("`{other}` is none of all_tables, disabled, filtered, no_tables"),
-                );
-            }
-            self.out.note("postgres", &why);
-            self.out.set(
-                "postgres",
-                "slot",
-                "outbox_relay",
-                "a slot of the relay's own: `outbox-relay slot create` while Debezium still runs",
-            );
-            self.out.set("postgres", "publication", "outbox_relay_pub", "a publication of the relay's own: FOR TABLE <the outbox tables> WITH (publish = 'insert')");
-            self.out.set(
-                "postgres",
-                "create_publication",
-                true,
-                "created by `outbox-relay slot create` or at start",
+        }
+        if let Some(other) = mode.filter(|m| !["all_tables", "no_tables"].contains(m)) {
+            self.leave(
+                "publication.autocreate.mode",
+                format!("`{other}` is none of all_tables, disabled, filtered, no_tables"),
             );
         }
+        self.out.note("postgres", &why);
+        self.out.set(
+            "postgres",
+            "slot",
+            "outbox_relay",
+            "a slot of the relay's own: `outbox-relay slot create` while Debezium still runs",
+        );
+        self.out.set("postgres", "publication", "outbox_relay_pub", "a publication of the relay's own: FOR TABLE <the outbox tables> WITH (publish = 'insert')");
+        self.out.set(
+            "postgres",
+            "create_publication",
+            true,
+            "created by `outbox-relay slot create` or at start",
+        );
+    }
+
+    /// `slot.drop.on.stop`, `slot.failover` and `snapshot.mode`: the slot's life around the
+    /// relay, which never drops it and never snapshots.
+    fn slot_lifecycle(&mut self) {
         if let Some(drop) = self.take("slot.drop.on.stop") {
             if drop.eq_ignore_ascii_case("true") {
                 self.leave("slot.drop.on.stop", "the relay never drops its slot: events committed while no slot exists are never relayed (`outbox-relay slot drop` does it on purpose)");
