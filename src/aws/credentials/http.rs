@@ -117,20 +117,7 @@ pub(super) async fn web_identity(env: &Env) -> Result<Option<Fetched>, Credentia
         .header("Accept", "text/xml")
         .body(body.join("&"));
     let answer = send(request, FROM, FIX).await?;
-    let field = |name: &str| {
-        xml_text(&answer, name).ok_or_else(|| {
-            CredentialsError::source(FROM, format!("STS's answer has no <{name}>"), FIX)
-        })
-    };
-    Ok(Some(Fetched {
-        credentials: AwsCredentials::new(
-            &field("AccessKeyId")?,
-            &field("SecretAccessKey")?,
-            Some(&field("SessionToken")?),
-        ),
-        expires: Some(parse_time(&field("Expiration")?, FROM, FIX)?),
-        from: "web identity",
-    }))
+    sts_credentials(&answer, "web identity", FROM, FIX).map(Some)
 }
 
 /// 3b. A profile's `role_arn`: STS `AssumeRole` with the source profile's credentials, as
@@ -154,9 +141,21 @@ pub(super) async fn assume_role(env: &Env, role: &AssumeRole) -> Result<Fetched,
         ),
         other => other,
     })?;
+    sts_credentials(&answer, "a profile's role_arn", FROM, FIX)
+}
+
+/// The temporary credentials in STS's answer: AssumeRole and AssumeRoleWithWebIdentity both
+/// answer with the same `<Credentials>` members. `source` names them in logs; `from` and
+/// `fix` go into the error when a member is missing.
+fn sts_credentials(
+    answer: &str,
+    source: &'static str,
+    from: &'static str,
+    fix: &'static str,
+) -> Result<Fetched, CredentialsError> {
     let field = |name: &str| {
-        xml_text(&answer, name).ok_or_else(|| {
-            CredentialsError::source(FROM, format!("STS's answer has no <{name}>"), FIX)
+        xml_text(answer, name).ok_or_else(|| {
+            CredentialsError::source(from, format!("STS's answer has no <{name}>"), fix)
         })
     };
     Ok(Fetched {
@@ -165,8 +164,8 @@ pub(super) async fn assume_role(env: &Env, role: &AssumeRole) -> Result<Fetched,
             &field("SecretAccessKey")?,
             Some(&field("SessionToken")?),
         ),
-        expires: Some(parse_time(&field("Expiration")?, FROM, FIX)?),
-        from: "a profile's role_arn",
+        expires: Some(parse_time(&field("Expiration")?, from, fix)?),
+        from: source,
     })
 }
 
