@@ -131,16 +131,7 @@ fn env_value(shape: &Table, var: &str, raw: &str) -> Result<(Vec<String>, Value)
     let rest = &var[ENV_PREFIX.len()..];
     let segments: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
     if segments.len() >= 3 && segments[0] == "kafka" && segments[1] == "properties" {
-        let key = segments[2..].join("_").replace('_', ".");
-        if key.is_empty() || key.starts_with('.') || key.ends_with('.') || key.contains("..") {
-            return Err(ConfigError::env(
-                var,
-                "not a property name: use OUTBOX_RELAY__KAFKA__PROPERTIES__<KEY> with `_` for `.`, \
-                 e.g. OUTBOX_RELAY__KAFKA__PROPERTIES__SOCKET_TIMEOUT_MS",
-            ));
-        }
-        let path = vec!["kafka".to_string(), "properties".to_string(), key];
-        return Ok((path, Value::from(raw.to_string())));
+        return kafka_property(var, &segments[2..], raw);
     }
     let dotted = segments.join(".");
     let unknown = |table: &Table| {
@@ -162,22 +153,56 @@ fn env_value(shape: &Table, var: &str, raw: &str) -> Result<(Vec<String>, Value)
             _ => return Err(unknown(table)),
         }
     }
-    let value = match table.get(last.as_str()) {
-        None => return Err(unknown(table)),
-        Some(toml::Value::String(_)) => Value::from(raw.to_string()),
-        Some(toml::Value::Integer(_)) => {
+    let Some(default) = table.get(last.as_str()) else {
+        return Err(unknown(table));
+    };
+    let value = typed_like(default, var, &dotted, raw)?;
+    Ok((segments, value))
+}
+
+/// `OUTBOX_RELAY__KAFKA__PROPERTIES__<KEY>`: a librdkafka property passed through as a string,
+/// its name spelt with `_` for `.` (`SOCKET_TIMEOUT_MS` is `socket.timeout.ms`), since `.` has
+/// no place in a variable's name.
+fn kafka_property(
+    var: &str,
+    segments: &[String],
+    raw: &str,
+) -> Result<(Vec<String>, Value), ConfigError> {
+    let key = segments.join("_").replace('_', ".");
+    if key.is_empty() || key.starts_with('.') || key.ends_with('.') || key.contains("..") {
+        return Err(ConfigError::env(
+            var,
+            "not a property name: use OUTBOX_RELAY__KAFKA__PROPERTIES__<KEY> with `_` for `.`, \
+             e.g. OUTBOX_RELAY__KAFKA__PROPERTIES__SOCKET_TIMEOUT_MS",
+        ));
+    }
+    let path = vec!["kafka".to_string(), "properties".to_string(), key];
+    Ok((path, Value::from(raw.to_string())))
+}
+
+/// `raw`, which is text like every variable's value, as the type of the key's `default`;
+/// `dotted` names the key in the errors.
+fn typed_like(
+    default: &toml::Value,
+    var: &str,
+    dotted: &str,
+    raw: &str,
+) -> Result<Value, ConfigError> {
+    Ok(match default {
+        toml::Value::String(_) => Value::from(raw.to_string()),
+        toml::Value::Integer(_) => {
             let n = raw.trim().parse::<u64>().map_err(|_| {
                 ConfigError::env(var, format!("`{dotted}` expects a non-negative integer"))
             })?;
             Value::from(n)
         }
-        Some(toml::Value::Float(_)) => {
+        toml::Value::Float(_) => {
             let x = raw.trim().parse::<f64>().map_err(|_| {
                 ConfigError::env(var, format!("`{dotted}` expects a number (e.g. 0.5)"))
             })?;
             Value::from(x)
         }
-        Some(toml::Value::Boolean(_)) => match raw.trim().to_ascii_lowercase().as_str() {
+        toml::Value::Boolean(_) => match raw.trim().to_ascii_lowercase().as_str() {
             "true" => Value::from(true),
             "false" => Value::from(false),
             _ => {
@@ -187,13 +212,13 @@ fn env_value(shape: &Table, var: &str, raw: &str) -> Result<(Vec<String>, Value)
                 ))
             }
         },
-        Some(toml::Value::Table(_)) => {
+        toml::Value::Table(_) => {
             return Err(ConfigError::env(
                 var,
                 format!("`{dotted}` is a section; set its keys, e.g. {var}__<KEY>"),
             ))
         }
-        Some(other) => {
+        other => {
             return Err(ConfigError::env(
                 var,
                 format!(
@@ -205,8 +230,7 @@ fn env_value(shape: &Table, var: &str, raw: &str) -> Result<(Vec<String>, Value)
                 ),
             ))
         }
-    };
-    Ok((segments, value))
+    })
 }
 
 /// One of figment's errors as ours: an unknown enum value is an invalid field, a problem with a

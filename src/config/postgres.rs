@@ -391,7 +391,27 @@ impl PostgresConfig {
         })
     }
 
+    /// The first failure, checked in this order: where to connect and as whom, the slot and
+    /// publication names, the timings, the network bounds, TLS.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let parsed = self.validate_url()?;
+        self.validate_auth(&parsed)?;
+        self.validate_names()?;
+        self.validate_timing()?;
+        self.validate_network()?;
+        let needs_ca = matches!(self.ssl_mode, SslMode::VerifyCa | SslMode::VerifyFull);
+        if self.ssl_root_cert.is_some() && !needs_ca {
+            return Err(ConfigError::invalid(
+                "postgres.ssl_root_cert",
+                "is only used with ssl_mode = \"verify-ca\" or \"verify-full\"",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `postgres.url` parses and names a host and a user; returns it parsed, for the checks of
+    /// the login that depend on it.
+    fn validate_url(&self) -> Result<tokio_postgres::Config, ConfigError> {
         if self.url.trim().is_empty() {
             return Err(ConfigError::invalid("postgres.url", "must not be empty"));
         }
@@ -408,7 +428,12 @@ impl PostgresConfig {
                 format!("`{}` names no user", self.redacted_url()),
             ));
         }
-        self.validate_auth(&parsed)?;
+        Ok(parsed)
+    }
+
+    /// The slot and publication names: PostgreSQL accepts only lower-case letters, digits and
+    /// `_` in a slot name, so a wrong one is refused here rather than at the first connect.
+    fn validate_names(&self) -> Result<(), ConfigError> {
         let slot_ok = (1..=MAX_IDENTIFIER_BYTES).contains(&self.slot.len())
             && self
                 .slot
@@ -424,6 +449,12 @@ impl PostgresConfig {
             ));
         }
         check_identifier("postgres.publication", &self.publication)?;
+        Ok(())
+    }
+
+    /// The status interval, connect timeout and reconnect backoff, and the standby, stale
+    /// holder and slot sample intervals (all in ms).
+    fn validate_timing(&self) -> Result<(), ConfigError> {
         check_range(
             "postgres.status_interval_ms",
             self.status_interval_ms,
@@ -481,14 +512,6 @@ impl PostgresConfig {
                     format!("must be between {min} and {max} (ms), got {value}"),
                 ));
             }
-        }
-        self.validate_network()?;
-        let needs_ca = matches!(self.ssl_mode, SslMode::VerifyCa | SslMode::VerifyFull);
-        if self.ssl_root_cert.is_some() && !needs_ca {
-            return Err(ConfigError::invalid(
-                "postgres.ssl_root_cert",
-                "is only used with ssl_mode = \"verify-ca\" or \"verify-full\"",
-            ));
         }
         Ok(())
     }

@@ -451,54 +451,75 @@ impl Translation {
 
     /// `database.*` → `postgres.url`, TLS and keepalives.
     fn connection(&mut self) {
+        self.connection_url();
+        self.password();
+        self.tls();
+        self.keepalives_and_status();
+    }
+
+    /// `database.hostname`, `port`, `user` and `dbname` → `postgres.url`, with libpq's defaults
+    /// for the parts left out; written only if at least one of them is given.
+    fn connection_url(&mut self) {
         let host = self.take("database.hostname");
         let port = self.take("database.port");
         let user = self.take("database.user");
         let dbname = self.take("database.dbname");
-        if host.is_some() || user.is_some() || dbname.is_some() {
-            let mut from = vec![];
-            for (key, present) in [
-                ("database.hostname", host.is_some()),
-                ("database.port", port.is_some()),
-                ("database.user", user.is_some()),
-                ("database.dbname", dbname.is_some()),
-            ] {
-                if present {
-                    from.push(key);
-                }
+        if host.is_none() && user.is_none() && dbname.is_none() {
+            return;
+        }
+        let mut from = vec![];
+        for (key, present) in [
+            ("database.hostname", host.is_some()),
+            ("database.port", port.is_some()),
+            ("database.user", user.is_some()),
+            ("database.dbname", dbname.is_some()),
+        ] {
+            if present {
+                from.push(key);
             }
-            let url = format!(
-                "postgres://{}@{}:{}/{}",
-                percent_encode(user.as_deref().unwrap_or("postgres")),
-                host.as_deref().unwrap_or("localhost"),
-                port.as_deref().unwrap_or("5432"),
-                percent_encode(dbname.as_deref().unwrap_or("postgres")),
-            );
-            self.out.set(
-                "postgres",
-                "url",
-                url,
-                &format!(
-                    "{} (without the password: see password_file)",
-                    from.join(", ")
-                ),
-            );
         }
-        if self.by_key.contains_key("database.password") {
-            self.take("database.password");
-            self.out.note(
-                "postgres",
-                "database.password: not copied (a secret in a config file). Write it to a file and set",
-            );
-            self.out.note(
-                "postgres",
-                "password_file = \"/run/secrets/postgres-password\"",
-            );
-            self.leave(
-                "database.password",
-                "not copied into the output: write the password to a file and set postgres.password_file (or PGPASSWORD)",
-            );
+        let url = format!(
+            "postgres://{}@{}:{}/{}",
+            percent_encode(user.as_deref().unwrap_or("postgres")),
+            host.as_deref().unwrap_or("localhost"),
+            port.as_deref().unwrap_or("5432"),
+            percent_encode(dbname.as_deref().unwrap_or("postgres")),
+        );
+        self.out.set(
+            "postgres",
+            "url",
+            url,
+            &format!(
+                "{} (without the password: see password_file)",
+                from.join(", ")
+            ),
+        );
+    }
+
+    /// `database.password` is never copied: a secret does not belong in a config file, so the
+    /// output says where to put it instead.
+    fn password(&mut self) {
+        if !self.by_key.contains_key("database.password") {
+            return;
         }
+        self.take("database.password");
+        self.out.note(
+            "postgres",
+            "database.password: not copied (a secret in a config file). Write it to a file and set",
+        );
+        self.out.note(
+            "postgres",
+            "password_file = \"/run/secrets/postgres-password\"",
+        );
+        self.leave(
+            "database.password",
+            "not copied into the output: write the password to a file and set postgres.password_file (or PGPASSWORD)",
+        );
+    }
+
+    /// `database.sslmode` and `sslrootcert` → `postgres.ssl_mode` and `ssl_root_cert`; client
+    /// certificates have no equivalent (the relay logs in with a password or AWS IAM).
+    fn tls(&mut self) {
         if let Some(mode) = self.take("database.sslmode") {
             let mode = mode.to_ascii_lowercase();
             if ["disable", "prefer", "require", "verify-ca", "verify-full"].contains(&mode.as_str())
@@ -526,6 +547,11 @@ impl Translation {
                 self.leave(key, "client certificate login is not translated: the relay logs in with a password or AWS IAM (postgres.auth)");
             }
         }
+    }
+
+    /// `database.tcpKeepAlive` (the relay's keepalives are always on) and
+    /// `status.update.interval.ms` → `postgres.status_interval_ms`.
+    fn keepalives_and_status(&mut self) {
         if let Some(keepalive) = self.take("database.tcpKeepAlive") {
             if keepalive.eq_ignore_ascii_case("true") {
                 self.out.note(
@@ -557,6 +583,28 @@ impl Translation {
 
     /// `slot.name`, `publication.name` and how they are made.
     fn slot_and_publication(&mut self) {
+        self.plugin();
+        // Debezium's publication can be the relay's only if it names the outbox tables alone:
+        // an insert into any other published table stops the relay. `filtered` made it so,
+        // `disabled` means someone made it (`outbox-relay check` says whether it fits); the
+        // default `all_tables` publishes every table.
+        let mode = self.take("publication.autocreate.mode");
+        let mode_text = match &mode {
+            Some(mode) => format!("publication.autocreate.mode = {mode}"),
+            None => {
+                "publication.autocreate.mode absent (Debezium's default all_tables)".to_string()
+            }
+        };
+        if matches!(mode.as_deref(), Some("filtered" | "disabled")) {
+            self.reuse_debezium_slot(mode.as_deref() == Some("filtered"), &mode_text);
+        } else {
+            self.own_slot_and_publication(mode.as_deref(), &mode_text);
+        }
+        self.slot_lifecycle();
+    }
+
+    /// `plugin.name`: the relay decodes pgoutput only, so only a pgoutput slot can be reused.
+    fn plugin(&mut self) {
         match self.take("plugin.name").as_deref() {
             Some("pgoutput") => self.out.note(
                 "postgres",
@@ -574,73 +622,69 @@ impl Translation {
                 "plugin.name absent: the slot must be a pgoutput slot to be reused (a decoderbufs slot needs a new postgres.slot)",
             ),
         }
-        // Debezium's publication can be the relay's only if it names the outbox tables alone:
-        // an insert into any other published table stops the relay. `filtered` made it so,
-        // `disabled` means someone made it (`outbox-relay check` says whether it fits); the
-        // default `all_tables` publishes every table.
-        let mode = self.take("publication.autocreate.mode");
-        let reusable = matches!(mode.as_deref(), Some("filtered" | "disabled"));
-        let mode_text = match &mode {
-            Some(mode) => format!("publication.autocreate.mode = {mode}"),
-            None => {
-                "publication.autocreate.mode absent (Debezium's default all_tables)".to_string()
-            }
-        };
-        if reusable {
-            match self.take("slot.name") {
-                Some(slot) => self.out.set("postgres", "slot", slot, "slot.name: the relay continues from the position Debezium confirmed (stop Debezium first)"),
-                None => self.out.set("postgres", "slot", "debezium", "slot.name (Debezium's default): the relay continues from the position Debezium confirmed (stop Debezium first)"),
-            }
-            match self.take("publication.name") {
-                Some(name) => self
-                    .out
-                    .set("postgres", "publication", name, "publication.name"),
-                None => self.out.set(
-                    "postgres",
-                    "publication",
-                    "dbz_publication",
-                    "publication.name (Debezium's default)",
-                ),
-            }
-            let create = mode.as_deref() == Some("filtered");
-            self.out.set(
+    }
+
+    /// Debezium's publication names the outbox tables: the relay takes over its slot and
+    /// publication and continues from the position Debezium confirmed. `create` is whether
+    /// Debezium created the publication (`filtered`), so the relay may too.
+    fn reuse_debezium_slot(&mut self, create: bool, mode_text: &str) {
+        match self.take("slot.name") {
+            Some(slot) => self.out.set("postgres", "slot", slot, "slot.name: the relay continues from the position Debezium confirmed (stop Debezium first)"),
+            None => self.out.set("postgres", "slot", "debezium", "slot.name (Debezium's default): the relay continues from the position Debezium confirmed (stop Debezium first)"),
+        }
+        match self.take("publication.name") {
+            Some(name) => self
+                .out
+                .set("postgres", "publication", name, "publication.name"),
+            None => self.out.set(
                 "postgres",
-                "create_publication",
-                create,
-                &format!("{mode_text}: the publication names the outbox tables; `outbox-relay check` prints the ALTER PUBLICATION that makes it publish inserts only"),
-            );
-        } else {
-            let why = format!("{mode_text}: Debezium's publication publishes every table, and an insert into a table that is not an outbox stops the relay: it gets a slot and a publication of its own (postgres.slot, postgres.publication, created at start); create the slot before stopping Debezium so that nothing falls in between (see the guide: moving from Debezium)");
-            for key in ["slot.name", "publication.name"] {
-                if self.by_key.contains_key(key) {
-                    self.leave(key, why.clone());
-                }
+                "publication",
+                "dbz_publication",
+                "publication.name (Debezium's default)",
+            ),
+        }
+        self.out.set(
+            "postgres",
+            "create_publication",
+            create,
+            &format!("{mode_text}: the publication names the outbox tables; `outbox-relay check` prints the ALTER PUBLICATION that makes it publish inserts only"),
+        );
+    }
+
+    /// Debezium's publication publishes every table (or an unknown `mode`): the relay gets a
+    /// slot and a publication of its own, and Debezium's names are left with the reason.
+    fn own_slot_and_publication(&mut self, mode: Option<&str>, mode_text: &str) {
+        let why = format!("{mode_text}: Debezium's publication publishes every table, and an insert into a table that is not an outbox stops the relay: it gets a slot and a publication of its own (postgres.slot, postgres.publication, created at start); create the slot before stopping Debezium so that nothing falls in between (see the guide: moving from Debezium)");
+        for key in ["slot.name", "publication.name"] {
+            if self.by_key.contains_key(key) {
+                self.leave(key, why.clone());
             }
-            if let Some(other) = mode
-                .as_deref()
-                .filter(|m| !["all_tables", "no_tables"].contains(m))
-            {
-                let other = other.to_string();
-                self.leave(
-                    "publication.autocreate.mode",
-                    format!("`{other}` is none of all_tables, disabled, filtered, no_tables"),
-                );
-            }
-            self.out.note("postgres", &why);
-            self.out.set(
-                "postgres",
-                "slot",
-                "outbox_relay",
-                "a slot of the relay's own: `outbox-relay slot create` while Debezium still runs",
-            );
-            self.out.set("postgres", "publication", "outbox_relay_pub", "a publication of the relay's own: FOR TABLE <the outbox tables> WITH (publish = 'insert')");
-            self.out.set(
-                "postgres",
-                "create_publication",
-                true,
-                "created by `outbox-relay slot create` or at start",
+        }
+        if let Some(other) = mode.filter(|m| !["all_tables", "no_tables"].contains(m)) {
+            self.leave(
+                "publication.autocreate.mode",
+                format!("`{other}` is none of all_tables, disabled, filtered, no_tables"),
             );
         }
+        self.out.note("postgres", &why);
+        self.out.set(
+            "postgres",
+            "slot",
+            "outbox_relay",
+            "a slot of the relay's own: `outbox-relay slot create` while Debezium still runs",
+        );
+        self.out.set("postgres", "publication", "outbox_relay_pub", "a publication of the relay's own: FOR TABLE <the outbox tables> WITH (publish = 'insert')");
+        self.out.set(
+            "postgres",
+            "create_publication",
+            true,
+            "created by `outbox-relay slot create` or at start",
+        );
+    }
+
+    /// `slot.drop.on.stop`, `slot.failover` and `snapshot.mode`: the slot's life around the
+    /// relay, which never drops it and never snapshots.
+    fn slot_lifecycle(&mut self) {
         if let Some(drop) = self.take("slot.drop.on.stop") {
             if drop.eq_ignore_ascii_case("true") {
                 self.leave("slot.drop.on.stop", "the relay never drops its slot: events committed while no slot exists are never relayed (`outbox-relay slot drop` does it on purpose)");
@@ -730,48 +774,54 @@ impl Translation {
         }
     }
 
-    /// The router's options (`transforms.<router>.*`) → `[outbox]`.
+    /// The router's options (`transforms.<router>.*`) → `[outbox]`, in the order the TOML
+    /// reads: the columns, the topic, the header and partition placements, what the relay does
+    /// anyway, and what it cannot say.
     fn routing(&mut self, router: &str) {
-        let opt = |name: &str| format!("transforms.{router}.{name}");
-        let column = |t: &mut Translation, name: &str, toml_key: &str, default: Option<&str>| {
-            let key = opt(name);
-            match (t.take(&key), default) {
-                (Some(value), _) => t.out.set("outbox", toml_key, value, &key),
-                (None, Some(default)) => t.out.set(
-                    "outbox",
-                    toml_key,
-                    default,
-                    &format!("{key} (Debezium's default)"),
-                ),
-                (None, None) => {}
+        self.router_columns(router);
+        self.router_topic(router);
+        self.router_placements(router);
+        self.router_payload_and_tracing(router);
+        for (name, reason) in ROUTER_NO_EQUIVALENT {
+            let key = router_option(router, name);
+            if self.by_key.contains_key(&key) {
+                self.leave(&key, *reason);
             }
-        };
-        column(self, "table.field.event.id", "id_column", Some("id"));
+        }
+    }
+
+    /// The columns a record is made of: id, key, type, payload, aggregate id, timestamp and the
+    /// column routed by.
+    fn router_columns(&mut self, router: &str) {
+        self.router_column(router, "table.field.event.id", "id_column", Some("id"));
         // The router's key (default: the aggregate id) is the record key, and Kafka's producer
         // partitions by it: both are kept.
-        column(
-            self,
+        self.router_column(
+            router,
             "table.field.event.key",
             "key_column",
             Some("aggregateid"),
         );
-        column(self, "table.field.event.type", "type_column", None);
-        let payload_key = if self.by_key.contains_key(&opt("table.field.event.payload")) {
+        self.router_column(router, "table.field.event.type", "type_column", None);
+        let payload_key = if self
+            .by_key
+            .contains_key(&router_option(router, "table.field.event.payload"))
+        {
             "table.field.event.payload"
         } else {
             "table.field.payload"
         };
-        column(self, payload_key, "payload_column", None);
+        self.router_column(router, payload_key, "payload_column", None);
         for old in ["table.field.event.payload.id", "table.field.payload.id"] {
-            column(self, old, "aggregate_id_column", None);
+            self.router_column(router, old, "aggregate_id_column", None);
         }
-        column(
-            self,
+        self.router_column(
+            router,
             "table.field.event.timestamp",
             "timestamp_column",
             None,
         );
-        let by = opt("route.by.field");
+        let by = router_option(router, "route.by.field");
         match self.take(&by) {
             Some(field) => self.out.set(
                 "outbox",
@@ -784,9 +834,30 @@ impl Translation {
                 &format!("{by} absent: Debezium's default aggregatetype is outbox.aggregate_type_column's"),
             ),
         }
-        let regex_key = opt("route.topic.regex");
+    }
+
+    /// One router column option → `[outbox] toml_key`; an absent option with a Debezium default
+    /// writes the default, so that records keep what Debezium put in them.
+    fn router_column(&mut self, router: &str, name: &str, toml_key: &str, default: Option<&str>) {
+        let key = router_option(router, name);
+        match (self.take(&key), default) {
+            (Some(value), _) => self.out.set("outbox", toml_key, value, &key),
+            (None, Some(default)) => self.out.set(
+                "outbox",
+                toml_key,
+                default,
+                &format!("{key} (Debezium's default)"),
+            ),
+            (None, None) => {}
+        }
+    }
+
+    /// `route.topic.regex` and `route.topic.replacement` → `outbox.topic`: only the default
+    /// regex (the whole routing value) has an equivalent, the relay's `{aggregatetype}`.
+    fn router_topic(&mut self, router: &str) {
+        let regex_key = router_option(router, "route.topic.regex");
         let regex = self.take(&regex_key);
-        let replacement_key = opt("route.topic.replacement");
+        let replacement_key = router_option(router, "route.topic.replacement");
         let replacement = self.take(&replacement_key);
         let default_regex = regex.as_deref().is_none_or(|r| r == "(?<routedByValue>.*)");
         if !default_regex {
@@ -800,53 +871,40 @@ impl Translation {
                     "goes with route.topic.regex, which is not translated",
                 );
             }
-        } else {
-            let (template, from) = match &replacement {
-                Some(r) => (r.clone(), replacement_key.clone()),
-                None => (
-                    "outbox.event.${routedByValue}".to_string(),
-                    format!("{replacement_key} (Debezium's default)"),
-                ),
-            };
-            let topic = template.replace("${routedByValue}", "{aggregatetype}");
-            if topic.contains('$') {
-                self.leave(
-                    &replacement_key,
-                    format!("`{template}` refers to a regex group other than routedByValue"),
-                );
-            } else {
-                self.out.set(
-                    "outbox",
-                    "topic",
-                    topic,
-                    &format!("{from}: ${{routedByValue}} is {{aggregatetype}}"),
-                );
-            }
+            return;
         }
-        // The headers the relay always sends, by the column they come from.
-        let fixed: Vec<(String, &str)> = [
-            (vec!["table.field.event.id"], "id", "id"),
-            (vec!["table.field.event.type"], "type", "type"),
-            (vec!["route.by.field"], "aggregatetype", "aggregatetype"),
-            (
-                vec!["table.field.event.payload.id", "table.field.payload.id"],
-                "aggregateid",
-                "aggregateid",
+        let (template, from) = match &replacement {
+            Some(r) => (r.clone(), replacement_key.clone()),
+            None => (
+                "outbox.event.${routedByValue}".to_string(),
+                format!("{replacement_key} (Debezium's default)"),
             ),
-        ]
-        .into_iter()
-        .map(|(names, default, header)| {
-            let column = names
-                .iter()
-                .find_map(|name| self.by_key.get(&opt(name)))
-                .map_or(default.to_string(), |c| c.trim().to_string());
-            (column, header)
-        })
-        .collect();
-        let mut headers = toml::value::Table::new();
+        };
+        let topic = template.replace("${routedByValue}", "{aggregatetype}");
+        if topic.contains('$') {
+            self.leave(
+                &replacement_key,
+                format!("`{template}` refers to a regex group other than routedByValue"),
+            );
+        } else {
+            self.out.set(
+                "outbox",
+                "topic",
+                topic,
+                &format!("{from}: ${{routedByValue}} is {{aggregatetype}}"),
+            );
+        }
+    }
+
+    /// `table.fields.additional.placement` → `outbox.header_columns` and `outbox.partition_by`.
+    /// Without a partition placement the records are partitioned by key, as Kafka Connect's
+    /// producer does.
+    fn router_placements(&mut self, router: &str) {
+        let placement_key = router_option(router, "table.fields.additional.placement");
         let mut partition = None;
-        let placement_key = opt("table.fields.additional.placement");
         if let Some(list) = self.take(&placement_key) {
+            let fixed = self.fixed_headers(router);
+            let mut headers = toml::value::Table::new();
             for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
                 let parts: Vec<&str> = item.split(':').map(str::trim).collect();
                 match parts.as_slice() {
@@ -897,20 +955,47 @@ impl Translation {
                 "Kafka Connect's producer partitions by the router's key (murmur2), and so does this",
             ),
         }
-        if let Some(strict) = self.take(&opt("table.fields.additional.error.on.missing")) {
+    }
+
+    /// The headers the relay always sends, by the column they come from: a header placement
+    /// that repeats one of them needs no `header_columns` entry.
+    fn fixed_headers(&self, router: &str) -> Vec<(String, &'static str)> {
+        [
+            (vec!["table.field.event.id"], "id", "id"),
+            (vec!["table.field.event.type"], "type", "type"),
+            (vec!["route.by.field"], "aggregatetype", "aggregatetype"),
+            (
+                vec!["table.field.event.payload.id", "table.field.payload.id"],
+                "aggregateid",
+                "aggregateid",
+            ),
+        ]
+        .into_iter()
+        .map(|(names, default, header)| {
+            let column = names
+                .iter()
+                .find_map(|name| self.by_key.get(&router_option(router, name)))
+                .map_or(default.to_string(), |c| c.trim().to_string());
+            (column, header)
+        })
+        .collect()
+    }
+
+    /// The router's options on missing columns, null and JSON payloads, updates and tracing:
+    /// most are what the relay does anyway (a note), two change what it writes.
+    fn router_payload_and_tracing(&mut self, router: &str) {
+        let strict_key = router_option(router, "table.fields.additional.error.on.missing");
+        if let Some(strict) = self.take(&strict_key) {
             if strict.eq_ignore_ascii_case("false") {
-                self.leave(&opt("table.fields.additional.error.on.missing"), "the relay checks every mapped column when it binds a table: a missing one is an error it names");
+                self.leave(&strict_key, "the relay checks every mapped column when it binds a table: a missing one is an error it names");
             } else {
                 self.out.note(
                     "outbox",
-                    &format!(
-                        "{} = true: a missing mapped column is always an error",
-                        opt("table.fields.additional.error.on.missing")
-                    ),
+                    &format!("{strict_key} = true: a missing mapped column is always an error"),
                 );
             }
         }
-        let tombstone_key = opt("route.tombstone.on.empty.payload");
+        let tombstone_key = router_option(router, "route.tombstone.on.empty.payload");
         match self.take(&tombstone_key) {
             Some(v) if v.eq_ignore_ascii_case("true") => {
                 self.out
@@ -922,14 +1007,14 @@ impl Translation {
             ),
             None => {}
         }
-        let expand_key = opt("table.expand.json.payload");
+        let expand_key = router_option(router, "table.expand.json.payload");
         if let Some(expand) = self.take(&expand_key) {
             self.out.note(
                 "outbox",
                 &format!("{expand_key} = {expand}: a json/jsonb payload is always sent as its JSON text, never as an escaped string"),
             );
         }
-        let null_key = opt("table.json.payload.null.behavior");
+        let null_key = router_option(router, "table.json.payload.null.behavior");
         if let Some(behavior) = self.take(&null_key) {
             self.out.note(
                 "outbox",
@@ -939,7 +1024,7 @@ impl Translation {
             );
         }
         for name in ["table.op.invalid.behavior", "debezium.op.invalid.behavior"] {
-            let key = opt(name);
+            let key = router_option(router, name);
             if let Some(behavior) = self.take(&key) {
                 self.out.note(
                     "outbox",
@@ -947,7 +1032,7 @@ impl Translation {
                 );
             }
         }
-        let tracing_key = opt("tracing.span.context.field");
+        let tracing_key = router_option(router, "tracing.span.context.field");
         if let Some(field) = self.take(&tracing_key) {
             self.out.set(
                 "outbox",
@@ -955,12 +1040,6 @@ impl Translation {
                 field,
                 &format!("{tracing_key}: its key=value lines become headers, as Debezium propagates them"),
             );
-        }
-        for (name, reason) in ROUTER_NO_EQUIVALENT {
-            let key = opt(name);
-            if self.by_key.contains_key(&key) {
-                self.leave(&key, *reason);
-            }
         }
     }
 
@@ -1068,6 +1147,11 @@ impl Translation {
             self.leave(&key, reason);
         }
     }
+}
+
+/// The key of the router's option `name`: `transforms.<router>.<name>`.
+fn router_option(router: &str, name: &str) -> String {
+    format!("transforms.{router}.{name}")
 }
 
 /// A URL's user or database name with everything outside RFC 3986's unreserved set escaped.

@@ -87,68 +87,15 @@ impl OutboxTable {
             .await
             .map_err(query_err(what.clone()))?
             .get(0);
-        // attgenerated is PostgreSQL 12+.
-        let generated = if version >= 120_000 {
-            "a.attgenerated <> ''"
-        } else {
-            "false"
-        };
-        let sql = format!(
-            "SELECT a.attname::text, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod),
-                    COALESCE(NULLIF(t.typbasetype, 0), a.atttypid), a.attnotnull, {generated}
-             FROM pg_attribute a
-             JOIN pg_class c ON c.oid = a.attrelid
-             JOIN pg_namespace n ON n.oid = c.relnamespace
-             JOIN pg_type t ON t.oid = a.atttypid
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped
-             ORDER BY a.attnum"
-        );
-        let rows = client
-            .query(&sql, &[&schema, &name])
-            .await
-            .map_err(query_err(what.clone()))?;
-        if rows.is_empty() {
+        let mut columns = table_columns(client, version, &schema, &name, &what).await?;
+        if columns.is_empty() {
             return Ok(None);
         }
-        // The published columns and row filter (PostgreSQL 15+ has column lists and row
-        // filters); no row: the table is not in the publication.
-        let published_sql = if version >= 150_000 {
-            "SELECT attnames::text[], rowfilter FROM pg_publication_tables
-             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3"
-        } else {
-            "SELECT NULL::text[], NULL::text FROM pg_publication_tables
-             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3"
-        };
-        let published: Option<(Option<Vec<String>>, Option<String>)> = client
-            .query_opt(published_sql, &[&publication, &schema, &name])
-            .await
-            .map_err(query_err(format!(
-                "reading which columns of {schema}.{name} publication `{publication}` sends"
-            )))?
-            .map(|r| (r.get(0), r.get(1)));
-        let mut columns: Vec<TableColumn> = rows
-            .iter()
-            .map(|r| TableColumn {
-                name: r.get(0),
-                type_oid: r.get(1),
-                type_modifier: r.get(2),
-                type_name: r.get(3),
-                base_type_oid: r.get(4),
-                not_null: r.get(5),
-                generated: r.get(6),
-                published: false,
-            })
-            .collect();
-        let (listed, row_filter) = published.unwrap_or_default();
-        // Before PostgreSQL 18 pgoutput never sends generated columns, although attnames lists
-        // them; from 18 on, attnames says whether it does (publish_generated_columns).
-        let gencols_listed = version >= 180_000;
+        let (listed, row_filter) = published_columns(client, version, publication, &schema, &name)
+            .await?
+            .unwrap_or_default();
         for column in &mut columns {
-            column.published = match &listed {
-                Some(names) if gencols_listed => names.contains(&column.name),
-                Some(names) => names.contains(&column.name) && !column.generated,
-                None => !column.generated,
-            };
+            column.published = sent_by_pgoutput(column, listed.as_deref(), version);
         }
         let relation = Relation {
             id: 0,
@@ -205,6 +152,87 @@ impl OutboxTable {
 
     pub fn has_column(&self, name: &str) -> bool {
         self.column(name).is_some()
+    }
+}
+
+/// The table's columns in `attnum` order, none marked published yet; empty when the table
+/// does not exist.
+async fn table_columns(
+    client: &Client,
+    version: i32,
+    schema: &str,
+    name: &str,
+    what: &str,
+) -> Result<Vec<TableColumn>, OpsError> {
+    // attgenerated is PostgreSQL 12+.
+    let generated = if version >= 120_000 {
+        "a.attgenerated <> ''"
+    } else {
+        "false"
+    };
+    let sql = format!(
+        "SELECT a.attname::text, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod),
+                COALESCE(NULLIF(t.typbasetype, 0), a.atttypid), a.attnotnull, {generated}
+         FROM pg_attribute a
+         JOIN pg_class c ON c.oid = a.attrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         JOIN pg_type t ON t.oid = a.atttypid
+         WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped
+         ORDER BY a.attnum"
+    );
+    let rows = client
+        .query(&sql, &[&schema, &name])
+        .await
+        .map_err(query_err(what.to_string()))?;
+    Ok(rows
+        .iter()
+        .map(|r| TableColumn {
+            name: r.get(0),
+            type_oid: r.get(1),
+            type_modifier: r.get(2),
+            type_name: r.get(3),
+            base_type_oid: r.get(4),
+            not_null: r.get(5),
+            generated: r.get(6),
+            published: false,
+        })
+        .collect())
+}
+
+/// The publication's column list (`None`: every column) and row filter for the table
+/// (PostgreSQL 15+ has both); `None` when the table is not in the publication.
+async fn published_columns(
+    client: &Client,
+    version: i32,
+    publication: &str,
+    schema: &str,
+    name: &str,
+) -> Result<Option<(Option<Vec<String>>, Option<String>)>, OpsError> {
+    let published_sql = if version >= 150_000 {
+        "SELECT attnames::text[], rowfilter FROM pg_publication_tables
+         WHERE pubname = $1 AND schemaname = $2 AND tablename = $3"
+    } else {
+        "SELECT NULL::text[], NULL::text FROM pg_publication_tables
+         WHERE pubname = $1 AND schemaname = $2 AND tablename = $3"
+    };
+    Ok(client
+        .query_opt(published_sql, &[&publication, &schema, &name])
+        .await
+        .map_err(query_err(format!(
+            "reading which columns of {schema}.{name} publication `{publication}` sends"
+        )))?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
+/// Whether pgoutput sends the column, given the publication's column list (`None`: every
+/// column). Before PostgreSQL 18 pgoutput never sends generated columns, although the list
+/// names them; from 18 on, the list says whether it does (publish_generated_columns).
+fn sent_by_pgoutput(column: &TableColumn, listed: Option<&[String]>, version: i32) -> bool {
+    let gencols_listed = version >= 180_000;
+    match listed {
+        Some(names) if gencols_listed => names.contains(&column.name),
+        Some(names) => names.contains(&column.name) && !column.generated,
+        None => !column.generated,
     }
 }
 

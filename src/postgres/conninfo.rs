@@ -189,6 +189,38 @@ impl std::fmt::Debug for ConnInfo {
     }
 }
 
+/// The URL's hosts, each with its port: one port for all, or one per host (libpq's rule).
+/// Without a host, `localhost`; without a port, 5432.
+fn endpoints(config: &tokio_postgres::Config) -> Result<Vec<Endpoint>, ConnInfoError> {
+    let hosts = config.get_hosts();
+    let ports = config.get_ports();
+    if hosts.is_empty() {
+        return Ok(vec![Endpoint {
+            host: Host::Tcp("localhost".into()),
+            port: ports.first().copied().unwrap_or(5432),
+        }]);
+    }
+    if ports.len() > 1 && ports.len() != hosts.len() {
+        return Err(ConnInfoError::Url(format!(
+            "{} hosts but {} ports: give one port, or one per host",
+            hosts.len(),
+            ports.len()
+        )));
+    }
+    Ok(hosts
+        .iter()
+        .enumerate()
+        .map(|(i, host)| Endpoint {
+            host: host.clone(),
+            port: ports
+                .get(i)
+                .or_else(|| ports.first())
+                .copied()
+                .unwrap_or(5432),
+        })
+        .collect())
+}
+
 impl ConnInfo {
     /// Resolves `[postgres]`: the URL's hosts, ports, user, database and `target_session_attrs`;
     /// the password from `password_file`, else the URL, else `PGPASSWORD`; TLS from the keys
@@ -209,34 +241,7 @@ impl ConnInfo {
         let config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| ConnInfoError::Url(format!("{e}")))?;
-        let hosts = config.get_hosts();
-        let ports = config.get_ports();
-        let endpoints = if hosts.is_empty() {
-            vec![Endpoint {
-                host: Host::Tcp("localhost".into()),
-                port: ports.first().copied().unwrap_or(5432),
-            }]
-        } else {
-            if ports.len() > 1 && ports.len() != hosts.len() {
-                return Err(ConnInfoError::Url(format!(
-                    "{} hosts but {} ports: give one port, or one per host",
-                    hosts.len(),
-                    ports.len()
-                )));
-            }
-            hosts
-                .iter()
-                .enumerate()
-                .map(|(i, host)| Endpoint {
-                    host: host.clone(),
-                    port: ports
-                        .get(i)
-                        .or_else(|| ports.first())
-                        .copied()
-                        .unwrap_or(5432),
-                })
-                .collect()
-        };
+        let endpoints = endpoints(&config)?;
         let user = config
             .get_user()
             .ok_or_else(|| ConnInfoError::Url("the URL names no user".into()))?

@@ -402,13 +402,6 @@ impl Control {
         publication: &str,
         tables: &[(String, String)],
     ) -> Result<Vec<(String, String)>, ControlError> {
-        let quoted = |tables: &[(String, String)]| {
-            tables
-                .iter()
-                .map(|(s, t)| format!("{}.{}", quote_ident(s), quote_ident(t)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         let all_tables: Option<bool> = self
             .client
             .query_opt(
@@ -419,29 +412,69 @@ impl Control {
             .map_err(query_err("checking the publication"))?
             .map(|r| r.get(0));
         let Some(all_tables) = all_tables else {
-            let target = if tables.is_empty() {
-                String::new()
-            } else {
-                format!(" FOR TABLE {}", quoted(tables))
-            };
-            let sql = format!(
-                "CREATE PUBLICATION {}{target} WITH ({})",
-                quote_ident(publication),
-                self.publication_options().await?
-            );
-            self.client
-                .batch_execute(&sql)
-                .await
-                .map_err(query_err(format!("creating publication `{publication}`")))?;
-            info!(publication, tables = %quoted(tables), "created publication (inserts only)");
+            self.create_publication(publication, tables).await?;
             return Ok(tables.to_vec());
         };
         if all_tables {
             return Ok(Vec::new());
         }
-        // pg_publication_tables lists the leaves instead of a partitioned table when the
-        // publication does not publish via the root; pg_publication_rel names what was added.
-        let published: Vec<(String, String)> = self
+        let published = self.publication_tables(publication).await?;
+        let missing: Vec<(String, String)> = tables
+            .iter()
+            .filter(|t| !published.contains(t))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return Ok(missing);
+        }
+        let sql = format!(
+            "ALTER PUBLICATION {} ADD TABLE {}",
+            quote_ident(publication),
+            quoted_tables(&missing)
+        );
+        self.client
+            .batch_execute(&sql)
+            .await
+            .map_err(query_err(format!(
+                "adding outbox tables to publication `{publication}`"
+            )))?;
+        info!(publication, tables = %quoted_tables(&missing), "added outbox tables to the publication");
+        Ok(missing)
+    }
+
+    /// `CREATE PUBLICATION … FOR TABLE <tables>` with the relay's options (inserts only), or
+    /// for no table yet when the outbox is message-only.
+    async fn create_publication(
+        &self,
+        publication: &str,
+        tables: &[(String, String)],
+    ) -> Result<(), ControlError> {
+        let target = if tables.is_empty() {
+            String::new()
+        } else {
+            format!(" FOR TABLE {}", quoted_tables(tables))
+        };
+        let sql = format!(
+            "CREATE PUBLICATION {}{target} WITH ({})",
+            quote_ident(publication),
+            self.publication_options().await?
+        );
+        self.client
+            .batch_execute(&sql)
+            .await
+            .map_err(query_err(format!("creating publication `{publication}`")))?;
+        info!(publication, tables = %quoted_tables(tables), "created publication (inserts only)");
+        Ok(())
+    }
+
+    /// The tables the publication names, as `(schema, table)`. pg_publication_tables lists the
+    /// leaves instead of a partitioned table when the publication does not publish via the
+    /// root; pg_publication_rel names what was added: both count.
+    async fn publication_tables(
+        &self,
+        publication: &str,
+    ) -> Result<Vec<(String, String)>, ControlError> {
+        Ok(self
             .client
             .query(
                 "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1
@@ -458,29 +491,17 @@ impl Control {
             .map_err(query_err("listing the publication's tables"))?
             .iter()
             .map(|r| (r.get(0), r.get(1)))
-            .collect();
-        let missing: Vec<(String, String)> = tables
-            .iter()
-            .filter(|t| !published.contains(t))
-            .cloned()
-            .collect();
-        if missing.is_empty() {
-            return Ok(missing);
-        }
-        let sql = format!(
-            "ALTER PUBLICATION {} ADD TABLE {}",
-            quote_ident(publication),
-            quoted(&missing)
-        );
-        self.client
-            .batch_execute(&sql)
-            .await
-            .map_err(query_err(format!(
-                "adding outbox tables to publication `{publication}`"
-            )))?;
-        info!(publication, tables = %quoted(&missing), "added outbox tables to the publication");
-        Ok(missing)
+            .collect())
     }
+}
+
+/// `schema.table, …`, each name quoted: the table list of a publication statement.
+fn quoted_tables(tables: &[(String, String)]) -> String {
+    tables
+        .iter()
+        .map(|(s, t)| format!("{}.{}", quote_ident(s), quote_ident(t)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The `WITH (...)` options of a publication the relay creates: inserts only and, from

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::config::{Config, Delivery as DeliveryMode};
+use crate::config::{Config, Delivery as DeliveryMode, PostgresConfig};
 use crate::lsn::Lsn;
 use crate::mapping::{MappingError, OutboxMapping};
 use crate::postgres::conninfo::ConnInfo;
@@ -457,11 +457,7 @@ async fn connect<'a>(
         )
         .await?;
     if !slot_seen && !control.server().in_recovery {
-        let marked = control.mark_streamed(&pg.publication, &pg.slot).await?;
-        if !marked {
-            warn!(publication = %pg.publication, slot = %pg.slot,
-                "cannot record in the publication's comment that this slot is streamed (it has another comment, or the role does not own the publication): a relay restarted after a failover without a failover slot would create a new slot instead of stopping");
-        }
+        record_streamed(&control, pg).await?;
     }
     // Exactly-once: fences older producers of this slot, reads where Kafka stands. Only once
     // the slot is ours (fencing the relay that streams it would stop it), so the walsender
@@ -478,23 +474,8 @@ async fn connect<'a>(
     metrics.watch_kafka(publisher.kafka_latency());
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.
-    // Gone already (dropped right after START_REPLICATION): it was streamed, so events may be
-    // missing; never to be recreated.
-    let slot = control
-        .slot(&pg.slot)
-        .await?
-        .ok_or_else(|| slot_missing_after_streaming(&pg.slot, &control, metrics))?;
+    let slot = streamed_slot(config, &control, &stream, metrics).await?;
     let start = slot.confirmed_flush_lsn.unwrap_or_default();
-    if slot.active_pid != Some(stream.backend_pid()) {
-        warn!(slot = %pg.slot, active_pid = ?slot.active_pid, our_pid = stream.backend_pid(),
-            "slot is not reported as held by our connection");
-    } else if !control.server().in_recovery {
-        // Streaming proves the slot's creation finished: a hold its interrupted creation
-        // left keeping every row is completed now, not at the next session.
-        HoldStore::new(config)
-            .resolve_interrupted(control.client(), Some(stream.backend_pid()))
-            .await;
-    }
     info!(slot = %pg.slot, publication = %pg.publication, start = %start,
         server = %control.endpoint().target(), failover = ?slot.failover,
         backend_pid = stream.backend_pid(), status_interval_ms = status_interval.as_millis() as u64,
@@ -511,6 +492,44 @@ async fn connect<'a>(
         catalog: control,
     };
     Ok(Session::new(settings, mapping.mapping, metrics, ends, start).skipping_below(skip_below))
+}
+
+/// Records in the publication's comment that this slot is streamed, so that a relay restarted
+/// after a failover without a failover slot stops instead of creating a new slot; a comment
+/// that cannot be written is a warning, not a reason not to stream.
+async fn record_streamed(control: &Control, pg: &PostgresConfig) -> Result<(), RelayError> {
+    let marked = control.mark_streamed(&pg.publication, &pg.slot).await?;
+    if !marked {
+        warn!(publication = %pg.publication, slot = %pg.slot,
+            "cannot record in the publication's comment that this slot is streamed (it has another comment, or the role does not own the publication): a relay restarted after a failover without a failover slot would create a new slot instead of stopping");
+    }
+    Ok(())
+}
+
+/// The slot as read once our stream holds it. Gone already (dropped right after
+/// START_REPLICATION): it was streamed, so events may be missing; never to be recreated.
+/// Held by our stream, it has surely finished its creation: a hold its interrupted creation
+/// left keeping every row is completed now, not at the next session.
+async fn streamed_slot(
+    config: &Config,
+    control: &Control,
+    stream: &ReplicationStream,
+    metrics: &Metrics,
+) -> Result<SlotInfo, RelayError> {
+    let pg = &config.postgres;
+    let slot = control
+        .slot(&pg.slot)
+        .await?
+        .ok_or_else(|| slot_missing_after_streaming(&pg.slot, control, metrics))?;
+    if slot.active_pid != Some(stream.backend_pid()) {
+        warn!(slot = %pg.slot, active_pid = ?slot.active_pid, our_pid = stream.backend_pid(),
+            "slot is not reported as held by our connection");
+    } else if !control.server().in_recovery {
+        HoldStore::new(config)
+            .resolve_interrupted(control.client(), Some(stream.backend_pid()))
+            .await;
+    }
+    Ok(slot)
 }
 
 /// Runs `work` while sending the walsender a status update every `interval` that confirms

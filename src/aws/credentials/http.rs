@@ -117,20 +117,7 @@ pub(super) async fn web_identity(env: &Env) -> Result<Option<Fetched>, Credentia
         .header("Accept", "text/xml")
         .body(body.join("&"));
     let answer = send(request, FROM, FIX).await?;
-    let field = |name: &str| {
-        xml_text(&answer, name).ok_or_else(|| {
-            CredentialsError::source(FROM, format!("STS's answer has no <{name}>"), FIX)
-        })
-    };
-    Ok(Some(Fetched {
-        credentials: AwsCredentials::new(
-            &field("AccessKeyId")?,
-            &field("SecretAccessKey")?,
-            Some(&field("SessionToken")?),
-        ),
-        expires: Some(parse_time(&field("Expiration")?, FROM, FIX)?),
-        from: "web identity",
-    }))
+    sts_credentials(&answer, "web identity", FROM, FIX).map(Some)
 }
 
 /// 3b. A profile's `role_arn`: STS `AssumeRole` with the source profile's credentials, as
@@ -139,11 +126,62 @@ pub(super) async fn web_identity(env: &Env) -> Result<Option<Fetched>, Credentia
 pub(super) async fn assume_role(env: &Env, role: &AssumeRole) -> Result<Fetched, CredentialsError> {
     const FROM: &str = "a profile's role_arn (STS AssumeRole)";
     const FIX: &str = "check that the role's trust policy admits the source profile's identity, that it may sts:AssumeRole, and that the STS endpoint is reachable";
+    let signed = assume_role_url(env, role, FROM)?;
+    let request = client(REQUEST_TIMEOUT)?
+        .get(signed)
+        .header("Accept", "text/xml");
+    let answer = send(request, FROM, FIX).await.map_err(|e| match e {
+        CredentialsError::Source { message, .. } => CredentialsError::source(
+            FROM,
+            format!(
+                "profile `{}`, role `{}`: {message}",
+                role.profile, role.role_arn
+            ),
+            FIX,
+        ),
+        other => other,
+    })?;
+    sts_credentials(&answer, "a profile's role_arn", FROM, FIX)
+}
+
+/// The temporary credentials in STS's answer: AssumeRole and AssumeRoleWithWebIdentity both
+/// answer with the same `<Credentials>` members. `source` names them in logs; `from` and
+/// `fix` go into the error when a member is missing.
+fn sts_credentials(
+    answer: &str,
+    source: &'static str,
+    from: &'static str,
+    fix: &'static str,
+) -> Result<Fetched, CredentialsError> {
+    let field = |name: &str| {
+        xml_text(answer, name).ok_or_else(|| {
+            CredentialsError::source(from, format!("STS's answer has no <{name}>"), fix)
+        })
+    };
+    Ok(Fetched {
+        credentials: AwsCredentials::new(
+            &field("AccessKeyId")?,
+            &field("SecretAccessKey")?,
+            Some(&field("SessionToken")?),
+        ),
+        expires: Some(parse_time(&field("Expiration")?, from, fix)?),
+        from: source,
+    })
+}
+
+/// The AssumeRole request as a URL presigned with the source profile's credentials, for the
+/// role's region, else the environment's, else STS's global region. `from` names the source
+/// in errors.
+fn assume_role_url(
+    env: &Env,
+    role: &AssumeRole,
+    from: &'static str,
+) -> Result<reqwest::Url, CredentialsError> {
     let region = role.region.as_deref().or(env.region());
     let endpoint = sts_endpoint_in(env, region);
     let url = reqwest::Url::parse(&endpoint).map_err(|e| {
         CredentialsError::source(
-            FROM,
+            from,
             format!("bad STS endpoint `{endpoint}`: {e}"),
             "fix AWS_ENDPOINT_URL_STS",
         )
@@ -153,7 +191,7 @@ pub(super) async fn assume_role(env: &Env, role: &AssumeRole) -> Result<Fetched,
         (Some(host), None) => host.to_string(),
         (None, _) => {
             return Err(CredentialsError::source(
-                FROM,
+                from,
                 format!("STS endpoint `{endpoint}` has no host"),
                 "fix AWS_ENDPOINT_URL_STS",
             ))
@@ -184,37 +222,10 @@ pub(super) async fn assume_role(env: &Env, role: &AssumeRole) -> Result<Fetched,
     };
     let query =
         crate::aws::sigv4::presigned_query(&presign, &role.source.credentials, Timestamp::now());
-    let mut signed = url.clone();
+    let mut signed = url;
     signed.set_path("/");
     signed.set_query(Some(&query));
-    let request = client(REQUEST_TIMEOUT)?
-        .get(signed)
-        .header("Accept", "text/xml");
-    let answer = send(request, FROM, FIX).await.map_err(|e| match e {
-        CredentialsError::Source { message, .. } => CredentialsError::source(
-            FROM,
-            format!(
-                "profile `{}`, role `{}`: {message}",
-                role.profile, role.role_arn
-            ),
-            FIX,
-        ),
-        other => other,
-    })?;
-    let field = |name: &str| {
-        xml_text(&answer, name).ok_or_else(|| {
-            CredentialsError::source(FROM, format!("STS's answer has no <{name}>"), FIX)
-        })
-    };
-    Ok(Fetched {
-        credentials: AwsCredentials::new(
-            &field("AccessKeyId")?,
-            &field("SecretAccessKey")?,
-            Some(&field("SessionToken")?),
-        ),
-        expires: Some(parse_time(&field("Expiration")?, FROM, FIX)?),
-        from: "a profile's role_arn",
-    })
+    Ok(signed)
 }
 
 /// The region the global STS endpoint signs for.

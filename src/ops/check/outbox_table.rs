@@ -225,13 +225,65 @@ fn type_fit(setting: &str, column: &TableColumn) -> Fit {
 /// Every configured column exists, pgoutput sends it, and its type can work for its setting;
 /// then the live mapping binds the table, and the routing columns cannot trip it up.
 fn outbox_columns(config: &Config, outbox: &OutboxTable, table: &Table) -> Item {
-    let o = &outbox.config;
+    let columns = match configured_columns_fit(config, outbox, table) {
+        Ok(columns) => columns,
+        Err(problem) => return problem,
+    };
+    if let Some(problem) = binding_problem(config, outbox, table) {
+        return problem;
+    }
+    let mut warnings = columns.warnings;
+    let (more, mut fixes) = column_warnings(config, outbox, table);
+    warnings.extend(more);
+    if let Some(filter) = &outbox.row_filter {
+        let publication = quote_ident(&config.postgres.publication);
+        warnings.push(format!(
+            "publication `{}` sends only the rows where {filter}: the others are never relayed",
+            config.postgres.publication
+        ));
+        fixes.push(format!(
+            "if that is not intended: BEGIN; ALTER PUBLICATION {publication} DROP TABLE {t}; ALTER PUBLICATION {publication} ADD TABLE {t}; COMMIT;",
+            t = table.quoted
+        ));
+    }
+    if warnings.is_empty() {
+        return ok(
+            "outbox columns",
+            format!("{}: {}", table.display, columns.listed.join(", ")),
+        );
+    }
+    let fix = if fixes.is_empty() {
+        "make sure the application writes such values, or change the column type".to_string()
+    } else {
+        fixes.join("\n")
+    };
+    warning(
+        "outbox columns",
+        format!("{}: {}", table.display, warnings.join("; ")),
+        fix,
+    )
+}
+
+/// The configured columns, each present, published and of a type that can work for its
+/// setting: `name type` of each, and the types that work only for some values.
+struct FittingColumns {
+    listed: Vec<String>,
+    warnings: Vec<String>,
+}
+
+/// Checks each configured column; the problem item names every column that cannot work, so
+/// that one run of `check` lists all the fixes.
+fn configured_columns_fit(
+    config: &Config,
+    outbox: &OutboxTable,
+    table: &Table,
+) -> Result<FittingColumns, Item> {
     let publication = quote_ident(&config.postgres.publication);
     let mut problems = Vec::new();
     let mut fixes = Vec::new();
     let mut warnings = Vec::new();
     let mut listed = Vec::new();
-    for (setting, name) in configured_columns(o) {
+    for (setting, name) in configured_columns(&outbox.config) {
         let Some(column) = outbox.column(name) else {
             problems.push(format!("no column `{name}` ({setting})"));
             fixes.push(format!(
@@ -274,63 +326,37 @@ fn outbox_columns(config: &Config, outbox: &OutboxTable, table: &Table) -> Item 
     }
     if !problems.is_empty() {
         fixes.dedup();
-        return problem(
+        return Err(problem(
             "outbox columns",
             format!("{}: {}", table.display, problems.join("; ")),
             fixes.join("\n"),
-        );
+        ));
     }
+    Ok(FittingColumns { listed, warnings })
+}
+
+/// The relay's own mapping bound to the table, as it will be at start: whatever it refuses
+/// that the column checks above let through.
+fn binding_problem(config: &Config, outbox: &OutboxTable, table: &Table) -> Option<Item> {
     let bound = OutboxMapping::new(&config.outbox)
         .map(|m| m.with_binary(config.postgres.binary).bind(&outbox.relation));
     match bound {
-        Ok(Some(Ok(_))) => {}
-        Ok(Some(Err(e))) | Err(e) => {
-            return problem(
-                "outbox columns",
-                e.to_string(),
-                "add the column, or set the outbox setting it names to one of the table's columns",
-            )
-        }
-        // Unreachable: the table comes from the same configuration.
-        Ok(None) => {
-            return problem(
-                "outbox columns",
-                format!(
-                    "{} is not an outbox table of the configuration",
-                    table.display
-                ),
-                "check outbox.table",
-            )
-        }
-    }
-    let (more, mut fixes) = column_warnings(config, outbox, table);
-    warnings.extend(more);
-    if let Some(filter) = &outbox.row_filter {
-        warnings.push(format!(
-            "publication `{}` sends only the rows where {filter}: the others are never relayed",
-            config.postgres.publication
-        ));
-        fixes.push(format!(
-            "if that is not intended: BEGIN; ALTER PUBLICATION {publication} DROP TABLE {t}; ALTER PUBLICATION {publication} ADD TABLE {t}; COMMIT;",
-            t = table.quoted
-        ));
-    }
-    if warnings.is_empty() {
-        return ok(
+        Ok(Some(Ok(_))) => None,
+        Ok(Some(Err(e))) | Err(e) => Some(problem(
             "outbox columns",
-            format!("{}: {}", table.display, listed.join(", ")),
-        );
+            e.to_string(),
+            "add the column, or set the outbox setting it names to one of the table's columns",
+        )),
+        // Unreachable: the table comes from the same configuration.
+        Ok(None) => Some(problem(
+            "outbox columns",
+            format!(
+                "{} is not an outbox table of the configuration",
+                table.display
+            ),
+            "check outbox.table",
+        )),
     }
-    let fix = if fixes.is_empty() {
-        "make sure the application writes such values, or change the column type".to_string()
-    } else {
-        fixes.join("\n")
-    };
-    warning(
-        "outbox columns",
-        format!("{}: {}", table.display, warnings.join("; ")),
-        fix,
-    )
 }
 
 /// Nullable or space-padded routing columns, and a `created_at` that `replay` cannot use.

@@ -19,55 +19,13 @@ pub(super) async fn publication(control: &Control, config: &Config) -> Vec<Item>
         .into_iter()
         .map(Table::new)
         .collect();
-    // A message-only outbox needs a publication, but no table in it.
-    let target = if wanted.is_empty() {
-        String::new()
-    } else {
-        format!(" FOR TABLE {}", quoted_list(&wanted))
+    let create = match create_statement(control, name, &wanted).await {
+        Ok(create) => create,
+        Err(problem) => return vec![problem],
     };
-    let options = match control.publication_options().await {
-        Ok(options) => options,
-        Err(e) => {
-            return vec![problem(
-                "publication",
-                format!("cannot read the server version: {e}"),
-                "check the connection",
-            )]
-        }
-    };
-    let create = format!(
-        "CREATE PUBLICATION {}{target} WITH ({options});",
-        quote_ident(name)
-    );
-    let flags = control
-        .client()
-        .query_opt(
-            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate, puballtables,
-                    (to_jsonb(p) ->> 'pubviaroot')::bool
-             FROM pg_publication p WHERE pubname = $1",
-            &[name],
-        )
-        .await;
-    let flags = match flags {
-        Ok(Some(row)) => row,
-        Ok(None) => {
-            let mut fix = create;
-            if config.postgres.create_publication {
-                fix.push_str(" (or let `outbox-relay run` create it: postgres.create_publication = true, which needs ownership of the table)");
-            }
-            return vec![problem(
-                "publication",
-                format!("publication `{name}` does not exist"),
-                fix,
-            )];
-        }
-        Err(e) => {
-            return vec![problem(
-                "publication",
-                format!("cannot read pg_publication: {}", describe(&e)),
-                "check the role's access to the catalog",
-            )]
-        }
+    let flags = match publication_flags(control, config, &create).await {
+        Ok(flags) => flags,
+        Err(problem) => return vec![problem],
     };
     let published = match published_tables(control, name).await {
         Ok(tables) => tables,
@@ -96,6 +54,67 @@ pub(super) async fn publication(control: &Control, config: &Config) -> Vec<Item>
         )),
     }
     items
+}
+
+/// The `CREATE PUBLICATION` a fix prints: for the outbox tables, with the options the relay
+/// would create it with. A message-only outbox needs a publication, but no table in it.
+async fn create_statement(control: &Control, name: &str, wanted: &[Table]) -> Result<String, Item> {
+    let target = if wanted.is_empty() {
+        String::new()
+    } else {
+        format!(" FOR TABLE {}", quoted_list(wanted))
+    };
+    let options = control.publication_options().await.map_err(|e| {
+        problem(
+            "publication",
+            format!("cannot read the server version: {e}"),
+            "check the connection",
+        )
+    })?;
+    Ok(format!(
+        "CREATE PUBLICATION {}{target} WITH ({options});",
+        quote_ident(name)
+    ))
+}
+
+/// The publication's row of pg_publication: `pubinsert`, `pubupdate`, `pubdelete`,
+/// `pubtruncate`, `puballtables` and `pubviaroot` (read through `to_jsonb`, so that a server
+/// before PostgreSQL 13, which lacks the column, gives NULL). A missing publication is a
+/// problem whose fix is `create`.
+async fn publication_flags(
+    control: &Control,
+    config: &Config,
+    create: &str,
+) -> Result<tokio_postgres::Row, Item> {
+    let name = &config.postgres.publication;
+    let flags = control
+        .client()
+        .query_opt(
+            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate, puballtables,
+                    (to_jsonb(p) ->> 'pubviaroot')::bool
+             FROM pg_publication p WHERE pubname = $1",
+            &[name],
+        )
+        .await;
+    match flags {
+        Ok(Some(row)) => Ok(row),
+        Ok(None) => {
+            let mut fix = create.to_string();
+            if config.postgres.create_publication {
+                fix.push_str(" (or let `outbox-relay run` create it: postgres.create_publication = true, which needs ownership of the table)");
+            }
+            Err(problem(
+                "publication",
+                format!("publication `{name}` does not exist"),
+                fix,
+            ))
+        }
+        Err(e) => Err(problem(
+            "publication",
+            format!("cannot read pg_publication: {}", describe(&e)),
+            "check the role's access to the catalog",
+        )),
+    }
 }
 
 /// The outbox tables that are partitioned (relkind `p`).

@@ -94,6 +94,16 @@ pub enum Interrupted {
     Pending { tables: Vec<String>, why: String },
 }
 
+/// Whether the slot's creation has surely finished, as step 2 of
+/// [`HoldStore::complete_interrupted`] sees it: only then may a hold that keeps every row get
+/// a boundary.
+enum SlotCreation {
+    /// Finished: the slot's confirmed position, where its stream starts.
+    Finished { start: String },
+    /// Not surely finished (absent, still being created, or held by another backend): why.
+    Unsure { why: String },
+}
+
 /// The holds of one slot, in the table the configuration names.
 #[derive(Debug, Clone)]
 pub struct HoldStore {
@@ -289,6 +299,33 @@ impl HoldStore {
         if !self.table_exists(client).await? {
             return Ok(Interrupted::Nothing);
         }
+        let (tables, xmins) = self.keeping_every_row(client, relation).await?;
+        if tables.is_empty() {
+            return Ok(Interrupted::Nothing);
+        }
+        let start = match self.slot_creation(client, streaming).await? {
+            SlotCreation::Finished { start } => start,
+            SlotCreation::Unsure { why } => return Ok(Interrupted::Pending { tables, why }),
+        };
+        let holds = self
+            .complete_versions(client, relation, &start, &tables, &xmins)
+            .await?;
+        if holds.is_empty() {
+            return Ok(Interrupted::Pending {
+                tables,
+                why: "the hold was armed again meanwhile (a new creation of the slot)".into(),
+            });
+        }
+        Ok(Interrupted::Completed(holds))
+    }
+
+    /// Step 1 of [`HoldStore::complete_interrupted`]: the slot's holds that keep every row, by
+    /// table, with the version (`xmin`) of each, so that step 3 changes only these versions.
+    async fn keeping_every_row(
+        &self,
+        client: &Client,
+        relation: &str,
+    ) -> Result<(Vec<String>, Vec<String>), ControlError> {
         let sql = format!(
             "SELECT outbox_table, xmin::text FROM {relation}
              WHERE slot = $1 AND below_xid = $2 ORDER BY outbox_table"
@@ -299,11 +336,19 @@ impl HoldStore {
             .map_err(query_err(format!(
                 "looking for interrupted sweeper holds in {relation}"
             )))?;
-        if versions.is_empty() {
-            return Ok(Interrupted::Nothing);
-        }
-        let tables: Vec<String> = versions.iter().map(|r| r.get(0)).collect();
-        let xmins: Vec<String> = versions.iter().map(|r| r.get(1)).collect();
+        let tables = versions.iter().map(|r| r.get(0)).collect();
+        let xmins = versions.iter().map(|r| r.get(1)).collect();
+        Ok((tables, xmins))
+    }
+
+    /// Step 2 of [`HoldStore::complete_interrupted`]: whether the slot's creation has surely
+    /// finished — it exists, has a confirmed position, and no backend but the caller's own
+    /// stream (`streaming`) holds it.
+    async fn slot_creation(
+        &self,
+        client: &Client,
+        streaming: Option<i32>,
+    ) -> Result<SlotCreation, ControlError> {
         let slot = client
             .query_opt(
                 "SELECT confirmed_flush_lsn::text, active_pid
@@ -312,40 +357,38 @@ impl HoldStore {
             )
             .await
             .map_err(query_err("reading the slot"))?;
-        let start = match slot.map(|r| (r.get::<_, Option<String>>(0), r.get::<_, Option<i32>>(1)))
-        {
-            None => {
-                return Ok(Interrupted::Pending {
-                    tables,
-                    why: format!(
-                        "slot `{}` does not exist (its creation stopped before it)",
-                        self.slot
-                    ),
-                })
-            }
+        let why = match slot.map(|r| (r.get::<_, Option<String>>(0), r.get::<_, Option<i32>>(1))) {
+            None => format!(
+                "slot `{}` does not exist (its creation stopped before it)",
+                self.slot
+            ),
             // In use: its creation may still be running (from PostgreSQL 17 on, a slot being
             // created shows a confirmed position before it has waited for the transactions
             // running at its start). Only a slot no backend holds has surely finished.
-            Some((_, Some(pid))) if Some(pid) != streaming => {
-                return Ok(Interrupted::Pending {
-                    tables,
-                    why: format!(
-                        "slot `{}` is still being created, or is in use, by backend {pid}",
-                        self.slot
-                    ),
-                });
-            }
-            Some((None, _)) => {
-                return Ok(Interrupted::Pending {
-                    tables,
-                    why: format!(
-                        "slot `{}` is still being created (no confirmed position yet)",
-                        self.slot
-                    ),
-                });
-            }
-            Some((Some(start), _)) => start,
+            Some((_, Some(pid))) if Some(pid) != streaming => format!(
+                "slot `{}` is still being created, or is in use, by backend {pid}",
+                self.slot
+            ),
+            Some((None, _)) => format!(
+                "slot `{}` is still being created (no confirmed position yet)",
+                self.slot
+            ),
+            Some((Some(start), _)) => return Ok(SlotCreation::Finished { start }),
         };
+        Ok(SlotCreation::Unsure { why })
+    }
+
+    /// Step 3 of [`HoldStore::complete_interrupted`]: one `UPDATE` of exactly the versions read
+    /// in step 1 to an xid assigned in this statement, after step 2. Returns the holds it
+    /// completed: none when they were armed again in between.
+    async fn complete_versions(
+        &self,
+        client: &Client,
+        relation: &str,
+        start: &str,
+        tables: &[String],
+        xmins: &[String],
+    ) -> Result<Vec<Hold>, ControlError> {
         let sql = format!(
             "UPDATE {relation} AS h
              SET below_xid = pg_current_xact_id()::text::bigint,
@@ -371,15 +414,7 @@ impl HoldStore {
             .map_err(query_err(format!(
                 "completing the interrupted sweeper hold in {relation}"
             )))?;
-        if rows.is_empty() {
-            return Ok(Interrupted::Pending {
-                tables,
-                why: "the hold was armed again meanwhile (a new creation of the slot)".into(),
-            });
-        }
-        Ok(Interrupted::Completed(
-            rows.iter().map(hold_from_row).collect(),
-        ))
+        Ok(rows.iter().map(hold_from_row).collect())
     }
 
     /// [`HoldStore::complete_interrupted`], logged: what was completed, or what still keeps

@@ -457,39 +457,8 @@ impl Sweeper {
             .transaction()
             .await
             .map_err(query_err(what.clone()))?;
-        let locked = async {
-            tx.batch_execute(&format!(
-                "SET LOCAL lock_timeout = {lock_timeout_ms};
-                 LOCK TABLE ONLY {leaf} IN SHARE MODE"
-            ))
-            .await?;
-            // No insert into the partition is in progress or can start now: what the check
-            // sees is all it will ever hold.
-            let row = tx.query_one(&check, &params).await?;
-            if !(row.get::<_, bool>(0) && row.get::<_, bool>(1)) {
-                return Ok(false);
-            }
-            // Someone waiting to insert into the partition holds the table's lock that the
-            // DETACH needs: leave it to them (the partition is not done), rather than deadlock.
-            let waiting: bool = tx
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM pg_locks
-                                    WHERE locktype = 'relation' AND NOT granted
-                                      AND relation = $1::text::regclass)",
-                    &[&leaf],
-                )
-                .await?
-                .get(0);
-            if waiting {
-                return Ok(false);
-            }
-            tx.batch_execute(&format!(
-                "ALTER TABLE {parent} DETACH PARTITION {leaf}; DROP TABLE {leaf}"
-            ))
-            .await?;
-            Ok::<_, tokio_postgres::Error>(true)
-        }
-        .await;
+        let locked =
+            detach_if_still_droppable(&tx, parent, leaf, &check, &params, lock_timeout_ms).await;
         match locked {
             Ok(true) => {
                 tx.commit().await.map_err(query_err(what))?;
@@ -544,6 +513,49 @@ fn delete_sql(relation: &str, created_at_column: &str) -> String {
                AND {XMIN64} >= $4::bigint
              LIMIT $3::bigint))"
     )
+}
+
+/// In `tx`: locks `leaf` against inserts (waiting at most `lock_timeout_ms`), checks again
+/// with `check` that every row it holds would be deleted, and detaches and drops it unless
+/// someone waits to insert into it. Returns whether it did; the caller commits.
+async fn detach_if_still_droppable(
+    tx: &tokio_postgres::Transaction<'_>,
+    parent: &str,
+    leaf: &str,
+    check: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    lock_timeout_ms: i32,
+) -> Result<bool, tokio_postgres::Error> {
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = {lock_timeout_ms};
+         LOCK TABLE ONLY {leaf} IN SHARE MODE"
+    ))
+    .await?;
+    // No insert into the partition is in progress or can start now: what the check
+    // sees is all it will ever hold.
+    let row = tx.query_one(check, params).await?;
+    if !(row.get::<_, bool>(0) && row.get::<_, bool>(1)) {
+        return Ok(false);
+    }
+    // Someone waiting to insert into the partition holds the table's lock that the
+    // DETACH needs: leave it to them (the partition is not done), rather than deadlock.
+    let waiting: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks
+                            WHERE locktype = 'relation' AND NOT granted
+                              AND relation = $1::text::regclass)",
+            &[&leaf],
+        )
+        .await?
+        .get(0);
+    if waiting {
+        return Ok(false);
+    }
+    tx.batch_execute(&format!(
+        "ALTER TABLE {parent} DETACH PARTITION {leaf}; DROP TABLE {leaf}"
+    ))
+    .await?;
+    Ok(true)
 }
 
 /// Whether `relation` has rows, and whether every row would be deleted by [`delete_sql`]

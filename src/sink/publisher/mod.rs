@@ -192,29 +192,7 @@ impl Publisher {
         if !config.properties.contains_key("statistics.interval.ms") {
             client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
         }
-        // Batches never larger than the smallest topic limit known: a refused batch fails
-        // every record in it (see `sink::limits`).
-        let configured = config
-            .properties
-            .get("batch.size")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_BATCH_SIZE);
-        let batch_size = blocked.limits().batch_size(configured);
-        if batch_size < configured {
-            info!(
-                batch_size,
-                configured,
-                "batch.size lowered below the smallest record limit of the topics written to"
-            );
-        }
-        client.set("batch.size", batch_size.to_string());
-        // librdkafka also keeps a batch within the producer's `message.max.bytes`: a record at
-        // least the smaller of the two large is alone in its batch.
-        let batch_size = config
-            .properties
-            .get("message.max.bytes")
-            .and_then(|v| v.parse().ok())
-            .map_or(batch_size, |max: usize| batch_size.min(max));
+        let batch_size = capped_batch_size(config, &mut client, &blocked);
         let producer: Arc<BaseProducer<DeliveryReporter>> = Arc::new(
             client
                 .create_with_context(reporter)
@@ -521,6 +499,32 @@ fn effective_message_timeout(client: &ClientConfig, config: &KafkaConfig) -> Dur
         .and_then(|v| v.parse().ok())
         .unwrap_or(config.message_timeout_ms);
     Duration::from_millis(ms)
+}
+
+/// The batch size the producer gets (set in `client`) and the one a record is measured
+/// against. Batches are never larger than the smallest topic limit known: a refused batch fails
+/// every record in it (see `sink::limits`). librdkafka also keeps a batch within the producer's
+/// `message.max.bytes`: a record at least the smaller of the two large is alone in its batch.
+fn capped_batch_size(config: &KafkaConfig, client: &mut ClientConfig, blocked: &Blocked) -> usize {
+    let configured = config
+        .properties
+        .get("batch.size")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_BATCH_SIZE);
+    let batch_size = blocked.limits().batch_size(configured);
+    if batch_size < configured {
+        info!(
+            batch_size,
+            configured,
+            "batch.size lowered below the smallest record limit of the topics written to"
+        );
+    }
+    client.set("batch.size", batch_size.to_string());
+    config
+        .properties
+        .get("message.max.bytes")
+        .and_then(|v| v.parse().ok())
+        .map_or(batch_size, |max: usize| batch_size.min(max))
 }
 
 /// How long the teardown thread waits to hold the producer's last reference.

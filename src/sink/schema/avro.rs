@@ -140,60 +140,10 @@ impl Convert<'_> {
                 other => return Err(expected("a string", other)),
             },
             Schema::Bytes => bytes(json)?,
-            Schema::Fixed(FixedSchema { size, name, .. }) => match json {
-                Json::String(s) if s.len() == *size => Value::Fixed(*size, s.as_bytes().to_vec()),
-                Json::String(s) => {
-                    return Err(misfit(format!(
-                        "fixed `{name}` takes {size} bytes, the string has {}",
-                        s.len()
-                    )))
-                }
-                other => return Err(expected("a string", other)),
-            },
-            Schema::Enum(EnumSchema {
-                symbols,
-                default,
-                name,
-                ..
-            }) => {
-                let Json::String(symbol) = json else {
-                    return Err(expected("an enum symbol (a string)", json));
-                };
-                let known = |s: &str| symbols.iter().position(|x| x == s);
-                match known(symbol).map(|i| (i, symbol)).or_else(|| {
-                    let d = default.as_ref()?;
-                    known(d).map(|i| (i, d))
-                }) {
-                    Some((i, s)) => Value::Enum(i as u32, s.clone()),
-                    None => {
-                        return Err(misfit(format!(
-                            "`{symbol}` is not a symbol of enum `{name}` ({})",
-                            symbols.join(", ")
-                        )))
-                    }
-                }
-            }
-            Schema::Array(ArraySchema { items, .. }) => {
-                let Json::Array(elements) = json else {
-                    return Err(expected("an array", json));
-                };
-                let values = elements
-                    .iter()
-                    .enumerate()
-                    .map(|(i, e)| self.value(e, items).map_err(at(format!("[{i}]"))))
-                    .collect::<Result<_, _>>()?;
-                Value::Array(values)
-            }
-            Schema::Map(MapSchema { types, .. }) => {
-                let Json::Object(members) = json else {
-                    return Err(expected("an object", json));
-                };
-                let values = members
-                    .iter()
-                    .map(|(k, v)| Ok((k.clone(), self.value(v, types).map_err(at(k.clone()))?)))
-                    .collect::<Result<_, Misfit>>()?;
-                Value::Map(values)
-            }
+            Schema::Fixed(fixed_schema) => fixed(json, fixed_schema)?,
+            Schema::Enum(enum_schema) => symbol(json, enum_schema)?,
+            Schema::Array(ArraySchema { items, .. }) => self.array(json, items)?,
+            Schema::Map(MapSchema { types, .. }) => self.map(json, types)?,
             Schema::Record(record) => self.record(json, record)?,
             Schema::Union(union) => self.union(json, union)?,
             // Types a JSON payload hardly carries (decimal, uuid, duration): apache-avro's
@@ -207,6 +157,31 @@ impl Convert<'_> {
                     .map_err(|e| misfit(e.to_string()))?
             }
         })
+    }
+
+    /// Each element of the array as `items`; a misfit names its index.
+    fn array(&self, json: &Json, items: &Schema) -> Result<Value, Misfit> {
+        let Json::Array(elements) = json else {
+            return Err(expected("an array", json));
+        };
+        let values = elements
+            .iter()
+            .enumerate()
+            .map(|(i, e)| self.value(e, items).map_err(at(format!("[{i}]"))))
+            .collect::<Result<_, _>>()?;
+        Ok(Value::Array(values))
+    }
+
+    /// Each member of the object as `types`; a misfit names its key.
+    fn map(&self, json: &Json, types: &Schema) -> Result<Value, Misfit> {
+        let Json::Object(members) = json else {
+            return Err(expected("an object", json));
+        };
+        let values = members
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), self.value(v, types).map_err(at(k.clone()))?)))
+            .collect::<Result<_, Misfit>>()?;
+        Ok(Value::Map(values))
     }
 
     /// Each field from its member, or its default; members the schema does not name are
@@ -417,6 +392,44 @@ fn bytes(json: &Json) -> Result<Value, Misfit> {
             .collect::<Result<Vec<u8>, _>>()
             .map(Value::Bytes),
         other => Err(expected("a string or an array of bytes", other)),
+    }
+}
+
+/// A `fixed` from a string of exactly its size (a JSON payload carries bytes as a string).
+fn fixed(json: &Json, schema: &FixedSchema) -> Result<Value, Misfit> {
+    let FixedSchema { size, name, .. } = schema;
+    match json {
+        Json::String(s) if s.len() == *size => Ok(Value::Fixed(*size, s.as_bytes().to_vec())),
+        Json::String(s) => Err(misfit(format!(
+            "fixed `{name}` takes {size} bytes, the string has {}",
+            s.len()
+        ))),
+        other => Err(expected("a string", other)),
+    }
+}
+
+/// An enum symbol; one the schema does not know becomes the enum's default if it has one (the
+/// Avro specification's rule for a reader's enum).
+fn symbol(json: &Json, schema: &EnumSchema) -> Result<Value, Misfit> {
+    let EnumSchema {
+        symbols,
+        default,
+        name,
+        ..
+    } = schema;
+    let Json::String(symbol) = json else {
+        return Err(expected("an enum symbol (a string)", json));
+    };
+    let known = |s: &str| symbols.iter().position(|x| x == s);
+    match known(symbol).map(|i| (i, symbol)).or_else(|| {
+        let d = default.as_ref()?;
+        known(d).map(|i| (i, d))
+    }) {
+        Some((i, s)) => Ok(Value::Enum(i as u32, s.clone())),
+        None => Err(misfit(format!(
+            "`{symbol}` is not a symbol of enum `{name}` ({})",
+            symbols.join(", ")
+        ))),
     }
 }
 
