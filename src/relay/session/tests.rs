@@ -19,28 +19,25 @@ use rdkafka::Timestamp;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::fakes::{
+    self, begin, commit, relation, text, ChannelSource, FakeCatalog, Upstream, OUTBOX,
+};
 use super::{Session, Settings, Transactions};
 use crate::relay::ledger::TxnSeq;
-use crate::relay::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
+use crate::relay::seams::{CommitOutcome, Ends, RecordKind, RecordSink};
 use crate::relay::RelayError;
 use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
-use std::collections::HashMap;
 
 use crate::config::{BreakerPolicy, DeadLetterPolicy, OutboxConfig};
 use crate::lsn::Lsn;
 use crate::mapping::OutboxMapping;
 use crate::mapping::Record;
-use crate::postgres::control::ControlError;
 use crate::serve::metrics::Metrics;
 use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
-use crate::source::pgoutput::encode::encode;
-use crate::source::pgoutput::{
-    Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue,
-};
+use crate::source::pgoutput::{LogicalMessage, TupleValue};
 use crate::source::walsender::{ReplicationError, ReplicationFrame};
 
-const OUTBOX: u32 = 16_400;
 const AUDIT: u32 = 16_500;
 /// A partition of the outbox (`public.outbox_2026_11`), sent under its own name.
 const LEAF: u32 = 16_600;
@@ -61,60 +58,19 @@ impl Wal {
         Wal { lsn: 0x1000 }
     }
 
-    fn frame(message: LogicalMessage) -> ReplicationFrame {
-        ReplicationFrame::XLogData {
-            wal_start: Lsn::ZERO,
-            wal_end: Lsn::ZERO,
-            data: encode(&message),
-        }
-    }
-
     fn relation(id: u32, name: &str) -> ReplicationFrame {
-        Wal::relation_in("public", id, name)
-    }
-
-    fn relation_in(schema: &str, id: u32, name: &str) -> ReplicationFrame {
-        let column = |name: &str, type_oid| Column {
-            flags: 0,
-            name: name.into(),
-            type_oid,
-            type_modifier: -1,
-        };
-        Wal::frame(LogicalMessage::Relation(Relation {
-            id,
-            namespace: schema.into(),
-            name: name.into(),
-            replica_identity: b'd',
-            columns: vec![
-                column("id", 2950),
-                column("aggregatetype", 1043),
-                column("aggregateid", 1043),
-                column("type", 1043),
-                column("payload", 3802),
-            ],
-        }))
+        relation(id, "public", name, 0)
     }
 
     fn begin(&mut self, rows: usize) -> (ReplicationFrame, Lsn) {
         let final_lsn = Lsn(self.lsn + 0x100 * rows as u64 + 0x10);
-        let begin = Wal::frame(LogicalMessage::Begin(Begin {
-            final_lsn,
-            commit_time_us: 0,
-            xid: 1,
-        }));
-        (begin, final_lsn)
+        (begin(final_lsn, 1), final_lsn)
     }
 
     fn commit(&mut self, final_lsn: Lsn) -> (ReplicationFrame, Lsn) {
         let end_lsn = Lsn(final_lsn.0 + 0x30);
         self.lsn = end_lsn.0 + 0x10;
-        let commit = Wal::frame(LogicalMessage::Commit(Commit {
-            flags: 0,
-            commit_lsn: final_lsn,
-            end_lsn,
-            commit_time_us: 0,
-        }));
-        (commit, end_lsn)
+        (commit(final_lsn, end_lsn), end_lsn)
     }
 
     /// A whole transaction inserting `ids` into relation `relid` (`None`: a row whose
@@ -129,26 +85,22 @@ impl Wal {
     }
 }
 
-fn text(s: &str) -> TupleValue {
-    TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
-}
-
 fn insert(relid: u32, id: Option<&str>) -> ReplicationFrame {
     let aggregate_type = match id {
         Some(_) => text("order"),
         None => TupleValue::Null,
     };
     let id = id.unwrap_or("00000000-0000-0000-0000-000000000000");
-    Wal::frame(LogicalMessage::Insert(Insert {
-        relation_id: relid,
-        tuple: Tuple(vec![
+    fakes::insert(
+        relid,
+        vec![
             text(id),
             aggregate_type,
             text("42"),
             text("OrderCreated"),
             text("{\"n\": 1}"),
-        ]),
-    }))
+        ],
+    )
 }
 
 fn event_id(n: usize) -> String {
@@ -168,45 +120,22 @@ struct SourceLog {
     frames_read: usize,
 }
 
-/// Frames from a channel (the test may add more while the session runs); none left: waits.
-struct FakeSource {
-    frames: mpsc::UnboundedReceiver<Result<ReplicationFrame, ReplicationError>>,
-    log: Arc<Mutex<SourceLog>>,
-}
+/// The session's end of the replication connection: frames from the test, status updates
+/// into the log.
+type FakeSource = ChannelSource<Arc<Mutex<SourceLog>>>;
 
-impl FrameSource for FakeSource {
-    async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
-        match self.frames.recv().await {
-            Some(frame) => {
-                self.log.lock().unwrap().frames_read += 1;
-                frame
-            }
-            None => std::future::pending().await,
-        }
+impl Upstream for Arc<Mutex<SourceLog>> {
+    fn taken(&mut self) {
+        self.lock().unwrap().frames_read += 1;
     }
 
-    fn buffered_frame(&mut self) -> Result<Option<ReplicationFrame>, ReplicationError> {
-        match self.frames.try_recv() {
-            Ok(frame) => {
-                self.log.lock().unwrap().frames_read += 1;
-                frame.map(Some)
-            }
-            Err(_) => Ok(None),
-        }
-    }
-
-    async fn send_status(
-        &mut self,
-        _write: Lsn,
-        flush: Lsn,
-        _reply: bool,
-    ) -> Result<(), ReplicationError> {
-        self.log.lock().unwrap().flushes.push(flush);
+    fn status(&mut self, flush: Lsn, _reply: bool) -> Result<(), ReplicationError> {
+        self.lock().unwrap().flushes.push(flush);
         Ok(())
     }
 
-    async fn close(&mut self) {
-        self.log.lock().unwrap().closed = true;
+    fn closed(&mut self) {
+        self.lock().unwrap().closed = true;
     }
 }
 
@@ -371,26 +300,12 @@ fn failed(sent: &Sent, code: RDKafkaErrorCode) -> Delivery {
 
 /// The catalog: partitions of the outbox resolve to it; everything else to itself; `GONE`
 /// to nothing.
-struct FakeCatalog(HashMap<u32, (String, String)>);
-
-impl FakeCatalog {
-    fn new() -> FakeCatalog {
-        let table = |s: &str, t: &str| (s.to_string(), t.to_string());
-        FakeCatalog(HashMap::from([
-            (OUTBOX, table("public", "outbox")),
-            (AUDIT, table("public", "audit")),
-            (LEAF, table("public", "outbox")),
-        ]))
-    }
-}
-
-impl Catalog for FakeCatalog {
-    async fn partition_root(
-        &mut self,
-        relid: u32,
-    ) -> Result<Option<(String, String)>, ControlError> {
-        Ok(self.0.get(&relid).cloned())
-    }
+fn catalog() -> FakeCatalog {
+    FakeCatalog::new(&[
+        (OUTBOX, "public", "outbox"),
+        (AUDIT, "public", "audit"),
+        (LEAF, "public", "outbox"),
+    ])
 }
 
 /// A session wired to fakes, and the test's handles on them.
@@ -418,7 +333,7 @@ impl Rig {
         let (commits_tx, commits) = mpsc::unbounded_channel();
         let source = FakeSource {
             frames: frames_rx,
-            log: log.clone(),
+            upstream: log.clone(),
         };
         let sink = FakeSink {
             sent: sent.clone(),
@@ -444,7 +359,7 @@ impl Rig {
                 source,
                 sink,
                 deliveries: acks_rx,
-                catalog: FakeCatalog::new(),
+                catalog: catalog(),
             }),
         }
     }
@@ -2006,7 +1921,7 @@ async fn a_split_transaction_resumes_after_its_changes_in_kafka_whatever_the_map
     let mut commits = rig.commits.take().unwrap();
     let mut wal = Wal::new();
     let (begin, final_lsn) = wal.begin(4);
-    let message = Wal::frame(LogicalMessage::Message(crate::source::pgoutput::Message {
+    let message = fakes::frame(LogicalMessage::Message(crate::source::pgoutput::Message {
         transactional: true,
         lsn: Lsn(final_lsn.0 - 0x200),
         prefix: "outbox".into(),

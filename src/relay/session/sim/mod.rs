@@ -47,13 +47,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::fakes::{FakeCatalog, OUTBOX};
 use super::{Session, Settings, Transactions};
 use crate::config::{BreakerPolicy, DeadLetterPolicy, OutboxConfig};
 use crate::mapping::OutboxMapping;
 use crate::relay::seams::Ends;
 use crate::relay::RelayError;
 use crate::serve::metrics::Metrics;
-use peers::{SimCatalog, SimSink, SimSource, Walsender};
+use peers::{Connection, SimSink, SimSource, Walsender};
 use world::{Workload, World, DLQ};
 
 /// SplitMix64: small, fast, and the same on every machine.
@@ -261,14 +262,17 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         };
         let source = SimSource {
             frames,
-            world: world.clone(),
-            walsender: walsender.clone(),
+            upstream: Connection {
+                world: world.clone(),
+                walsender: walsender.clone(),
+            },
         };
         let ends = Ends {
             source,
             sink,
             deliveries,
-            catalog: SimCatalog,
+            // Every relation is the outbox itself.
+            catalog: FakeCatalog::new(&[(OUTBOX, "public", "outbox")]),
         };
         let progress = world.borrow_mut().init_transactions(&mut driver.rng);
         let session = Session::new(settings.clone(), &mapping, &metrics, ends, start)
