@@ -1,13 +1,16 @@
 //! The fakes the session's tests (`tests.rs`) and its simulation (`sim/`) both need, written
-//! once: pgoutput frames as a walsender sends them, a frame source over a channel, and a
-//! catalog from a table. What each side does with a status update differs (the tests log it,
+//! once: the settings they start from, pgoutput frames as a walsender sends them, a frame
+//! source over a channel, and a catalog from a table. What each side does with a status update differs (the tests log it,
 //! the simulation moves its slot), so the frame source hands that to an [`Upstream`].
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use super::Settings;
+use crate::config::{BreakerPolicy, DeadLetterPolicy};
 use crate::lsn::Lsn;
 use crate::postgres::control::ControlError;
 use crate::relay::seams::{Catalog, FrameSource};
@@ -19,6 +22,27 @@ use crate::source::walsender::{ReplicationError, ReplicationFrame};
 
 /// The outbox table's relation id.
 pub(super) const OUTBOX: u32 = 16_400;
+
+/// At-least-once settings with no cap that bites, rows that cannot be published
+/// dead-lettered to `dead_letter_topic`, and a status timer too slow to matter: confirmations
+/// come from acknowledgements.
+pub(super) fn settings(dead_letter_topic: &str) -> Settings {
+    Settings {
+        max_in_flight_messages: 10_000,
+        max_in_flight_bytes: 1 << 30,
+        dead_letter_policy: DeadLetterPolicy::DeadLetter,
+        dead_letter_topic: dead_letter_topic.into(),
+        dead_letter_max_per_minute: 0,
+        on_breaker: BreakerPolicy::Stop,
+        shutdown_timeout: Duration::from_secs(5),
+        status_interval: Duration::from_secs(60),
+        confirm_delay: Duration::ZERO,
+        publication: "outbox_relay_pub".into(),
+        transactions: None,
+        adaptive: false,
+        serializers: Default::default(),
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // pgoutput frames.
