@@ -23,6 +23,8 @@
 
 mod contract;
 mod exactly_once;
+#[cfg(test)]
+mod fakes;
 mod reads;
 mod rows;
 mod serialize;

@@ -7,6 +7,7 @@
 //! wait, straight to the next timer. A wait is then exact (a 20 ms pause lets the session do
 //! everything it can before the test looks) and costs no wall-clock time.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,28 +20,25 @@ use rdkafka::Timestamp;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::fakes::{
+    self, begin, commit, relation, text, ChannelSource, FakeCatalog, Upstream, OUTBOX,
+};
 use super::{Session, Settings, Transactions};
 use crate::relay::ledger::TxnSeq;
-use crate::relay::seams::{Catalog, CommitOutcome, Ends, FrameSource, RecordKind, RecordSink};
+use crate::relay::seams::{CommitOutcome, Ends, RecordKind, RecordSink};
 use crate::relay::RelayError;
 use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
-use std::collections::HashMap;
 
 use crate::config::{BreakerPolicy, DeadLetterPolicy, OutboxConfig};
 use crate::lsn::Lsn;
 use crate::mapping::OutboxMapping;
 use crate::mapping::Record;
-use crate::postgres::control::ControlError;
 use crate::serve::metrics::Metrics;
 use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
-use crate::source::pgoutput::encode::encode;
-use crate::source::pgoutput::{
-    Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue,
-};
+use crate::source::pgoutput::{LogicalMessage, TupleValue};
 use crate::source::walsender::{ReplicationError, ReplicationFrame};
 
-const OUTBOX: u32 = 16_400;
 const AUDIT: u32 = 16_500;
 /// A partition of the outbox (`public.outbox_2026_11`), sent under its own name.
 const LEAF: u32 = 16_600;
@@ -61,60 +59,19 @@ impl Wal {
         Wal { lsn: 0x1000 }
     }
 
-    fn frame(message: LogicalMessage) -> ReplicationFrame {
-        ReplicationFrame::XLogData {
-            wal_start: Lsn::ZERO,
-            wal_end: Lsn::ZERO,
-            data: encode(&message),
-        }
-    }
-
     fn relation(id: u32, name: &str) -> ReplicationFrame {
-        Wal::relation_in("public", id, name)
-    }
-
-    fn relation_in(schema: &str, id: u32, name: &str) -> ReplicationFrame {
-        let column = |name: &str, type_oid| Column {
-            flags: 0,
-            name: name.into(),
-            type_oid,
-            type_modifier: -1,
-        };
-        Wal::frame(LogicalMessage::Relation(Relation {
-            id,
-            namespace: schema.into(),
-            name: name.into(),
-            replica_identity: b'd',
-            columns: vec![
-                column("id", 2950),
-                column("aggregatetype", 1043),
-                column("aggregateid", 1043),
-                column("type", 1043),
-                column("payload", 3802),
-            ],
-        }))
+        relation(id, "public", name, 0)
     }
 
     fn begin(&mut self, rows: usize) -> (ReplicationFrame, Lsn) {
         let final_lsn = Lsn(self.lsn + 0x100 * rows as u64 + 0x10);
-        let begin = Wal::frame(LogicalMessage::Begin(Begin {
-            final_lsn,
-            commit_time_us: 0,
-            xid: 1,
-        }));
-        (begin, final_lsn)
+        (begin(final_lsn, 1), final_lsn)
     }
 
     fn commit(&mut self, final_lsn: Lsn) -> (ReplicationFrame, Lsn) {
         let end_lsn = Lsn(final_lsn.0 + 0x30);
         self.lsn = end_lsn.0 + 0x10;
-        let commit = Wal::frame(LogicalMessage::Commit(Commit {
-            flags: 0,
-            commit_lsn: final_lsn,
-            end_lsn,
-            commit_time_us: 0,
-        }));
-        (commit, end_lsn)
+        (commit(final_lsn, end_lsn), end_lsn)
     }
 
     /// A whole transaction inserting `ids` into relation `relid` (`None`: a row whose
@@ -129,26 +86,22 @@ impl Wal {
     }
 }
 
-fn text(s: &str) -> TupleValue {
-    TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
-}
-
 fn insert(relid: u32, id: Option<&str>) -> ReplicationFrame {
     let aggregate_type = match id {
         Some(_) => text("order"),
         None => TupleValue::Null,
     };
     let id = id.unwrap_or("00000000-0000-0000-0000-000000000000");
-    Wal::frame(LogicalMessage::Insert(Insert {
-        relation_id: relid,
-        tuple: Tuple(vec![
+    fakes::insert(
+        relid,
+        vec![
             text(id),
             aggregate_type,
             text("42"),
             text("OrderCreated"),
             text("{\"n\": 1}"),
-        ]),
-    }))
+        ],
+    )
 }
 
 fn event_id(n: usize) -> String {
@@ -168,45 +121,22 @@ struct SourceLog {
     frames_read: usize,
 }
 
-/// Frames from a channel (the test may add more while the session runs); none left: waits.
-struct FakeSource {
-    frames: mpsc::UnboundedReceiver<Result<ReplicationFrame, ReplicationError>>,
-    log: Arc<Mutex<SourceLog>>,
-}
+/// The session's end of the replication connection: frames from the test, status updates
+/// into the log.
+type FakeSource = ChannelSource<Arc<Mutex<SourceLog>>>;
 
-impl FrameSource for FakeSource {
-    async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
-        match self.frames.recv().await {
-            Some(frame) => {
-                self.log.lock().unwrap().frames_read += 1;
-                frame
-            }
-            None => std::future::pending().await,
-        }
+impl Upstream for Arc<Mutex<SourceLog>> {
+    fn taken(&mut self) {
+        self.lock().unwrap().frames_read += 1;
     }
 
-    fn buffered_frame(&mut self) -> Result<Option<ReplicationFrame>, ReplicationError> {
-        match self.frames.try_recv() {
-            Ok(frame) => {
-                self.log.lock().unwrap().frames_read += 1;
-                frame.map(Some)
-            }
-            Err(_) => Ok(None),
-        }
-    }
-
-    async fn send_status(
-        &mut self,
-        _write: Lsn,
-        flush: Lsn,
-        _reply: bool,
-    ) -> Result<(), ReplicationError> {
-        self.log.lock().unwrap().flushes.push(flush);
+    fn status(&mut self, flush: Lsn, _reply: bool) -> Result<(), ReplicationError> {
+        self.lock().unwrap().flushes.push(flush);
         Ok(())
     }
 
-    async fn close(&mut self) {
-        self.log.lock().unwrap().closed = true;
+    fn closed(&mut self) {
+        self.lock().unwrap().closed = true;
     }
 }
 
@@ -371,26 +301,12 @@ fn failed(sent: &Sent, code: RDKafkaErrorCode) -> Delivery {
 
 /// The catalog: partitions of the outbox resolve to it; everything else to itself; `GONE`
 /// to nothing.
-struct FakeCatalog(HashMap<u32, (String, String)>);
-
-impl FakeCatalog {
-    fn new() -> FakeCatalog {
-        let table = |s: &str, t: &str| (s.to_string(), t.to_string());
-        FakeCatalog(HashMap::from([
-            (OUTBOX, table("public", "outbox")),
-            (AUDIT, table("public", "audit")),
-            (LEAF, table("public", "outbox")),
-        ]))
-    }
-}
-
-impl Catalog for FakeCatalog {
-    async fn partition_root(
-        &mut self,
-        relid: u32,
-    ) -> Result<Option<(String, String)>, ControlError> {
-        Ok(self.0.get(&relid).cloned())
-    }
+fn catalog() -> FakeCatalog {
+    FakeCatalog::new(&[
+        (OUTBOX, "public", "outbox"),
+        (AUDIT, "public", "audit"),
+        (LEAF, "public", "outbox"),
+    ])
 }
 
 /// A session wired to fakes, and the test's handles on them.
@@ -418,7 +334,7 @@ impl Rig {
         let (commits_tx, commits) = mpsc::unbounded_channel();
         let source = FakeSource {
             frames: frames_rx,
-            log: log.clone(),
+            upstream: log.clone(),
         };
         let sink = FakeSink {
             sent: sent.clone(),
@@ -444,7 +360,7 @@ impl Rig {
                 source,
                 sink,
                 deliveries: acks_rx,
-                catalog: FakeCatalog::new(),
+                catalog: catalog(),
             }),
         }
     }
@@ -513,6 +429,17 @@ impl Rig {
         self.until("confirmed", |r| r.last_flush() == end).await;
     }
 
+    /// Runs `session` beside the test's `driver` (which stops it, or waits for it to end):
+    /// the session's outcome once both are done.
+    async fn run(
+        &self,
+        session: Session<'_, FakeSource, FakeSink, FakeCatalog>,
+        driver: impl Future<Output = ()>,
+    ) -> Result<(), RelayError> {
+        let (result, ()) = tokio::join!(session.run(&self.shutdown), driver);
+        result
+    }
+
     /// Pushes `frames` and waits until the session has read them all.
     async fn read_all(&self, frames: Vec<ReplicationFrame>) {
         let pushed = self.log.lock().unwrap().frames_read + frames.len();
@@ -544,22 +471,7 @@ async fn next_commit(commits: &mut mpsc::UnboundedReceiver<CommitRequest>) -> Co
 }
 
 fn settings() -> Settings {
-    Settings {
-        max_in_flight_messages: 10_000,
-        max_in_flight_bytes: 1 << 30,
-        dead_letter_policy: DeadLetterPolicy::DeadLetter,
-        dead_letter_topic: DLQ.into(),
-        dead_letter_max_per_minute: 0,
-        on_breaker: BreakerPolicy::Stop,
-        shutdown_timeout: Duration::from_secs(5),
-        // Long: confirmations in these tests come from acknowledgements, not the timer.
-        status_interval: Duration::from_secs(60),
-        confirm_delay: Duration::ZERO,
-        publication: "outbox_relay_pub".into(),
-        transactions: None,
-        adaptive: false,
-        serializers: Default::default(),
-    }
+    fakes::settings(DLQ)
 }
 
 /// Exactly-once settings: commit when `max_age` old or `max_records` big (no early commit).
@@ -655,7 +567,7 @@ async fn confirms_in_commit_order_whatever_the_ack_order() {
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     let log = rig.log.lock().unwrap();
     assert!(
@@ -699,7 +611,7 @@ async fn reading_pauses_at_the_in_flight_cap() {
         }
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
 }
 
@@ -751,7 +663,7 @@ async fn poison_records_are_dead_lettered_under_policy_dead_letter() {
         .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     assert_eq!(
         metrics
@@ -835,7 +747,7 @@ async fn an_unready_breaker_holds_the_slot_reads_nothing_more_and_stops_cleanly(
         assert!(metrics.readiness(Duration::from_secs(3600)).is_err());
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     assert_eq!(
         rig.max_flush(),
@@ -860,7 +772,7 @@ async fn unroutable_row_stops_the_session_under_policy_stop() {
             .await;
         rig.push(bad);
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     let err = result.unwrap_err();
     assert!(matches!(err, RelayError::Poison(_)), "{err}");
     assert!(!err.is_transient());
@@ -893,7 +805,7 @@ async fn a_stop_lets_earlier_records_be_acknowledged_and_confirmed_first() {
             rig.acks.send(ok(&record)).unwrap();
         }
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     assert!(matches!(result, Err(RelayError::Poison(_))), "{result:?}");
     assert_eq!(
         rig.last_flush(),
@@ -932,7 +844,7 @@ async fn a_refused_batch_dead_letters_none_of_its_small_records() {
             .send(failed(&sent[2], RDKafkaErrorCode::MessageSizeTooLarge))
             .unwrap();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     assert!(
         matches!(
             result,
@@ -986,7 +898,7 @@ async fn exactly_once_learns_the_limit_from_a_refused_record_and_restarts() {
         }
         rig.acks.send(refused).unwrap();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     match &result {
         Err(
             e @ RelayError::Publish(PublishError::SizeRefused {
@@ -1030,7 +942,7 @@ async fn an_event_its_dead_letter_cannot_keep_stops_the_session() {
         }
         rig.acks.send(refused).unwrap();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     assert!(
         matches!(result, Err(RelayError::TooLargeToKeep(_))),
         "{result:?}"
@@ -1063,7 +975,7 @@ async fn refused_record_stops_the_session_under_policy_stop() {
             .send(failed(&sent, RDKafkaErrorCode::MessageSizeTooLarge))
             .unwrap();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     assert!(matches!(result, Err(RelayError::Poison(_))), "{result:?}");
     assert!(rig.max_flush() < end);
 }
@@ -1091,7 +1003,7 @@ async fn unmappable_insert_stops_the_session_without_confirming() {
             reply_requested: true,
         }]);
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     let err = result.unwrap_err();
     assert!(
         matches!(&err, RelayError::Unmapped(u) if u.oid == AUDIT && u.relation == "public.audit" && !u.dropped),
@@ -1126,7 +1038,7 @@ async fn a_partition_sent_under_its_own_name_is_published_as_its_outbox() {
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     let sent = rig.sent();
     assert_eq!(sent.len(), 2);
@@ -1224,7 +1136,7 @@ async fn shutdown_deadline_confirms_only_what_was_acknowledged() {
         rig.shutdown.cancel();
     };
     let started = tokio::time::Instant::now();
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     // Logical time: the session ends at the deadline, not before and not later.
     let waited = started.elapsed();
@@ -1251,7 +1163,7 @@ async fn transient_delivery_error_ends_the_session_without_confirming() {
             .send(failed(&sent[1], RDKafkaErrorCode::MessageTimedOut))
             .unwrap();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     let err = result.unwrap_err();
     assert!(matches!(err, RelayError::Delivery(_)), "{err}");
     assert!(
@@ -1288,7 +1200,7 @@ async fn acknowledged_commits_are_confirmed_without_waiting_for_the_timer() {
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
 }
 
@@ -1321,7 +1233,7 @@ async fn empty_transactions_do_not_grow_the_ledger_while_kafka_is_down() {
         .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     let held = metrics
         .ledger_transactions
@@ -1376,7 +1288,7 @@ async fn kafka_transactions_end_only_at_postgres_commits() {
             tokio::time::sleep(Duration::from_micros(300)).await;
         }
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     // Records sent before each commit: exactly those of whole PostgreSQL transactions.
     let boundaries: Vec<(Lsn, usize)> = txns
@@ -1460,7 +1372,7 @@ async fn nothing_is_confirmed_before_the_kafka_commit() {
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
 }
 
@@ -1491,7 +1403,7 @@ async fn reports_arriving_after_the_commit_are_confirmed_then() {
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
 }
 
@@ -1526,7 +1438,7 @@ async fn a_commit_waits_for_the_open_postgres_transaction() {
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     assert_eq!(
         rig.kafka_ops(),
@@ -1566,7 +1478,7 @@ async fn records_read_while_a_commit_runs_go_into_the_next_kafka_transaction() {
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     assert_eq!(
         rig.kafka_ops(),
@@ -1616,7 +1528,7 @@ async fn a_trickle_is_committed_early_and_a_backlog_in_one_transaction() {
         rig.confirm_commit(request, end).await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     assert_eq!(
         rig.kafka_ops(),
@@ -1672,7 +1584,7 @@ async fn adaptive_batching_has_a_lone_record_skip_the_linger_and_no_other() {
         rig.until("confirmed", |r| r.last_flush() == end).await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
 }
 
@@ -1688,7 +1600,7 @@ async fn linger_batching_never_skips_the_linger() {
         rig.until("confirmed", |r| r.last_flush() == end).await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     assert_eq!(rig.skips(), 0);
 }
@@ -1712,7 +1624,7 @@ async fn a_failed_kafka_commit_ends_the_session_without_confirming() {
         let (_, answer) = next_commit(&mut commits).await;
         answer.send(Err(fenced())).unwrap();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     let error = result.expect_err("a failed commit must end the session");
     assert!(error.is_transient(), "{error}");
     assert!(rig.max_flush() < end, "confirmed an aborted transaction");
@@ -1764,7 +1676,7 @@ async fn transactions_below_the_progress_record_are_skipped_and_confirmed() {
         }
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     let ids: Vec<String> = rig.sent().into_iter().map(|s| s.event_id).collect();
     assert_eq!(
@@ -1866,7 +1778,7 @@ async fn a_postgres_transaction_older_than_split_after_is_split_across_kafka_tra
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     let ops = rig.kafka_ops();
     assert_eq!(
@@ -1918,7 +1830,7 @@ async fn a_dead_letter_for_a_held_record_counts_once_in_the_split_progress() {
         rig.until("confirmed", |r| r.last_flush() == end).await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     let dead = rig
         .sent()
@@ -1986,7 +1898,7 @@ async fn a_split_transaction_resumes_after_the_records_kafka_has() {
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     assert!(first_end < final_lsn);
     let sent: Vec<String> = rig.sent().into_iter().map(|s| s.event_id).collect();
@@ -2006,7 +1918,7 @@ async fn a_split_transaction_resumes_after_its_changes_in_kafka_whatever_the_map
     let mut commits = rig.commits.take().unwrap();
     let mut wal = Wal::new();
     let (begin, final_lsn) = wal.begin(4);
-    let message = Wal::frame(LogicalMessage::Message(crate::source::pgoutput::Message {
+    let message = fakes::frame(LogicalMessage::Message(crate::source::pgoutput::Message {
         transactional: true,
         lsn: Lsn(final_lsn.0 - 0x200),
         prefix: "outbox".into(),
@@ -2034,7 +1946,7 @@ async fn a_split_transaction_resumes_after_its_changes_in_kafka_whatever_the_map
             .await;
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     result.unwrap();
     let sent: Vec<String> = rig.sent().into_iter().map(|s| s.event_id).collect();
     assert_eq!(sent, [event_id(2), event_id(3)]);
@@ -2093,7 +2005,7 @@ async fn a_registry_that_gives_no_schema_blocks_the_record_and_confirms_nothing_
         assert!(why.contains("outbox.event.order-value"), "{why}");
         rig.shutdown.cancel();
     };
-    let (result, ()) = tokio::join!(session.run(&rig.shutdown), driver);
+    let result = rig.run(session, driver).await;
     assert!(
         matches!(&result, Err(RelayError::SchemaRegistry(why)) if why.contains("unreachable")),
         "{result:?}"

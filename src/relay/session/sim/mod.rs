@@ -47,13 +47,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::fakes::{self, FakeCatalog, OUTBOX};
 use super::{Session, Settings, Transactions};
-use crate::config::{BreakerPolicy, DeadLetterPolicy, OutboxConfig};
+use crate::config::OutboxConfig;
 use crate::mapping::OutboxMapping;
 use crate::relay::seams::Ends;
 use crate::relay::RelayError;
 use crate::serve::metrics::Metrics;
-use peers::{SimCatalog, SimSink, SimSource, Walsender};
+use peers::{Connection, SimSink, SimSource, Walsender};
 use world::{Workload, World, DLQ};
 
 /// SplitMix64: small, fast, and the same on every machine.
@@ -159,18 +160,12 @@ fn settings(rng: &mut Rng, exactly_once: bool) -> Settings {
     });
     Settings {
         max_in_flight_messages: [2, 5, 50, 10_000][rng.below(4) as usize],
-        max_in_flight_bytes: 1 << 30,
-        dead_letter_policy: DeadLetterPolicy::DeadLetter,
-        dead_letter_topic: DLQ.into(),
-        dead_letter_max_per_minute: 0,
-        on_breaker: BreakerPolicy::Stop,
-        shutdown_timeout: Duration::from_secs(5),
         status_interval: Duration::from_secs(10),
         confirm_delay: Duration::from_millis([0, 10, 100][rng.below(3) as usize]),
         publication: "sim_pub".into(),
         transactions,
         adaptive: rng.chance(50),
-        serializers: Default::default(),
+        ..fakes::settings(DLQ)
     }
 }
 
@@ -261,14 +256,17 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         };
         let source = SimSource {
             frames,
-            world: world.clone(),
-            walsender: walsender.clone(),
+            upstream: Connection {
+                world: world.clone(),
+                walsender: walsender.clone(),
+            },
         };
         let ends = Ends {
             source,
             sink,
             deliveries,
-            catalog: SimCatalog,
+            // Every relation is the outbox itself.
+            catalog: FakeCatalog::new(&[(OUTBOX, "public", "outbox")]),
         };
         let progress = world.borrow_mut().init_transactions(&mut driver.rng);
         let session = Session::new(settings.clone(), &mapping, &metrics, ends, start)

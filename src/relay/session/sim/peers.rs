@@ -6,28 +6,21 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use bytes::Bytes;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
 use super::world::{Pending, World};
 use crate::lsn::Lsn;
 use crate::mapping::Record;
-use crate::postgres::control::ControlError;
 use crate::relay::ledger::TxnSeq;
-use crate::relay::seams::{Catalog, CommitOutcome, FrameSource, RecordKind, RecordSink};
+use crate::relay::seams::{CommitOutcome, RecordKind, RecordSink};
+use crate::relay::session::fakes::{
+    self, begin, commit, insert, relation, text, Frames, Upstream, OUTBOX,
+};
 use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
 use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
-use crate::source::pgoutput::encode::encode;
-use crate::source::pgoutput::{
-    Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue,
-};
 use crate::source::walsender::{ReplicationError, ReplicationFrame};
-
-pub(super) const OUTBOX: u32 = 16_400;
-
-type Frames = mpsc::UnboundedSender<Result<ReplicationFrame, ReplicationError>>;
 
 /// The walsender's side of one replication connection.
 pub(super) struct Walsender {
@@ -106,17 +99,15 @@ impl Walsender {
         } else {
             txn.after
         });
-        self.staged.push_back(frame(LogicalMessage::Begin(Begin {
-            final_lsn: txn.final_lsn,
-            commit_time_us: 0,
-            xid: self.next_txn as u32,
-        })));
+        self.staged
+            .push_back(begin(txn.final_lsn, self.next_txn as u32));
         if txn.ddl {
             self.relation_sent = false;
         }
         for &e in &txn.events {
             if !self.relation_sent {
-                self.staged.push_back(relation(txn.extra_columns));
+                self.staged
+                    .push_back(relation(OUTBOX, "public", "outbox", txn.extra_columns));
                 self.relation_sent = true;
             }
             let ev = &world.workload.events[e];
@@ -128,85 +119,24 @@ impl Walsender {
                 text(&ev.payload),
             ];
             values.extend((0..txn.extra_columns).map(|_| text("x")));
-            self.staged.push_back(frame(LogicalMessage::Insert(Insert {
-                relation_id: OUTBOX,
-                tuple: Tuple(values),
-            })));
+            self.staged.push_back(insert(OUTBOX, values));
         }
-        self.staged.push_back(frame(LogicalMessage::Commit(Commit {
-            flags: 0,
-            commit_lsn: txn.final_lsn,
-            end_lsn: txn.end_lsn,
-            commit_time_us: 0,
-        })));
+        self.staged.push_back(commit(txn.final_lsn, txn.end_lsn));
         true
     }
 }
 
-fn frame(message: LogicalMessage) -> ReplicationFrame {
-    ReplicationFrame::XLogData {
-        wal_start: Lsn::ZERO,
-        wal_end: Lsn::ZERO,
-        data: encode(&message),
-    }
-}
-
-fn text(s: &str) -> TupleValue {
-    TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
-}
-
-fn relation(extra_columns: usize) -> ReplicationFrame {
-    let column = |name: String, type_oid| Column {
-        flags: 0,
-        name,
-        type_oid,
-        type_modifier: -1,
-    };
-    let mut columns = vec![
-        column("id".into(), 2950),
-        column("aggregatetype".into(), 1043),
-        column("aggregateid".into(), 1043),
-        column("type".into(), 1043),
-        column("payload".into(), 3802),
-    ];
-    columns.extend((0..extra_columns).map(|i| column(format!("added_{i}"), 25)));
-    frame(LogicalMessage::Relation(Relation {
-        id: OUTBOX,
-        namespace: "public".into(),
-        name: "outbox".into(),
-        replica_identity: b'd',
-        columns,
-    }))
-}
-
 /// The session's end of the replication connection.
-pub(super) struct SimSource {
-    pub frames: mpsc::UnboundedReceiver<Result<ReplicationFrame, ReplicationError>>,
+pub(super) type SimSource = fakes::ChannelSource<Connection>;
+
+/// What the walsender does with the session's status updates.
+pub(super) struct Connection {
     pub world: Rc<RefCell<World>>,
     pub walsender: Rc<RefCell<Walsender>>,
 }
 
-impl FrameSource for SimSource {
-    async fn next_frame(&mut self) -> Result<ReplicationFrame, ReplicationError> {
-        match self.frames.recv().await {
-            Some(frame) => frame,
-            None => std::future::pending().await,
-        }
-    }
-
-    fn buffered_frame(&mut self) -> Result<Option<ReplicationFrame>, ReplicationError> {
-        match self.frames.try_recv() {
-            Ok(frame) => frame.map(Some),
-            Err(_) => Ok(None),
-        }
-    }
-
-    async fn send_status(
-        &mut self,
-        _write: Lsn,
-        flush: Lsn,
-        reply: bool,
-    ) -> Result<(), ReplicationError> {
+impl Upstream for Connection {
+    fn status(&mut self, flush: Lsn, reply: bool) -> Result<(), ReplicationError> {
         let mut world = self.world.borrow_mut();
         if std::mem::take(&mut world.status_fails) {
             return Err(ReplicationError::Closed);
@@ -220,8 +150,6 @@ impl FrameSource for SimSource {
         }
         Ok(())
     }
-
-    async fn close(&mut self) {}
 }
 
 /// The session's producer over the world's partitions: idempotent (at-least-once), or
@@ -381,16 +309,4 @@ impl RecordSink for SimSink {
     }
 
     fn skip_linger(&mut self) {}
-}
-
-/// Every relation is the outbox itself.
-pub(super) struct SimCatalog;
-
-impl Catalog for SimCatalog {
-    async fn partition_root(
-        &mut self,
-        _relid: u32,
-    ) -> Result<Option<(String, String)>, ControlError> {
-        Ok(Some(("public".into(), "outbox".into())))
-    }
 }
