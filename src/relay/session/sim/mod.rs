@@ -142,7 +142,8 @@ struct Hold {
 /// seed that catches each, at-least-once ones included): `StaleProgress` 5, `ForgetDoom` 8,
 /// `CommitBeforeAcks` 5, `ReadBeforeFence` 9, `AclRefusalToSession` 1 (a session ended with
 /// no fault that ends sessions), `GateAppends` 236 (an aggregate out of commit order),
-/// `GateHoldsAll` 1 (an event of another topic not in Kafka at the end of the hold phase).
+/// `GateHoldsAll` 1 (an event of another topic not in Kafka at the end of the hold phase),
+/// `MetadataRefusalFails` 2 (a session ended with no fault that ends sessions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Defect {
     None,
@@ -169,6 +170,11 @@ pub(super) enum Defect {
     /// At-least-once: while any topic waits at the gate, records of every topic wait (a
     /// block taken for the whole producer).
     GateHoldsAll,
+    /// A topic's refused first metadata read fails its waiting records (as `after_failure`,
+    /// sink/publisher/partition_counts.rs, does for an error it does not know as the
+    /// deployment's) instead of keeping them waiting: the session sees a failure of a topic
+    /// Kafka refuses, and restarts (exactly-once: its transaction is doomed).
+    MetadataRefusalFails,
     /// Not a throwaway defect: the relay's own tie-break. `HeldTopic::insert_refused`
     /// (sink/publisher/partition_counts_refused.rs) orders refusals of one transaction in
     /// report order, so a transaction's records of one partition split between the refused
@@ -642,6 +648,7 @@ fn env_defect() -> Defect {
         Defect::AclRefusalToSession,
         Defect::GateAppends,
         Defect::GateHoldsAll,
+        Defect::MetadataRefusalFails,
         Defect::GateTiesInReportOrder,
     ]
     .into_iter()
@@ -747,6 +754,7 @@ fn injected_defects_are_caught() {
         Defect::AclRefusalToSession,
         Defect::GateAppends,
         Defect::GateHoldsAll,
+        Defect::MetadataRefusalFails,
     ];
     for defect in table {
         let caught = (1..=SEEDS_TO_CATCH).find_map(|seed| {

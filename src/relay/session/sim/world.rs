@@ -710,6 +710,16 @@ impl World {
             return Ok(());
         }
         if !self.read.contains(&topic) {
+            if self.metadata_refused.contains(&topic) && self.defect == Defect::MetadataRefusalFails
+            {
+                self.note(format!(
+                    "the first metadata read of {topic} is refused: its record fails"
+                ));
+                let error =
+                    KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+                self.fail(&pending, error, partition);
+                return Ok(());
+            }
             if self.metadata_refused.contains(&topic) {
                 self.note(format!(
                     "the first metadata read of {topic} is refused: its records wait"
