@@ -172,15 +172,15 @@ impl RecordSink for SimSink {
     ) -> Result<(), PublishError> {
         let mut guard = self.world.borrow_mut();
         let world = &mut *guard;
+        let rejected = |error| {
+            Err(PublishError::Rejected(Box::new(Rejection {
+                topic: record.topic.clone(),
+                event_id: event_id.to_string(),
+                error: KafkaError::MessageProduction(error),
+            })))
+        };
         let mut txn = None;
         if let Some(coordinator) = &mut world.eos {
-            let rejected = |error| {
-                Err(PublishError::Rejected(Box::new(Rejection {
-                    topic: record.topic.clone(),
-                    event_id: event_id.to_string(),
-                    error: KafkaError::MessageProduction(error),
-                })))
-            };
             // After a fatal error librdkafka takes nothing more (`rd_kafka_producev`,
             // rdkafka_msg.c, answers `RD_KAFKA_RESP_ERR__FATAL`).
             if !coordinator.is_current(self.producer) {
@@ -197,28 +197,32 @@ impl RecordSink for SimSink {
                 world.violation("a record sent while the Kafka commit runs".into());
                 return rejected(RDKafkaErrorCode::State);
             }
-            // A record its topic refused alone before is refused before it is sent, so that
-            // it is dead-lettered inside the transaction (`Publisher::send_with_opaque`,
-            // sink/publisher/mod.rs). Modelled in exactly-once only: at-least-once
-            // dead-letters it from the delivery report.
-            if kind == RecordKind::Event {
-                if let Some(refusal) = world.limits.refused(&record.topic, &record.key) {
-                    return rejected(refusal);
-                }
-            }
-            open.sent += 1;
             txn = Some(open.id);
         }
-        let partition = world.partition_of(record);
-        let queue = world.queues.entry((record.topic.clone(), partition));
-        queue.or_default().push_back(Pending {
+        // A record its topic refused alone before is refused before it is sent
+        // (`Publisher::send_with_opaque`, sink/publisher/mod.rs), in both modes: at-least-once
+        // so that it does not take a batch of healthy neighbours down with it again,
+        // exactly-once so that it is dead-lettered inside the transaction.
+        if kind == RecordKind::Event {
+            if let Some(refusal) = world.limits.refused(&record.topic, &record.key) {
+                return rejected(refusal);
+            }
+        }
+        let pending = Pending {
             record: record.clone(),
             seq,
             kind,
             producer: self.producer,
             reports: self.reports.clone(),
             txn,
-        });
+            sent: 0,
+        };
+        if let Err(refusal) = world.route(pending) {
+            return rejected(refusal);
+        }
+        if let Some(open) = txn.and_then(|id| world.eos.as_mut().and_then(|c| c.txn(id))) {
+            open.sent += 1;
+        }
         Ok(())
     }
 
@@ -304,6 +308,9 @@ impl RecordSink for SimSink {
         coordinator.open = None;
         for queue in world.queues.values_mut() {
             queue.retain(|p| p.txn != Some(id));
+        }
+        for held in world.gate.values_mut() {
+            held.retain(|p| p.txn != Some(id));
         }
         world.note("the session aborts its Kafka transaction".into());
     }

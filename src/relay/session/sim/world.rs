@@ -14,6 +14,7 @@ use rdkafka::Timestamp;
 use tokio::sync::mpsc;
 
 use super::coordinator::{progress_order, Coordinator, Written};
+use super::gate::{HeldTopic, Ties};
 use super::{Defect, Rng};
 use crate::lsn::Lsn;
 use crate::mapping::partition::partition_for_key;
@@ -219,6 +220,8 @@ pub(super) struct Pending {
     pub reports: mpsc::UnboundedSender<Delivery>,
     /// Exactly-once: the Kafka transaction it was sent in.
     pub txn: Option<u64>,
+    /// Its place in the order the producer was handed records (set by `World::route`).
+    pub sent: u64,
 }
 
 impl Pending {
@@ -270,10 +273,20 @@ pub(super) struct World {
     pub restart_causes: u32,
     /// Transient failures (delivery timeout) the next answered batches get.
     pub transient: u32,
+    /// Topics that refuse WRITE (DESCRIBE allowed): refused when records are sent.
     pub acl_denied: BTreeSet<String>,
+    /// Topics whose metadata read is refused (no DESCRIBE, or missing and not created).
+    pub metadata_refused: BTreeSet<String>,
+    /// Topics this producer read the metadata of (its partition count known).
+    read: BTreeSet<String>,
+    /// Topics this producer's librdkafka marked errored (`rd_kafka_topic_set_error`): every
+    /// produce to them fails at once until a metadata refresh finds them whole.
+    errored: BTreeSet<String>,
+    /// Records handed to the producer so far (for `Pending::sent`).
+    sent: u64,
     pub queues: BTreeMap<(String, i32), VecDeque<Pending>>,
-    /// Records held by the publisher's gate, per topic, in the order refused.
-    pub gate: BTreeMap<String, VecDeque<(i32, Pending)>>,
+    /// Records held by the publisher's gate, per topic (`gate.rs`).
+    pub gate: BTreeMap<String, HeldTopic>,
     /// Partitions where a batch of this producer failed, so that the session ends: the
     /// idempotent producer's later batches there are refused by the broker as out of
     /// sequence (OUT_OF_ORDER_SEQUENCE_NUMBER, Kafka's `ProducerAppendInfo.checkSequence`), so none of them is written before the
@@ -323,6 +336,10 @@ impl World {
             restart_causes: 0,
             transient: 0,
             acl_denied: BTreeSet::new(),
+            metadata_refused: BTreeSet::new(),
+            read: BTreeSet::new(),
+            errored: BTreeSet::new(),
+            sent: 0,
             queues: BTreeMap::new(),
             gate: BTreeMap::new(),
             broken: BTreeSet::new(),
@@ -523,19 +540,28 @@ impl World {
         let (topic, partition) = (key.0.clone(), key.1);
         let eos = self.eos.is_some();
         if self.acl_denied.contains(&topic) {
-            // TOPIC_AUTHORIZATION_FAILED in each delivery report; the reporter sends such
-            // records back to the gate (`DeliveryReporter::delivery`, sink/publisher/delivery.rs) when `waits_at_gate`.
-            // Exactly-once has no gate (`Publisher::with_client_config`, sink/publisher/mod.rs):
-            // the failure dooms the transaction and ends the session.
+            // TOPIC_AUTHORIZATION_FAILED: librdkafka marks the topic errored, which fails the
+            // records still queued for it (every partition) before the refused batch is
+            // reported (`gate.rs`).
             let error = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
-            for pending in batch {
-                if waits_at_gate(&error) && !eos {
-                    let held = self.gate.entry(topic.clone()).or_default();
-                    held.push_back((partition, pending));
-                } else {
-                    self.restart_causes += u32::from(eos);
-                    self.fail(&pending, error.clone(), partition);
-                }
+            let partitions: Vec<(String, i32)> = self
+                .queues
+                .range((topic.clone(), i32::MIN)..=(topic.clone(), i32::MAX))
+                .map(|(k, _)| k.clone())
+                .collect();
+            let mut refused = Vec::new();
+            for k in partitions {
+                let queued = self.queues.get_mut(&k).map(std::mem::take);
+                refused.extend(queued.into_iter().flatten().map(|p| (k.1, p)));
+            }
+            refused.extend(batch.into_iter().map(|p| (partition, p)));
+            self.note(format!(
+                "{topic}/{partition} refused a batch for authorization: {} records of {topic} fail",
+                refused.len()
+            ));
+            self.errored.insert(topic);
+            for (partition, pending) in refused {
+                self.refuse(partition, pending, &error);
             }
             return;
         }
@@ -632,6 +658,162 @@ impl World {
                 producer: pending.producer,
                 partition,
             });
+        }
+    }
+
+    /// A record refused for authorization when it was sent: back to the publisher's gate
+    /// (at-least-once: the reporter sends it there when `waits_at_gate`, never to the
+    /// session); exactly-once has no gate (`Publisher::with_client_config`): the failure
+    /// dooms the transaction and ends the session.
+    fn refuse(&mut self, partition: i32, pending: Pending, error: &KafkaError) {
+        let eos = self.eos.is_some();
+        if waits_at_gate(error) && !eos && self.defect != Defect::AclRefusalToSession {
+            let ties = self.ties();
+            let held = self.gate.entry(pending.record.topic.clone()).or_default();
+            held.insert_refused(partition, pending, ties);
+        } else {
+            self.restart_causes += u32::from(eos);
+            self.fail(&pending, error.clone(), partition);
+        }
+    }
+
+    /// How the gate orders a transaction's refused records among themselves.
+    fn ties(&self) -> Ties {
+        match self.defect {
+            Defect::GateAppends => Ties::Appended,
+            Defect::GateTiesInReportOrder => Ties::ReportOrder,
+            _ => Ties::SendOrder,
+        }
+    }
+
+    /// The producer takes a record (`Publisher::send_with_opaque` after its refusal check):
+    /// behind its topic's waiting records if any wait; waiting for its topic's first metadata
+    /// read, refused (`gate.rs`); refused at once when librdkafka marked its topic errored —
+    /// held (at-least-once, `hold_refused`) or failed (exactly-once: the error returned);
+    /// else queued for its partition.
+    pub fn route(&mut self, mut pending: Pending) -> Result<(), RDKafkaErrorCode> {
+        self.sent += 1;
+        pending.sent = self.sent;
+        let topic = pending.record.topic.clone();
+        let partition = self.partition_of(&pending.record);
+        let holds_all = self.defect == Defect::GateHoldsAll && !self.gate.is_empty();
+        if let Some(held) = self.gate.get_mut(&topic) {
+            held.later.push_back((partition, pending));
+            return Ok(());
+        }
+        if holds_all {
+            self.gate
+                .entry(topic)
+                .or_default()
+                .later
+                .push_back((partition, pending));
+            return Ok(());
+        }
+        if !self.read.contains(&topic) {
+            if self.metadata_refused.contains(&topic) && self.defect == Defect::MetadataRefusalFails
+            {
+                self.note(format!(
+                    "the first metadata read of {topic} is refused: its record fails"
+                ));
+                let error =
+                    KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+                self.fail(&pending, error, partition);
+                return Ok(());
+            }
+            if self.metadata_refused.contains(&topic) {
+                self.note(format!(
+                    "the first metadata read of {topic} is refused: its records wait"
+                ));
+                let held = self.gate.entry(topic).or_default();
+                held.first_read = true;
+                held.later.push_back((partition, pending));
+                return Ok(());
+            }
+            self.read.insert(topic.clone());
+        }
+        if self.errored.contains(&topic) {
+            if self.eos.is_some() {
+                self.restart_causes += 1;
+                return Err(RDKafkaErrorCode::TopicAuthorizationFailed);
+            }
+            let ties = self.ties();
+            let held = self.gate.entry(topic).or_default();
+            held.insert_refused(partition, pending, ties);
+            return Ok(());
+        }
+        let queue = self.queues.entry((topic, partition));
+        queue.or_default().push_back(pending);
+        Ok(())
+    }
+
+    /// Whether the brokers still refuse what `held` waits for: its first metadata read, or
+    /// (refused when sent) WRITE — the probe is refused — or DESCRIBE (librdkafka's metadata
+    /// keeps the topic errored).
+    fn still_refused(&self, topic: &str, held: &HeldTopic) -> bool {
+        self.metadata_refused.contains(topic)
+            || (!held.first_read && self.acl_denied.contains(topic))
+    }
+
+    /// The publisher's retries, as the clock moves (the first read's back-off, the held
+    /// topic's probe after `PROBE_PAUSE`, librdkafka's metadata refresh): a topic the
+    /// brokers take again has its records produced, in order.
+    pub fn retry_gate(&mut self) {
+        let free: Vec<String> = self
+            .gate
+            .iter()
+            .filter(|(t, held)| !self.still_refused(t, held))
+            .map(|(t, _)| t.clone())
+            .collect();
+        if self.defect == Defect::GateHoldsAll && free.len() < self.gate.len() {
+            return;
+        }
+        for topic in free {
+            let Some(held) = self.gate.remove(&topic) else {
+                continue;
+            };
+            self.read.insert(topic.clone());
+            self.errored.remove(&topic);
+            if !held.is_empty() {
+                self.note(format!(
+                    "{topic} takes records again: its {} held records go",
+                    held.len()
+                ));
+            }
+            for (partition, pending) in held.drain() {
+                let queue = self.queues.entry((topic.clone(), partition));
+                queue.or_default().push_back(pending);
+            }
+        }
+    }
+
+    /// Records of `topic` the producer holds (queued or in the gate).
+    pub fn holding(&self, topic: &str) -> usize {
+        let queued: usize = self
+            .queues
+            .iter()
+            .filter(|((t, _), _)| t == topic)
+            .map(|(_, q)| q.len())
+            .sum();
+        queued + self.gate.get(topic).map_or(0, HeldTopic::len)
+    }
+
+    /// Every committed event of a topic other than `refused` is in Kafka (or dead-lettered):
+    /// a fault that concerns one topic does not stall the others. `cap`: the session's
+    /// in-flight cap, which the held records count against (a stall once they fill it is
+    /// the cap's, by design).
+    pub fn check_others_progress(&mut self, refused: &str, cap: usize, steps: usize) {
+        if self.holding(refused) >= cap {
+            return;
+        }
+        let stalled = (0..self.workload.events.len())
+            .find(|&e| self.workload.events[e].topic != refused && self.landed[e] == (0, 0));
+        if let Some(e) = stalled {
+            let what = format!(
+                "event {e} of `{}` is not in Kafka after {steps} steps in which only `{refused}` refused records ({} held, in-flight cap {cap}): one topic's fault stalls the others",
+                self.workload.events[e].topic,
+                self.holding(refused)
+            );
+            self.violation(what);
         }
     }
 
@@ -872,18 +1054,15 @@ impl World {
         }
         self.broken.clear();
         self.gate.clear();
+        self.read.clear();
+        self.errored.clear();
         self.transient = 0;
     }
 
-    /// The topic's WRITE is granted again: the gate's records go first, in order.
+    /// The topic's WRITE is granted again: its held records go at the publisher's next
+    /// probe (`retry_gate`).
     pub fn grant(&mut self, topic: &str) {
         self.acl_denied.remove(topic);
-        if let Some(held) = self.gate.remove(topic) {
-            for (partition, pending) in held.into_iter().rev() {
-                let queue = self.queues.entry((topic.to_string(), partition));
-                queue.or_default().push_front(pending);
-            }
-        }
     }
 
     pub fn is_quiet(&self) -> bool {
