@@ -1,7 +1,7 @@
 //! What comes back from the producer: a [`Delivery`] per record, reported through a channel by
 //! [`DeliveryReporter`] (librdkafka's callbacks, on the poller thread), and the publisher's
-//! errors. The delivery opaque carries the transaction's sequence number, with
-//! [`DEAD_LETTER_BIT`] for dead letters.
+//! errors. The delivery opaque carries the transaction's sequence number and the record's
+//! place in it ([`Opaque`]), with [`DEAD_LETTER_BIT`] for dead letters.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -22,7 +22,58 @@ use crate::sink::TxnSeq;
 use super::login::{self, ClientLogin, KafkaLogin, LogsIn};
 
 /// Marks a dead-letter record in the delivery opaque (transaction numbers never get there).
-pub(super) const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);
+const DEAD_LETTER_BIT: usize = 1 << (usize::BITS - 1);
+/// The low bits of the opaque: the record's place among those sent for its transaction.
+const PLACE_BITS: u32 = 20;
+const PLACE_MAX: usize = (1 << PLACE_BITS) - 1;
+/// The largest transaction sequence number an opaque carries (2^43 - 2: years of a session at
+/// 100,000 transactions a second; [`PROGRESS_OPAQUE`] stays apart).
+const SEQ_MAX: TxnSeq = (1 << (usize::BITS - 1 - PLACE_BITS)) - 2;
+const _: () = assert!(
+    usize::BITS == 64,
+    "the delivery opaque needs a 64-bit usize"
+);
+
+/// What a record's delivery opaque says: its transaction's sequence number, its place among
+/// the records sent for that transaction, and whether it is a dead letter. The place is for
+/// the order of records a topic refused: librdkafka reports a refused topic's queued records
+/// before the refused batch, so records of one transaction come back out of their send order
+/// (`partition_counts_refused`); ordered by `seq` and then place, they go out again in the
+/// order they were sent. Places past 2^20 - 1 in one transaction share the last one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Opaque {
+    pub seq: TxnSeq,
+    pub place: usize,
+    pub dead_letter: bool,
+}
+
+impl Opaque {
+    /// `None` past [`SEQ_MAX`]: a new session numbers its transactions from 0 again.
+    pub(super) fn encode(self) -> Option<usize> {
+        if self.seq > SEQ_MAX {
+            return None;
+        }
+        let bits = (self.seq as usize) << PLACE_BITS | self.place.min(PLACE_MAX);
+        Some(if self.dead_letter {
+            bits | DEAD_LETTER_BIT
+        } else {
+            bits
+        })
+    }
+
+    pub(super) fn decode(opaque: usize) -> Opaque {
+        Opaque {
+            seq: ((opaque & !DEAD_LETTER_BIT) >> PLACE_BITS) as TxnSeq,
+            place: opaque & PLACE_MAX,
+            dead_letter: opaque & DEAD_LETTER_BIT != 0,
+        }
+    }
+
+    /// The send order of records with this opaque: by transaction, then place.
+    pub(super) fn send_order(opaque: usize) -> usize {
+        opaque & !DEAD_LETTER_BIT
+    }
+}
 /// The opaque of a progress record (`exactly_once`): its delivery is not reported, since it
 /// is no event; a failure shows in the transaction's commit instead.
 pub(super) const PROGRESS_OPAQUE: usize = usize::MAX;
@@ -325,7 +376,11 @@ impl ProducerContext for DeliveryReporter {
         if seq == PROGRESS_OPAQUE {
             return;
         }
-        let dead_letter = seq & DEAD_LETTER_BIT != 0;
+        let Opaque {
+            seq: txn,
+            dead_letter,
+            ..
+        } = Opaque::decode(seq);
         if let Some(traces) = traces::active() {
             let (m, outcome) = match result {
                 Ok(m) if dead_letter => (m, Outcome::DeadLettered),
@@ -371,7 +426,7 @@ impl ProducerContext for DeliveryReporter {
         };
         // The receiver is gone only when the pipeline has been torn down: nothing to tell.
         let _ = self.deliveries.send(Delivery {
-            seq: (seq & !DEAD_LETTER_BIT) as TxnSeq,
+            seq: txn,
             dead_letter,
             bytes,
             result,

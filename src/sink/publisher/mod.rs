@@ -37,7 +37,7 @@ mod topic_handles;
 mod topic_handles_tests;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -60,7 +60,7 @@ pub use delivery::{
     is_invalid_record, is_permanent, is_size_refusal, waits_at_gate, Delivery, DeliveryFailure,
     DeliveryReporter, PublishError, Rejection,
 };
-use delivery::{DEAD_LETTER_BIT, PROGRESS_OPAQUE};
+use delivery::{Opaque, PROGRESS_OPAQUE};
 pub use login::{KafkaLogin, LoginContext};
 pub use login_admin::{admin_client, LoggedInAdmin};
 use partition_counts::PartitionCounts;
@@ -79,6 +79,9 @@ pub struct Publisher {
     counts: Arc<PartitionCounts>,
     /// Set in `exactly_once`: where the progress record of each transaction goes.
     progress: Option<Arc<ProgressRecord>>,
+    /// The place of the next record among those sent for its transaction: (the transaction,
+    /// records sent for it so far). Carried in the opaque ([`Opaque`]).
+    places: Mutex<(TxnSeq, usize)>,
     /// Serves delivery callbacks. rdkafka's `ThreadedProducer` polls every 100 ms and then
     /// spins on 0 ms polls for the last millisecond (its timeout rounds down): ~1 % of a core
     /// forever on an idle relay. Our own thread polls with a long timeout instead.
@@ -230,6 +233,7 @@ impl Publisher {
                 shared,
                 counts,
                 progress,
+                places: Mutex::new((0, 0)),
                 poller: Some(poller),
             },
             rx,
@@ -248,7 +252,8 @@ impl Publisher {
         seq: TxnSeq,
         event_id: &str,
     ) -> Result<(), PublishError> {
-        self.send_with_opaque(record, seq as usize, event_id).await
+        let opaque = self.opaque(seq, false)?;
+        self.send_with_opaque(record, opaque, event_id).await
     }
 
     /// Sends a dead letter for transaction `seq`; its `Delivery` has `dead_letter` set.
@@ -258,8 +263,27 @@ impl Publisher {
         seq: TxnSeq,
         event_id: &str,
     ) -> Result<(), PublishError> {
-        self.send_with_opaque(record, seq as usize | DEAD_LETTER_BIT, event_id)
-            .await
+        let opaque = self.opaque(seq, true)?;
+        self.send_with_opaque(record, opaque, event_id).await
+    }
+
+    /// The opaque of the next record sent for transaction `seq` (sends come in order, from one
+    /// session at a time).
+    fn opaque(&self, seq: TxnSeq, dead_letter: bool) -> Result<usize, PublishError> {
+        let mut places = self.places.lock().unwrap_or_else(PoisonError::into_inner);
+        let place = if places.0 == seq { places.1 } else { 0 };
+        *places = (seq, place + 1);
+        Opaque {
+            seq,
+            place,
+            dead_letter,
+        }
+        .encode()
+        .ok_or_else(|| {
+            PublishError::Fatal(format!(
+                "transaction number {seq} is past what a delivery report can carry; a new session numbers from 0"
+            ))
+        })
     }
 
     async fn send_with_opaque(

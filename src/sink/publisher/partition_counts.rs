@@ -31,14 +31,13 @@ use rdkafka::producer::Producer;
 use rdkafka::Timestamp;
 use tracing::{info, warn};
 
-use super::delivery::{owned_headers, Delivery, DeliveryFailure, DEAD_LETTER_BIT};
+use super::delivery::{owned_headers, Delivery, DeliveryFailure, Opaque};
 use super::producer::Shared;
 use super::topic_handles::TopicCounts;
 use crate::config::TopicCreation;
 use crate::mapping::{partition, Record};
 use crate::sink::blocked::BlockReason;
 use crate::sink::limits::TimestampWindow;
-use crate::sink::TxnSeq;
 
 /// Partition counts of the topics written to, and the records waiting for one.
 #[derive(Default)]
@@ -654,9 +653,10 @@ impl PartitionCounts {
             -1,
             Some(owned_headers(record)),
         );
+        let opaque = Opaque::decode(waiting.opaque);
         let _ = self.shared.deliveries.send(Delivery {
-            seq: (waiting.opaque & !DEAD_LETTER_BIT) as TxnSeq,
-            dead_letter: waiting.opaque & DEAD_LETTER_BIT != 0,
+            seq: opaque.seq,
+            dead_letter: opaque.dead_letter,
             bytes: record.size(),
             result: Err(DeliveryFailure { error, message }),
         });

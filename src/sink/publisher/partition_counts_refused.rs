@@ -14,10 +14,10 @@
 //! refused (`rd_kafka_handle_Produce_error` → `rd_kafka_topic_set_error` →
 //! `rd_kafka_topic_assign_uas`, librdkafka 2.12), so later records are reported first. Taken in
 //! report order, they went out ahead of the refused batch once the topic was fixed (CI saw
-//! event 0 of an aggregate arrive after its event 93). Records of one transaction share a
-//! sequence number and keep their report order among themselves: a transaction's records of
-//! one topic split between the refused batch and the queue at the first refusal could still
-//! swap (a window of milliseconds, once per refusal). After a pause
+//! event 0 of an aggregate arrive after its event 93). Records of one transaction are put in
+//! order by their place in it, which their opaque carries too ([`Opaque`]): without it, a
+//! transaction's records split between the refused batch and the queue swapped (found by the
+//! simulation, seed 1805 of `Defect::GateTiesInReportOrder`). After a pause
 //! (doubling up to [`PROBE_PAUSE_MAX`]) the oldest one is sent alone as a probe. Refused
 //! again, it goes back to the front; delivered (the block lifted), the rest follow in order.
 //! A record of the topic still inside librdkafka when the probe goes (refused only later) can
@@ -32,7 +32,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::super::delivery::{Refused, DEAD_LETTER_BIT};
+use super::super::delivery::{Opaque, Refused};
 use super::{PartitionCounts, Waiting};
 
 /// The first pause before a held topic's probe, doubled after each refused probe.
@@ -59,11 +59,14 @@ impl HeldTopic {
         self.refused.pop_front().or_else(|| self.later.pop_front())
     }
 
-    /// Puts a refused record among the refused in send order: behind those of its own and
-    /// earlier transactions, ahead of later ones (see the module's docs for why not at the back).
+    /// Puts a refused record among the refused in send order — by transaction, then by its
+    /// place in it ([`Opaque`]) — whatever the order of the reports (see the module's docs for
+    /// why not at the back).
     fn insert_refused(&mut self, waiting: Waiting) {
-        let seq = |w: &Waiting| w.opaque & !DEAD_LETTER_BIT;
-        let at = self.refused.partition_point(|w| seq(w) <= seq(&waiting));
+        let order = |w: &Waiting| Opaque::send_order(w.opaque);
+        let at = self
+            .refused
+            .partition_point(|w| order(w) <= order(&waiting));
         self.refused.insert(at, waiting);
     }
 }
@@ -263,15 +266,27 @@ mod tests {
     use super::*;
     use crate::mapping::Record;
 
-    fn waiting(seq: usize, key: &str) -> Waiting {
+    /// A record of transaction `seq` at `place` among those sent for it.
+    fn waiting((seq, place): (u64, usize), key: &str) -> Waiting {
+        let opaque = Opaque {
+            seq,
+            place,
+            dead_letter: false,
+        };
         Waiting {
             record: Record {
                 topic: "a".into(),
                 key: bytes::Bytes::from(key.to_string()),
                 ..Record::default()
             },
-            opaque: seq,
+            opaque: opaque.encode().unwrap(),
         }
+    }
+
+    fn keys(mut held: HeldTopic) -> Vec<String> {
+        std::iter::from_fn(|| held.pop_front())
+            .map(|w| String::from_utf8(w.record.key.to_vec()).unwrap())
+            .collect()
     }
 
     #[test]
@@ -279,20 +294,35 @@ mod tests {
         let mut held = HeldTopic::default();
         // librdkafka's order: the records still queued (transactions 5 to 7, one with two
         // records), then the refused batch (3 and 4).
-        for (seq, key) in [
-            (5, "e5"),
-            (6, "e6a"),
-            (6, "e6b"),
-            (7, "e7"),
-            (3, "e3"),
-            (4, "e4"),
+        for (at, key) in [
+            ((5, 0), "e5"),
+            ((6, 0), "e6a"),
+            ((6, 1), "e6b"),
+            ((7, 0), "e7"),
+            ((3, 0), "e3"),
+            ((4, 0), "e4"),
         ] {
-            held.insert_refused(waiting(seq, key));
+            held.insert_refused(waiting(at, key));
         }
-        held.later.push_back(waiting(8, "e8"));
-        let order: Vec<_> = std::iter::from_fn(|| held.pop_front())
-            .map(|w| String::from_utf8(w.record.key.to_vec()).unwrap())
-            .collect();
-        assert_eq!(order, ["e3", "e4", "e5", "e6a", "e6b", "e7", "e8"]);
+        held.later.push_back(waiting((8, 0), "e8"));
+        assert_eq!(keys(held), ["e3", "e4", "e5", "e6a", "e6b", "e7", "e8"]);
+    }
+
+    /// One transaction's records split between the refused batch (its first two) and the
+    /// queue (the rest): reported queue first, they still wait in the order sent — the swap
+    /// the simulation found (seed 1805 of `Defect::GateTiesInReportOrder`).
+    #[test]
+    fn a_transactions_records_reported_queue_first_wait_in_send_order() {
+        let mut held = HeldTopic::default();
+        for (at, key) in [
+            ((9, 2), "e9c"),
+            ((9, 3), "e9d"),
+            ((10, 0), "e10"),
+            ((9, 0), "e9a"),
+            ((9, 1), "e9b"),
+        ] {
+            held.insert_refused(waiting(at, key));
+        }
+        assert_eq!(keys(held), ["e9a", "e9b", "e9c", "e9d", "e10"]);
     }
 }

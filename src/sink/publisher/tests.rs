@@ -104,3 +104,56 @@ fn a_commit_waits_no_longer_than_the_capped_message_timeout() {
         Duration::from_secs(60)
     );
 }
+
+/// The opaque's place: records of one transaction count up from 0, dead letters among them, a
+/// new transaction starts again at 0; ordered by opaque, records are in send order; a
+/// transaction number past what an opaque carries is an error, never a wrapped number.
+#[test]
+fn opaques_carry_the_transaction_and_each_records_place_in_send_order() {
+    use super::delivery::{Opaque, PROGRESS_OPAQUE};
+    let cluster = MockCluster::<DefaultProducerContext>::new(1).unwrap();
+    let config = KafkaConfig {
+        brokers: cluster.bootstrap_servers(),
+        ..KafkaConfig::default()
+    };
+    let (publisher, _deliveries) = Publisher::new(&config).unwrap();
+    let sent: Vec<(u64, bool)> = vec![(7, false), (7, true), (7, false), (8, false), (8, false)];
+    let opaques: Vec<usize> = sent
+        .iter()
+        .map(|&(seq, dead_letter)| publisher.opaque(seq, dead_letter).unwrap())
+        .collect();
+    let decoded: Vec<(u64, usize, bool)> = opaques
+        .iter()
+        .map(|&o| Opaque::decode(o))
+        .map(|o| (o.seq, o.place, o.dead_letter))
+        .collect();
+    assert_eq!(
+        decoded,
+        [
+            (7, 0, false),
+            (7, 1, true),
+            (7, 2, false),
+            (8, 0, false),
+            (8, 1, false)
+        ]
+    );
+    let mut by_order = opaques.clone();
+    by_order.reverse();
+    by_order.sort_by_key(|&o| Opaque::send_order(o));
+    assert_eq!(by_order, opaques, "sorted by send order is the order sent");
+
+    let largest = (1u64 << 43) - 2;
+    let last = Opaque {
+        seq: largest,
+        place: usize::MAX,
+        dead_letter: true,
+    };
+    let encoded = last.encode().expect("the largest sequence number fits");
+    assert_ne!(encoded, PROGRESS_OPAQUE);
+    assert_eq!(Opaque::decode(encoded).seq, largest);
+    assert!(matches!(
+        publisher.opaque(largest + 1, false),
+        Err(super::PublishError::Fatal(_))
+    ));
+    drop(publisher);
+}

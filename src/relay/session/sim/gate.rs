@@ -34,11 +34,12 @@ use super::world::Pending;
 /// How the gate orders refused records that share a transaction's sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Ties {
-    /// In the order they were sent (what a tie-break by librdkafka's message id would give).
+    /// In the order they were sent, as `HeldTopic::insert_refused` does by the record's place
+    /// in its transaction, which its delivery opaque carries (`delivery::Opaque`).
     SendOrder,
-    /// In the order their reports came, as `HeldTopic::insert_refused` does (the reporter
-    /// has nothing else to go by): the records failed from the queue are reported before
-    /// the refused batch, so a transaction's records split between the two can swap.
+    /// Defect: in the order their reports came, as `HeldTopic::insert_refused` did before the
+    /// opaque carried the place: the records failed from the queue are reported before the
+    /// refused batch, so a transaction's records split between the two swapped.
     ReportOrder,
     /// Defect: no ordering at all, each refusal appended as it is reported (what the
     /// publisher did before CI saw event 0 of an aggregate arrive after its event 93).

@@ -153,8 +153,9 @@ struct Hold {
 /// | `GateHoldsAll` | 1 | 447 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
 /// | `MetadataRefusalFails` | 2 | 1,949 (791 exactly-once) | a session ended with no fault that ends sessions |
 ///
-/// `GateTiesInReportOrder` (the relay's own tie-break, not a throwaway) fails 1 seed of
-/// 5,000: 1,805 (`the_gates_tie_break_in_report_order_can_swap_a_transactions_records`).
+/// `GateTiesInReportOrder` (the relay's tie-break until the place in the opaque; found by the
+/// simulation) fails 1 seed of 5,000: 1,805
+/// (`the_gates_tie_break_in_report_order_can_swap_a_transactions_records`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Defect {
     None,
@@ -186,10 +187,12 @@ pub(super) enum Defect {
     /// deployment's) instead of keeping them waiting: the session sees a failure of a topic
     /// Kafka refuses, and restarts (exactly-once: its transaction is doomed).
     MetadataRefusalFails,
-    /// Not a throwaway defect: the relay's own tie-break. `HeldTopic::insert_refused`
-    /// (sink/publisher/partition_counts_refused.rs) orders refusals of one transaction in
+    /// The relay's tie-break until the record's place in its transaction went into the
+    /// opaque (`delivery::Opaque`): `HeldTopic::insert_refused`
+    /// (sink/publisher/partition_counts_refused.rs) ordered refusals of one transaction in
     /// report order, so a transaction's records of one partition split between the refused
-    /// batch and the queue failed before it swap (see `gate::Ties::ReportOrder`).
+    /// batch and the queue failed before it swapped (see `gate::Ties::ReportOrder`). The
+    /// default model's send order is what the relay does now.
     GateTiesInReportOrder,
 }
 
@@ -810,8 +813,10 @@ fn an_invalid_record_in_exactly_once_is_dead_lettered_after_a_restart() {
 /// before the refused batch (`rd_kafka_topic_set_error` → `rd_kafka_topic_assign_uas`), so a
 /// transaction whose records of one partition were split between the batch and the queue has
 /// them swapped once the topic takes records again: an aggregate's later event lands before
-/// its earlier one. The module's doc names this window; the simulation reaches it. Not fixed
-/// here: the delivery report carries no send order to break the tie with. Replay:
+/// its earlier one. Fixed: the opaque carries the record's place in its transaction
+/// (`delivery::Opaque`), and the gate orders by transaction, then place (unit test
+/// `a_transactions_records_reported_queue_first_wait_in_send_order`); this seed stays to show
+/// the old rule caught. Replay:
 /// `OUTBOX_SIM_DEFECT=GateTiesInReportOrder OUTBOX_SIM_SEED=1805 cargo test --lib sim -- --nocapture`.
 #[test]
 fn the_gates_tie_break_in_report_order_can_swap_a_transactions_records() {
