@@ -121,7 +121,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::postgres::control::{quote_ident, Control, ControlError};
+use crate::postgres::control::{query_err, quote_ident, Control, ControlError};
 use crate::serve::metrics::Metrics;
 use hold::{held_rows_sql, Hold, HoldStore};
 
@@ -135,12 +135,6 @@ const MAX_BATCHES_PER_SWEEP: usize = 100;
 pub enum SweepError {
     #[error(transparent)]
     Control(#[from] ControlError),
-    #[error("sweeper: {what}: {source}")]
-    Query {
-        what: String,
-        #[source]
-        source: tokio_postgres::Error,
-    },
 }
 
 /// A point the sweeper may delete up to once the slot confirms it (see the module docs).
@@ -472,7 +466,7 @@ impl Sweeper {
                 debug!(partition = %leaf, "partition busy; trying to drop it next sweep");
                 Ok(false)
             }
-            Err(e) => Err(query_err(what)(e)),
+            Err(e) => Err(query_err(what)(e).into()),
         }
     }
 
@@ -575,11 +569,6 @@ fn drop_check_sql(relation: &str, created_at_column: &str) -> String {
                         AND {XMIN64} >= $3::bigint,
                         false))"
     )
-}
-
-fn query_err(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> SweepError {
-    let what = what.into();
-    move |source| SweepError::Query { what, source }
 }
 
 /// Runs the sweeper every `outbox.sweeper.interval_ms` until `shutdown`. Errors are logged and
