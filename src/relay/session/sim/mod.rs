@@ -196,6 +196,18 @@ pub(super) enum Defect {
     GateTiesInReportOrder,
 }
 
+/// The throwaway defects `injected_defects_are_caught` injects, one at a time.
+const INJECTED: &[Defect] = &[
+    Defect::StaleProgress,
+    Defect::ForgetDoom,
+    Defect::CommitBeforeAcks,
+    Defect::ReadBeforeFence,
+    Defect::AclRefusalToSession,
+    Defect::GateAppends,
+    Defect::GateHoldsAll,
+    Defect::MetadataRefusalFails,
+];
+
 /// How a session ended.
 enum Ending {
     Ended(Result<(), RelayError>),
@@ -651,20 +663,12 @@ fn env_defect() -> Defect {
     let Ok(name) = std::env::var("OUTBOX_SIM_DEFECT") else {
         return Defect::None;
     };
-    [
-        Defect::StaleProgress,
-        Defect::ForgetDoom,
-        Defect::CommitBeforeAcks,
-        Defect::ReadBeforeFence,
-        Defect::AclRefusalToSession,
-        Defect::GateAppends,
-        Defect::GateHoldsAll,
-        Defect::MetadataRefusalFails,
-        Defect::GateTiesInReportOrder,
-    ]
-    .into_iter()
-    .find(|d| format!("{d:?}") == name)
-    .unwrap_or_else(|| panic!("OUTBOX_SIM_DEFECT={name}: no such defect"))
+    INJECTED
+        .iter()
+        .copied()
+        .chain([Defect::GateTiesInReportOrder])
+        .find(|d| format!("{d:?}") == name)
+        .unwrap_or_else(|| panic!("OUTBOX_SIM_DEFECT={name}: no such defect"))
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -757,17 +761,7 @@ fn a_seed_replays_the_same_schedule() {
 #[test]
 fn injected_defects_are_caught() {
     const SEEDS_TO_CATCH: u64 = 2_000;
-    let table = [
-        Defect::StaleProgress,
-        Defect::ForgetDoom,
-        Defect::CommitBeforeAcks,
-        Defect::ReadBeforeFence,
-        Defect::AclRefusalToSession,
-        Defect::GateAppends,
-        Defect::GateHoldsAll,
-        Defect::MetadataRefusalFails,
-    ];
-    for defect in table {
+    for &defect in INJECTED {
         let caught = (1..=SEEDS_TO_CATCH).find_map(|seed| {
             let outcome = run_seed_with(seed, Injected { defect });
             (!outcome.violations.is_empty()).then(|| (seed, outcome.violations[0].clone()))
