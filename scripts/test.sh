@@ -31,7 +31,8 @@ SERVICES="$ROOT/scripts/services.sh"
 REGISTRY="$ROOT/scripts/registry.sh"
 export OUTBOX_RUN_DIR=${OUTBOX_RUN_DIR:-/tmp/outbox-relay-test}
 
-log() { printf '[test.sh] %s\n' "$*" >&2; }
+# Each line says when it was written (seconds since this script began).
+log() { printf '[test.sh %d s] %s\n' "$SECONDS" "$*" >&2; }
 
 locked=()
 [[ -f Cargo.lock ]] && locked=(--locked)
@@ -199,6 +200,7 @@ set +e
 # --no-fail-fast: a failing test binary does not hide the results of the others.
 cargo test --no-fail-fast "${packages[@]}" "${run_targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${test_args[@]}"
 rc=$?
+log "cargo test finished (exit $rc)"
 if [[ -n $exclusive_pid ]]; then
     wait "$exclusive_pid"
     exclusive_rc=$?
@@ -216,6 +218,7 @@ if [[ -n $exclusive_pid ]]; then
         exec cargo test --workspace --test exclusive "${locked[@]}" -- kafka_msk_iam
     )
     msk_rc=$?
+    log "kafka_msk_iam finished (exit $msk_rc)"
     ((rc != 0)) || rc=$msk_rc
 fi
 set -e
