@@ -24,6 +24,8 @@
 #   pg-ha-stop         stop both (pg-ha-start starts them again)
 #   pg-ha-reset        stop and delete both; the next pg-ha-start makes a
 #                      fresh pair (needed after a promotion)
+#   install            install what start needs (PostgreSQL, Java, Maven, the
+#                      Kafka jars), start nothing
 #   env                print the env file path (exit 1 if not written yet)
 #   status             say what is running
 #   clean              stop everything and delete the state dir
@@ -1273,6 +1275,12 @@ main() {
                 die "$RUN_DIR was not created by this script; not deleting it"
             fi
         fi
+        ;;
+    install)
+        # What `start` needs, installed, and nothing started: for a caller that then starts
+        # several state dirs at once (.ci/run), so that apt-get and Maven run one at a time.
+        ensure_pg_installed
+        kafka_classpath >/dev/null
         ;;
     env)
         echo "$ENV_FILE"

@@ -7,6 +7,10 @@
 #                                       PostgreSQL 13 refused by check and run
 #   scripts/test-versions.sh 14 18      core on those majors only
 #   OUTBOX_VERSIONS_FAILOVER=0 / OUTBOX_VERSIONS_PG13=0   leave those parts out
+#   scripts/test-versions.sh --install  install what the matrix needs (server
+#                                       binaries, the Kafka jars), run nothing:
+#                                       .ci/run, before the matrix runs beside
+#                                       the suite (apt-get and Maven one at a time)
 #
 # "Core" is tests/integration/relay_e2e.rs (exactly once in commit order, rollbacks,
 # SIGKILLs with zero missing, idle WAL advance) and tests/integration/ops.rs (operator
@@ -27,6 +31,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 BASE=${OUTBOX_RUN_DIR:-/tmp/outbox-relay-versions}
+install_only=0
+if [[ ${1:-} == --install ]]; then
+    install_only=1
+    shift
+fi
 majors=("$@")
 ((${#majors[@]})) || majors=(14 16 17 18)
 
@@ -86,6 +95,10 @@ prefetch=("${majors[@]}")
 for major in "${prefetch[@]}"; do
     bash scripts/pg-binaries.sh "$major" >/dev/null
 done
+if ((install_only)); then
+    bash scripts/services.sh install
+    exit 0
+fi
 # --workspace: the features of scripts/test.sh's build, which this reuses.
 cargo test --no-run --quiet --locked --workspace --test integration
 

@@ -3,6 +3,8 @@
 # them again. This is THE test command (CI runs it through .ci/run).
 #
 #   scripts/test.sh                       all tests (the bench crate's unit tests too)
+#   scripts/test.sh --no-run              only build what the whole suite runs (.ci/run
+#                                         builds first, then runs the version matrix beside it)
 #   scripts/test.sh some_filter           only tests whose name contains it
 #   scripts/test.sh --test integration relay_e2e::
 #                                         one area of the integration tests
@@ -83,6 +85,12 @@ fi
 for arg in "${test_args[@]}"; do
     [[ $arg == --test-threads* ]] && threads=()
 done
+# `scripts/test.sh --no-run`: the whole suite's build (the examples too), and nothing started.
+build_only=0
+if [[ ${cargo_args[*]} == --no-run && ${#test_args[@]} -eq 0 ]]; then
+    build_only=1
+    cargo_args=()
+fi
 
 bash "$ROOT/scripts/build-deps.sh"
 
@@ -96,6 +104,7 @@ if [[ ${#cargo_args[@]} -eq 0 ]]; then
     log "building: cargo build --workspace --examples ${locked[*]}"
     cargo build --workspace --examples "${locked[@]}"
 fi
+((build_only)) && exit 0
 
 services_started=0
 # shellcheck disable=SC2317 # called through the EXIT trap
