@@ -707,7 +707,8 @@ kafka_classpath() {
     key=$(sha256sum "$KAFKA_POM" | cut -c1-16)
     cp_file="$CACHE_DIR/kafka-classpath-$key.txt"
     if [[ -s $cp_file ]]; then
-        IFS=: read -r -a jars <"$cp_file"
+        # read's status is 1 at a last line without a newline (the file has one line, no newline).
+        IFS=: read -r -a jars <"$cp_file" || true
         for jar in "${jars[@]}"; do
             [[ -f $jar ]] || { ok=0; break; }
         done
