@@ -17,6 +17,10 @@ use std::path::{Path, PathBuf};
 
 /// The folders (and top-level files) of the library, lowest floor first.
 pub const FLOORS: &[(&str, &str)] = &[
+    (
+        "clock",
+        "the wall clock, read in one place: Unix time for what is compared with PostgreSQL's and Kafka's times",
+    ),
     ("lsn", "WAL positions: a value type everything speaks"),
     (
         "config",

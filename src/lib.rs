@@ -18,14 +18,16 @@
 //! Around the data path: `config` (the TOML file and its environment overrides: plain data and
 //! validation, a leaf), `postgres` (the control connection and TLS), `serve` (metrics and the
 //! HTTP endpoints), `ops` (the operator commands, which reuse the same mapping and sink so that
-//! a replayed record equals the live one), `lsn` (WAL positions), `signals` (SIGTERM and SIGINT,
-//! from the first line of `main`, to the shutdown token).
+//! a replayed record equals the live one), `lsn` (WAL positions), `clock` (Unix time, read in
+//! one place), `signals` (SIGTERM and SIGINT, from the first line of `main`, to the shutdown
+//! token).
 //!
 //! The folders stand on floors, each using only what stands below it, with no files using each
 //! other round in a circle: `src/floors.rs` writes the order down, with why, and its test
 //! (`cargo test --lib floors`) fails on an arrow up or a circle.
 
 pub mod aws;
+pub mod clock;
 pub mod config;
 #[cfg(test)]
 mod docs_links;

@@ -201,7 +201,7 @@ fn an_arrow_up_is_named_and_a_childs_use_of_its_parent_is_not_an_arrow() {
     assert_eq!(wrong.len(), 2, "{wrong:?}");
     assert!(
         wrong[0].starts_with(
-            "config.rs (floor 2, config) uses sink/mod.rs (floor 7, sink): crate::sink::Other"
+            "config.rs (floor 3, config) uses sink/mod.rs (floor 8, sink): crate::sink::Other"
         ),
         "{wrong:?}"
     );

@@ -23,7 +23,7 @@ mod timelines;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -592,18 +592,6 @@ async fn enable_failover(sender: &mut WalSender, slot: &str) -> Result<(), Relay
         .into()),
         Err(e) => Err(e.into()),
     }
-}
-
-/// Milliseconds since the Unix epoch, by this machine's clock.
-pub fn now_ms() -> i64 {
-    now_us() / 1000
-}
-
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
 }
 
 /// Status updates must come well within the server's `wal_sender_timeout`.

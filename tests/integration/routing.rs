@@ -344,10 +344,7 @@ topic = "{p}.dlq"
         "null payload with null_payload = tombstone"
     );
     let commit_ms = e2.timestamp_ms.expect("timestamp");
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let now_ms = outbox_relay::clock::unix_ms();
     assert!(
         (now_ms - 120_000..=now_ms).contains(&commit_ms),
         "commit time {commit_ms} vs now {now_ms}"

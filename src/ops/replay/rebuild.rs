@@ -9,11 +9,11 @@ use tokio_postgres::{Client, Row};
 
 use super::select::{display_name, RowQuery};
 use super::{ReplayError, REPLAY_HEADER, REPLAY_HEADER_VALUE};
+use crate::clock::unix_ms;
 use crate::config::{Config, OutboxConfig};
 use crate::mapping::{BoundTable, MappingError, OutboxEvent, OutboxMapping};
 use crate::ops::rows::{created_at_column, OutboxTable};
 use crate::ops::OpsError;
-use crate::relay::now_ms;
 
 /// One table of the replay: described, bound by the live mapping, and its query.
 pub(super) struct TableSource {
@@ -36,7 +36,7 @@ impl TableSource {
         let commit_us: Option<i64> = row.get(self.table.relation.columns.len() + 1);
         let commit_time_ms = commit_us
             .or_else(|| self.created_us(row))
-            .map_or_else(now_ms, |us| us / 1000);
+            .map_or_else(unix_ms, |us| us / 1000);
         let mut event = self
             .bound
             .to_event(&self.table.tuple(row), commit_time_ms)?;

@@ -43,13 +43,14 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::clock::unix_ms;
 use crate::config::{BreakerPolicy, Config, DeadLetterPolicy, Delivery as DeliveryMode};
 use crate::lsn::Lsn;
 use crate::mapping::{BoundTable, OutboxMapping, Record};
 use crate::relay::breaker::Breaker;
 use crate::relay::ledger::{Ledger, TxnSeq};
 use crate::relay::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
-use crate::relay::{now_ms, RelayError};
+use crate::relay::RelayError;
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::dead_letter::{self, Reason};
 use crate::sink::limits::SizeRefusal;
@@ -681,7 +682,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             &self.metrics.events_published
         };
         counter.fetch_add(1, Relaxed);
-        let latency_ms = (now_ms() - commit_time_ms).max(0) as u64;
+        let latency_ms = (unix_ms() - commit_time_ms).max(0) as u64;
         self.metrics
             .commit_to_ack
             .observe(Duration::from_millis(latency_ms));

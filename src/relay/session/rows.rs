@@ -10,11 +10,12 @@ use tracing::{debug, info, warn};
 
 use super::serialize::Mapped;
 use super::{Held, OpenTxn, RelationEntry, Session, SourceRow};
+use crate::clock::unix_us;
 use crate::config::DeadLetterPolicy;
 use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordKind, RecordSink};
-use crate::relay::{now_us, RelayError, Unmapped};
+use crate::relay::{RelayError, Unmapped};
 use crate::sink::dead_letter::{self, Reason};
 use crate::sink::progress::Covered;
 use crate::sink::publisher::{self, PublishError};
@@ -30,7 +31,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         match message {
             LogicalMessage::Begin(begin) => {
                 let commit_time_us = pg_time_to_unix_us(begin.commit_time_us);
-                let read_after_us = (now_us() - commit_time_us).max(0) as u64;
+                let read_after_us = (unix_us() - commit_time_us).max(0) as u64;
                 self.metrics
                     .commit_to_read
                     .observe(Duration::from_micros(read_after_us));

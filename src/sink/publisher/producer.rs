@@ -89,11 +89,11 @@ impl Shared {
         opaque: usize,
         partition: Option<i32>,
     ) -> Result<(), KafkaError> {
-        if self
-            .blocked
-            .limits()
-            .outside_window(&record.topic, record.timestamp_ms, unix_now_ms)
-        {
+        if self.blocked.limits().outside_window(
+            &record.topic,
+            record.timestamp_ms,
+            crate::clock::unix_ms,
+        ) {
             let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidTimestamp);
             self.blocked
                 .block(BlockReason::RecordTimestamp, &record.topic, &error);
@@ -114,11 +114,4 @@ impl Shared {
             }
         }
     }
-}
-
-/// Milliseconds since the Unix epoch now, for timestamp windows.
-fn unix_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use crate::clock::unix_ms;
 
 use bytes::Bytes;
 use rdkafka::config::ClientConfig;
@@ -137,13 +139,6 @@ fn header_pairs(m: &OwnedMessage) -> Vec<(String, Vec<u8>)> {
     })
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 /// Where a record must land: its explicit partition, or the partitioner's pick by key.
 fn expected_partition(r: &Record) -> i32 {
     r.partition
@@ -177,7 +172,7 @@ fn every_field_arrives_through_the_handles() {
             ..record("beta", "b-explicit")
         },
     ];
-    let sent_at = now_ms();
+    let sent_at = unix_ms();
     for (i, r) in records.iter().enumerate() {
         handles.send(r, r.partition, i).unwrap();
     }
@@ -201,7 +196,7 @@ fn every_field_arrives_through_the_handles() {
         match (r.timestamp_ms, m.timestamp()) {
             (Some(ts), got) => assert_eq!(got, Timestamp::CreateTime(ts)),
             // Stamped by the producer when it took the record.
-            (None, Timestamp::CreateTime(ts)) => assert!((sent_at..=now_ms()).contains(&ts)),
+            (None, Timestamp::CreateTime(ts)) => assert!((sent_at..=unix_ms()).contains(&ts)),
             (None, got) => panic!("unexpected timestamp {got:?}"),
         }
     }

@@ -72,11 +72,7 @@ pub fn encode_status_update(write: Lsn, flush: Lsn, apply: Lsn, reply: bool) -> 
 }
 
 fn pg_now_us() -> i64 {
-    let unix_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0);
-    unix_us - PG_EPOCH_OFFSET_US
+    crate::clock::unix_us() - PG_EPOCH_OFFSET_US
 }
 
 /// Converts a PostgreSQL timestamp (µs since 2000-01-01) to µs since the Unix epoch.
