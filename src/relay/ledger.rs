@@ -266,6 +266,7 @@ mod tests {
         assert_eq!(l.confirmed(), Lsn(0));
         l.ack(b).unwrap();
         assert_eq!(l.confirmed(), Lsn(0), "b waits for a");
+        assert!(!l.is_idle(), "a is unacknowledged");
         l.ack(a).unwrap();
         assert_eq!(l.confirmed(), Lsn(200_000));
         assert!(l.is_idle());
