@@ -73,14 +73,33 @@ done
 # outages, deadlines), and the tests assert properties, not rates (a timing run: 922 s of tests
 # in 462 s with two).
 threads=(--test-threads=3)
-# The whole suite, no filter: tests/exclusive (they stop and restart their broker and
-# PostgreSQL, one at a time, mostly waiting: 150 s) run beside the others, on services of their
-# own in ${OUTBOX_RUN_DIR}-exclusive, instead of after them. Their output is printed at the end.
+# The whole suite, no filter: the integration tests' `exclusive::` (they stop and restart their
+# broker and PostgreSQL, one at a time, mostly waiting: 125 s) run beside the others, in a
+# process of their own, on services of their own in ${OUTBOX_RUN_DIR}-exclusive, instead of
+# after them. Their output is printed at the end.
 run_targets=("${targets[@]}")
 EXCLUSIVE_DIR=$OUTBOX_RUN_DIR-exclusive
 exclusive_pid=
+skip_exclusive=()
 if [[ ${#cargo_args[@]} -eq 0 && ${#test_args[@]} -eq 0 ]]; then
     run_targets=(--lib --bins --examples --test integration)
+    skip_exclusive=(--skip exclusive::)
+fi
+# A selection of `exclusive::` tests alone may use this run's services: nothing else runs on
+# them (exclusive/mod.rs refuses to run otherwise).
+filters=()
+after_skip=0
+for arg in "${test_args[@]}"; do
+    if ((after_skip)); then
+        after_skip=0
+    elif [[ $arg == --skip ]]; then
+        after_skip=1
+    elif [[ $arg != -* ]]; then
+        filters+=("$arg")
+    fi
+done
+if ((${#filters[@]})) && ! printf '%s\n' "${filters[@]}" | grep -qv '^exclusive::'; then
+    export OUTBOX_TEST_EXCLUSIVE=1
 fi
 for arg in "${test_args[@]}"; do
     [[ $arg == --test-threads* ]] && threads=()
@@ -175,7 +194,8 @@ if [[ ${run_targets[*]} != "${targets[*]}" ]]; then
     (
         # shellcheck disable=SC1090 # written at run time by services.sh
         source "$exclusive_env"
-        exec cargo test --workspace --test exclusive "${locked[@]}" -- --skip kafka_msk_iam
+        OUTBOX_TEST_EXCLUSIVE=1 exec cargo test --workspace --test integration "${locked[@]}" -- \
+            exclusive:: --skip kafka_msk_iam
     ) >"$EXCLUSIVE_DIR/exclusive-tests.log" 2>&1 &
     exclusive_pid=$!
 fi
@@ -207,24 +227,26 @@ fi
 
 set +e
 # --no-fail-fast: a failing test binary does not hide the results of the others.
-cargo test --no-fail-fast "${packages[@]}" "${run_targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${test_args[@]}"
+cargo test --no-fail-fast "${packages[@]}" "${run_targets[@]}" "${locked[@]}" "${cargo_args[@]}" -- \
+    "${threads[@]}" "${skip_exclusive[@]}" "${test_args[@]}"
 rc=$?
 log "cargo test finished (exit $rc)"
 if [[ -n $exclusive_pid ]]; then
     wait "$exclusive_pid"
     exclusive_rc=$?
     exclusive_pid=
-    printf '\n----- tests/exclusive (ran beside the others; exit %d) -----\n' "$exclusive_rc"
+    printf '\n----- exclusive:: (ran beside the others; exit %d) -----\n' "$exclusive_rc"
     cat "$EXCLUSIVE_DIR/exclusive-tests.log"
     ((rc != 0)) || rc=$exclusive_rc
     # The token-login tests restart their broker and wait for every client to log in again
     # within fixed deadlines: once (in 3 runs) a consumer had not within 60 s while the suite
     # ran beside it. They run alone, after it.
-    printf '\n----- tests/exclusive: kafka_msk_iam, alone -----\n'
+    printf '\n----- exclusive::kafka_msk_iam, alone -----\n'
     (
         # shellcheck disable=SC1090 # written at run time by services.sh
         source "$exclusive_env"
-        exec cargo test --workspace --test exclusive "${locked[@]}" -- kafka_msk_iam
+        OUTBOX_TEST_EXCLUSIVE=1 exec cargo test --workspace --test integration "${locked[@]}" -- \
+            exclusive::kafka_msk_iam
     )
     msk_rc=$?
     log "kafka_msk_iam finished (exit $msk_rc)"

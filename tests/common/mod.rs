@@ -1010,7 +1010,7 @@ pub async fn mark_after(sweeper: &mut Sweeper, client: &Client, ids: &[String]) 
     panic!("a transaction older than xid {newest} kept running for 10 s");
 }
 
-// ---- helpers for the exactly-once tests (tests/integration/exactly_once.rs, tests/exclusive/) ----
+// ---- helpers for the exactly-once tests (tests/integration/exactly_once.rs, tests/integration/exclusive/) ----
 
 /// The relay's environment in exactly-once mode, with a progress topic of the test's own.
 pub fn exactly_once_env(db: &TestDb) -> Vec<(String, String)> {

@@ -2,9 +2,8 @@
 //! harness) and the services `scripts/test.sh` starts. One binary links the crate once, where
 //! sixteen did it sixteen times. `cargo test --test integration relay_e2e::` runs one area.
 //!
-//! `tests/exclusive/` stays a binary of its own: its tests stop and restart the shared broker
-//! and PostgreSQL, so they must not overlap with these (cargo runs test binaries one after
-//! the other).
+//! `exclusive::` stops and restarts the broker and PostgreSQL: `scripts/test.sh` runs it in a
+//! process of its own, on services of its own (see `exclusive/mod.rs`).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -14,6 +13,7 @@ mod cloudevents;
 mod dead_letters;
 mod exactly_once;
 mod exactly_once_edges;
+mod exclusive;
 mod failover;
 mod from_debezium;
 mod hardening;

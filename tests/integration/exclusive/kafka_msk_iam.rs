@@ -4,7 +4,7 @@
 //! clients, which rust-rdkafka never polls for a token), get a new token before each
 //! expires, and a new one for each reconnect after a lost connection (a broker restart).
 //!
-//! The second test restarts the shared broker, so both live in the exclusive binary. The broker is the main
+//! The second test restarts the shared broker, so both are exclusive tests. The broker is the main
 //! broker's OAUTHBEARER listener (`OUTBOX_TEST_KAFKA_OAUTH_BROKERS`):
 //! Kafka's unsecured-JWT validator, which ends a session when its token expires. A real MSK
 //! token (a presigned URL, checked by AWS) is no JWT, so the test swaps only the token
@@ -147,7 +147,7 @@ async fn send(producer: &FutureProducer<LoginContext>, topic: &str, n: usize) {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_client_logs_in_with_the_relays_tokens_renewed_before_expiry() {
     // Serialized with the restarts of the next test.
-    let _alone = crate::EXCLUSIVE.lock().await;
+    let _alone = super::alone().await;
     let topic = random_name("msk-iam-");
     let config = msk_client_config();
     let (admin_tokens, producer_tokens, consumer_tokens) = (
@@ -212,7 +212,7 @@ const DOWN_FOR: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reconnect_logs_in_with_a_token_made_after_the_connection_was_lost() {
-    let _alone = crate::EXCLUSIVE.lock().await;
+    let _alone = super::alone().await;
     let topic = random_name("msk-iam-reconnect-");
     let config = msk_client_config();
     let [admin_tokens, producer_tokens, consumer_tokens] =
@@ -233,7 +233,7 @@ async fn a_reconnect_logs_in_with_a_token_made_after_the_connection_was_lost() {
     // The broker goes away with every client connected; records sent meanwhile wait in
     // the producer.
     let lost = Instant::now();
-    let outage = crate::BrokerOutage::begin();
+    let outage = super::BrokerOutage::begin();
     for key in &keys[PER_PHASE..PER_PHASE * 2] {
         producer
             .send(BaseRecord::to(&topic).key(key).payload("msk-iam"))

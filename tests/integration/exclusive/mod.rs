@@ -1,19 +1,32 @@
 //! Faults that touch shared services: the Kafka broker going away, a cluster-wide WAL limit
-//! that invalidates slots, a broker restart under token logins (`kafka_msk_iam`). Kept in their
-//! own test binary (cargo runs binaries one at a time) and serialized inside it by
-//! [`EXCLUSIVE`], so they never disturb other tests.
+//! that invalidates slots, a broker restart under token logins (`kafka_msk_iam`). Run beside
+//! the other tests on their services, these would stop the broker and PostgreSQL under them:
+//! `scripts/test.sh` runs `exclusive::` in a process of its own, on services of its own, one
+//! test at a time ([`alone`]).
 
-#[path = "../common/mod.rs"]
-mod common;
 mod kafka_msk_iam;
 
 use std::time::{Duration, Instant};
 
-use common::probe::{free_port, http_get, metric, wait_exit};
-use common::*;
+use crate::common::probe::{free_port, http_get, metric, wait_exit};
+use crate::common::*;
 
 /// One exclusive test at a time.
-pub(crate) static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits until no other exclusive test runs. The services must be this process's alone:
+/// `scripts/test.sh` says so with `OUTBOX_TEST_EXCLUSIVE=1` when it runs `exclusive::` on
+/// services of its own (the whole suite) or with no other test selected; anywhere else the
+/// test fails at once, saying how to run it.
+pub(crate) async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    assert!(
+        std::env::var_os("OUTBOX_TEST_EXCLUSIVE").is_some(),
+        "this test stops and restarts the broker and PostgreSQL that other tests share: run it \
+         through scripts/test.sh (the whole suite, or `scripts/test.sh --test integration -- \
+         exclusive::`), which gives it services no other test uses"
+    );
+    EXCLUSIVE.lock().await
+}
 
 /// Stops the broker; starts it again when dropped, also when the test panics, so that a
 /// failure here does not leave the broker down.
@@ -34,7 +47,7 @@ impl Drop for BrokerOutage {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_down_20s_loses_nothing_and_holds_the_slot() {
-    let _alone = EXCLUSIVE.lock().await;
+    let _alone = alone().await;
     let db = TestDb::new().await;
     db.create_slot().await;
     let mut relay = RelayProcess::start(&db.relay_env(), "broker_outage");
@@ -160,7 +173,7 @@ async fn wait_ready(port: u16, relay: &RelayProcess, timeout: Duration) {
 /// write, and the relay never recovered.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_topic_first_written_while_the_broker_is_down_arrives_after() {
-    let _alone = EXCLUSIVE.lock().await;
+    let _alone = alone().await;
     let db = TestDb::new().await;
     let port = free_port();
     let env = with(
@@ -208,7 +221,7 @@ async fn a_topic_first_written_while_the_broker_is_down_arrives_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn readiness_turns_red_while_the_broker_is_down_and_green_after() {
-    let _alone = EXCLUSIVE.lock().await;
+    let _alone = alone().await;
     let db = TestDb::new().await;
     let port = free_port();
     let mut env = db.relay_env();
@@ -303,7 +316,7 @@ fn peak_rss_bytes(pid: u32) -> u64 {
 /// must not pile up behind the first unacknowledged one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_down_under_100k_recordless_transactions_keeps_memory_flat() {
-    let _alone = EXCLUSIVE.lock().await;
+    let _alone = alone().await;
     let db = TestDb::new().await;
     db.create_slot().await;
     let port = free_port();
@@ -424,7 +437,7 @@ impl Drop for SystemSetting {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn invalidated_slot_stops_the_relay_with_the_recovery_steps() {
-    let _alone = EXCLUSIVE.lock().await;
+    let _alone = alone().await;
     let db = TestDb::new().await;
     db.create_slot().await;
     let mut relay = RelayProcess::start(&db.relay_env(), "slot_invalidated");
@@ -478,7 +491,7 @@ async fn invalidated_slot_stops_the_relay_with_the_recovery_steps() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_restart_mid_stream_loses_nothing() {
-    let _alone = EXCLUSIVE.lock().await;
+    let _alone = alone().await;
     let db = TestDb::new().await;
     db.create_slot().await;
     let mut relay = RelayProcess::start(&db.relay_env(), "pg_restart");
@@ -520,7 +533,7 @@ async fn postgres_restart_mid_stream_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_once_through_a_20s_broker_outage() {
-    let _alone = EXCLUSIVE.lock().await;
+    let _alone = alone().await;
     let db = TestDb::new().await;
     db.create_slot().await;
     let relay = RelayProcess::start(&exactly_once_env(&db), "eos_broker_outage");
@@ -545,7 +558,7 @@ async fn exactly_once_through_a_20s_broker_outage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_once_through_a_postgres_restart() {
-    let _alone = EXCLUSIVE.lock().await;
+    let _alone = alone().await;
     let db = TestDb::new().await;
     db.create_slot().await;
     let mut env = exactly_once_env(&db);
