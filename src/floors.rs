@@ -149,17 +149,22 @@ fn named_paths(text: &str) -> Vec<Vec<String>> {
         let before = rest[..at].chars().last();
         let after = &rest[at + "crate::".len()..];
         if !before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            let segments: Vec<String> = after
-                .split("::")
-                .map(|s| {
-                    s.chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect::<String>()
-                })
-                .take_while(|s: &String| !s.is_empty())
-                .collect();
             let mut path = vec!["crate".to_string()];
-            path.extend(segments);
+            // The path ends at the first segment not followed by `::` (a call's `(`, a space).
+            for piece in after.split("::") {
+                let segment: String = piece
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let whole = segment.len() == piece.len();
+                if segment.is_empty() {
+                    break;
+                }
+                path.push(segment);
+                if !whole {
+                    break;
+                }
+            }
             paths.push(path);
         }
         rest = after;

@@ -206,3 +206,18 @@ fn an_arrow_up_is_named_and_a_childs_use_of_its_parent_is_not_an_arrow() {
         "{wrong:?}"
     );
 }
+
+#[test]
+fn an_inline_path_ends_where_its_segments_stop_being_joined_by_colons() {
+    let paths = named_paths(
+        "fn f() {\n    let s = crate::sink::open(&c.kafka, facts)?;\n    Ok(x::Y::new(crate::lsn::Lsn::ZERO))\n}\n",
+    );
+    assert_eq!(
+        paths,
+        vec![
+            vec!["crate", "sink", "open"],
+            vec!["crate", "lsn", "Lsn", "ZERO"],
+        ],
+        "{paths:?}"
+    );
+}
