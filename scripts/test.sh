@@ -88,21 +88,37 @@ if [[ ${#cargo_args[@]} -eq 0 && ${#test_args[@]} -eq 0 ]]; then
     skip_exclusive=(--skip exclusive::)
     threads=(--test-threads=4)
 fi
-# A selection of `exclusive::` tests alone may use this run's services: nothing else runs on
-# them (exclusive/mod.rs refuses to run otherwise).
+# The name filters: cargo's TESTNAME before `--` (not an option's value) and the test binaries'
+# after it (not --skip's value).
 filters=()
-after_skip=0
-for arg in "${test_args[@]}"; do
-    if ((after_skip)); then
-        after_skip=0
-    elif [[ $arg == --skip ]]; then
-        after_skip=1
+after_value=0
+for arg in "${cargo_args[@]}"; do
+    if ((after_value)); then
+        after_value=0
+    elif [[ $arg =~ ^(--test|--bin|--example|--bench|-p|--package|--exclude|-F|--features|--target|--target-dir|--profile|-j|--jobs|--manifest-path|--color|--message-format|--config|-Z)$ ]]; then
+        after_value=1
     elif [[ $arg != -* ]]; then
         filters+=("$arg")
     fi
 done
+for arg in "${test_args[@]}"; do
+    if ((after_value)); then
+        after_value=0
+    elif [[ $arg == --skip ]]; then
+        after_value=1
+    elif [[ $arg != -* ]]; then
+        filters+=("$arg")
+    fi
+done
+# `exclusive::` tests stop and restart the services they use. Named alone, they may use this
+# run's: nothing else runs on them (exclusive/mod.rs refuses to run otherwise). Not named, they
+# are left out of a selection (they would refuse to run beside it); named beside other tests,
+# they refuse with the command that runs them.
 if ((${#filters[@]})) && ! printf '%s\n' "${filters[@]}" | grep -qv '^exclusive::'; then
     export OUTBOX_TEST_EXCLUSIVE=1
+elif ((${#skip_exclusive[@]} == 0)) && ! printf '%s\n' "${filters[@]}" | grep -q '^exclusive::'; then
+    skip_exclusive=(--skip exclusive::)
+    log "exclusive:: left out (they restart the services; alone: scripts/test.sh --test integration -- exclusive::)"
 fi
 for arg in "${test_args[@]}"; do
     [[ $arg == --test-threads* ]] && threads=()
