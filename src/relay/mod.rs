@@ -18,6 +18,7 @@ pub mod ledger;
 mod seams;
 mod session;
 pub mod slot_watch;
+mod supervisor;
 pub mod sweeper;
 mod timelines;
 
@@ -46,6 +47,7 @@ use crate::source::walsender::{
     WalSender,
 };
 use slot_watch::{SlotGone, Standby};
+use supervisor::{Next, Supervisor};
 use sweeper::hold::{HoldStore, ARMED_BY_RELAY};
 
 pub use seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
@@ -265,7 +267,11 @@ async fn supervise(
     shutdown: &CancellationToken,
     mut gone: mpsc::Receiver<SlotGone>,
 ) -> Result<(), RelayError> {
-    let mut backoff = Backoff::new(config);
+    let pg = &config.postgres;
+    let mut supervisor = Supervisor::new(
+        Duration::from_millis(pg.reconnect_backoff_initial_ms),
+        Duration::from_millis(pg.reconnect_backoff_max_ms),
+    );
     let mut standby = Standby::new();
     // Once streamed, a slot that vanishes means lost events: never silently recreate it.
     let mut slot_seen = false;
@@ -275,31 +281,27 @@ async fn supervise(
             Some(g) = gone.recv() => return Err(g.into()),
             result = run_session(config, mapping, metrics, shutdown, &mut slot_seen) => result,
         };
-        match result {
-            Ok(()) => return Ok(()),
-            Err(e) if shutdown.is_cancelled() && e.is_transient() => {
+        match supervisor.after(result, started.elapsed(), shutdown.is_cancelled()) {
+            Next::Done => return Ok(()),
+            Next::DoneUnconfirmed(e) => {
                 warn!(error = %e, "session ended while shutting down; unconfirmed events will be sent again on restart");
                 return Ok(());
             }
-            Err(RelayError::Replication(ReplicationError::SlotActive { .. })) => {
+            Next::Fail(e) => return Err(e),
+            Next::Standby => {
                 metrics.set_state(RelayState::Standby);
                 standby.wait(config, shutdown).await;
             }
-            Err(e) if e.is_transient() => {
+            Next::Retry { error, delay } => {
                 metrics.set_state(RelayState::Reconnecting);
                 metrics.reconnects.fetch_add(1, Relaxed);
-                if started.elapsed() > Duration::from_secs(30) {
-                    backoff.reset();
-                }
-                let delay = backoff.next();
-                warn!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                warn!(error = %error, retry_in_ms = delay.as_millis() as u64,
                     "relay session ended; reconnecting and resuming from the slot's confirmed position");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
-            Err(e) => return Err(e),
         }
     }
 }
@@ -324,34 +326,6 @@ async fn run_session(
 struct Mapped<'a> {
     mapping: &'a OutboxMapping,
     serializers: crate::sink::schema::Serializers,
-}
-
-/// Exponential backoff between sessions.
-struct Backoff {
-    initial: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    fn new(config: &Config) -> Self {
-        let initial = Duration::from_millis(config.postgres.reconnect_backoff_initial_ms);
-        Backoff {
-            initial,
-            max: Duration::from_millis(config.postgres.reconnect_backoff_max_ms),
-            next: initial,
-        }
-    }
-
-    fn next(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(self.max);
-        delay
-    }
-
-    fn reset(&mut self) {
-        self.next = self.initial;
-    }
 }
 
 /// Opens the control connection to the first server of `info` that satisfies

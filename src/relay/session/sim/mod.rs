@@ -10,6 +10,11 @@
 //! connection, a delivery timeout, a topic refusing WRITE for a while, a topic whose metadata
 //! read is refused, batches too large for a topic, records Kafka refuses for good.
 //!
+//! Between sessions the relay's supervisor decides (`relay/supervisor.rs`, the same
+//! [`Supervisor`] the relay's `supervise` asks): a session that ends on an error it would
+//! stop on is a violation; otherwise the next session starts after its back-off, on the
+//! paused clock. A crash starts a new process, with a new supervisor.
+//!
 //! A topic Kafka refuses for a deployment reason goes through the publisher's gate
 //! (`gate.rs`): at-least-once, its refused records wait there, and so do the records sent to
 //! it while librdkafka marks it errored; a topic whose first metadata read is refused keeps
@@ -61,6 +66,7 @@ use super::{Session, Settings, Transactions};
 use crate::config::OutboxConfig;
 use crate::mapping::OutboxMapping;
 use crate::relay::seams::Ends;
+use crate::relay::supervisor::{Next, Supervisor};
 use crate::relay::RelayError;
 use crate::serve::metrics::Metrics;
 use peers::{Connection, SimSink, SimSource, Walsender};
@@ -208,6 +214,15 @@ const INJECTED: &[Defect] = &[
     Defect::MetadataRefusalFails,
 ];
 
+/// A relay process's supervisor, with the default back-off (`postgres.reconnect_backoff_*`).
+fn new_supervisor() -> Supervisor {
+    let pg = crate::config::PostgresConfig::default();
+    Supervisor::new(
+        Duration::from_millis(pg.reconnect_backoff_initial_ms),
+        Duration::from_millis(pg.reconnect_backoff_max_ms),
+    )
+}
+
 /// How a session ended.
 enum Ending {
     Ended(Result<(), RelayError>),
@@ -338,7 +353,12 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         w.note(summary);
     }
     let mut healing_sessions = 0;
+    let mut supervisor = new_supervisor();
+    let mut pause = Duration::ZERO;
     loop {
+        // The supervisor's back-off before this session (none before the first, nor after a
+        // crash).
+        tokio::time::sleep(std::mem::take(&mut pause)).await;
         let (frames_tx, frames) = mpsc::unbounded_channel();
         let (reports, deliveries) = mpsc::unbounded_channel();
         let (walsender, sink, start) = {
@@ -373,6 +393,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         world
             .borrow_mut()
             .note(format!("session starts at {start}"));
+        let started = tokio::time::Instant::now();
         // Biased: an unbiased `select!` polls its branches in a random order, and the run
         // would no longer be a function of the seed.
         let ending = tokio::select! {
@@ -381,26 +402,49 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
             ending = driver.drive(&walsender, &shutdown) => ending,
         };
         let mut w = world.borrow_mut();
+        // What the relay's supervisor decides (relay/supervisor.rs), and the pause it takes
+        // before the next session; a crash or a stop starts a new process, with a new one.
         match ending {
-            Ending::Ended(Ok(())) => {
-                w.note("session drained and closed".into());
-                w.check_slot();
-                w.check_end();
-                break;
-            }
-            Ending::Ended(Err(e)) => {
-                w.note(format!("session ended: {e}"));
-                if !e.is_transient() {
-                    w.violation(format!("the relay would stop for good: {e}"));
-                    break;
+            Ending::Ended(result) => {
+                let failed = result.as_ref().err().map(ToString::to_string);
+                if let Some(e) = &failed {
+                    w.note(format!("session ended: {e}"));
                 }
+                match supervisor.after(result, started.elapsed(), shutdown.is_cancelled()) {
+                    Next::Done => {
+                        w.note("session drained and closed".into());
+                        w.check_slot();
+                        w.check_end();
+                        break;
+                    }
+                    Next::Fail(e) => {
+                        w.violation(format!("the relay would stop for good: {e}"));
+                        break;
+                    }
+                    Next::Standby => {
+                        w.violation("a standby: no other relay holds the slot here".into());
+                        break;
+                    }
+                    Next::DoneUnconfirmed(_) => {
+                        w.note("stopped on shutdown, unconfirmed: started again".into());
+                        supervisor = new_supervisor();
+                    }
+                    Next::Retry { delay, .. } => {
+                        w.note(format!("reconnecting in {delay:?}"));
+                        pause = delay;
+                    }
+                }
+                let e = failed.unwrap_or_default();
                 if w.restart_causes == 0 {
                     w.violation(format!(
                         "a session ended with no fault injected that ends sessions: {e}"
                     ));
                 }
             }
-            Ending::Crashed => w.note("crash".into()),
+            Ending::Crashed => {
+                w.note("crash".into());
+                supervisor = new_supervisor();
+            }
             Ending::Abandoned => break,
         }
         if !w.violations.is_empty() {
