@@ -2081,3 +2081,40 @@ async fn while_an_event_waits_for_the_registry_status_updates_flow_and_shutdown_
         ended - cancelled
     );
 }
+
+/// The session's settings are the config's: exactly-once gets its Kafka transaction bounds
+/// and splits a PostgreSQL transaction a third of the way to `transaction.timeout.ms`;
+/// at-least-once has none.
+#[test]
+fn settings_come_from_the_config_and_exactly_once_splits_at_a_third_of_the_timeout() {
+    use crate::config::{Config, Delivery};
+    let mut config = Config::default();
+    config.kafka.max_in_flight_messages = 123;
+    config.kafka.max_in_flight_bytes = 4 << 20;
+    config.relay.confirm_delay_ms = 70;
+    config.relay.shutdown_timeout_ms = 9_000;
+    let status = Duration::from_secs(7);
+    let at_least_once = Settings::from_config(&config, status);
+    assert!(at_least_once.transactions.is_none());
+    assert_eq!(at_least_once.max_in_flight_messages, 123);
+    assert_eq!(at_least_once.max_in_flight_bytes, 4 << 20);
+    assert_eq!(at_least_once.confirm_delay, Duration::from_millis(70));
+    assert_eq!(at_least_once.shutdown_timeout, Duration::from_secs(9));
+    assert_eq!(at_least_once.status_interval, status);
+
+    config.kafka.delivery = Delivery::ExactlyOnce;
+    config.kafka.transaction_max_ms = 2_000;
+    config.kafka.transaction_min_ms = 100;
+    config.kafka.transaction_max_records = 500;
+    config
+        .kafka
+        .properties
+        .insert("transaction.timeout.ms".into(), "90000".into());
+    let t = Settings::from_config(&config, status)
+        .transactions
+        .expect("exactly-once has Kafka transactions");
+    assert_eq!(t.max_age, Duration::from_secs(2));
+    assert_eq!(t.min_age, Duration::from_millis(100));
+    assert_eq!(t.max_records, 500);
+    assert_eq!(t.split_after, Duration::from_secs(30));
+}
