@@ -430,13 +430,18 @@ impl Rig {
     }
 
     /// Runs `session` beside the test's `driver` (which stops it, or waits for it to end):
-    /// the session's outcome once both are done.
+    /// the session's outcome once both are done. Fails (rather than hangs) when they are not
+    /// done within 10 logical minutes: a broken session that never confirms keeps a driver
+    /// waiting for its confirmation forever.
     async fn run(
         &self,
         session: Session<'_, FakeSource, FakeSink, FakeCatalog>,
         driver: impl Future<Output = ()>,
     ) -> Result<(), RelayError> {
-        let (result, ()) = tokio::join!(session.run(&self.shutdown), driver);
+        let both = async { tokio::join!(session.run(&self.shutdown), driver) };
+        let (result, ()) = tokio::time::timeout(Duration::from_secs(600), both)
+            .await
+            .expect("the session and the test's driver still ran after 10 logical minutes");
         result
     }
 
