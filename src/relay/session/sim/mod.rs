@@ -38,6 +38,13 @@
 //! every committed progress value is true (what it says is in Kafka is) and never goes back;
 //! the slot never passes what Kafka committed.
 //!
+//! A seeded share of the exactly-once runs decodes from a standby promoted in place
+//! (`timeline.rs`): at a seeded point between two transactions its timeline moves on, and the
+//! stream goes on across the switch. Progress values are labelled by the real `Timelines` (a
+//! simulated watch answering for IDENTIFY_SYSTEM), and each session's start value goes through
+//! the real `reconcile`; the invariants above hold across the switch, and every committed
+//! progress value's timeline is the one its LSN lies on.
+//!
 //! [`Defect`] lists defects the invariants must catch (`injected_defects_are_caught`).
 //!
 //! `cargo test --lib sim` runs `OUTBOX_SIM_SEEDS` seeds (5,000 by default); a failure prints
@@ -47,6 +54,7 @@
 mod coordinator;
 mod gate;
 mod peers;
+mod timeline;
 mod world;
 
 use std::cell::RefCell;
@@ -194,6 +202,11 @@ pub(super) enum Defect {
     /// batch and the queue failed before it swapped (see `gate::Ties::ReportOrder`). The
     /// default model's send order is what the relay does now.
     GateTiesInReportOrder,
+    /// Exactly-once on a standby promoted in place (`timeline.rs`): progress values are
+    /// labelled with the timeline the session started on (`Timelines::Fixed` on a standby, as
+    /// before `Timelines::Watched`), so a value past the switch point carries the old timeline
+    /// and the next session's `reconcile` cuts it back to the switch point.
+    FixedTimeline,
 }
 
 /// The throwaway defects `injected_defects_are_caught` injects, one at a time.
@@ -206,6 +219,7 @@ const INJECTED: &[Defect] = &[
     Defect::GateAppends,
     Defect::GateHoldsAll,
     Defect::MetadataRefusalFails,
+    Defect::FixedTimeline,
 ];
 
 /// How a session ended.
@@ -224,6 +238,8 @@ pub(super) struct Outcome {
     pub exactly_once: bool,
     /// Exactly-once: Kafka transactions committed, and commits that failed.
     pub commits: (u32, u32),
+    /// The server was a standby promoted in place (`timeline.rs`).
+    pub switched: bool,
 }
 
 fn settings(rng: &mut Rng, exactly_once: bool) -> Settings {
@@ -281,7 +297,10 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
     let exactly_once = rng.chance(EXACTLY_ONCE_SHARE);
     let workload = Workload::generate(&mut rng);
     let defect = injected.defect;
-    let world = World::new(workload, &mut rng, exactly_once, defect);
+    let mut world = World::new(workload, &mut rng, exactly_once, defect);
+    // The timeline draws from a generator of its own: the other draws stay as they were.
+    let mut timeline_rng = Rng::new(seed ^ 0x7469_6D65_6C69_6E65);
+    world.server = timeline::Server::generate(&mut timeline_rng, &world.workload, exactly_once);
     let world = Rc::new(RefCell::new(world));
     let settings = settings(&mut rng, exactly_once);
     let mapping = OutboxMapping::new(&OutboxConfig::default()).expect("the default mapping");
@@ -336,6 +355,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
             },
         );
         w.note(summary);
+        w.note_server();
     }
     let mut healing_sessions = 0;
     loop {
@@ -348,6 +368,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
                 reports,
                 producer: w.incarnation,
                 batch_size: w.batch_size(),
+                timelines: w.server.timelines(w.defect),
             };
             let walsender = Rc::new(RefCell::new(Walsender::start(&w, frames_tx)));
             (walsender, sink, w.slot)
@@ -427,6 +448,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         sessions: w.incarnation + 1,
         exactly_once: w.eos.is_some(),
         commits: w.commits,
+        switched: w.server.switch().is_some(),
     }
 }
 
@@ -459,6 +481,9 @@ impl Driver {
         loop {
             self.step += 1;
             self.world.borrow_mut().step = self.step;
+            self.world
+                .borrow_mut()
+                .timeline_step(self.step > self.steps);
             if self.step <= self.steps {
                 if let Some(ending) = self.chaos_step(walsender) {
                     return ending;
@@ -709,6 +734,7 @@ fn every_seed_keeps_the_invariants() {
     let mut failed = Vec::new();
     let mut sessions = 0u64;
     let (mut eos_seeds, mut committed, mut commits_failed) = (0u64, 0u64, 0u64);
+    let mut switched = 0u64;
     // `OUTBOX_SIM_TRACE=1`: each seed is named before it runs, so that a seed that never
     // ends (a session that spins without waiting) is found in a long run.
     let trace = std::env::var_os("OUTBOX_SIM_TRACE").is_some();
@@ -721,6 +747,7 @@ fn every_seed_keeps_the_invariants() {
         eos_seeds += u64::from(outcome.exactly_once);
         committed += u64::from(outcome.commits.0);
         commits_failed += u64::from(outcome.commits.1);
+        switched += u64::from(outcome.switched);
         if !outcome.violations.is_empty() {
             if failed.is_empty() {
                 eprintln!("{}", describe(seed, &outcome));
@@ -729,7 +756,7 @@ fn every_seed_keeps_the_invariants() {
         }
     }
     println!(
-        "{count} seeds ({sessions} sessions; {eos_seeds} in exactly-once, {committed} Kafka transactions committed, {commits_failed} commits failed) in {:.1} s; {} failed",
+        "{count} seeds ({sessions} sessions; {eos_seeds} in exactly-once, {switched} of them on a standby promoted in place, {committed} Kafka transactions committed, {commits_failed} commits failed) in {:.1} s; {} failed",
         started.elapsed().as_secs_f64(),
         failed.len()
     );

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
+use super::timeline;
 use super::world::{Pending, World};
 use crate::lsn::Lsn;
 use crate::mapping::Record;
@@ -18,7 +19,7 @@ use crate::relay::session::fakes::{
     self, begin, commit, insert, relation, text, Frames, Upstream, OUTBOX,
 };
 use crate::sink::limits::SizeRefusal;
-use crate::sink::progress::Progress;
+use crate::sink::progress::{Progress, Timelines};
 use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
 use crate::source::walsender::{ReplicationError, ReplicationFrame};
 
@@ -93,6 +94,11 @@ impl Walsender {
             self.sent = self.sent.max(world.workload.wal_end);
             return false;
         };
+        // A standby decodes only what it replayed: nothing past a switch not yet reached
+        // (`timeline.rs`).
+        if !world.server.may_decode(txn.final_lsn) {
+            return false;
+        }
         self.next_txn += 1;
         self.sent = self.sent.max(if self.next_txn == txns.len() {
             world.workload.wal_end
@@ -160,6 +166,8 @@ pub(super) struct SimSink {
     pub producer: u32,
     /// `batch.size` this producer was made with.
     pub batch_size: usize,
+    /// How its progress values get their timeline (`ProgressRecord::timelines`).
+    pub timelines: Timelines,
 }
 
 impl RecordSink for SimSink {
@@ -283,7 +291,7 @@ impl RecordSink for SimSink {
             .and_then(|c| c.open.as_mut())
             .filter(|t| t.producer == producer && t.commit.is_none())
         {
-            Some(open) => open.commit = Some((at, tx)),
+            Some(open) => open.commit = Some((timeline::label(&self.timelines, at), tx)),
             None => world.violation(format!("a commit at {at} with no Kafka transaction open")),
         }
         rx

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::coordinator::{progress_order, Coordinator, Written};
 use super::gate::{HeldTopic, Ties};
+use super::timeline::Server;
 use super::{Defect, Rng};
 use crate::lsn::Lsn;
 use crate::mapping::partition::partition_for_key;
@@ -22,7 +23,7 @@ use crate::mapping::Record;
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::RecordKind;
 use crate::sink::limits::TopicLimits;
-use crate::sink::progress::{Covered, Progress};
+use crate::sink::progress::{Covered, Progress, Stored};
 use crate::sink::publisher::{waits_at_gate, Delivery, DeliveryFailure, PublishError};
 
 pub(super) const DLQ: &str = "sim.dlq";
@@ -313,6 +314,8 @@ pub(super) struct World {
     pub defect: Defect,
     /// Exactly-once: Kafka transactions committed, and commits that failed.
     pub commits: (u32, u32),
+    /// The server decoded from: its timeline, and a promotion in place (`timeline.rs`).
+    pub server: Server,
 }
 
 impl World {
@@ -326,6 +329,7 @@ impl World {
             }
         }
         let landed = vec![(0, 0); workload.events.len()];
+        let wal_end = workload.wal_end;
         World {
             workload,
             slot: SLOT_START,
@@ -355,6 +359,7 @@ impl World {
             eos: exactly_once.then(Coordinator::new),
             defect,
             commits: (0, 0),
+            server: Server::primary(wal_end),
         }
     }
 
@@ -859,7 +864,7 @@ impl World {
         let Some(mut txn) = coordinator.open.take() else {
             return;
         };
-        let Some((at, outcome)) = txn.commit.take() else {
+        let Some((stored, outcome)) = txn.commit.take() else {
             coordinator.open = Some(txn);
             return;
         };
@@ -870,6 +875,7 @@ impl World {
             })
         };
         use Fate::*;
+        let at = stored.at;
         let (fate, result, what) = if !coordinator.is_current(txn.producer) {
             // The coordinator aborted it when the newer producer initialised the id.
             (Aborts, failed(RDKafkaErrorCode::ProducerFenced), "fenced")
@@ -907,7 +913,7 @@ impl World {
         let written = match fate {
             Commits => std::mem::take(&mut txn.written),
             InFlight => {
-                coordinator.zombie = Some((at, std::mem::take(&mut txn.written)));
+                coordinator.zombie = Some((stored, std::mem::take(&mut txn.written)));
                 Vec::new()
             }
             Aborts => {
@@ -926,12 +932,13 @@ impl World {
         ));
         let _ = outcome.send(result);
         if let Commits = fate {
-            self.apply(at, written);
+            self.apply(stored, written);
         }
     }
 
     /// A Kafka transaction commits: its records become visible, with its progress value.
-    fn apply(&mut self, at: Progress, written: Vec<Written>) {
+    fn apply(&mut self, stored: Stored, written: Vec<Written>) {
+        let at = stored.at;
         self.commits.0 += 1;
         for w in &written {
             self.land_record(&w.record, w.kind, w.producer, w.partition);
@@ -939,8 +946,9 @@ impl World {
         let Some(coordinator) = self.eos.as_mut() else {
             return;
         };
-        let previous = coordinator.committed.last().copied();
-        coordinator.committed.push(at);
+        let previous = coordinator.committed.last().map(|s| s.at);
+        coordinator.committed.push(stored);
+        self.check_label(&stored);
         if let Some(previous) = previous.filter(|p| progress_order(p) > progress_order(&at)) {
             self.violation(format!(
                 "the progress value went back: {at} committed after {previous}"
@@ -981,14 +989,15 @@ impl World {
         if defect == Defect::ReadBeforeFence {
             read = Some(self.read_progress());
         }
-        if let Some((at, written)) = zombie {
+        if let Some((stored, written)) = zombie {
+            let at = stored.at;
             // The zombie's EndTxn reaches the coordinator before the fence (then the read
             // below sees it), or after it (then it fails with PRODUCER_FENCED).
             if defect == Defect::ReadBeforeFence || rng.chance(50) {
                 self.note(format!(
                     "the previous producer's commit at {at} reaches the coordinator"
                 ));
-                self.apply(at, written);
+                self.apply(stored, written);
             } else {
                 self.note(format!("the previous producer's commit at {at} is fenced"));
             }
@@ -997,11 +1006,12 @@ impl World {
         coordinator.epoch = incarnation;
         coordinator.fenced = false;
         coordinator.open = None;
-        read.unwrap_or_else(|| self.read_progress())
+        let read = read.unwrap_or_else(|| self.read_progress());
+        self.open_progress(read)
     }
 
     /// The last committed progress value, as a read_committed reader reads it.
-    fn read_progress(&mut self) -> Option<Progress> {
+    fn read_progress(&mut self) -> Option<Stored> {
         let stale = self.defect == Defect::StaleProgress;
         let committed = &self.eos.as_ref()?.committed;
         let read = if stale {
@@ -1012,7 +1022,7 @@ impl World {
         };
         self.note(format!(
             "the progress value read: {}",
-            read.map_or("none".into(), |p| p.to_string())
+            read.map_or("none".into(), |p| p.at.to_string())
         ));
         read
     }
@@ -1036,7 +1046,7 @@ impl World {
             if committing {
                 let txn = coordinator.open.take();
                 coordinator.zombie =
-                    txn.and_then(|mut t| t.commit.take().map(|(at, _)| (at, t.written)));
+                    txn.and_then(|mut t| t.commit.take().map(|(stored, _)| (stored, t.written)));
             }
         } else {
             for (key, queue) in queues {
