@@ -224,6 +224,11 @@ pub(super) enum Defect {
     /// before `Timelines::Watched`), so a value past the switch point carries the old timeline
     /// and the next session's `reconcile` cuts it back to the switch point.
     FixedTimeline,
+    /// Exactly-once: a session starts from the stored progress value as it is (`sink::open`
+    /// without `reconcile`): after a failover that lost the old timeline's tail
+    /// (`timeline.rs`), a value of the lost branch skips the new timeline's transactions below
+    /// it.
+    NoReconcile,
 }
 
 /// The throwaway defects `injected_defects_are_caught` injects, one at a time.
@@ -237,6 +242,7 @@ const INJECTED: &[Defect] = &[
     Defect::GateHoldsAll,
     Defect::MetadataRefusalFails,
     Defect::FixedTimeline,
+    Defect::NoReconcile,
 ];
 
 /// How a session ended.
@@ -257,6 +263,12 @@ pub(super) struct Outcome {
     pub commits: (u32, u32),
     /// The server was a standby promoted in place (`timeline.rs`).
     pub switched: bool,
+    /// The primary failed over losing its tail: events of the lost branch a read_committed
+    /// reader sees in Kafka (`timeline.rs`).
+    pub failed_over: bool,
+    pub lost_in_kafka: u32,
+    /// Sessions whose start value `reconcile` cut back to a switch point or fork.
+    pub cut_back: u32,
 }
 
 fn settings(rng: &mut Rng, exactly_once: bool) -> Settings {
@@ -312,12 +324,13 @@ pub(super) fn run_seed_with(seed: u64, injected: Injected) -> Outcome {
 async fn simulate(seed: u64, injected: Injected) -> Outcome {
     let mut rng = Rng::new(seed);
     let exactly_once = rng.chance(EXACTLY_ONCE_SHARE);
-    let workload = Workload::generate(&mut rng);
+    let mut workload = Workload::generate(&mut rng);
     let defect = injected.defect;
-    let mut world = World::new(workload, &mut rng, exactly_once, defect);
     // The timeline draws from a generator of its own: the other draws stay as they were.
     let mut timeline_rng = Rng::new(seed ^ 0x7469_6D65_6C69_6E65);
-    world.server = timeline::Server::generate(&mut timeline_rng, &world.workload, exactly_once);
+    let server = timeline::Server::generate(&mut timeline_rng, &mut workload, exactly_once);
+    let mut world = World::new(workload, &mut rng, exactly_once, defect);
+    world.server = server;
     let world = Rc::new(RefCell::new(world));
     let settings = settings(&mut rng, exactly_once);
     let mapping = OutboxMapping::new(&OutboxConfig::default()).expect("the default mapping");
@@ -466,6 +479,9 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         exactly_once: w.eos.is_some(),
         commits: w.commits,
         switched: w.server.switch().is_some(),
+        failed_over: w.server.failover.is_some(),
+        lost_in_kafka: w.lost_in_kafka(),
+        cut_back: w.server.cut_back,
     }
 }
 
@@ -498,9 +514,13 @@ impl Driver {
         loop {
             self.step += 1;
             self.world.borrow_mut().step = self.step;
-            self.world
+            if self
+                .world
                 .borrow_mut()
-                .timeline_step(self.step > self.steps);
+                .timeline_step(self.step > self.steps)
+            {
+                walsender.borrow().server_gone();
+            }
             if self.step <= self.steps {
                 if let Some(ending) = self.chaos_step(walsender) {
                     return ending;
@@ -751,7 +771,8 @@ fn every_seed_keeps_the_invariants() {
     let mut failed = Vec::new();
     let mut sessions = 0u64;
     let (mut eos_seeds, mut committed, mut commits_failed) = (0u64, 0u64, 0u64);
-    let mut switched = 0u64;
+    let (mut switched, mut failed_over, mut lost_in_kafka) = (0u64, 0u64, 0u64);
+    let mut cut_back = 0u64;
     // `OUTBOX_SIM_TRACE=1`: each seed is named before it runs, so that a seed that never
     // ends (a session that spins without waiting) is found in a long run.
     let trace = std::env::var_os("OUTBOX_SIM_TRACE").is_some();
@@ -765,6 +786,9 @@ fn every_seed_keeps_the_invariants() {
         committed += u64::from(outcome.commits.0);
         commits_failed += u64::from(outcome.commits.1);
         switched += u64::from(outcome.switched);
+        failed_over += u64::from(outcome.failed_over);
+        lost_in_kafka += u64::from(outcome.lost_in_kafka);
+        cut_back += u64::from(outcome.cut_back);
         if !outcome.violations.is_empty() {
             if failed.is_empty() {
                 eprintln!("{}", describe(seed, &outcome));
@@ -773,7 +797,7 @@ fn every_seed_keeps_the_invariants() {
         }
     }
     println!(
-        "{count} seeds ({sessions} sessions; {eos_seeds} in exactly-once, {switched} of them on a standby promoted in place, {committed} Kafka transactions committed, {commits_failed} commits failed) in {:.1} s; {} failed",
+        "{count} seeds ({sessions} sessions; {eos_seeds} in exactly-once, {switched} of them on a standby promoted in place, {failed_over} failing over with {lost_in_kafka} events of lost branches in Kafka, {cut_back} start values cut back by reconcile; {committed} Kafka transactions committed, {commits_failed} commits failed) in {:.1} s; {} failed",
         started.elapsed().as_secs_f64(),
         failed.len()
     );

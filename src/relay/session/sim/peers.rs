@@ -2,7 +2,7 @@
 //! status updates in) and a Kafka producer (records in, delivery reports out), both reading
 //! and writing the shared [`World`].
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
@@ -35,6 +35,8 @@ pub(super) struct Walsender {
     relation_sent: bool,
     /// `sentPtr`: what has been decoded (and sent).
     sent: Lsn,
+    /// The server itself is gone (a failover, `timeline.rs`): nothing more reaches it.
+    gone: Cell<bool>,
 }
 
 impl Walsender {
@@ -54,6 +56,7 @@ impl Walsender {
             staged: VecDeque::new(),
             relation_sent: false,
             sent: world.slot,
+            gone: Cell::new(false),
         }
     }
 
@@ -75,6 +78,13 @@ impl Walsender {
             wal_end: self.sent,
             reply_requested,
         }));
+    }
+
+    /// The server is gone (the primary of a failover): the connection breaks, and no status
+    /// update of this session reaches any server any more.
+    pub fn server_gone(&self) {
+        self.gone.set(true);
+        self.drop_connection();
     }
 
     /// The connection breaks.
@@ -143,6 +153,9 @@ pub(super) struct Connection {
 
 impl Upstream for Connection {
     fn status(&mut self, flush: Lsn, reply: bool) -> Result<(), ReplicationError> {
+        if self.walsender.borrow().gone.get() {
+            return Err(ReplicationError::Closed);
+        }
         let mut world = self.world.borrow_mut();
         if std::mem::take(&mut world.status_fails) {
             return Err(ReplicationError::Closed);

@@ -24,13 +24,28 @@
 //!   WAL insert position (`pg_current_wal_insert_lsn()`, none on a standby), as `sink::open`
 //!   (sink/mod.rs) does: a value labelled with a timeline the server left before its LSN is cut
 //!   back to the switch point.
+//!
+//! Point 2, a failover that loses the old timeline's tail ([`Failover`]): the relay decodes
+//! from a primary whose last transactions never reached its standby; the primary is gone and
+//! the standby promoted, its new timeline forking at an earlier LSN (`Failover::fork`, the end
+//! of the WAL it received), and new transactions take LSNs after the fork — some the lost ones
+//! had. The relay's connection breaks; the next session connects to the new primary, whose
+//! slot (a failover slot synced from the old primary) is at most at the fork: the slot sync
+//! worker does not move a synced slot past the WAL the standby has
+//! (`update_local_synced_slot`, replication/logical/slotsync.c, PostgreSQL 17). A progress
+//! value of the lost branch is cut back to the fork by `reconcile`. Invariants: every event of
+//! the surviving history reaches a read_committed reader exactly once, in order per aggregate;
+//! events of the lost branch may be in Kafka (counted, `Outcome::lost_in_kafka`, not a
+//! violation); every value's timeline is the one its LSN lies on, on its branch.
 
 use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use super::world::{Workload, World};
+use std::collections::BTreeSet;
+
+use super::world::{Event, Txn, Workload, World};
 use super::{Defect, Rng};
 use crate::lsn::Lsn;
 use crate::sink::progress::{
@@ -39,6 +54,9 @@ use crate::sink::progress::{
 
 /// Percent of exactly-once seeds whose server is a standby promoted in place.
 const SWITCH_SHARE: u64 = 40;
+/// Percent of the other exactly-once seeds whose primary fails over to a standby that had not
+/// received its last transactions.
+const FAILOVER_SHARE: u64 = 40;
 /// Where the timeline before the seeded start timeline was left (below the slot's creation,
 /// `SLOT_START`): a server that starts on timeline 2 has been promoted once before.
 const EARLIER_SWITCH: Lsn = Lsn(0x800);
@@ -52,13 +70,38 @@ pub(super) struct Switch {
     promote_at: usize,
 }
 
+/// A failover to a standby that had not received the primary's last transactions.
+pub(super) struct Failover {
+    /// Where the new timeline forks from the old one: the end of the WAL the standby received.
+    pub fork: Lsn,
+    /// The driver's step at which the primary fails, at the latest (the chaos over).
+    at_step: usize,
+    /// The workload's transactions that survive (the later ones are the lost branch).
+    survivors: usize,
+    /// The new timeline's transactions after the fork (moved into the workload at the
+    /// failover), and the WAL end after them.
+    branch: Vec<Txn>,
+    branch_end: Lsn,
+    /// Commit and end LSNs of the lost branch's transactions, and of the new branch's.
+    lost_lsns: BTreeSet<Lsn>,
+    branch_lsns: BTreeSet<Lsn>,
+    /// The lost branch: its transactions (commit LSN, events), and its events.
+    lost: Vec<(Lsn, Vec<usize>)>,
+    lost_events: BTreeSet<usize>,
+}
+
 /// The server the relay decodes from: a primary, or (exactly-once, [`SWITCH_SHARE`]) a standby
-/// promoted in place during the run.
+/// promoted in place during the run, or (exactly-once, [`FAILOVER_SHARE`] of the others) a
+/// primary that fails over, losing its tail.
 pub(super) struct Server {
     /// Shared with the watch of each session on it (a `WatchTimelines` is `Send + Sync`).
     history: Arc<Mutex<ServerHistory>>,
     switch: Option<Switch>,
+    pub failover: Option<Failover>,
+    /// The promotion (in place, or the failover's) happened.
     promoted: bool,
+    /// Sessions whose start value `reconcile` cut back.
+    pub cut_back: u32,
     /// The end of the workload's WAL: the WAL insert position once the server is a primary.
     wal_end: Lsn,
 }
@@ -73,16 +116,25 @@ impl Server {
                 history: Some(Vec::new()),
             })),
             switch: None,
+            failover: None,
             promoted: false,
+            cut_back: 0,
             wal_end,
         }
     }
 
     /// The seed's server (`rng`: the timeline's own, so the other draws stay as they were).
-    pub fn generate(rng: &mut Rng, workload: &Workload, exactly_once: bool) -> Server {
+    /// A failover seed appends the new branch's events to the workload.
+    pub fn generate(rng: &mut Rng, workload: &mut Workload, exactly_once: bool) -> Server {
         let mut server = Server::primary(workload.wal_end);
         let txns = &workload.txns;
-        if !exactly_once || txns.len() < 2 || !rng.chance(SWITCH_SHARE) {
+        if !exactly_once || txns.len() < 2 {
+            return server;
+        }
+        if !rng.chance(SWITCH_SHARE) {
+            if rng.chance(FAILOVER_SHARE) {
+                server.failover = Some(Failover::generate(rng, workload));
+            }
             return server;
         }
         // Between transaction `k` and `k + 1`: where the walsender's sent position stands once
@@ -175,29 +227,161 @@ impl Server {
             .transpose()
     }
 
-    /// The timeline `lsn` lies on in the server's whole history (the switch included, whether
-    /// it happened yet or not).
-    pub fn lies_on(&self, lsn: Lsn) -> u32 {
+    /// The timelines `lsn` lies on in the server's whole history (the change included,
+    /// whether it happened yet or not): one, or past a failover's fork the old timeline for an
+    /// LSN of the lost branch and the new one for an LSN of the new branch.
+    pub fn lies_on(&self, lsn: Lsn) -> Vec<u32> {
         let mut whole = self.now();
-        if let Some(switch) = self.switch.as_ref().filter(|_| !self.promoted) {
+        let change = match (&self.switch, &self.failover) {
+            (Some(switch), _) => Some(switch.at),
+            (_, Some(failover)) => Some(failover.fork),
+            _ => None,
+        };
+        if let Some(at) = change.filter(|_| !self.promoted) {
             whole
                 .history
                 .get_or_insert_with(Vec::new)
-                .push((whole.timeline, switch.at));
+                .push((whole.timeline, at));
             whole.timeline += 1;
         }
-        whole.timeline_of(lsn)
+        let Some(failover) = self.failover.as_ref().filter(|f| lsn > f.fork) else {
+            return vec![whole.timeline_of(lsn)];
+        };
+        let mut timelines = Vec::new();
+        if failover.lost_lsns.contains(&lsn) {
+            timelines.push(whole.timeline - 1);
+        }
+        if failover.branch_lsns.contains(&lsn) {
+            timelines.push(whole.timeline);
+        }
+        timelines
     }
 
     /// The invariant: a stored value's timeline is the one its LSN lies on (`None`: it is).
     pub fn check_label(&self, stored: &Stored) -> Option<String> {
         let lies_on = self.lies_on(stored.at.lsn);
-        (stored.timeline != Some(lies_on)).then(|| {
+        let labelled = stored.timeline.is_some_and(|t| lies_on.contains(&t));
+        (!labelled).then(|| {
             format!(
-                "the progress value {} was committed labelled with timeline {:?}, but its LSN lies on timeline {lies_on}",
+                "the progress value {} was committed labelled with timeline {:?}, but its LSN lies on timeline {lies_on:?}",
                 stored.at, stored.timeline
             )
         })
+    }
+}
+
+impl Server {
+    /// An event of a failover's lost branch.
+    pub fn is_lost(&self, event: usize) -> bool {
+        self.failover
+            .as_ref()
+            .is_some_and(|f| f.lost_events.contains(&event))
+    }
+
+    /// The old timeline's number once a failover happened.
+    fn left_behind(&self) -> Option<(&Failover, u32)> {
+        let failover = self.failover.as_ref().filter(|_| self.promoted)?;
+        Some((failover, self.now().timeline - 1))
+    }
+
+    /// Written on the lost branch of a failover that happened: past the fork, on the old
+    /// timeline.
+    fn on_lost_branch(&self, stored: &Stored) -> Option<&Failover> {
+        let (failover, old) = self.left_behind()?;
+        (stored.at.lsn > failover.fork && stored.timeline == Some(old)).then_some(failover)
+    }
+
+    /// The transactions (commit LSN, events) of the history `stored` was written on when it is
+    /// the lost branch of a failover: the surviving ones, then the lost ones. `None`: the
+    /// workload's history.
+    pub fn lost_history_of(
+        &self,
+        stored: &Stored,
+        workload: &Workload,
+    ) -> Option<Vec<(Lsn, Vec<usize>)>> {
+        let failover = self.on_lost_branch(stored)?;
+        let survivors = workload.txns[..failover.survivors]
+            .iter()
+            .map(|t| (t.final_lsn, t.events.clone()));
+        Some(survivors.chain(failover.lost.iter().cloned()).collect())
+    }
+
+    /// Where a committed value stands on the server's history now: one of a failover's lost
+    /// branch only up to the fork (what "never goes back" compares against).
+    pub fn holds(&self, stored: &Stored) -> Progress {
+        match self.on_lost_branch(stored) {
+            Some(failover) => Progress::whole(failover.fork),
+            None => stored.at,
+        }
+    }
+}
+
+impl Failover {
+    /// The fork after a seeded transaction `k` (the standby received it and the unpublished
+    /// WAL after it; every later one is lost), and a new branch of transactions after it,
+    /// whose events are appended to the workload.
+    fn generate(rng: &mut Rng, workload: &mut Workload) -> Failover {
+        let txns = &workload.txns;
+        let k = rng.below(txns.len() as u64 - 1) as usize;
+        let fork = txns[k].after;
+        let extra_columns = txns[k].extra_columns;
+        let lost_txns = &txns[k + 1..];
+        let lost_lsns = lost_txns
+            .iter()
+            .flat_map(|t| [t.final_lsn, t.end_lsn])
+            .collect();
+        let lost: Vec<(Lsn, Vec<usize>)> = lost_txns
+            .iter()
+            .map(|t| (t.final_lsn, t.events.clone()))
+            .collect();
+        let lost_events = lost.iter().flat_map(|(_, e)| e.iter().copied()).collect();
+        // New transactions after the fork, laid out as `Workload::generate` does: 1..=3 rows
+        // of the workload's aggregates and topics, no fault of their own, no DDL (the lost
+        // branch's DDL is lost too).
+        let mut lsn = fork.0 + 0x10 + rng.below(0x100);
+        let mut branch = Vec::new();
+        let mut branch_lsns = BTreeSet::new();
+        for _ in 0..rng.range(1, 10) {
+            let rows = rng.range(1, 3);
+            let final_lsn = Lsn(lsn + 0x100 * rows + 0x10);
+            let end_lsn = Lsn(final_lsn.0 + 0x30);
+            let mut events = Vec::new();
+            for _ in 0..rows {
+                let n = workload.events.len();
+                let like = &workload.events[rng.below(n as u64) as usize];
+                let event = Event {
+                    id: format!("00000000-0000-4000-8000-{n:012}"),
+                    aggregate_type: like.aggregate_type,
+                    aggregate_id: format!("a{}", rng.below(4)),
+                    payload: format!(r#"{{"e":{n},"p":"branch"}}"#),
+                    topic: like.topic.clone(),
+                    fault: None,
+                };
+                workload.events.push(event);
+                events.push(n);
+            }
+            lsn = end_lsn.0 + 0x10 + rng.below(0x200);
+            branch_lsns.extend([final_lsn, end_lsn]);
+            branch.push(Txn {
+                final_lsn,
+                end_lsn,
+                after: Lsn(lsn),
+                events,
+                ddl: false,
+                extra_columns,
+            });
+        }
+        Failover {
+            fork,
+            at_step: rng.range(1, 600) as usize,
+            survivors: k + 1,
+            branch,
+            branch_end: Lsn(lsn + rng.below(0x1000)),
+            lost_lsns,
+            branch_lsns,
+            lost,
+            lost_events,
+        }
     }
 }
 
@@ -241,6 +425,17 @@ fn lock(history: &Mutex<ServerHistory>) -> std::sync::MutexGuard<'_, ServerHisto
 impl World {
     /// Notes the seed's server in the schedule.
     pub fn note_server(&mut self) {
+        if let Some(f) = &self.server.failover {
+            let what = format!(
+                "the server is a primary on timeline {}, to fail over (by step {}) to a standby that has WAL up to {} only: {} transactions after it lost, {} new ones",
+                self.server.now().timeline,
+                f.at_step,
+                f.fork,
+                self.workload.txns.len() - f.survivors,
+                f.branch.len()
+            );
+            self.note(what);
+        }
         if let Some(switch) = self.server.switch() {
             let what = format!(
                 "the server is a standby on timeline {}, to be promoted in place at {} (by step {})",
@@ -252,11 +447,82 @@ impl World {
         }
     }
 
-    /// A step of the driver begins: the standby may be promoted (`Server::step`).
-    pub fn timeline_step(&mut self, chaos_over: bool) {
+    /// A step of the driver begins: the standby may be promoted (`Server::step`), or the
+    /// primary fail over (`true`: the replication connection is gone).
+    pub fn timeline_step(&mut self, chaos_over: bool) -> bool {
         if let Some(what) = self.server.step(self.step, chaos_over) {
             self.note(what);
         }
+        let step = self.step;
+        let due = !self.server.promoted
+            && self
+                .server
+                .failover
+                .as_ref()
+                .is_some_and(|f| step >= f.at_step || chaos_over);
+        if due {
+            self.fail_over();
+        }
+        due
+    }
+
+    /// The primary is gone; the standby, which has WAL up to the fork only, is promoted: the
+    /// workload's history becomes the surviving transactions and the new branch; the slot on
+    /// the new primary is at most at the fork (a synced slot, see the module doc); the
+    /// replication connection breaks (`Walsender::server_gone`: a status update the old
+    /// session still sends goes nowhere).
+    fn fail_over(&mut self) {
+        let Some(failover) = self.server.failover.as_mut() else {
+            return;
+        };
+        let fork = failover.fork;
+        let branch = std::mem::take(&mut failover.branch);
+        let (survivors, branch_end) = (failover.survivors, failover.branch_end);
+        self.server.promoted = true;
+        self.server.wal_end = branch_end;
+        let old = {
+            let mut history = lock(&self.server.history);
+            let old = history.timeline;
+            history.timeline = old + 1;
+            history
+                .history
+                .get_or_insert_with(Vec::new)
+                .push((old, fork));
+            old
+        };
+        let lost = self.workload.txns.len() - survivors;
+        let new = branch.len();
+        self.workload.txns.truncate(survivors);
+        self.workload.txns.extend(branch);
+        self.workload.wal_end = branch_end;
+        let slot = self.slot;
+        self.slot = slot.min(fork);
+        self.slot_persisted = self.slot_persisted.min(fork);
+        let at = self.slot;
+        self.verified = self
+            .workload
+            .txns
+            .iter()
+            .position(|t| t.final_lsn >= at)
+            .unwrap_or(self.workload.txns.len());
+        self.restart_causes += 1;
+        self.note(format!(
+            "the primary fails over: {lost} transactions past {fork} are lost; the standby is promoted, timeline {old} -> {}, {new} new transactions; the slot there is at {} (was {slot}); the connection breaks",
+            old + 1,
+            self.slot
+        ));
+    }
+
+    /// Events of a failover's lost branch that a read_committed reader sees in Kafka.
+    pub fn lost_in_kafka(&self) -> u32 {
+        let Some(failover) = &self.server.failover else {
+            return 0;
+        };
+        let seen = failover
+            .lost_events
+            .iter()
+            .filter(|&&e| self.landed[e].0 > 0);
+        seen.count() as u32
     }
 
     /// A progress value commits: its timeline must be the one its LSN lies on.
@@ -270,10 +536,14 @@ impl World {
     /// holds on this server. A value `reconcile` refuses stops the relay
     /// (`PublishError::ProgressDiverged`): a violation, since every value here is true.
     pub fn open_progress(&mut self, read: Option<Stored>) -> Option<Progress> {
+        if self.defect == Defect::NoReconcile {
+            return read.map(|stored| stored.at);
+        }
         match self.server.open(read) {
             Ok(progress) => {
                 if let (Some(read), Some(held)) = (read, progress) {
                     if held != read.at {
+                        self.server.cut_back += 1;
                         self.note(format!(
                             "reconcile: the progress value {} (timeline {:?}) holds up to {held} only on timeline {}",
                             read.at,

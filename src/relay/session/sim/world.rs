@@ -295,9 +295,9 @@ pub(super) struct World {
     broken: BTreeSet<(String, i32)>,
     logs: BTreeMap<(String, i32), Vec<Landed>>,
     /// Per event: (in its topic, dead-lettered) landings, for the checks.
-    landed: Vec<(u32, u32)>,
+    pub landed: Vec<(u32, u32)>,
     /// Transactions known to be safely behind the slot.
-    verified: usize,
+    pub verified: usize,
     /// Limits known to the producer, which outlive sessions (`sink::limits`).
     pub limits: Arc<TopicLimits>,
     /// The producer's configured `batch.size`.
@@ -457,10 +457,13 @@ impl World {
         if self.eos.is_some() && !dead {
             // Exactly-once, as it becomes visible: the aggregate's previous event (in commit
             // order) is visible already.
-            let previous = self.workload.events[..event].iter().rposition(|p| {
-                p.fault.is_none()
-                    && p.aggregate_type == ev.aggregate_type
-                    && p.aggregate_id == ev.aggregate_id
+            // (A failover's lost branch is no one's predecessor: `timeline.rs`.)
+            let previous = (0..event).rev().find(|&p| {
+                let p_ev = &self.workload.events[p];
+                p_ev.fault.is_none()
+                    && !self.server.is_lost(p)
+                    && p_ev.aggregate_type == ev.aggregate_type
+                    && p_ev.aggregate_id == ev.aggregate_id
             });
             if let Some(p) = previous.filter(|&p| self.landed[p].0 == 0) {
                 let what = format!(
@@ -946,7 +949,7 @@ impl World {
         let Some(coordinator) = self.eos.as_mut() else {
             return;
         };
-        let previous = coordinator.committed.last().map(|s| s.at);
+        let previous = coordinator.committed.last().map(|s| self.server.holds(s));
         coordinator.committed.push(stored);
         self.check_label(&stored);
         if let Some(previous) = previous.filter(|p| progress_order(p) > progress_order(&at)) {
@@ -954,24 +957,35 @@ impl World {
                 "the progress value went back: {at} committed after {previous}"
             ));
         }
-        // What the value says is in Kafka must be: the next session skips all of it.
-        for t in 0..self.workload.txns.len() {
-            let txn = &self.workload.txns[t];
-            let first = match at.covers(txn.final_lsn) {
-                Covered::Nothing => break,
-                Covered::All => txn.events.len(),
-                Covered::First(n) => (n as usize).min(txn.events.len()),
-            };
-            if let Some(&e) = txn.events[..first]
+        // What the value says is in Kafka must be: the next session skips all of it. (A value
+        // of a failover's lost branch, by that branch's transactions: `timeline.rs`.)
+        let lost_history = self.server.lost_history_of(&stored, &self.workload);
+        let history: Vec<(Lsn, &[usize])> = match &lost_history {
+            Some(txns) => txns.iter().map(|(l, e)| (*l, &e[..])).collect(),
+            None => self
+                .workload
+                .txns
                 .iter()
-                .find(|&&e| self.landed[e] == (0, 0))
-            {
-                let what = format!(
-                    "the progress value {at} was committed though event {e} (transaction committing at {}) is not in Kafka",
-                    txn.final_lsn
-                );
-                return self.violation(what);
+                .map(|t| (t.final_lsn, &t.events[..]))
+                .collect(),
+        };
+        let mut missing = None;
+        for (final_lsn, events) in history {
+            let first = match at.covers(final_lsn) {
+                Covered::Nothing => break,
+                Covered::All => events.len(),
+                Covered::First(n) => (n as usize).min(events.len()),
+            };
+            if let Some(&e) = events[..first].iter().find(|&&e| self.landed[e] == (0, 0)) {
+                missing = Some((e, final_lsn));
+                break;
             }
+        }
+        if let Some((e, final_lsn)) = missing {
+            let what = format!(
+                "the progress value {at} was committed though event {e} (transaction committing at {final_lsn}) is not in Kafka"
+            );
+            self.violation(what);
         }
     }
 
@@ -1085,6 +1099,10 @@ impl World {
     pub fn check_end(&mut self) {
         let restarts = self.incarnation + u32::from(self.postgres_restarted);
         for e in 0..self.workload.events.len() {
+            // A failover's lost branch may be in Kafka, or not (`World::lost_in_kafka`).
+            if self.server.is_lost(e) {
+                continue;
+            }
             let (topic, dead) = self.landed[e];
             let ev = &self.workload.events[e];
             let what = match ev.fault {
@@ -1107,7 +1125,7 @@ impl World {
         // Per aggregate: its events in commit order (the workload's order), as indexes.
         let mut order: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
         for (e, ev) in self.workload.events.iter().enumerate() {
-            if ev.fault.is_none() {
+            if ev.fault.is_none() && !self.server.is_lost(e) {
                 order
                     .entry((ev.aggregate_type, ev.aggregate_id.as_str()))
                     .or_default()
@@ -1130,7 +1148,10 @@ impl World {
             for landed in log {
                 let ev = &self.workload.events[landed.event];
                 let key = (ev.aggregate_type, ev.aggregate_id.as_str());
-                let Some(at) = order[&key].iter().position(|&e| e == landed.event) else {
+                let Some(at) = order
+                    .get(&key)
+                    .and_then(|o| o.iter().position(|&e| e == landed.event))
+                else {
                     continue;
                 };
                 let (next, prev, runs) = state.entry(key).or_insert((0, None, 0));
