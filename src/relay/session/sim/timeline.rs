@@ -1,12 +1,13 @@
-//! A timeline switch inside the exactly-once simulation: a standby promoted in place while the
-//! relay decodes from it (issue 42, point 1).
+//! Timeline changes inside the exactly-once simulation (issue 42: "a timeline switch"): a
+//! standby promoted in place while the relay decodes from it, and a failover to a standby
+//! that had not received the primary's last transactions.
 //!
 //! What is modelled, and where it comes from:
 //! - The relay decodes from a standby on timeline `N` (the slot lives there; logical decoding
 //!   on a standby, PostgreSQL 16+). At a seeded point between two transactions of the workload
 //!   (`Switch::at`: the end of the WAL the old primary sent) the standby is promoted: its
-//!   timeline becomes `N + 1` and its history `[…, (N, at)]` (`writeTimeLineHistory`,
-//!   access/transam/timeline.c, written at the end of recovery by `StartupXLOG`, xlog.c).
+//!   timeline becomes `N + 1` and its history `[…, (N, at)]` (`StartupXLOG`, xlog.c, calls
+//!   `writeTimeLineHistory`, access/transam/timeline.c, with the end of the WAL it replayed).
 //!   Transactions after the switch point are written on the new timeline, after the promotion.
 //! - The walsender goes on decoding across the switch (walsender.c, `logical_read_xlog_page`:
 //!   "to also cover the promotion or timeline change cases"): before the promotion it cannot
@@ -25,25 +26,24 @@
 //!   (sink/mod.rs) does: a value labelled with a timeline the server left before its LSN is cut
 //!   back to the switch point.
 //!
-//! Point 2, a failover that loses the old timeline's tail ([`Failover`]): the relay decodes
+//! A failover that loses the old timeline's tail ([`Failover`]): the relay decodes
 //! from a primary whose last transactions never reached its standby; the primary is gone and
 //! the standby promoted, its new timeline forking at an earlier LSN (`Failover::fork`, the end
 //! of the WAL it received), and new transactions take LSNs after the fork — some the lost ones
 //! had. The relay's connection breaks; the next session connects to the new primary, whose
 //! slot (a failover slot synced from the old primary) is at most at the fork: the slot sync
-//! worker does not move a synced slot past the WAL the standby has
-//! (`update_local_synced_slot`, replication/logical/slotsync.c, PostgreSQL 17). A progress
+//! worker does not move a synced slot past the WAL the standby has flushed
+//! (`synchronize_one_slot`, replication/logical/slotsync.c, PostgreSQL 17). A progress
 //! value of the lost branch is cut back to the fork by `reconcile`. Invariants: every event of
 //! the surviving history reaches a read_committed reader exactly once, in order per aggregate;
 //! events of the lost branch may be in Kafka (counted, `Outcome::lost_in_kafka`, not a
 //! violation); every value's timeline is the one its LSN lies on, on its branch.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-
-use std::collections::BTreeSet;
 
 use super::world::{Event, Txn, Workload, World};
 use super::{Defect, Rng};
