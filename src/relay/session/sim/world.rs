@@ -314,7 +314,8 @@ pub(super) struct World {
     pub defect: Defect,
     /// Exactly-once: Kafka transactions committed, and commits that failed.
     pub commits: (u32, u32),
-    /// The server decoded from: its timeline, and a promotion in place (`timeline.rs`).
+    /// The server decoded from: its timeline, and a promotion in place or a failover
+    /// (`timeline.rs`).
     pub server: Server,
 }
 
