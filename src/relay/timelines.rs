@@ -53,7 +53,7 @@ pub(super) async fn timelines(
     server: &ServerHistory,
 ) -> Result<Timelines, RelayError> {
     if config.kafka.delivery != Delivery::ExactlyOnce || !in_recovery {
-        return Ok(Timelines::Fixed(server.timeline));
+        return Ok(Timelines::Fixed(server.clone()));
     }
     let sender = WalSender::connect(params).await?;
     Ok(Timelines::Watched(Arc::new(StandbyTimelines {

@@ -99,10 +99,17 @@ pub struct ProgressRecord {
 /// cases"). A value past the switch point labelled with the old timeline would be cut back to
 /// the switch point by the next session ([`reconcile`]), which would publish again what
 /// Kafka already has.
+///
+/// A primary promoted earlier decodes WAL of its older timelines too (a slot behind the switch
+/// point): a value there lies on the older timeline, which is what it is labelled with — not
+/// the server's own, whose label would make a later server that branched off the older
+/// timeline before the value refuse it ("not in the history") instead of cutting it back to
+/// its fork (found by the simulation, `sim/timeline.rs`).
 #[derive(Clone)]
 pub enum Timelines {
-    /// The session's server is a primary on this timeline.
-    Fixed(u32),
+    /// The session's server is a primary: its timeline and history, read when the session
+    /// started.
+    Fixed(ServerHistory),
     /// The session's server is a standby: its history is read again at each commit.
     Watched(Arc<dyn WatchTimelines>),
 }
@@ -121,7 +128,7 @@ impl Timelines {
     /// The timeline `lsn` lies on.
     pub async fn of(&self, lsn: Lsn) -> Result<u32, String> {
         match self {
-            Timelines::Fixed(timeline) => Ok(*timeline),
+            Timelines::Fixed(server) => Ok(server.timeline_of(lsn)),
             Timelines::Watched(watch) => Ok(watch.current().await?.timeline_of(lsn)),
         }
     }
@@ -130,7 +137,7 @@ impl Timelines {
 impl std::fmt::Debug for Timelines {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Timelines::Fixed(timeline) => write!(f, "Fixed({timeline})"),
+            Timelines::Fixed(server) => write!(f, "Fixed({})", server.timeline),
             Timelines::Watched(_) => write!(f, "Watched"),
         }
     }
@@ -531,7 +538,7 @@ impl std::fmt::Display for Progress {
 /// changes made): read as changes, the same number unless the transaction carried logical
 /// messages the mapping ignores.
 ///
-/// `timeline` is the server's timeline when it was written (see [`reconcile`]).
+/// `timeline` is the timeline its LSN lies on ([`Timelines::of`]; see [`reconcile`]).
 pub fn progress_value(progress: Progress, timeline: u32) -> String {
     let mut value = serde_json::json!({ "end_lsn": progress.lsn.to_string() });
     if let Some(n) = progress.changes {
@@ -679,7 +686,7 @@ mod tests {
         let at = Progress::whole(Lsn(0x800));
         let read_back = |timeline| parse_progress_value(progress_value(at, timeline).as_bytes());
 
-        let opened_with = Timelines::Fixed(1).of(at.lsn).await.unwrap();
+        let opened_with = Timelines::Fixed(server(1, &[])).of(at.lsn).await.unwrap();
         let stale = reconcile(read_back(opened_with).unwrap(), &promoted, Some(Lsn(0x900)));
         assert_eq!(
             stale,
@@ -693,6 +700,25 @@ mod tests {
         assert_eq!(timeline, 2);
         let held = reconcile(read_back(timeline).unwrap(), &promoted, Some(Lsn(0x900)));
         assert_eq!(held, Ok(at));
+    }
+
+    /// Found by the simulation (`sim/timeline.rs`): a primary promoted at 0x500, decoding from
+    /// a slot behind it, labelled a value at 0x400 with its own timeline 2. A server restored
+    /// later from timeline 1 to 0x300 (timeline 3, history `[(1, 0x300)]`) then refused the
+    /// value ("not in the history") and the relay stopped; labelled with the timeline its LSN
+    /// lies on, it is cut back to the fork.
+    #[tokio::test]
+    async fn a_primary_labels_a_value_before_its_switch_point_with_the_timeline_it_lies_on() {
+        let promoted = Timelines::Fixed(server(2, &[(1, 0x500)]));
+        assert_eq!(promoted.of(Lsn(0x400)).await, Ok(1));
+        assert_eq!(promoted.of(Lsn(0x800)).await, Ok(2));
+        let restored = server(3, &[(1, 0x300)]);
+        assert_eq!(
+            reconcile(stored(0x400, None, Some(1)), &restored, Some(Lsn(0x900))),
+            Ok(Progress::whole(Lsn(0x300)))
+        );
+        let e = reconcile(stored(0x400, None, Some(2)), &restored, Some(Lsn(0x900))).unwrap_err();
+        assert!(e.contains("not in the history"), "{e}");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use crate::mapping::Record;
 use crate::relay::seams::RecordKind;
-use crate::sink::progress::Progress;
+use crate::sink::progress::{Progress, Stored};
 use crate::sink::publisher::PublishError;
 
 /// A record the brokers wrote into an open transaction.
@@ -47,8 +47,8 @@ pub(super) struct KafkaTxn {
     pub written: Vec<Written>,
     /// A record of it failed: the abortable error its commit fails with.
     pub doomed: Option<RDKafkaErrorCode>,
-    /// The commit asked for: its progress value and where its outcome goes.
-    pub commit: Option<(Progress, oneshot::Sender<Result<(), PublishError>>)>,
+    /// The commit asked for: its progress value (with its timeline) and where its outcome goes.
+    pub commit: Option<(Stored, oneshot::Sender<Result<(), PublishError>>)>,
 }
 
 impl KafkaTxn {
@@ -67,11 +67,11 @@ pub(super) struct Coordinator {
     pub open: Option<KafkaTxn>,
     /// A commit of a producer that is gone (or a zombie): its EndTxn is on its way, to be
     /// answered when the next producer initialises the id.
-    pub zombie: Option<(Progress, Vec<Written>)>,
+    pub zombie: Option<(Stored, Vec<Written>)>,
     next_id: u64,
     /// The progress values committed, in commit order: the progress topic's partition as a
     /// read_committed reader sees it.
-    pub committed: Vec<Progress>,
+    pub committed: Vec<Stored>,
 }
 
 impl Coordinator {

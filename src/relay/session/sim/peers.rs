@@ -2,13 +2,14 @@
 //! status updates in) and a Kafka producer (records in, delivery reports out), both reading
 //! and writing the shared [`World`].
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
+use super::timeline;
 use super::world::{Pending, World};
 use crate::lsn::Lsn;
 use crate::mapping::Record;
@@ -18,7 +19,7 @@ use crate::relay::session::fakes::{
     self, begin, commit, insert, relation, text, Frames, Upstream, OUTBOX,
 };
 use crate::sink::limits::SizeRefusal;
-use crate::sink::progress::Progress;
+use crate::sink::progress::{Progress, Timelines};
 use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
 use crate::source::walsender::{ReplicationError, ReplicationFrame};
 
@@ -34,6 +35,8 @@ pub(super) struct Walsender {
     relation_sent: bool,
     /// `sentPtr`: what has been decoded (and sent).
     sent: Lsn,
+    /// The server itself is gone (a failover, `timeline.rs`): nothing more reaches it.
+    gone: Cell<bool>,
 }
 
 impl Walsender {
@@ -53,6 +56,7 @@ impl Walsender {
             staged: VecDeque::new(),
             relation_sent: false,
             sent: world.slot,
+            gone: Cell::new(false),
         }
     }
 
@@ -76,6 +80,13 @@ impl Walsender {
         }));
     }
 
+    /// The server is gone (the primary of a failover): the connection breaks, and no status
+    /// update of this session reaches any server any more.
+    pub fn server_gone(&self) {
+        self.gone.set(true);
+        self.drop_connection();
+    }
+
     /// The connection breaks.
     pub fn drop_connection(&self) {
         let _ = self.tx.send(Err(ReplicationError::Closed));
@@ -93,6 +104,11 @@ impl Walsender {
             self.sent = self.sent.max(world.workload.wal_end);
             return false;
         };
+        // A standby decodes only what it replayed: nothing past a switch not yet reached
+        // (`timeline.rs`).
+        if !world.server.may_decode(txn.final_lsn) {
+            return false;
+        }
         self.next_txn += 1;
         self.sent = self.sent.max(if self.next_txn == txns.len() {
             world.workload.wal_end
@@ -137,6 +153,9 @@ pub(super) struct Connection {
 
 impl Upstream for Connection {
     fn status(&mut self, flush: Lsn, reply: bool) -> Result<(), ReplicationError> {
+        if self.walsender.borrow().gone.get() {
+            return Err(ReplicationError::Closed);
+        }
         let mut world = self.world.borrow_mut();
         if std::mem::take(&mut world.status_fails) {
             return Err(ReplicationError::Closed);
@@ -160,6 +179,8 @@ pub(super) struct SimSink {
     pub producer: u32,
     /// `batch.size` this producer was made with.
     pub batch_size: usize,
+    /// How its progress values get their timeline (`ProgressRecord::timelines`).
+    pub timelines: Timelines,
 }
 
 impl RecordSink for SimSink {
@@ -283,7 +304,7 @@ impl RecordSink for SimSink {
             .and_then(|c| c.open.as_mut())
             .filter(|t| t.producer == producer && t.commit.is_none())
         {
-            Some(open) => open.commit = Some((at, tx)),
+            Some(open) => open.commit = Some((timeline::label(&self.timelines, at), tx)),
             None => world.violation(format!("a commit at {at} with no Kafka transaction open")),
         }
         rx

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::coordinator::{progress_order, Coordinator, Written};
 use super::gate::{HeldTopic, Ties};
+use super::timeline::Server;
 use super::{Defect, Rng};
 use crate::lsn::Lsn;
 use crate::mapping::partition::partition_for_key;
@@ -22,7 +23,7 @@ use crate::mapping::Record;
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::RecordKind;
 use crate::sink::limits::TopicLimits;
-use crate::sink::progress::{Covered, Progress};
+use crate::sink::progress::{Covered, Progress, Stored};
 use crate::sink::publisher::{waits_at_gate, Delivery, DeliveryFailure, PublishError};
 
 pub(super) const DLQ: &str = "sim.dlq";
@@ -294,9 +295,9 @@ pub(super) struct World {
     broken: BTreeSet<(String, i32)>,
     logs: BTreeMap<(String, i32), Vec<Landed>>,
     /// Per event: (in its topic, dead-lettered) landings, for the checks.
-    landed: Vec<(u32, u32)>,
+    pub landed: Vec<(u32, u32)>,
     /// Transactions known to be safely behind the slot.
-    verified: usize,
+    pub verified: usize,
     /// Limits known to the producer, which outlive sessions (`sink::limits`).
     pub limits: Arc<TopicLimits>,
     /// The producer's configured `batch.size`.
@@ -313,6 +314,9 @@ pub(super) struct World {
     pub defect: Defect,
     /// Exactly-once: Kafka transactions committed, and commits that failed.
     pub commits: (u32, u32),
+    /// The server decoded from: its timeline, and a promotion in place or a failover
+    /// (`timeline.rs`).
+    pub server: Server,
 }
 
 impl World {
@@ -326,6 +330,7 @@ impl World {
             }
         }
         let landed = vec![(0, 0); workload.events.len()];
+        let wal_end = workload.wal_end;
         World {
             workload,
             slot: SLOT_START,
@@ -355,6 +360,7 @@ impl World {
             eos: exactly_once.then(Coordinator::new),
             defect,
             commits: (0, 0),
+            server: Server::primary(wal_end),
         }
     }
 
@@ -452,10 +458,13 @@ impl World {
         if self.eos.is_some() && !dead {
             // Exactly-once, as it becomes visible: the aggregate's previous event (in commit
             // order) is visible already.
-            let previous = self.workload.events[..event].iter().rposition(|p| {
-                p.fault.is_none()
-                    && p.aggregate_type == ev.aggregate_type
-                    && p.aggregate_id == ev.aggregate_id
+            // (A failover's lost branch is no one's predecessor: `timeline.rs`.)
+            let previous = (0..event).rev().find(|&p| {
+                let p_ev = &self.workload.events[p];
+                p_ev.fault.is_none()
+                    && !self.server.is_lost(p)
+                    && p_ev.aggregate_type == ev.aggregate_type
+                    && p_ev.aggregate_id == ev.aggregate_id
             });
             if let Some(p) = previous.filter(|&p| self.landed[p].0 == 0) {
                 let what = format!(
@@ -859,7 +868,7 @@ impl World {
         let Some(mut txn) = coordinator.open.take() else {
             return;
         };
-        let Some((at, outcome)) = txn.commit.take() else {
+        let Some((stored, outcome)) = txn.commit.take() else {
             coordinator.open = Some(txn);
             return;
         };
@@ -870,6 +879,7 @@ impl World {
             })
         };
         use Fate::*;
+        let at = stored.at;
         let (fate, result, what) = if !coordinator.is_current(txn.producer) {
             // The coordinator aborted it when the newer producer initialised the id.
             (Aborts, failed(RDKafkaErrorCode::ProducerFenced), "fenced")
@@ -907,7 +917,7 @@ impl World {
         let written = match fate {
             Commits => std::mem::take(&mut txn.written),
             InFlight => {
-                coordinator.zombie = Some((at, std::mem::take(&mut txn.written)));
+                coordinator.zombie = Some((stored, std::mem::take(&mut txn.written)));
                 Vec::new()
             }
             Aborts => {
@@ -926,12 +936,13 @@ impl World {
         ));
         let _ = outcome.send(result);
         if let Commits = fate {
-            self.apply(at, written);
+            self.apply(stored, written);
         }
     }
 
     /// A Kafka transaction commits: its records become visible, with its progress value.
-    fn apply(&mut self, at: Progress, written: Vec<Written>) {
+    fn apply(&mut self, stored: Stored, written: Vec<Written>) {
+        let at = stored.at;
         self.commits.0 += 1;
         for w in &written {
             self.land_record(&w.record, w.kind, w.producer, w.partition);
@@ -939,31 +950,43 @@ impl World {
         let Some(coordinator) = self.eos.as_mut() else {
             return;
         };
-        let previous = coordinator.committed.last().copied();
-        coordinator.committed.push(at);
+        let previous = coordinator.committed.last().map(|s| self.server.holds(s));
+        coordinator.committed.push(stored);
+        self.check_label(&stored);
         if let Some(previous) = previous.filter(|p| progress_order(p) > progress_order(&at)) {
             self.violation(format!(
                 "the progress value went back: {at} committed after {previous}"
             ));
         }
-        // What the value says is in Kafka must be: the next session skips all of it.
-        for t in 0..self.workload.txns.len() {
-            let txn = &self.workload.txns[t];
-            let first = match at.covers(txn.final_lsn) {
-                Covered::Nothing => break,
-                Covered::All => txn.events.len(),
-                Covered::First(n) => (n as usize).min(txn.events.len()),
-            };
-            if let Some(&e) = txn.events[..first]
+        // What the value says is in Kafka must be: the next session skips all of it. (A value
+        // of a failover's lost branch, by that branch's transactions: `timeline.rs`.)
+        let lost_history = self.server.lost_history_of(&stored, &self.workload);
+        let history: Vec<(Lsn, &[usize])> = match &lost_history {
+            Some(txns) => txns.iter().map(|(l, e)| (*l, &e[..])).collect(),
+            None => self
+                .workload
+                .txns
                 .iter()
-                .find(|&&e| self.landed[e] == (0, 0))
-            {
-                let what = format!(
-                    "the progress value {at} was committed though event {e} (transaction committing at {}) is not in Kafka",
-                    txn.final_lsn
-                );
-                return self.violation(what);
+                .map(|t| (t.final_lsn, &t.events[..]))
+                .collect(),
+        };
+        let mut missing = None;
+        for (final_lsn, events) in history {
+            let first = match at.covers(final_lsn) {
+                Covered::Nothing => break,
+                Covered::All => events.len(),
+                Covered::First(n) => (n as usize).min(events.len()),
+            };
+            if let Some(&e) = events[..first].iter().find(|&&e| self.landed[e] == (0, 0)) {
+                missing = Some((e, final_lsn));
+                break;
             }
+        }
+        if let Some((e, final_lsn)) = missing {
+            let what = format!(
+                "the progress value {at} was committed though event {e} (transaction committing at {final_lsn}) is not in Kafka"
+            );
+            self.violation(what);
         }
     }
 
@@ -981,14 +1004,15 @@ impl World {
         if defect == Defect::ReadBeforeFence {
             read = Some(self.read_progress());
         }
-        if let Some((at, written)) = zombie {
+        if let Some((stored, written)) = zombie {
+            let at = stored.at;
             // The zombie's EndTxn reaches the coordinator before the fence (then the read
             // below sees it), or after it (then it fails with PRODUCER_FENCED).
             if defect == Defect::ReadBeforeFence || rng.chance(50) {
                 self.note(format!(
                     "the previous producer's commit at {at} reaches the coordinator"
                 ));
-                self.apply(at, written);
+                self.apply(stored, written);
             } else {
                 self.note(format!("the previous producer's commit at {at} is fenced"));
             }
@@ -997,11 +1021,12 @@ impl World {
         coordinator.epoch = incarnation;
         coordinator.fenced = false;
         coordinator.open = None;
-        read.unwrap_or_else(|| self.read_progress())
+        let read = read.unwrap_or_else(|| self.read_progress());
+        self.open_progress(read)
     }
 
     /// The last committed progress value, as a read_committed reader reads it.
-    fn read_progress(&mut self) -> Option<Progress> {
+    fn read_progress(&mut self) -> Option<Stored> {
         let stale = self.defect == Defect::StaleProgress;
         let committed = &self.eos.as_ref()?.committed;
         let read = if stale {
@@ -1012,7 +1037,7 @@ impl World {
         };
         self.note(format!(
             "the progress value read: {}",
-            read.map_or("none".into(), |p| p.to_string())
+            read.map_or("none".into(), |p| p.at.to_string())
         ));
         read
     }
@@ -1036,7 +1061,7 @@ impl World {
             if committing {
                 let txn = coordinator.open.take();
                 coordinator.zombie =
-                    txn.and_then(|mut t| t.commit.take().map(|(at, _)| (at, t.written)));
+                    txn.and_then(|mut t| t.commit.take().map(|(stored, _)| (stored, t.written)));
             }
         } else {
             for (key, queue) in queues {
@@ -1075,6 +1100,10 @@ impl World {
     pub fn check_end(&mut self) {
         let restarts = self.incarnation + u32::from(self.postgres_restarted);
         for e in 0..self.workload.events.len() {
+            // A failover's lost branch may be in Kafka, or not (`World::lost_in_kafka`).
+            if self.server.is_lost(e) {
+                continue;
+            }
             let (topic, dead) = self.landed[e];
             let ev = &self.workload.events[e];
             let what = match ev.fault {
@@ -1097,7 +1126,7 @@ impl World {
         // Per aggregate: its events in commit order (the workload's order), as indexes.
         let mut order: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
         for (e, ev) in self.workload.events.iter().enumerate() {
-            if ev.fault.is_none() {
+            if ev.fault.is_none() && !self.server.is_lost(e) {
                 order
                     .entry((ev.aggregate_type, ev.aggregate_id.as_str()))
                     .or_default()
@@ -1120,7 +1149,10 @@ impl World {
             for landed in log {
                 let ev = &self.workload.events[landed.event];
                 let key = (ev.aggregate_type, ev.aggregate_id.as_str());
-                let Some(at) = order[&key].iter().position(|&e| e == landed.event) else {
+                let Some(at) = order
+                    .get(&key)
+                    .and_then(|o| o.iter().position(|&e| e == landed.event))
+                else {
                     continue;
                 };
                 let (next, prev, runs) = state.entry(key).or_insert((0, None, 0));
