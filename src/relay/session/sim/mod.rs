@@ -38,6 +38,13 @@
 //! every committed progress value is true (what it says is in Kafka is) and never goes back;
 //! the slot never passes what Kafka committed.
 //!
+//! A seeded share of the runs serializes its records (JSON Schema) through the real
+//! serializer against a simulated Schema Registry (`registry.rs`): it answers, 404s missing
+//! subjects (registered by the relay with `auto_register`, else by the operator, the events
+//! waiting meanwhile), has outages; one topic's schema refuses some payloads. Its checks: every
+//! record of such a run is framed with the id the registry gave; a refused payload's dead
+//! letter says `schema`.
+//!
 //! [`Defect`] lists defects the invariants must catch (`injected_defects_are_caught`).
 //!
 //! `cargo test --lib sim` runs `OUTBOX_SIM_SEEDS` seeds (5,000 by default); a failure prints
@@ -47,6 +54,7 @@
 mod coordinator;
 mod gate;
 mod peers;
+mod registry;
 mod world;
 
 use std::cell::RefCell;
@@ -64,6 +72,7 @@ use crate::relay::seams::Ends;
 use crate::relay::RelayError;
 use crate::serve::metrics::Metrics;
 use peers::{Connection, SimSink, SimSource, Walsender};
+use registry::RegistryChaos;
 use world::{Workload, World, DLQ};
 
 /// SplitMix64: small, fast, and the same on every machine.
@@ -194,6 +203,15 @@ pub(super) enum Defect {
     /// batch and the queue failed before it swapped (see `gate::Ties::ReportOrder`). The
     /// default model's send order is what the relay does now.
     GateTiesInReportOrder,
+    /// Serialization on: a registry failure is taken for the payload's fault — modelled by
+    /// the registry answering, during an outage, with a schema no payload fits (as a relay
+    /// would that judged the payload by what a failing registry gave it): healthy events
+    /// are dead-lettered with reason `schema`.
+    RegistryErrorDeadLetters,
+    /// Serialization on: a restarted session is built without the serialization settings
+    /// (`Settings::serializers` left at its default by whoever rebuilds the settings): its
+    /// records go to Kafka as the row's JSON, unframed.
+    SendsUnserialized,
 }
 
 /// The throwaway defects `injected_defects_are_caught` injects, one at a time.
@@ -206,6 +224,8 @@ const INJECTED: &[Defect] = &[
     Defect::GateAppends,
     Defect::GateHoldsAll,
     Defect::MetadataRefusalFails,
+    Defect::RegistryErrorDeadLetters,
+    Defect::SendsUnserialized,
 ];
 
 /// How a session ended.
@@ -302,6 +322,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         chaos: [0, 3, 10, 25][rng.below(4) as usize],
         step: 0,
         rng,
+        registry: None,
     };
     {
         let mut w = world.borrow_mut();
@@ -336,6 +357,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
             },
         );
         w.note(summary);
+        driver.registry = RegistryChaos::draw(seed, &mut w, defect, driver.steps);
     }
     let mut healing_sessions = 0;
     loop {
@@ -367,7 +389,11 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
             catalog: FakeCatalog::new(&[(OUTBOX, "public", "outbox")]),
         };
         let progress = world.borrow_mut().init_transactions(&mut driver.rng);
-        let session = Session::new(settings.clone(), &mapping, &metrics, ends, start)
+        let session_settings = match &driver.registry {
+            Some(registry) => registry.settings(&settings, world.borrow().incarnation, defect),
+            None => settings.clone(),
+        };
+        let session = Session::new(session_settings, &mapping, &metrics, ends, start)
             .skipping_below(progress);
         let shutdown = CancellationToken::new();
         world
@@ -400,7 +426,13 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
                     ));
                 }
             }
-            Ending::Crashed => w.note("crash".into()),
+            Ending::Crashed => {
+                w.note("crash".into());
+                // A new process: the serializers' cache is gone.
+                if let Some(registry) = &mut driver.registry {
+                    registry.new_process();
+                }
+            }
             Ending::Abandoned => break,
         }
         if !w.violations.is_empty() {
@@ -444,6 +476,8 @@ struct Driver {
     hold: Option<Hold>,
     /// The session's in-flight cap (records).
     cap: usize,
+    /// Serialization on: the registry's chaos (`registry.rs`).
+    registry: Option<RegistryChaos>,
 }
 
 impl Driver {
@@ -459,6 +493,7 @@ impl Driver {
         loop {
             self.step += 1;
             self.world.borrow_mut().step = self.step;
+            self.registry_step();
             if self.step <= self.steps {
                 if let Some(ending) = self.chaos_step(walsender) {
                     return ending;

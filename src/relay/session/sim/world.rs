@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::coordinator::{progress_order, Coordinator, Written};
 use super::gate::{HeldTopic, Ties};
+use super::registry::{self, SimRegistry};
 use super::{Defect, Rng};
 use crate::lsn::Lsn;
 use crate::mapping::partition::partition_for_key;
@@ -39,6 +40,8 @@ pub(super) enum OwnFault {
     Invalid,
     /// Larger than its topic's `max.message.bytes`: refused whenever it is sent, alone too.
     TooLarge,
+    /// Serialization on: its payload breaks its subject's schema (`registry.rs`).
+    Schema,
 }
 
 pub(super) struct Event {
@@ -177,7 +180,7 @@ impl Workload {
     /// letters keep the payload, which is how their content is recoverable.
     fn event_of(&self, record: &Record) -> Result<usize, String> {
         let payload = record.payload.as_deref().unwrap_or_default();
-        let text = String::from_utf8_lossy(payload);
+        let text = String::from_utf8_lossy(registry::unframed(payload));
         let n = text
             .strip_prefix("{\"e\":")
             .and_then(|rest| rest.split(',').next())
@@ -313,6 +316,8 @@ pub(super) struct World {
     pub defect: Defect,
     /// Exactly-once: Kafka transactions committed, and commits that failed.
     pub commits: (u32, u32),
+    /// Serialization on: the registry (`registry.rs`), which checks each record that lands.
+    pub registry: Option<SimRegistry>,
 }
 
 impl World {
@@ -355,6 +360,7 @@ impl World {
             eos: exactly_once.then(Coordinator::new),
             defect,
             commits: (0, 0),
+            registry: None,
         }
     }
 
@@ -449,6 +455,11 @@ impl World {
             return self.violation(what);
         }
         let (has_fault, topic) = (ev.fault.is_some(), ev.topic.clone());
+        if let Some(registry) = &self.registry {
+            if let Err(what) = registry.check(record, kind, ev.fault) {
+                return self.violation(format!("event {event}: {what}"));
+            }
+        }
         if self.eos.is_some() && !dead {
             // Exactly-once, as it becomes visible: the aggregate's previous event (in commit
             // order) is visible already.
