@@ -556,7 +556,8 @@ impl Driver {
             w.answer(&key, &mut self.rng);
         }
         w.retry_gate();
-        w.pending_pause = 100;
+        // At least 100 ms (more on its first step: `Driver::registry_step`).
+        w.pending_pause = w.pending_pause.max(100);
     }
 
     /// One seeded action, or a fault.
