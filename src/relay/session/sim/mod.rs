@@ -43,7 +43,8 @@
 //! subjects (registered by the relay with `auto_register`, else by the operator, the events
 //! waiting meanwhile), has outages; one topic's schema refuses some payloads. Its checks: every
 //! record of such a run is framed with the id the registry gave; a refused payload's dead
-//! letter says `schema`.
+//! letter says `schema`. And in every run, the walsender hears from the session at least
+//! every `wal_sender_timeout` (`World::heard_from_relay`): feedback waits on nothing.
 //!
 //! [`Defect`] lists defects the invariants must catch (`injected_defects_are_caught`).
 //!

@@ -343,7 +343,8 @@ impl RegistryChaos {
             registry_url: "http://sim-registry".into(),
             auto_register: rng.chance(50),
             schema_file: Some(schema_file()),
-            request_timeout_ms: [100, 2_000, 10_000][rng.below(3) as usize],
+            // 120 s: above `wal_sender_timeout`, which the config allows.
+            request_timeout_ms: [100, 2_000, 10_000, 120_000][rng.below(4) as usize],
             ..SerializationConfig::default()
         };
         let mut state = State {
@@ -565,5 +566,23 @@ fn a_registry_wait_from_the_chaos_is_over_before_the_hold_phase_checks() {
         outcome.violations.is_empty(),
         "{}",
         super::describe(8_252, &outcome)
+    );
+}
+
+/// Found by the simulation (seed 96; 73 of the first 5,000 seeds once `request_timeout_ms`
+/// 120 s and the wal_sender_timeout check were modelled): a request to a silent registry was
+/// awaited inside an arm of the session's loop, so no status update went out until it timed
+/// out — 120 s, past `wal_sender_timeout` (60 s), after which PostgreSQL ends the stream; a
+/// shutdown waited as long. Fixed in `Session::ask` (serialize.rs): status updates flow during
+/// the request, and a shutdown bounds it by `shutdown_timeout` (session test
+/// `while_a_silent_registry_keeps_a_request_status_updates_flow_and_shutdown_is_bounded`).
+/// Replay: `OUTBOX_SIM_SEED=96 cargo test --lib sim -- --nocapture`.
+#[test]
+fn a_silent_registry_does_not_silence_the_session() {
+    let outcome = super::run_seed(96);
+    assert!(
+        outcome.violations.is_empty(),
+        "{}",
+        super::describe(96, &outcome)
     );
 }

@@ -30,6 +30,8 @@ pub(super) const DLQ: &str = "sim.dlq";
 /// Where the slot was created: nothing before it is streamed.
 pub(super) const SLOT_START: Lsn = Lsn(0x1000);
 const AGGREGATE_TYPES: [&str; 3] = ["order", "invoice", "shipment"];
+/// PostgreSQL's default `wal_sender_timeout`.
+const WAL_SENDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Event numbers of rolled-back transactions start here (they must never be seen).
 const ROLLED_BACK_BASE: u64 = 1_000_000;
 
@@ -318,6 +320,8 @@ pub(super) struct World {
     pub commits: (u32, u32),
     /// Serialization on: the registry (`registry.rs`), which checks each record that lands.
     pub registry: Option<SimRegistry>,
+    /// The last status update: by which session, when (`World::heard_from_relay`).
+    last_status: Option<(u32, tokio::time::Instant)>,
 }
 
 impl World {
@@ -361,6 +365,7 @@ impl World {
             defect,
             commits: (0, 0),
             registry: None,
+            last_status: None,
         }
     }
 
@@ -390,6 +395,25 @@ impl World {
     pub fn confirm(&mut self, flush: Lsn) {
         self.slot = self.slot.max(flush);
         self.check_slot();
+        self.heard_from_relay();
+    }
+
+    /// The walsender hears from the session (a status update): never more than
+    /// `wal_sender_timeout` after the last time in the same session, or PostgreSQL would have
+    /// ended the stream (`WalSndCheckTimeOut`, replication/walsender.c) — the relay's
+    /// feedback must not wait on anything (Kafka, the registry).
+    fn heard_from_relay(&mut self) {
+        let now = tokio::time::Instant::now();
+        if let Some((incarnation, at)) = self.last_status {
+            let silence = now - at;
+            if incarnation == self.incarnation && silence > WAL_SENDER_TIMEOUT {
+                let what = format!(
+                    "the walsender heard nothing from the session for {silence:?}, past wal_sender_timeout ({WAL_SENDER_TIMEOUT:?})"
+                );
+                self.violation(what);
+            }
+        }
+        self.last_status = Some((self.incarnation, now));
     }
 
     /// PostgreSQL restarts: the slot goes back to its persisted position (duplicates, not
