@@ -4,7 +4,9 @@
 //! ([`RegistryWait`]), retried with back-off by the loop's registry arm: nothing after it is
 //! read, so the slot is never confirmed past it, while the loop's other arms — shutdown,
 //! acknowledgements of what was sent before it, status updates — go on being served, so the
-//! walsender still hears from the relay.
+//! walsender still hears from the relay. During a registry request itself (up to
+//! `request_timeout_ms` against a silent registry) `Session::ask` serves the status
+//! updates and bounds the request by `shutdown_timeout` once shutdown has come.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -151,20 +151,20 @@ struct Hold {
 ///
 /// Measured again after the registry model (`registry.rs`) changed the schedules of the seeds
 /// it serializes (seeds 1..=5,000: 1,973 in exactly-once, 1,490 serialized, 604 of them in
-/// exactly-once; `OUTBOX_SIM_DEFECT_SEEDS=5000`):
+/// exactly-once; `OUTBOX_SIM_DEFECT_SEEDS=5000`; with the wal_sender_timeout check):
 ///
 /// | defect | first caught at seed | seeds of 5,000 that catch it | by |
 /// |---|---|---|---|
-/// | `StaleProgress` | 5 | 890 (all exactly-once) | an event seen twice |
-/// | `ForgetDoom` | 8 | 1,537 (all exactly-once) | a progress value committed past a missing event |
-/// | `CommitBeforeAcks` | 5 | 1,718 (all exactly-once) | a progress value committed past a missing event |
+/// | `StaleProgress` | 5 | 888 (all exactly-once) | an event seen twice |
+/// | `ForgetDoom` | 8 | 1,535 (all exactly-once) | a progress value committed past a missing event |
+/// | `CommitBeforeAcks` | 5 | 1,710 (all exactly-once) | a progress value committed past a missing event |
 /// | `ReadBeforeFence` | 9 | 99 (all exactly-once) | an event seen twice |
-/// | `AclRefusalToSession` | 1 | 1,725 (all at-least-once) | a session ended with no fault that ends sessions |
+/// | `AclRefusalToSession` | 1 | 1,720 (all at-least-once) | a session ended with no fault that ends sessions |
 /// | `GateAppends` | 236 | 18 (all at-least-once) | an aggregate out of commit order |
-/// | `GateHoldsAll` | 1 | 455 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
-/// | `MetadataRefusalFails` | 2 | 1,907 (755 exactly-once) | a session ended with no fault that ends sessions |
+/// | `GateHoldsAll` | 1 | 459 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
+/// | `MetadataRefusalFails` | 2 | 1,908 (756 exactly-once) | a session ended with no fault that ends sessions |
 /// | `RegistryErrorDeadLetters` | 4 | 936 of the 1,490 serialized (381 exactly-once) | a healthy event dead-lettered |
-/// | `SendsUnserialized` | 4 | 1,207 of the 1,490 serialized (562 exactly-once) | a record without the wire framing |
+/// | `SendsUnserialized` | 4 | 1,208 of the 1,490 serialized (562 exactly-once) | a record without the wire framing |
 ///
 /// `GateTiesInReportOrder` (the relay's tie-break until the place in the opaque; found by the
 /// simulation) fails 1 seed of 5,000: 1,805
