@@ -14,8 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Session;
-use crate::mapping::OutboxEvent;
-use crate::mapping::Record;
+use crate::mapping::{OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordSink};
 use crate::relay::RelayError;
