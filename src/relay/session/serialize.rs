@@ -4,7 +4,9 @@
 //! ([`RegistryWait`]), retried with back-off by the loop's registry arm: nothing after it is
 //! read, so the slot is never confirmed past it, while the loop's other arms — shutdown,
 //! acknowledgements of what was sent before it, status updates — go on being served, so the
-//! walsender still hears from the relay.
+//! walsender still hears from the relay. During a registry request itself (up to
+//! `request_timeout_ms` against a silent registry) `Session::ask` serves the status
+//! updates and bounds the request by `shutdown_timeout` once shutdown has come.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,16 +14,16 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Session;
-use crate::mapping::OutboxEvent;
+use crate::mapping::{OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordSink};
 use crate::relay::RelayError;
-use crate::sink::schema::SerializeError;
+use crate::sink::schema::{SerializeError, Serializer};
 use crate::source::pgoutput::{Relation, Tuple};
 
 /// First pause after the registry failed; doubled up to [`MAX_BACKOFF`].
 const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// A mapped event of the open transaction on its way to the sink: its ledger entry is
 /// taken, its record not yet serialized.
@@ -59,7 +61,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let Some(serializer) = self.settings.serializers.get(mapped.event.profile).cloned() else {
             return self.send_mapped(mapped, None).await;
         };
-        match serializer.serialize(&mut mapped.event.record).await {
+        match self.ask(&serializer, &mut mapped.event.record).await? {
             Ok(()) => self.send_mapped(mapped, None).await,
             Err(SerializeError::Payload(why)) => self.send_mapped(mapped, Some(why)).await,
             Err(SerializeError::Registry { subject, error }) => {
@@ -75,6 +77,49 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     retry_at: Instant::now() + backoff,
                 });
                 Ok(())
+            }
+        }
+    }
+
+    /// The serializer's answer for `record`, serving meanwhile what must not wait on a
+    /// registry request. A registry that does not answer keeps one up to `request_timeout_ms`
+    /// (10 s by default; the config sets no upper bound), and the request is awaited inside an
+    /// arm of the loop, so none of the others runs: status updates go out here every status
+    /// interval (so that `wal_sender_timeout` does not end the stream), and once shutdown has
+    /// come the request gets `shutdown_timeout` (or what is left of the drain's) before the
+    /// session ends with an error — the event is sent again after the restart. A cached
+    /// schema answers at the first poll: nothing else is polled then.
+    async fn ask(
+        &mut self,
+        serializer: &Serializer,
+        record: &mut Record,
+    ) -> Result<Result<(), SerializeError>, RelayError> {
+        let mut serialize = std::pin::pin!(serializer.serialize(record));
+        let (interval, grace) = (
+            self.settings.status_interval,
+            self.settings.shutdown_timeout,
+        );
+        let mut status_at = Instant::now() + interval;
+        let mut deadline = self
+            .drain_deadline()
+            .or_else(|| self.shutdown.is_cancelled().then(|| Instant::now() + grace));
+        let shutdown = self.shutdown.clone();
+        loop {
+            tokio::select! {
+                biased;
+                result = &mut serialize => return Ok(result),
+                _ = shutdown.cancelled(), if deadline.is_none() => {
+                    deadline = Some(Instant::now() + grace);
+                }
+                _ = super::sleep_until(deadline), if deadline.is_some() => {
+                    return Err(RelayError::SchemaRegistry(format!(
+                        "the registry had not answered {grace:?} (shutdown_timeout) after shutdown; the event is sent again after the restart"
+                    )));
+                }
+                _ = tokio::time::sleep_until(status_at) => {
+                    self.send_status(true).await?;
+                    status_at = Instant::now() + interval;
+                }
             }
         }
     }

@@ -2123,3 +2123,119 @@ fn settings_come_from_the_config_and_exactly_once_splits_at_a_third_of_the_timeo
     assert_eq!(t.max_records, 500);
     assert_eq!(t.split_after, Duration::from_secs(30));
 }
+
+/// A registry that does not answer keeps each request up to `request_timeout_ms` (here 120 s,
+/// which the config allows), and the request is awaited inside an arm of the session's loop:
+/// meanwhile status updates still go out every status interval (so that `wal_sender_timeout`
+/// does not end the stream), and a shutdown ends the session within `shutdown_timeout`, not
+/// when the request times out. Found while modelling a silent registry for the simulation
+/// (`sim/registry.rs`): before, neither happened until the request's timeout.
+#[tokio::test(start_paused = true)]
+async fn while_a_silent_registry_keeps_a_request_status_updates_flow_and_shutdown_is_bounded() {
+    use crate::config::{SchemaVersion, SerializationConfig, SerializationFormat};
+    use crate::sink::schema::registry::{BoxFuture, Registered, RegistryError, SchemaRegistry};
+    use crate::sink::schema::{RegistryHealth, Serializer, Serializers};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Answers every request after `REQUEST_TIMEOUT`, as reqwest's timeout does.
+    #[derive(Debug, Default)]
+    struct Silent {
+        asked: AtomicUsize,
+    }
+    const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+    impl Silent {
+        fn request<T: Send + 'static>(&self) -> BoxFuture<'static, Result<T, RegistryError>> {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async {
+                tokio::time::sleep(REQUEST_TIMEOUT).await;
+                Err(RegistryError::Unreachable {
+                    url: "http://silent".into(),
+                    reason: "operation timed out".into(),
+                })
+            })
+        }
+    }
+    impl SchemaRegistry for Silent {
+        fn version<'a>(
+            &'a self,
+            _: &'a str,
+            _: SchemaVersion,
+        ) -> BoxFuture<'a, Result<Registered, RegistryError>> {
+            self.request()
+        }
+        fn by_id(&self, _: u32) -> BoxFuture<'_, Result<Registered, RegistryError>> {
+            self.request()
+        }
+        fn register<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<u32, RegistryError>> {
+            self.request()
+        }
+        fn subjects(&self) -> BoxFuture<'_, Result<Vec<String>, RegistryError>> {
+            self.request()
+        }
+    }
+
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (txn, end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    rig.push(txn);
+    let registry = Arc::new(Silent::default());
+    let config = SerializationConfig {
+        format: SerializationFormat::JsonSchema,
+        registry_url: "http://silent".into(),
+        request_timeout_ms: REQUEST_TIMEOUT.as_millis() as u64,
+        ..SerializationConfig::default()
+    };
+    let health = Arc::new(RegistryHealth::new(&config.registry_url));
+    let serializer =
+        Serializer::with_registry(&config, "outbox.serialization", health, registry.clone());
+    let status_interval = Duration::from_secs(1);
+    let settings = Settings {
+        serializers: Serializers::single(serializer),
+        status_interval,
+        ..settings()
+    };
+    let shutdown_timeout = settings.shutdown_timeout;
+    let session = rig.session(settings, &mapping, &metrics);
+    let run = async {
+        let result = session.run(&rig.shutdown).await;
+        (result, tokio::time::Instant::now())
+    };
+    let driver = async {
+        rig.until("the registry asked", |_| {
+            registry.asked.load(Ordering::SeqCst) > 0
+        })
+        .await;
+        let updates = rig.log.lock().unwrap().flushes.len();
+        tokio::time::sleep(status_interval * 9).await;
+        let flushes = rig.log.lock().unwrap().flushes.clone();
+        assert!(
+            flushes.len() - updates >= 8,
+            "{} status updates in 9 status intervals of one registry request",
+            flushes.len() - updates
+        );
+        assert!(
+            flushes.iter().all(|f| *f < end),
+            "confirmed past the event being serialized"
+        );
+        rig.shutdown.cancel();
+        tokio::time::Instant::now()
+    };
+    let ((result, ended), cancelled) = tokio::join!(run, driver);
+    assert!(
+        matches!(&result, Err(RelayError::SchemaRegistry(why)) if why.contains("shutdown_timeout")),
+        "{result:?}"
+    );
+    assert!(
+        ended - cancelled <= shutdown_timeout,
+        "the session ended {:?} after shutdown (shutdown_timeout {shutdown_timeout:?})",
+        ended - cancelled
+    );
+    assert!(rig.sent().is_empty(), "sent without a schema");
+}

@@ -56,7 +56,7 @@ pub use codec::Codec;
 pub use health::RegistryHealth;
 pub use json_schema::JsonSchema;
 pub use protobuf::ProtoSchema;
-use registry::{RegistryClient, RegistryError};
+use registry::{RegistryClient, RegistryError, SchemaRegistry};
 pub use set::Serializers;
 
 /// Why a record could not be serialized.
@@ -121,7 +121,8 @@ pub struct Serializer {
     /// Where the section is in the config (`outbox.serialization`,
     /// `outbox.tables[1].serialization`), for the settings messages name.
     section: String,
-    client: RegistryClient,
+    /// The registry: [`RegistryClient`] in the relay.
+    client: Arc<dyn SchemaRegistry>,
     cache: Mutex<HashMap<String, Arc<Cached>>>,
     health: Arc<RegistryHealth>,
     /// [`MAX_STALE`] (shorter in tests).
@@ -145,14 +146,31 @@ impl Serializer {
             return Ok(None);
         }
         let client = RegistryClient::new(config, config.read_secret()?);
-        Ok(Some(Arc::new(Serializer {
+        Ok(Some(Serializer::with_registry(
+            config,
+            section,
+            health,
+            Arc::new(client),
+        )))
+    }
+
+    /// A serializer of `config` (its registry settings unused) asking `registry`, reporting
+    /// its blocks to `health`: for tests and the session's simulation, which stand in for
+    /// the registry.
+    pub fn with_registry(
+        config: &SerializationConfig,
+        section: &str,
+        health: Arc<RegistryHealth>,
+        registry: Arc<dyn SchemaRegistry>,
+    ) -> Arc<Serializer> {
+        Arc::new(Serializer {
             config: config.clone(),
             section: section.to_string(),
-            client,
+            client: registry,
             cache: Mutex::default(),
             health,
             max_stale: MAX_STALE,
-        })))
+        })
     }
 
     /// What blocks now, for `/readyz` and the metrics.
@@ -880,7 +898,7 @@ mod tests {
     }
 
     /// `s` with its cache as it is, its client and its staleness limit replaced.
-    fn rebuilt(s: &Serializer, client: RegistryClient, max_stale: Duration) -> Serializer {
+    fn rebuilt(s: &Serializer, client: Arc<dyn SchemaRegistry>, max_stale: Duration) -> Serializer {
         Serializer {
             config: s.config.clone(),
             section: s.section.clone(),
@@ -964,6 +982,11 @@ mod tests {
         });
         let path = file.clone();
         let s = against(&registry.url, move |c| c.registry_token_file = Some(path));
+        // The client itself (its login shared by its clones), to make one that reads the
+        // file again at every request below.
+        let client = RegistryClient::new(&s.config, s.config.read_secret().unwrap());
+        let s =
+            Serializer::with_registry(&s.config, &s.section, s.health(), Arc::new(client.clone()));
         // Refused, and the file holds the same token: no second try, the record waits.
         let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
         match s.serialize(&mut r).await {
@@ -994,7 +1017,7 @@ mod tests {
         std::fs::write(&file, "newer").unwrap();
         let due = rebuilt(
             &s,
-            s.client.clone().rereading_every(Duration::ZERO),
+            Arc::new(client.rereading_every(Duration::ZERO)),
             MAX_STALE,
         );
         let mut users = record("users", Some(r#"{"n": 1}"#), &[]);

@@ -1,7 +1,9 @@
 //! The Schema Registry's Confluent-compatible REST API: the few calls the serializer makes.
 //! The I/O edge of serialization; what it returns is parsed by the pure encoders.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -76,6 +78,64 @@ struct ById {
 #[derive(Debug, Deserialize)]
 struct IdOnly {
     id: u32,
+}
+
+/// A boxed future the [`SchemaRegistry`] calls return (the trait stays object-safe). Its own
+/// here: `sink/publisher/progress.rs` has the same alias, but serialization uses nothing of
+/// the publisher.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The registry calls the [`super::Serializer`] makes: the seam between serialization and
+/// the registry's HTTP API. [`RegistryClient`] is the real one; tests and the session's
+/// simulation (`relay/session/sim/registry.rs`) stand in for it.
+pub trait SchemaRegistry: std::fmt::Debug + Send + Sync {
+    /// The subject's schema at `version` (`GET /subjects/{subject}/versions/{version}`).
+    fn version<'a>(
+        &'a self,
+        subject: &'a str,
+        version: SchemaVersion,
+    ) -> BoxFuture<'a, Result<Registered, RegistryError>>;
+
+    /// The schema registered as `id` (`GET /schemas/ids/{id}`).
+    fn by_id(&self, id: u32) -> BoxFuture<'_, Result<Registered, RegistryError>>;
+
+    /// Registers `schema` under `subject`, answering its id (`POST /subjects/{subject}/versions`).
+    fn register<'a>(
+        &'a self,
+        subject: &'a str,
+        schema: &'a str,
+        schema_type: &'a str,
+    ) -> BoxFuture<'a, Result<u32, RegistryError>>;
+
+    /// Every subject (`GET /subjects`, for `check`).
+    fn subjects(&self) -> BoxFuture<'_, Result<Vec<String>, RegistryError>>;
+}
+
+impl SchemaRegistry for RegistryClient {
+    fn version<'a>(
+        &'a self,
+        subject: &'a str,
+        version: SchemaVersion,
+    ) -> BoxFuture<'a, Result<Registered, RegistryError>> {
+        Box::pin(RegistryClient::version(self, subject, version))
+    }
+
+    fn by_id(&self, id: u32) -> BoxFuture<'_, Result<Registered, RegistryError>> {
+        Box::pin(RegistryClient::by_id(self, id))
+    }
+
+    fn register<'a>(
+        &'a self,
+        subject: &'a str,
+        schema: &'a str,
+        schema_type: &'a str,
+    ) -> BoxFuture<'a, Result<u32, RegistryError>> {
+        Box::pin(RegistryClient::register(self, subject, schema, schema_type))
+    }
+
+    fn subjects(&self) -> BoxFuture<'_, Result<Vec<String>, RegistryError>> {
+        Box::pin(RegistryClient::subjects(self))
+    }
 }
 
 /// The registry's base URL and how the relay logs in.

@@ -53,6 +53,13 @@
 //! new timeline forks at an earlier LSN and new transactions follow; every event of the
 //! surviving history reaches a read_committed reader exactly once, and events of the lost
 //! branch may be in Kafka (counted, not a violation).
+//! A seeded share of the runs serializes its records (JSON Schema) through the real
+//! serializer against a simulated Schema Registry (`registry.rs`): it answers, 404s missing
+//! subjects (registered by the relay with `auto_register`, else by the operator, the events
+//! waiting meanwhile), has outages; one topic's schema refuses some payloads. Its checks: every
+//! record of such a run is framed with the id the registry gave; a refused payload's dead
+//! letter says `schema`. And in every run, the walsender hears from the session at least
+//! every `wal_sender_timeout` (`World::heard_from_relay`): feedback waits on nothing.
 //!
 //! [`Defect`] lists defects the invariants must catch (`injected_defects_are_caught`).
 //!
@@ -63,6 +70,7 @@
 mod coordinator;
 mod gate;
 mod peers;
+mod registry;
 mod timeline;
 mod world;
 
@@ -82,6 +90,7 @@ use crate::relay::supervisor::{Next, Supervisor};
 use crate::relay::RelayError;
 use crate::serve::metrics::Metrics;
 use peers::{Connection, SimSink, SimSource, Walsender};
+use registry::RegistryChaos;
 use world::{Workload, World, DLQ};
 
 /// SplitMix64: small, fast, and the same on every machine.
@@ -157,19 +166,22 @@ struct Hold {
 /// | `CommitBeforeAcks` | 5 | 1,733 of 1,973 | a progress value committed past a missing event |
 /// | `ReadBeforeFence` | 8 | 125 of 1,973 | an event seen twice |
 ///
-/// Measured again after the gate model (`gate.rs`) changed the seeds' schedules (seeds
-/// 1..=5,000, 1,973 of them in exactly-once; `OUTBOX_SIM_DEFECT_SEEDS=5000`):
+/// Measured again after the registry model (`registry.rs`) changed the schedules of the seeds
+/// it serializes (seeds 1..=5,000: 1,973 in exactly-once, 1,490 serialized, 604 of them in
+/// exactly-once; `OUTBOX_SIM_DEFECT_SEEDS=5000`; with the wal_sender_timeout check):
 ///
 /// | defect | first caught at seed | seeds of 5,000 that catch it | by |
 /// |---|---|---|---|
-/// | `StaleProgress` | 5 | 936 (all exactly-once) | an event seen twice |
-/// | `ForgetDoom` | 8 | 1,568 (all exactly-once) | a progress value committed past a missing event |
-/// | `CommitBeforeAcks` | 5 | 1,754 (all exactly-once) | a progress value committed past a missing event |
-/// | `ReadBeforeFence` | 9 | 120 (all exactly-once) | an event seen twice |
-/// | `AclRefusalToSession` | 1 | 1,736 (all at-least-once) | a session ended with no fault that ends sessions |
-/// | `GateAppends` | 236 | 11 (all at-least-once) | an aggregate out of commit order |
-/// | `GateHoldsAll` | 1 | 447 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
-/// | `MetadataRefusalFails` | 2 | 1,949 (791 exactly-once) | a session ended with no fault that ends sessions |
+/// | `StaleProgress` | 5 | 888 (all exactly-once) | an event seen twice |
+/// | `ForgetDoom` | 8 | 1,535 (all exactly-once) | a progress value committed past a missing event |
+/// | `CommitBeforeAcks` | 5 | 1,710 (all exactly-once) | a progress value committed past a missing event |
+/// | `ReadBeforeFence` | 9 | 99 (all exactly-once) | an event seen twice |
+/// | `AclRefusalToSession` | 1 | 1,720 (all at-least-once) | a session ended with no fault that ends sessions |
+/// | `GateAppends` | 236 | 18 (all at-least-once) | an aggregate out of commit order |
+/// | `GateHoldsAll` | 1 | 459 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
+/// | `MetadataRefusalFails` | 2 | 1,908 (756 exactly-once) | a session ended with no fault that ends sessions |
+/// | `RegistryErrorDeadLetters` | 4 | 936 of the 1,490 serialized (381 exactly-once) | a healthy event dead-lettered |
+/// | `SendsUnserialized` | 4 | 1,208 of the 1,490 serialized (562 exactly-once) | a record without the wire framing |
 ///
 /// Measured again after the timeline changes (`timeline.rs`) changed the schedules of the
 /// exactly-once seeds they touch — 771 on a standby promoted in place, 488 failing over
@@ -240,6 +252,15 @@ pub(super) enum Defect {
     /// (`timeline.rs`), a value of the lost branch skips the new timeline's transactions below
     /// it.
     NoReconcile,
+    /// Serialization on: a registry failure is taken for the payload's fault — modelled by
+    /// the registry answering, during an outage, with a schema no payload fits (as a relay
+    /// would that judged the payload by what a failing registry gave it): healthy events
+    /// are dead-lettered with reason `schema`.
+    RegistryErrorDeadLetters,
+    /// Serialization on: a restarted session is built without the serialization settings
+    /// (`Settings::serializers` left at its default by whoever rebuilds the settings): its
+    /// records go to Kafka as the row's JSON, unframed.
+    SendsUnserialized,
 }
 
 /// The throwaway defects `injected_defects_are_caught` injects, one at a time.
@@ -254,6 +275,8 @@ const INJECTED: &[Defect] = &[
     Defect::MetadataRefusalFails,
     Defect::FixedTimeline,
     Defect::NoReconcile,
+    Defect::RegistryErrorDeadLetters,
+    Defect::SendsUnserialized,
 ];
 
 /// A relay process's supervisor, with the default back-off (`postgres.reconnect_backoff_*`).
@@ -371,6 +394,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         chaos: [0, 3, 10, 25][rng.below(4) as usize],
         step: 0,
         rng,
+        registry: None,
     };
     {
         let mut w = world.borrow_mut();
@@ -406,6 +430,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         );
         w.note(summary);
         w.note_server();
+        driver.registry = RegistryChaos::draw(seed, &mut w, defect, driver.steps);
     }
     let mut healing_sessions = 0;
     let mut supervisor = new_supervisor();
@@ -443,7 +468,11 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
             catalog: FakeCatalog::new(&[(OUTBOX, "public", "outbox")]),
         };
         let progress = world.borrow_mut().init_transactions(&mut driver.rng);
-        let session = Session::new(settings.clone(), &mapping, &metrics, ends, start)
+        let session_settings = match &driver.registry {
+            Some(registry) => registry.settings(&settings, world.borrow().incarnation, defect),
+            None => settings.clone(),
+        };
+        let session = Session::new(session_settings, &mapping, &metrics, ends, start)
             .skipping_below(progress);
         let shutdown = CancellationToken::new();
         world
@@ -459,7 +488,8 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         };
         let mut w = world.borrow_mut();
         // What the relay's supervisor decides (relay/supervisor.rs), and the pause it takes
-        // before the next session; a crash or a stop starts a new process, with a new one.
+        // before the next session; a crash or a stop starts a new process.
+        let mut new_process = false;
         match ending {
             Ending::Ended(result) => {
                 let failed = result.as_ref().err().map(ToString::to_string);
@@ -483,7 +513,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
                     }
                     Next::DoneUnconfirmed(_) => {
                         w.note("stopped on shutdown, unconfirmed: started again".into());
-                        supervisor = new_supervisor();
+                        new_process = true;
                     }
                     Next::Retry { delay, .. } => {
                         w.note(format!("reconnecting in {delay:?}"));
@@ -499,9 +529,16 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
             }
             Ending::Crashed => {
                 w.note("crash".into());
-                supervisor = new_supervisor();
+                new_process = true;
             }
             Ending::Abandoned => break,
+        }
+        if new_process {
+            // A new supervisor, and the serializers' cache is gone.
+            supervisor = new_supervisor();
+            if let Some(registry) = &mut driver.registry {
+                registry.new_process();
+            }
         }
         if !w.violations.is_empty() {
             break;
@@ -548,6 +585,8 @@ struct Driver {
     hold: Option<Hold>,
     /// The session's in-flight cap (records).
     cap: usize,
+    /// Serialization on: the registry's chaos (`registry.rs`).
+    registry: Option<RegistryChaos>,
 }
 
 impl Driver {
@@ -570,6 +609,7 @@ impl Driver {
             {
                 walsender.borrow().server_gone();
             }
+            self.registry_step();
             if self.step <= self.steps {
                 if let Some(ending) = self.chaos_step(walsender) {
                     return ending;
@@ -629,7 +669,8 @@ impl Driver {
             w.answer(&key, &mut self.rng);
         }
         w.retry_gate();
-        w.pending_pause = 100;
+        // At least 100 ms (more on its first step: `Driver::registry_step`).
+        w.pending_pause = w.pending_pause.max(100);
     }
 
     /// One seeded action, or a fault.

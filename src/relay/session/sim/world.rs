@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::coordinator::{progress_order, Coordinator, Written};
 use super::gate::{HeldTopic, Ties};
+use super::registry::{self, SimRegistry};
 use super::timeline::Server;
 use super::{Defect, Rng};
 use crate::lsn::Lsn;
@@ -30,6 +31,8 @@ pub(super) const DLQ: &str = "sim.dlq";
 /// Where the slot was created: nothing before it is streamed.
 pub(super) const SLOT_START: Lsn = Lsn(0x1000);
 const AGGREGATE_TYPES: [&str; 3] = ["order", "invoice", "shipment"];
+/// PostgreSQL's default `wal_sender_timeout`.
+const WAL_SENDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Event numbers of rolled-back transactions start here (they must never be seen).
 const ROLLED_BACK_BASE: u64 = 1_000_000;
 
@@ -40,6 +43,8 @@ pub(super) enum OwnFault {
     Invalid,
     /// Larger than its topic's `max.message.bytes`: refused whenever it is sent, alone too.
     TooLarge,
+    /// Serialization on: its payload breaks its subject's schema (`registry.rs`).
+    Schema,
 }
 
 pub(super) struct Event {
@@ -178,7 +183,7 @@ impl Workload {
     /// letters keep the payload, which is how their content is recoverable.
     fn event_of(&self, record: &Record) -> Result<usize, String> {
         let payload = record.payload.as_deref().unwrap_or_default();
-        let text = String::from_utf8_lossy(payload);
+        let text = String::from_utf8_lossy(registry::unframed(payload));
         let n = text
             .strip_prefix("{\"e\":")
             .and_then(|rest| rest.split(',').next())
@@ -317,6 +322,10 @@ pub(super) struct World {
     /// The server decoded from: its timeline, and a promotion in place or a failover
     /// (`timeline.rs`).
     pub server: Server,
+    /// Serialization on: the registry (`registry.rs`), which checks each record that lands.
+    pub registry: Option<SimRegistry>,
+    /// The last status update: by which session, when (`World::heard_from_relay`).
+    last_status: Option<(u32, tokio::time::Instant)>,
 }
 
 impl World {
@@ -361,6 +370,8 @@ impl World {
             defect,
             commits: (0, 0),
             server: Server::primary(wal_end),
+            registry: None,
+            last_status: None,
         }
     }
 
@@ -390,6 +401,25 @@ impl World {
     pub fn confirm(&mut self, flush: Lsn) {
         self.slot = self.slot.max(flush);
         self.check_slot();
+        self.heard_from_relay();
+    }
+
+    /// The walsender hears from the session (a status update): never more than
+    /// `wal_sender_timeout` after the last time in the same session, or PostgreSQL would have
+    /// ended the stream (`WalSndCheckTimeOut`, replication/walsender.c) — the relay's
+    /// feedback must not wait on anything (Kafka, the registry).
+    fn heard_from_relay(&mut self) {
+        let now = tokio::time::Instant::now();
+        if let Some((incarnation, at)) = self.last_status {
+            let silence = now - at;
+            if incarnation == self.incarnation && silence > WAL_SENDER_TIMEOUT {
+                let what = format!(
+                    "the walsender heard nothing from the session for {silence:?}, past wal_sender_timeout ({WAL_SENDER_TIMEOUT:?})"
+                );
+                self.violation(what);
+            }
+        }
+        self.last_status = Some((self.incarnation, now));
     }
 
     /// PostgreSQL restarts: the slot goes back to its persisted position (duplicates, not
@@ -455,6 +485,11 @@ impl World {
             return self.violation(what);
         }
         let (has_fault, topic) = (ev.fault.is_some(), ev.topic.clone());
+        if let Some(registry) = &self.registry {
+            if let Err(what) = registry.check(record, kind, ev.fault) {
+                return self.violation(format!("event {event}: {what}"));
+            }
+        }
         if self.eos.is_some() && !dead {
             // Exactly-once, as it becomes visible: the aggregate's previous event (in commit
             // order) is visible already.
