@@ -157,45 +157,25 @@ struct Hold {
 
 /// A defect injected on purpose, to prove the invariants catch it (`injected_defects_are_caught`):
 /// each is a throwaway switch of the simulated peers standing for a mistake the relay (or its
-/// producer) could make. Measured (seeds 1..=5,000, of which 1,973 in exactly-once):
-///
-/// | defect | first caught at seed | exactly-once seeds that catch it | by |
-/// |---|---|---|---|
-/// | `StaleProgress` | 8 | 969 of 1,973 | an event seen twice |
-/// | `ForgetDoom` | 5 | 1,471 of 1,973 | a progress value committed past a missing event |
-/// | `CommitBeforeAcks` | 5 | 1,733 of 1,973 | a progress value committed past a missing event |
-/// | `ReadBeforeFence` | 8 | 125 of 1,973 | an event seen twice |
-///
-/// Measured again after the registry model (`registry.rs`) changed the schedules of the seeds
-/// it serializes (seeds 1..=5,000: 1,973 in exactly-once, 1,490 serialized, 604 of them in
-/// exactly-once; `OUTBOX_SIM_DEFECT_SEEDS=5000`; with the wal_sender_timeout check):
+/// producer) could make. Measured on the whole model — the supervisor's back-off, the registry
+/// (1,490 seeds serialized), the timeline changes (771 standbys promoted in place, 488
+/// failovers) — over seeds 1..=5,000, of which 1,973 in exactly-once
+/// (`OUTBOX_SIM_DEFECT_SEEDS=5000`; the earlier tables are in the git history):
 ///
 /// | defect | first caught at seed | seeds of 5,000 that catch it | by |
 /// |---|---|---|---|
-/// | `StaleProgress` | 5 | 888 (all exactly-once) | an event seen twice |
-/// | `ForgetDoom` | 8 | 1,535 (all exactly-once) | a progress value committed past a missing event |
-/// | `CommitBeforeAcks` | 5 | 1,710 (all exactly-once) | a progress value committed past a missing event |
-/// | `ReadBeforeFence` | 9 | 99 (all exactly-once) | an event seen twice |
+/// | `StaleProgress` | 5 | 903 (all exactly-once) | an event seen twice |
+/// | `ForgetDoom` | 8 | 1,506 (all exactly-once) | a progress value committed past a missing event |
+/// | `CommitBeforeAcks` | 5 | 1,679 (all exactly-once) | a progress value committed past a missing event |
+/// | `ReadBeforeFence` | 9 | 97 (all exactly-once) | an event seen twice |
 /// | `AclRefusalToSession` | 1 | 1,720 (all at-least-once) | a session ended with no fault that ends sessions |
 /// | `GateAppends` | 236 | 18 (all at-least-once) | an aggregate out of commit order |
 /// | `GateHoldsAll` | 1 | 459 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
-/// | `MetadataRefusalFails` | 2 | 1,908 (756 exactly-once) | a session ended with no fault that ends sessions |
-/// | `RegistryErrorDeadLetters` | 4 | 936 of the 1,490 serialized (381 exactly-once) | a healthy event dead-lettered |
-/// | `SendsUnserialized` | 4 | 1,208 of the 1,490 serialized (562 exactly-once) | a record without the wire framing |
-///
-/// Measured again after the timeline changes (`timeline.rs`) changed the schedules of the
-/// exactly-once seeds they touch — 771 on a standby promoted in place, 488 failing over
-/// (seeds 1..=5,000; `OUTBOX_SIM_DEFECT_SEEDS=5000`); the defects not listed did not move:
-///
-/// | defect | first caught at seed | seeds of 5,000 that catch it | by |
-/// |---|---|---|---|
-/// | `StaleProgress` | 5 | 961 (all exactly-once) | an event seen twice |
-/// | `ForgetDoom` | 8 | 1,544 (all exactly-once) | a progress value committed past a missing event |
-/// | `CommitBeforeAcks` | 5 | 1,728 (all exactly-once) | a progress value committed past a missing event |
-/// | `ReadBeforeFence` | 9 | 116 (all exactly-once) | an event seen twice |
-/// | `MetadataRefusalFails` | 2 | 1,941 (783 exactly-once) | a session ended with no fault that ends sessions |
-/// | `FixedTimeline` | 2 | 188 (all promoted in place) | a value labelled with a timeline its LSN does not lie on |
-/// | `NoReconcile` | 50 | 120 (all failing over) | the slot confirmed past a new-timeline event not in Kafka |
+/// | `MetadataRefusalFails` | 2 | 1,898 (746 exactly-once) | a session ended with no fault that ends sessions |
+/// | `FixedTimeline` | 2 | 192 (all promoted in place) | a value labelled with a timeline its LSN does not lie on |
+/// | `NoReconcile` | 50 | 108 (all failing over) | the slot confirmed past a new-timeline event not in Kafka |
+/// | `RegistryErrorDeadLetters` | 4 | 932 of the 1,490 serialized (377 exactly-once) | a healthy event dead-lettered |
+/// | `SendsUnserialized` | 4 | 1,216 of the 1,490 serialized (570 exactly-once) | a record without the wire framing |
 ///
 /// `FixedTimeline` with the label invariant switched off (a throwaway change): 20 seeds of
 /// 5,000 catch it, first 24, by what it does downstream — the next session's `reconcile` cuts
