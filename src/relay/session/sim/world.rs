@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::Timestamp;
@@ -301,6 +302,9 @@ pub(super) struct World {
     logs: BTreeMap<(String, i32), Vec<Landed>>,
     /// Per event: (in its topic, dead-lettered) landings, for the checks.
     pub landed: Vec<(u32, u32)>,
+    /// Events Kafka refused as too large or invalid, with their record's topic and key (what
+    /// the producer's limits remember a refusal by): `World::progress_mark`.
+    refused_events: BTreeMap<usize, (String, Bytes)>,
     /// Transactions known to be safely behind the slot.
     pub verified: usize,
     /// Limits known to the producer, which outlive sessions (`sink::limits`).
@@ -359,6 +363,7 @@ impl World {
             broken: BTreeSet::new(),
             logs: BTreeMap::new(),
             landed,
+            refused_events: BTreeMap::new(),
             verified: 0,
             limits,
             batch_size_configured: [1_000_000, 4096, 1024][rng.below(3) as usize],
@@ -646,6 +651,7 @@ impl World {
                 batch.len()
             ));
             for pending in batch {
+                self.note_refused(&pending);
                 let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
                 self.fail(&pending, error, partition);
             }
@@ -676,14 +682,27 @@ impl World {
                 self.restart_causes += u32::from(eos);
                 // The reporter remembers it, so that it is refused before it is sent again
                 // (`DeliveryReporter::delivery`, sink/publisher/delivery.rs).
+                self.note_refused(&pending);
                 let record = &pending.record;
-                self.limits.remember_invalid(&record.topic, &record.key);
+                if self.defect != Defect::ForgetsInvalid {
+                    self.limits.remember_invalid(&record.topic, &record.key);
+                }
                 let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord);
                 self.fail(&pending, error, partition);
             } else {
                 self.write(&pending, partition);
                 self.answered(&pending, None);
                 pending.report(Ok(()), partition);
+            }
+        }
+    }
+
+    fn note_refused(&mut self, pending: &Pending) {
+        if pending.kind == RecordKind::Event {
+            if let Ok(e) = self.workload.event_of(&pending.record) {
+                let record = &pending.record;
+                let topic_key = (record.topic.clone(), record.key.clone());
+                self.refused_events.insert(e, topic_key);
             }
         }
     }
@@ -1123,6 +1142,31 @@ impl World {
     /// probe (`retry_gate`).
     pub fn grant(&mut self, topic: &str) {
         self.acl_denied.remove(topic);
+    }
+
+    /// What a session can move on: the slot, the events landed (in their topic or
+    /// dead-lettered), the batch size the limits allow (a size refusal lowers it), the Kafka
+    /// transactions committed, the events Kafka refused so far and of those the ones the
+    /// producer's limits remember as refused for their own fault (exactly-once: a refused
+    /// record aborts its transaction, and the next session, which dead-letters it, may meet
+    /// the next refusal first). Equal at the end of two sessions: the second did nothing.
+    pub fn progress_mark(&self) -> (Lsn, u64, usize, u32, usize, usize) {
+        let landed = self
+            .landed
+            .iter()
+            .map(|&(kafka, dead)| u64::from(kafka) + u64::from(dead))
+            .sum();
+        (
+            self.slot,
+            landed,
+            self.batch_size(),
+            self.commits.0,
+            self.refused_events.len(),
+            self.refused_events
+                .values()
+                .filter(|(topic, key)| self.limits.refused(topic, key).is_some())
+                .count(),
+        )
     }
 
     pub fn is_quiet(&self) -> bool {
