@@ -445,6 +445,17 @@ impl Rig {
         result
     }
 
+    /// Runs `session` to its end; fails (rather than hangs) when it still runs after 10
+    /// logical minutes.
+    async fn ended(
+        &self,
+        session: Session<'_, FakeSource, FakeSink, FakeCatalog>,
+    ) -> Result<(), RelayError> {
+        tokio::time::timeout(Duration::from_secs(600), session.run(&self.shutdown))
+            .await
+            .expect("the session still ran after 10 logical minutes")
+    }
+
     /// Pushes `frames` and waits until the session has read them all.
     async fn read_all(&self, frames: Vec<ReplicationFrame>) {
         let pushed = self.log.lock().unwrap().frames_read + frames.len();
@@ -1060,7 +1071,7 @@ async fn an_insert_from_a_dropped_relation_stops_with_its_own_fix() {
     let (frames, _) = wal.txn(GONE, &[Some(&event_id(1))]);
     rig.push(std::iter::once(Wal::relation(GONE, "outbox_2025_01")).chain(frames));
     let session = rig.session(settings(), &mapping, &metrics);
-    let err = session.run(&rig.shutdown).await.unwrap_err();
+    let err = rig.ended(session).await.unwrap_err();
     assert!(
         matches!(&err, RelayError::Unmapped(u) if u.dropped && u.oid == GONE),
         "{err}"
@@ -1105,7 +1116,7 @@ async fn shutdown_finishes_the_open_transaction_and_drains_before_confirming() {
         }
         end_open
     };
-    let (result, end_open) = tokio::join!(session.run(&rig.shutdown), driver);
+    let (result, end_open) = tokio::join!(rig.ended(session), driver);
     result.unwrap();
     assert_eq!(
         rig.sent().len(),
@@ -1185,7 +1196,7 @@ async fn source_error_ends_the_session_as_transient() {
     let mut rig = Rig::new(true);
     rig.frames.send(Err(ReplicationError::Closed)).unwrap();
     let session = rig.session(settings(), &mapping, &metrics);
-    let err = session.run(&rig.shutdown).await.unwrap_err();
+    let err = rig.ended(session).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
 }
 
@@ -1713,7 +1724,7 @@ async fn a_session_ending_with_an_open_kafka_transaction_aborts_it_unconfirmed()
         &mapping,
         &metrics,
     );
-    let err = session.run(&rig.shutdown).await.unwrap_err();
+    let err = rig.ended(session).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert_eq!(rig.kafka_ops(), [KafkaOp::Begin, KafkaOp::Abort]);
     assert!(rig.max_flush() < end, "confirmed an aborted transaction");
@@ -1741,7 +1752,7 @@ async fn a_session_ending_while_a_kafka_commit_runs_aborts_it() {
         frames.send(Err(ReplicationError::Closed)).unwrap();
         answer
     };
-    let (result, _unanswered) = tokio::join!(session.run(&rig.shutdown), driver);
+    let (result, _unanswered) = tokio::join!(rig.ended(session), driver);
     assert!(result.unwrap_err().is_transient());
     let ops = rig.kafka_ops();
     assert!(
@@ -2048,7 +2059,7 @@ async fn while_an_event_waits_for_the_registry_status_updates_flow_and_shutdown_
     };
     let session = rig.session(settings, &mapping, &metrics);
     let run = async {
-        let result = session.run(&rig.shutdown).await;
+        let result = rig.ended(session).await;
         (result, tokio::time::Instant::now())
     };
     let driver = async {
@@ -2204,7 +2215,7 @@ async fn while_a_silent_registry_keeps_a_request_status_updates_flow_and_shutdow
     let shutdown_timeout = settings.shutdown_timeout;
     let session = rig.session(settings, &mapping, &metrics);
     let run = async {
-        let result = session.run(&rig.shutdown).await;
+        let result = rig.ended(session).await;
         (result, tokio::time::Instant::now())
     };
     let driver = async {
@@ -2238,4 +2249,37 @@ async fn while_a_silent_registry_keeps_a_request_status_updates_flow_and_shutdow
         ended - cancelled
     );
     assert!(rig.sent().is_empty(), "sent without a schema");
+}
+
+/// `outbox_relay_commit_to_read_seconds` observes how long after its commit a transaction
+/// was read: here one committed 5 s before (the wall clock; the bound above is loose, since
+/// only the sign and the scale matter).
+#[tokio::test(start_paused = true)]
+async fn the_commit_to_read_latency_is_the_time_since_the_commit() {
+    use crate::source::pgoutput::Begin;
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let (mut frames, end) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    // PostgreSQL's clock counts from 2000-01-01.
+    let five_seconds_ago = crate::clock::unix_us() - 946_684_800_000_000 - 5_000_000;
+    frames[0] = fakes::frame(LogicalMessage::Begin(Begin {
+        final_lsn: Lsn(end.0 - 0x30),
+        commit_time_us: five_seconds_ago,
+        xid: 1,
+    }));
+    rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(frames));
+    let session = rig.session(settings(), &mapping, &metrics);
+    let driver = async {
+        rig.until("confirmed", |r| r.last_flush() == end).await;
+        rig.shutdown.cancel();
+    };
+    rig.run(session, driver).await.unwrap();
+    let text = metrics.render(Duration::from_secs(60));
+    let sum: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("outbox_relay_commit_to_read_seconds_sum "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no commit_to_read sum in:\n{text}"));
+    assert!((5.0..65.0).contains(&sum), "commit to read: {sum} s");
 }
