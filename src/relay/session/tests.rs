@@ -2251,11 +2251,12 @@ async fn while_a_silent_registry_keeps_a_request_status_updates_flow_and_shutdow
     assert!(rig.sent().is_empty(), "sent without a schema");
 }
 
-/// `outbox_relay_commit_to_read_seconds` observes how long after its commit a transaction
-/// was read: here one committed 5 s before (the wall clock; the bound above is loose, since
-/// only the sign and the scale matter).
+/// `outbox_relay_commit_to_read_seconds` and `outbox_relay_commit_to_ack_seconds` observe
+/// how long after its commit a transaction was read and its record acknowledged: here one
+/// committed 5 s before (the wall clock; the bound above is loose, since only the sign and
+/// the scale matter).
 #[tokio::test(start_paused = true)]
-async fn the_commit_to_read_latency_is_the_time_since_the_commit() {
+async fn commit_latencies_are_the_time_since_the_commit() {
     use crate::source::pgoutput::Begin;
     let (mapping, metrics) = (mapping(), Metrics::default());
     let mut rig = Rig::new(true);
@@ -2276,10 +2277,12 @@ async fn the_commit_to_read_latency_is_the_time_since_the_commit() {
     };
     rig.run(session, driver).await.unwrap();
     let text = metrics.render(Duration::from_secs(60));
-    let sum: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("outbox_relay_commit_to_read_seconds_sum "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no commit_to_read sum in:\n{text}"));
-    assert!((5.0..65.0).contains(&sum), "commit to read: {sum} s");
+    for histogram in ["commit_to_read", "commit_to_ack"] {
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("outbox_relay_{histogram}_seconds_sum ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {histogram} sum in:\n{text}"));
+        assert!((5.0..65.0).contains(&sum), "{histogram}: {sum} s");
+    }
 }
