@@ -44,6 +44,8 @@ const AUDIT: u32 = 16_500;
 const LEAF: u32 = 16_600;
 /// A relation that was dropped before the session asked about it.
 const GONE: u32 = 16_700;
+/// A partition of `public.audit` (not an outbox), sent under its own name.
+const AUDIT_LEAF: u32 = 16_800;
 const DLQ: &str = "test.dlq";
 
 // ---------------------------------------------------------------------------------------
@@ -306,6 +308,7 @@ fn catalog() -> FakeCatalog {
         (OUTBOX, "public", "outbox"),
         (AUDIT, "public", "audit"),
         (LEAF, "public", "outbox"),
+        (AUDIT_LEAF, "public", "audit"),
     ])
 }
 
@@ -1022,7 +1025,7 @@ async fn unmappable_insert_stops_the_session_without_confirming() {
     let result = rig.run(session, driver).await;
     let err = result.unwrap_err();
     assert!(
-        matches!(&err, RelayError::Unmapped(u) if u.oid == AUDIT && u.relation == "public.audit" && !u.dropped),
+        matches!(&err, RelayError::Unmapped(u) if u.oid == AUDIT && u.relation == "public.audit" && !u.dropped && u.root.is_none()),
         "{err}"
     );
     let message = err.to_string();
@@ -1061,6 +1064,32 @@ async fn a_partition_sent_under_its_own_name_is_published_as_its_outbox() {
     assert!(sent
         .iter()
         .all(|s| s.kind == RecordKind::Event && s.topic == "outbox.event.order"));
+}
+
+/// A partition of a table that is no outbox either: the message names both, so that the
+/// operator knows which table the publication really sends.
+#[tokio::test(start_paused = true)]
+async fn an_insert_from_a_partition_of_another_table_names_its_root() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    let (frames, _) = wal.txn(AUDIT_LEAF, &[Some(&event_id(1))]);
+    rig.push(std::iter::once(Wal::relation(AUDIT_LEAF, "audit_2026_11")).chain(frames));
+    let session = rig.session(settings(), &mapping, &metrics);
+    let err = rig.ended(session).await.unwrap_err();
+    assert!(
+        matches!(&err, RelayError::Unmapped(u) if u.oid == AUDIT_LEAF
+            && u.relation == "public.audit_2026_11"
+            && u.root.as_deref() == Some("public.audit")
+            && !u.dropped),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("a partition of public.audit, which is not one either"),
+        "{err}"
+    );
+    assert!(rig.sent().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
