@@ -502,7 +502,11 @@ fn relay_command(env: &[(String, String)], name: &str) -> (Command, PathBuf) {
     command
         .arg("run")
         .envs(env.iter().cloned())
-        .env("OUTBOX_RELAY_LOG", "info,outbox_relay=debug,rdkafka=warn")
+        // librdkafka writes debug lines only where a test sets `kafka.properties.debug`.
+        .env(
+            "OUTBOX_RELAY_LOG",
+            "info,outbox_relay=debug,rdkafka=warn,librdkafka=debug",
+        )
         .stdout(file.try_clone().unwrap())
         .stderr(file);
     (command, log)

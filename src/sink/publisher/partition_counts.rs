@@ -62,7 +62,8 @@ struct FirstRead {
     started: Instant,
     due: Instant,
     pause: Duration,
-    warned: bool,
+    /// When a failed read was last logged.
+    warned: Option<Instant>,
 }
 
 impl FirstRead {
@@ -71,8 +72,21 @@ impl FirstRead {
             started: now,
             due: now,
             pause: METADATA_RETRY,
-            warned: false,
+            warned: None,
         }
+    }
+
+    /// A failed read at `now` is logged: the first, then one per [`STILL_WAITING_LOG`] for
+    /// as long as they fail (one line, then silence, would read as recovered).
+    fn log_failure(&mut self, now: Instant) -> bool {
+        if self
+            .warned
+            .is_some_and(|at| now.duration_since(at) < STILL_WAITING_LOG)
+        {
+            return false;
+        }
+        self.warned = Some(now);
+        true
     }
 
     /// The read failed: the next one after the pause, which doubles up to the maximum.
@@ -159,6 +173,8 @@ const METADATA_RETRY_MAX: Duration = Duration::from_secs(5);
 const BLOCK_GRACE: Duration = Duration::from_secs(2);
 /// Per CreateTopics request.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
+/// While a topic's first read keeps failing, it is logged again this often.
+const STILL_WAITING_LOG: Duration = Duration::from_secs(30);
 
 /// The gate of every topic the publisher writes to: partition counts, the records waiting
 /// for one, and the admin client that creates missing topics. Produces through [`Shared`].
@@ -345,14 +361,12 @@ impl PartitionCounts {
                 return AfterFailure::Retry;
             };
             read.retry(now);
-            (
-                now.duration_since(read.started),
-                !std::mem::replace(&mut read.warned, true),
-            )
+            (now.duration_since(read.started), read.log_failure(now))
         };
         let next = self.after_failure(topic, error, waited);
         if warn_now && !matches!(next, AfterFailure::Fail(_)) {
-            warn!(topic, error = %error, "cannot read the topic's partition count yet; its records wait");
+            warn!(topic, error = %error, waited_s = waited.as_secs(),
+                "cannot read the topic's partition count yet; its records wait");
         }
         next
     }

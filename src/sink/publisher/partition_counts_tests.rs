@@ -12,7 +12,7 @@ use rdkafka::types::RDKafkaRespErr;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::timeout;
 
-use super::{Topics, Turn, METADATA_RETRY};
+use super::{FirstRead, Topics, Turn, METADATA_RETRY, STILL_WAITING_LOG};
 use crate::config::KafkaConfig;
 use crate::mapping::Record;
 use crate::sink::blocked::BlockReason;
@@ -58,6 +58,20 @@ fn a_retried_topic_waits_for_its_pause_and_the_reader_ends_when_none_is_left() {
         topics.queue_first_read("c", later),
         "an ended reader is started again"
     );
+}
+
+#[test]
+fn a_first_read_that_keeps_failing_is_logged_again_while_it_lasts() {
+    let now = Instant::now();
+    let mut read = FirstRead::new(now);
+    assert!(read.log_failure(now), "the first failure is logged");
+    assert!(!read.log_failure(now + METADATA_RETRY));
+    assert!(!read.log_failure(now + STILL_WAITING_LOG - Duration::from_millis(1)));
+    assert!(
+        read.log_failure(now + STILL_WAITING_LOG),
+        "a topic still waiting is logged again"
+    );
+    assert!(!read.log_failure(now + STILL_WAITING_LOG + METADATA_RETRY));
 }
 
 fn record(topic: &str) -> Record {
