@@ -12,7 +12,8 @@
 //! finishing a half-read transaction), waits for every acknowledgement up to
 //! `shutdown_timeout`, confirms the last fully acknowledged commit and closes. While the
 //! registry gives no schema for an event, the session waits in this same loop
-//! (`serialize.rs`): nothing after the event is read, everything else goes on.
+//! (`serialize.rs`): at-least-once, only the event's topic waits; exactly-once, nothing after
+//! the event is read; everything else goes on.
 //!
 //! What differs between at-least-once and exactly-once sits behind one delivery contract
 //! (`contract.rs`), which the loop calls at the few points that matter: a record handed over,
@@ -58,7 +59,7 @@ use crate::sink::progress::Progress;
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
 use contract::{Ack, Contract};
 use reads::Reads;
-use serialize::RegistryWait;
+use serialize::{ParkedTopics, RegistryWait};
 
 use crate::sink::window::InFlight;
 use crate::source::pgoutput::{self, Relation};
@@ -261,8 +262,11 @@ pub struct Session<'a, S, K, C> {
     shutdown: CancellationToken,
     /// Buffered frames taken in a run since the last `select!` turn.
     reads: Reads,
-    /// An event waiting for the schema registry: until it is serialized, no frame is read.
+    /// Exactly-once: an event waiting for the schema registry: until it is serialized, no
+    /// frame is read.
     registry: Option<RegistryWait>,
+    /// At-least-once: topics whose events wait for the schema registry; the others go on.
+    parked: ParkedTopics,
 }
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
@@ -301,6 +305,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             shutdown: CancellationToken::new(),
             reads: Reads::new(),
             registry: None,
+            parked: ParkedTopics::new(),
         }
     }
 
@@ -327,6 +332,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             }
             let (due_at, early_at) = self.contract_wake_times();
             let registry_retry = self.registry_retry_at();
+            let waits = self.waits_for_registry();
             let step = if settled.is_err() {
                 settled
             } else if let Some(step) = self.next_buffered(shutdown, due_at).await {
@@ -358,7 +364,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     // 4. Exactly-once: a Kafka commit's outcome, which makes acknowledgements
                     // durable (counted at the top of the loop). Not while an event waits for
                     // the registry: the contract takes no turn then (`RegistryWait`).
-                    outcome = self.contract.outcome(), if registry_retry.is_none() => {
+                    outcome = self.contract.outcome(), if !waits => {
                         self.contract.outcome_arrived(outcome, self.metrics).map_err(Into::into)
                     }
                     // 5. A newly confirmable position, `confirm_delay` after it became one:
@@ -375,8 +381,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     // 7. Exactly-once: a Kafka transaction got old or big; the top of the loop
                     // commits it before more is read into it.
                     _ = sleep_until(due_at), if due_at.is_some() => Ok(()),
-                    // 8. The event waiting for the registry, in the frames' place: it is the
-                    // frame being handled, and none is read while it waits (9 is not armed).
+                    // 8. An event waiting for the registry. Exactly-once, in the frames' place:
+                    // it is the frame being handled, and none is read while it waits (9 is not
+                    // armed); at-least-once, before them: its topic's events wait behind it.
                     _ = sleep_until(registry_retry), if registry_retry.is_some() => {
                         self.retry_registry().await
                     }
@@ -469,6 +476,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     }
 
     fn start_draining(&mut self) {
+        // Events waiting for the registry (at-least-once) are not sent now: their
+        // transactions are not confirmed, the next start reads them again.
+        self.give_up_registry_wait();
         if let Phase::Blocked = self.phase {
             // The transaction that tripped the breaker is not finished (nor confirmed): the
             // next start reads it again.

@@ -1,13 +1,18 @@
 //! `[outbox.serialization]` in the session: a mapped record's value encoded and framed
 //! before it is sent. A payload the schema refuses goes to the dead-letter topic (reason
-//! `schema`). While the registry gives no schema the event waits in the session
-//! ([`RegistryWait`]), retried with back-off by the loop's registry arm: nothing after it is
-//! read, so the slot is never confirmed past it, while the loop's other arms — shutdown,
-//! acknowledgements of what was sent before it, status updates — go on being served, so the
-//! walsender still hears from the relay. During a registry request itself (up to
+//! `schema`). While the registry gives no schema for an event, it waits in the session,
+//! retried with back-off by the loop's registry arm, and the slot is never confirmed past it
+//! (its ledger entry stays open). At-least-once, only its topic waits ([`Parked`]): the
+//! topic's later events line up behind it (per-aggregate order), counted in flight so that
+//! the in-flight caps bound them, and every other topic goes on — one missing subject does
+//! not stall the stream. Exactly-once, nothing after it is read ([`RegistryWait`]): a Kafka
+//! commit would put the waiting change below its progress value. Either way the loop's other
+//! arms — shutdown, acknowledgements of what was sent before it, status updates — go on
+//! being served, so the walsender still hears from the relay. During a registry request itself (up to
 //! `request_timeout_ms` against a silent registry) `Session::ask` serves the status
 //! updates and bounds the request by `shutdown_timeout` once shutdown has come.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +53,17 @@ pub(super) struct RegistryWait {
     retry_at: Instant,
 }
 
+/// At-least-once: the events of one topic whose first event the registry gave no schema for,
+/// oldest first, and when that first one is tried again.
+pub(super) struct Parked {
+    events: VecDeque<Mapped>,
+    backoff: Duration,
+    retry_at: Instant,
+}
+
+/// The parked topics, by name.
+pub(super) type ParkedTopics = BTreeMap<String, Parked>;
+
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// Serializes the event's record when its table's serialization is on, then sends it (or
     /// dead-letters it when the payload or key does not fit its schema). When the registry
@@ -71,10 +87,15 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                         "subject `{subject}`: {error}"
                     )));
                 }
+                let retry_at = Instant::now() + backoff;
+                if self.settings.transactions.is_none() {
+                    self.park(mapped, backoff, retry_at);
+                    return Ok(());
+                }
                 self.registry = Some(RegistryWait {
                     mapped,
                     backoff,
-                    retry_at: Instant::now() + backoff,
+                    retry_at,
                 });
                 Ok(())
             }
@@ -124,19 +145,43 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         }
     }
 
-    /// Serializes an event for the first time.
+    /// Serializes an event for the first time; one of a parked topic lines up behind it.
     pub(super) async fn serialize_first(&mut self, mapped: Mapped) -> Result<(), RelayError> {
+        if let Some(parked) = self.parked.get_mut(&mapped.event.record.topic) {
+            self.in_flight.sent(mapped.event.record.size());
+            parked.events.push_back(mapped);
+            return Ok(());
+        }
         self.serialize_and_send(mapped, INITIAL_BACKOFF).await
     }
 
-    /// Whether an event waits for the registry.
+    /// At-least-once: `mapped` (first of its topic's waiting events) waits until `retry_at`,
+    /// counted in flight meanwhile.
+    fn park(&mut self, mapped: Mapped, backoff: Duration, retry_at: Instant) {
+        self.in_flight.sent(mapped.event.record.size());
+        let topic = mapped.event.record.topic.clone();
+        let parked = self.parked.entry(topic).or_insert_with(|| Parked {
+            events: VecDeque::new(),
+            backoff,
+            retry_at,
+        });
+        parked.events.push_front(mapped);
+        parked.backoff = backoff;
+        parked.retry_at = retry_at;
+    }
+
+    /// Whether an event waits for the registry with nothing read after it (exactly-once).
     pub(super) fn waits_for_registry(&self) -> bool {
         self.registry.is_some()
     }
 
-    /// When the waiting event is tried again (`None`: none waits).
+    /// When an event waiting for the registry is tried again (`None`: none waits).
     pub(super) fn registry_retry_at(&self) -> Option<Instant> {
-        self.registry.as_ref().map(|wait| wait.retry_at)
+        let parked = self.parked.values().map(|p| p.retry_at).min();
+        match (self.registry.as_ref().map(|wait| wait.retry_at), parked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The registry arm of the loop, at the retry time or on shutdown: a status update after
@@ -145,7 +190,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// session.
     pub(super) async fn retry_registry(&mut self) -> Result<(), RelayError> {
         let Some(wait) = self.registry.take() else {
-            return Ok(());
+            return self.retry_parked().await;
         };
         if !self.shutdown.is_cancelled() {
             self.send_status(false).await?;
@@ -154,9 +199,44 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.serialize_and_send(wait.mapped, backoff).await
     }
 
-    /// An error ends the wait: the waiting event is given up, and sent again after the
-    /// restart (its transaction is not confirmed).
+    /// The parked topic due first: its events go, oldest first, until one waits again.
+    async fn retry_parked(&mut self) -> Result<(), RelayError> {
+        let now = Instant::now();
+        let due = self
+            .parked
+            .iter()
+            .filter(|(_, p)| p.retry_at <= now)
+            .min_by_key(|(_, p)| p.retry_at)
+            .map(|(topic, _)| topic.clone());
+        let Some(topic) = due else {
+            return Ok(());
+        };
+        let mut backoff = (self.parked[&topic].backoff * 2).min(MAX_BACKOFF);
+        loop {
+            let Some(parked) = self.parked.get_mut(&topic) else {
+                return Ok(());
+            };
+            let Some(next) = parked.events.pop_front() else {
+                self.parked.remove(&topic);
+                return Ok(());
+            };
+            self.in_flight.settled(next.event.record.size());
+            self.serialize_and_send(next, backoff).await?;
+            if self.parked.get(&topic).is_some_and(|p| p.retry_at > now) {
+                return Ok(()); // waits again
+            }
+            backoff = INITIAL_BACKOFF;
+        }
+    }
+
+    /// An error or shutdown ends the waits: the waiting events are given up, and sent again
+    /// after the restart (their transactions are not confirmed).
     pub(super) fn give_up_registry_wait(&mut self) {
         self.registry = None;
+        for (_, parked) in std::mem::take(&mut self.parked) {
+            for mapped in parked.events {
+                self.in_flight.settled(mapped.event.record.size());
+            }
+        }
     }
 }

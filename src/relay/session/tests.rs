@@ -2009,7 +2009,8 @@ fn fake_wal_is_well_formed() {
 
 /// `[outbox.serialization]` with a registry that does not answer: the record waits, nothing
 /// is sent or confirmed past it, status updates go on (the walsender hears from the relay),
-/// the block shows; shutdown ends the session with the block's error (sent again on restart).
+/// the block shows; shutdown gives the waiting record up (at-least-once: it is read again
+/// after the restart, its transaction unconfirmed) and the session ends cleanly.
 #[tokio::test(start_paused = true)]
 async fn a_registry_that_gives_no_schema_blocks_the_record_and_confirms_nothing_past_it() {
     use crate::config::{SerializationConfig, SerializationFormat};
@@ -2030,6 +2031,7 @@ async fn a_registry_that_gives_no_schema_blocks_the_record_and_confirms_nothing_
     let health = serializer.health();
     let settings = Settings {
         serializers: crate::sink::schema::Serializers::single(serializer),
+        status_interval: Duration::from_secs(1),
         ..settings()
     };
     let session = rig.session(settings, &mapping, &metrics);
@@ -2051,16 +2053,19 @@ async fn a_registry_that_gives_no_schema_blocks_the_record_and_confirms_nothing_
         rig.shutdown.cancel();
     };
     let result = rig.run(session, driver).await;
+    result.unwrap();
     assert!(
-        matches!(&result, Err(RelayError::SchemaRegistry(why)) if why.contains("unreachable")),
-        "{result:?}"
+        rig.sent().is_empty(),
+        "sent while the registry gave no schema"
     );
+    assert!(rig.max_flush() < end, "confirmed past the given-up record");
 }
 
-/// While an event waits for the registry, the session's one loop goes on serving its other
-/// arms: PostgreSQL hears from the relay every status interval (not only after each back-off
-/// pause, which grows to 10 s), nothing after the event is read, and a shutdown ends the
-/// session at once instead of at the next retry.
+/// Exactly-once, while an event waits for the registry, the session's one loop goes on
+/// serving its other arms: PostgreSQL hears from the relay every status interval (not only
+/// after each back-off pause, which grows to 10 s), nothing after the event is read (a Kafka
+/// commit would put it below the progress value), and a shutdown ends the session at once
+/// instead of at the next retry.
 #[tokio::test(start_paused = true)]
 async fn while_an_event_waits_for_the_registry_status_updates_flow_and_shutdown_is_prompt() {
     use crate::config::{SerializationConfig, SerializationFormat};
@@ -2084,7 +2089,7 @@ async fn while_an_event_waits_for_the_registry_status_updates_flow_and_shutdown_
     let settings = Settings {
         serializers: crate::sink::schema::Serializers::single(serializer),
         status_interval,
-        ..settings()
+        ..exactly_once(Duration::from_millis(100), 1_000)
     };
     let session = rig.session(settings, &mapping, &metrics);
     let run = async {
@@ -2125,6 +2130,154 @@ async fn while_an_event_waits_for_the_registry_status_updates_flow_and_shutdown_
         "the session ended {:?} after shutdown",
         ended - cancelled
     );
+}
+
+/// At-least-once, a subject missing for one topic (`auto_register` off) holds only that
+/// topic: its events wait in order, the other topic's events are sent and acknowledged
+/// meanwhile, the slot stays below the first waiting event (and /readyz names the subject);
+/// once the subject is registered the waiting events go, oldest first, and the slot moves on.
+#[tokio::test(start_paused = true)]
+async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
+    use crate::config::{SchemaVersion, SerializationConfig, SerializationFormat};
+    use crate::sink::schema::registry::{BoxFuture, Registered, RegistryError, SchemaRegistry};
+    use crate::sink::schema::{RegistryHealth, Serializer, Serializers};
+    use std::collections::HashSet;
+
+    /// Knows the subjects in `present`; any schema it gives accepts every payload.
+    #[derive(Debug, Default)]
+    struct Subjects {
+        present: Mutex<HashSet<String>>,
+    }
+    impl SchemaRegistry for Subjects {
+        fn version<'a>(
+            &'a self,
+            subject: &'a str,
+            _: SchemaVersion,
+        ) -> BoxFuture<'a, Result<Registered, RegistryError>> {
+            let known = self.present.lock().unwrap().contains(subject);
+            Box::pin(async move {
+                if !known {
+                    return Err(RegistryError::NotFound {
+                        what: format!("subject `{subject}`"),
+                        body: "Subject not found".into(),
+                        code: Some(40401),
+                    });
+                }
+                Ok(Registered {
+                    id: 7,
+                    schema: "{}".into(),
+                    schema_type: Some("JSON".into()),
+                })
+            })
+        }
+        fn by_id(&self, _: u32) -> BoxFuture<'_, Result<Registered, RegistryError>> {
+            unreachable!("the serializer asks by subject")
+        }
+        fn register<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<u32, RegistryError>> {
+            unreachable!("auto_register is off")
+        }
+        fn subjects(&self) -> BoxFuture<'_, Result<Vec<String>, RegistryError>> {
+            unreachable!("only check lists subjects")
+        }
+    }
+
+    fn payment(wal: &mut Wal, n: usize) -> (Vec<ReplicationFrame>, Lsn) {
+        let (begin, final_lsn) = wal.begin(1);
+        let row = fakes::insert(
+            OUTBOX,
+            vec![
+                text(&event_id(n)),
+                text("payment"),
+                text("7"),
+                text("PaymentMade"),
+                text("{\"n\": 1}"),
+            ],
+        );
+        let (commit, end) = wal.commit(final_lsn);
+        (vec![begin, row, commit], end)
+    }
+
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (order_0, end_0) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    let (payment_1, _) = payment(&mut wal, 1);
+    let (order_2, _) = wal.txn(OUTBOX, &[Some(&event_id(2))]);
+    let (payment_3, end_3) = payment(&mut wal, 3);
+    for frames in [order_0, payment_1, order_2, payment_3] {
+        rig.push(frames);
+    }
+    let registry = Arc::new(Subjects::default());
+    registry
+        .present
+        .lock()
+        .unwrap()
+        .insert("outbox.event.payment-value".into());
+    let config = SerializationConfig {
+        format: SerializationFormat::JsonSchema,
+        registry_url: "http://registry".into(),
+        ..SerializationConfig::default()
+    };
+    let health = Arc::new(RegistryHealth::new(&config.registry_url));
+    let serializer = Serializer::with_registry(
+        &config,
+        "outbox.serialization",
+        health.clone(),
+        registry.clone(),
+    );
+    let settings = Settings {
+        serializers: Serializers::single(serializer),
+        ..settings()
+    };
+    let session = rig.session(settings, &mapping, &metrics);
+    let topics = |rig: &Rig| -> Vec<(String, String)> {
+        rig.sent()
+            .iter()
+            .map(|s| (s.topic.clone(), s.event_id.clone()))
+            .collect()
+    };
+    let driver = async {
+        rig.until("the other topic's events sent", |r| r.sent().len() == 2)
+            .await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let payments = [event_id(1), event_id(3)].map(|id| ("outbox.event.payment".into(), id));
+        assert_eq!(
+            topics(&rig),
+            payments.to_vec(),
+            "only the other topic's events"
+        );
+        assert!(rig.max_flush() < end_0, "confirmed past the waiting event");
+        let why = health.readiness().unwrap_err();
+        assert!(why.contains("outbox.event.order-value"), "{why}");
+        registry
+            .present
+            .lock()
+            .unwrap()
+            .insert("outbox.event.order-value".into());
+        // The next try comes within the back-off's longest pause.
+        tokio::time::sleep(super::serialize::MAX_BACKOFF).await;
+        rig.until("every event confirmed", |r| r.last_flush() == end_3)
+            .await;
+        rig.shutdown.cancel();
+    };
+    rig.run(session, driver).await.unwrap();
+    let orders: Vec<_> = topics(&rig)
+        .into_iter()
+        .filter(|(topic, _)| topic == "outbox.event.order")
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(
+        orders,
+        [event_id(0), event_id(2)],
+        "the waiting topic's events, in order"
+    );
+    assert!(health.readiness().is_ok(), "still blocked once registered");
 }
 
 /// The session's settings are the config's: exactly-once gets its Kafka transaction bounds
