@@ -10,7 +10,9 @@
 //! reason `schema`); the others take every payload. The registry has outages for seeded
 //! stretches of the chaos; missing subjects appear when the relay registers them
 //! (`auto_register`) or when the operator does (without it: until then the events wait, a
-//! deployment error). After the chaos the registry answers and holds every subject.
+//! deployment error). After the chaos the registry answers and holds every subject — but
+//! the subject of a hold phase's topic, when the hold's refusal is the registry's: that one is
+//! missing until the hold phase ends, and the other topics must progress meanwhile.
 //!
 //! Not modelled: the refresh of a `latest` schema after `latest_ttl_ms` and the stale schema
 //! used while it fails (the serializer's cache times with `std::time::Instant`, the wall
@@ -33,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use super::world::{OwnFault, World};
-use super::{Defect, Driver, Rng};
+use super::{Defect, Driver, Rng, HOLD_STEPS};
 use crate::config::{SchemaVersion, SerializationConfig, SerializationFormat};
 use crate::mapping::Record;
 use crate::relay::seams::RecordKind;
@@ -53,6 +55,8 @@ const MISSING_SHARE: u64 = 30;
 const OUTAGE_SHARE: u64 = 2;
 /// The longest outage, in steps.
 const MAX_OUTAGE_STEPS: u64 = 120;
+/// Mixed into the seed, with [`SALT`], for the draw of a hold phase refused by the registry.
+const HOLD_SALT: u64 = 0x484F_4C44;
 
 /// Takes every payload of the workload (`{"e":N,"p":"x…"}`); what `schema_file` holds, so
 /// what `auto_register` registers.
@@ -315,6 +319,8 @@ pub(super) struct RegistryChaos {
     /// The serializers in use: one cache for the sessions of one process (the supervisor's
     /// restarts keep it; a crash loses it).
     serializers: Serializers,
+    /// The subject missing until the hold phase ends (the hold's refusal is the registry's).
+    deferred: Option<String>,
 }
 
 impl RegistryChaos {
@@ -326,6 +332,7 @@ impl RegistryChaos {
         world: &mut World,
         defect: Defect,
         steps: usize,
+        held: Option<&str>,
     ) -> Option<RegistryChaos> {
         let mut rng = Rng::new(seed ^ SALT);
         if !rng.chance(SERIALIZED_SHARE) {
@@ -399,6 +406,21 @@ impl RegistryChaos {
         ));
         world.registry = Some(registry.clone());
         let operator_at = rng.range(1, steps as u64 + 1) as usize;
+        // Half the seeds with a hold phase whose topic's subject the relay cannot register
+        // (`auto_register` off; not the strict one) have the registry refuse instead of
+        // Kafka: the subject is missing until the hold phase ends. From a generator of its
+        // own, so that the registry's other draws stay as they were.
+        let mut hold_rng = Rng::new(seed ^ SALT ^ HOLD_SALT);
+        let deferred = held
+            .filter(|_| !config.auto_register)
+            .map(|topic| format!("{topic}-value"))
+            .filter(|subject| *subject != subjects[strict] && hold_rng.chance(50));
+        if let Some(subject) = &deferred {
+            registry.state().subjects.remove(subject);
+            world.note(format!(
+                "the hold phase's refusal is the registry's: {subject} is missing until it ends"
+            ));
+        }
         let mut chaos = RegistryChaos {
             rng,
             registry,
@@ -407,9 +429,15 @@ impl RegistryChaos {
             operator_at,
             outage_until: 0,
             serializers: Serializers::default(),
+            deferred,
         };
         chaos.new_process();
         Some(chaos)
+    }
+
+    /// Whether the hold phase's refusal is the registry's (a subject missing until it ends).
+    pub fn holds_a_subject(&self) -> bool {
+        self.deferred.is_some()
     }
 
     /// A new process: serializers with an empty cache.
@@ -462,7 +490,7 @@ impl Driver {
                 // request to a silent registry (up to the request timeout), then in the
                 // back-off before its next try (up to `MAX_BACKOFF`, serialize.rs). The clock
                 // runs past both before the next phase, so that the hold phase's check (the
-                // other topics progress while one refuses) meets no registry fault.
+                // other topics progress while one refuses) meets no outage's wait.
                 let longest = state.timeout + MAX_BACKOFF;
                 let pause = u64::try_from(longest.as_millis()).unwrap_or(u64::MAX);
                 pause_ms = Some(pause);
@@ -470,9 +498,11 @@ impl Driver {
                     "the clock runs {longest:?}: the session's registry wait ends"
                 ));
             }
+            let hold_over = step > self.steps + HOLD_STEPS;
             if step == chaos.operator_at || chaos_over {
                 for subject in &chaos.subjects {
-                    if !state.subjects.contains_key(subject) {
+                    let deferred = chaos.deferred.as_ref() == Some(subject) && !hold_over;
+                    if !state.subjects.contains_key(subject) && !deferred {
                         let id = state.register(subject, TAKES_ALL);
                         notes.push(format!("the operator registers {subject}: id {id}"));
                     }

@@ -860,21 +860,28 @@ impl World {
         queued + self.gate.get(topic).map_or(0, HeldTopic::len)
     }
 
+    /// Events of `topic` neither in Kafka nor dead-lettered (those waiting in the session
+    /// for the registry among them).
+    pub fn not_landed(&self, topic: &str) -> usize {
+        (0..self.workload.events.len())
+            .filter(|&e| self.workload.events[e].topic == topic && self.landed[e] == (0, 0))
+            .count()
+    }
+
     /// Every committed event of a topic other than `refused` is in Kafka (or dead-lettered):
-    /// a fault that concerns one topic does not stall the others. `cap`: the session's
-    /// in-flight cap, which the held records count against (a stall once they fill it is
-    /// the cap's, by design).
-    pub fn check_others_progress(&mut self, refused: &str, cap: usize, steps: usize) {
-        if self.holding(refused) >= cap {
+    /// a fault that concerns one topic does not stall the others. `held` of its records wait,
+    /// against `cap`, the session's in-flight cap (a stall once they fill it is the cap's, by
+    /// design).
+    pub fn check_others_progress(&mut self, refused: &str, held: usize, cap: usize, steps: usize) {
+        if held >= cap {
             return;
         }
         let stalled = (0..self.workload.events.len())
             .find(|&e| self.workload.events[e].topic != refused && self.landed[e] == (0, 0));
         if let Some(e) = stalled {
             let what = format!(
-                "event {e} of `{}` is not in Kafka after {steps} steps in which only `{refused}` refused records ({} held, in-flight cap {cap}): one topic's fault stalls the others",
+                "event {e} of `{}` is not in Kafka after {steps} steps in which only `{refused}` refused records ({held} held, in-flight cap {cap}): one topic's fault stalls the others",
                 self.workload.events[e].topic,
-                self.holding(refused)
             );
             self.violation(what);
         }
