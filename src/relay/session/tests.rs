@@ -152,6 +152,8 @@ struct Sent {
     bytes: usize,
     /// The row image header of a dead letter (`outbox-relay.dlq.row`).
     row: Option<String>,
+    /// A dead letter's reason (`outbox-relay.dlq.reason`).
+    reason: Option<String>,
 }
 
 /// What the sink did with Kafka transactions, in order (exactly-once).
@@ -186,8 +188,8 @@ struct FakeSink {
     auto_ack: bool,
     kafka: Arc<Mutex<Vec<KafkaOp>>>,
     commits: mpsc::UnboundedSender<CommitRequest>,
-    /// An event refused at `send` for good (too large), as librdkafka refuses some at once.
-    refuse: Option<String>,
+    /// An event refused at `send` (for good: too large), as librdkafka refuses some at once.
+    refuse: Option<(String, RDKafkaErrorCode)>,
     /// The producer's `batch.size`: 1 (every record alone in its batch) unless a test batches.
     batch_size: usize,
     limits: Arc<crate::sink::limits::TopicLimits>,
@@ -201,24 +203,32 @@ impl RecordSink for FakeSink {
         event_id: &str,
         kind: RecordKind,
     ) -> Result<(), PublishError> {
-        if kind == RecordKind::Event && self.refuse.as_deref() == Some(event_id) {
+        if let Some((_, code)) = self
+            .refuse
+            .as_ref()
+            .filter(|(id, _)| kind == RecordKind::Event && id == event_id)
+        {
             return Err(PublishError::Rejected(Box::new(Rejection {
                 topic: record.topic.clone(),
                 event_id: event_id.to_string(),
-                error: KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+                error: KafkaError::MessageProduction(*code),
             })));
         }
+        let header = |name: &str| {
+            record
+                .headers
+                .iter()
+                .find(|(k, _)| &**k == name)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        };
         let sent = Sent {
             seq,
             event_id: event_id.to_string(),
             kind,
             topic: record.topic.clone(),
             bytes: record.size(),
-            row: record
-                .headers
-                .iter()
-                .find(|(k, _)| &**k == crate::sink::dead_letter::HEADER_ROW)
-                .map(|(_, v)| String::from_utf8_lossy(v).into_owned()),
+            row: header(crate::sink::dead_letter::HEADER_ROW),
+            reason: header(crate::sink::dead_letter::HEADER_REASON),
         };
         if self.auto_ack {
             let _ = self.deliveries.send(ok(&sent));
@@ -392,8 +402,13 @@ impl Rig {
 
     /// The sink refuses event `id` at `send`, for good.
     fn refuse_at_send(&mut self, id: &str) {
+        self.refuse_at_send_with(id, RDKafkaErrorCode::MessageSizeTooLarge);
+    }
+
+    /// The sink refuses event `id` at `send` with `code`.
+    fn refuse_at_send_with(&mut self, id: &str, code: RDKafkaErrorCode) {
         let ends = self.ends.as_mut().expect("before the session starts");
-        ends.sink.refuse = Some(id.to_string());
+        ends.sink.refuse = Some((id.to_string(), code));
     }
 
     fn kafka_ops(&self) -> Vec<KafkaOp> {
@@ -690,6 +705,63 @@ async fn poison_records_are_dead_lettered_under_policy_dead_letter() {
             .load(std::sync::atomic::Ordering::Relaxed),
         2
     );
+}
+
+/// An event refused at `send` for a reason that is not its own (here the queue is full) is
+/// no poison: it is not dead-lettered, the session ends (the next one sends it again) and
+/// nothing is confirmed past it.
+#[tokio::test(start_paused = true)]
+async fn an_event_refused_at_send_for_no_fault_of_its_own_is_not_dead_lettered() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (frames, end) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    rig.push(frames);
+    rig.refuse_at_send_with(&event_id(1), RDKafkaErrorCode::QueueFull);
+    let session = rig.session(settings(), &mapping, &metrics);
+    let result = rig.ended(session).await;
+    assert!(result.is_err(), "{result:?}");
+    assert!(
+        rig.sent().iter().all(|s| s.kind != RecordKind::DeadLetter),
+        "a healthy event dead-lettered: {:?}",
+        rig.sent()
+    );
+    assert!(rig.max_flush() < end, "confirmed past the refused event");
+}
+
+/// A row whose topic name Kafka cannot take is dead-lettered with reason `invalid_topic`
+/// (not `mapping`): what a redrive's operator filters by.
+#[tokio::test(start_paused = true)]
+async fn a_row_with_an_invalid_topic_name_is_dead_lettered_as_such() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (begin, final_lsn) = wal.begin(1);
+    let row = fakes::insert(
+        OUTBOX,
+        vec![
+            text(&event_id(1)),
+            text("bad name!"),
+            text("42"),
+            text("OrderCreated"),
+            text("{\"n\": 1}"),
+        ],
+    );
+    let (commit, end) = wal.commit(final_lsn);
+    rig.push([begin, row, commit]);
+    let session = rig.session(settings(), &mapping, &metrics);
+    let driver = async {
+        rig.until("confirmed past the row", |r| r.last_flush() == end)
+            .await;
+        rig.shutdown.cancel();
+    };
+    rig.run(session, driver).await.unwrap();
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].kind, RecordKind::DeadLetter);
+    assert_eq!(sent[0].reason.as_deref(), Some("invalid_topic"));
 }
 
 /// Settings with a breaker of 2 dead letters a minute.
