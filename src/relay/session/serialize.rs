@@ -59,6 +59,9 @@ pub(super) struct Parked {
     events: VecDeque<Mapped>,
     backoff: Duration,
     retry_at: Instant,
+    /// Given up (shutdown, or an error): the topic's later events of the session are not
+    /// sent either, or one could reach Kafka before its aggregate's earlier given-up one.
+    given_up: bool,
 }
 
 /// The parked topics, by name.
@@ -148,6 +151,10 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// Serializes an event for the first time; one of a parked topic lines up behind it.
     pub(super) async fn serialize_first(&mut self, mapped: Mapped) -> Result<(), RelayError> {
         if let Some(parked) = self.parked.get_mut(&mapped.event.record.topic) {
+            if parked.given_up {
+                // Not sent, nor confirmed: read again after the restart.
+                return Ok(());
+            }
             self.in_flight.sent(mapped.event.record.size());
             parked.events.push_back(mapped);
             return Ok(());
@@ -164,6 +171,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             events: VecDeque::new(),
             backoff,
             retry_at,
+            given_up: false,
         });
         parked.events.push_front(mapped);
         parked.backoff = backoff;
@@ -177,7 +185,12 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
 
     /// When an event waiting for the registry is tried again (`None`: none waits).
     pub(super) fn registry_retry_at(&self) -> Option<Instant> {
-        let parked = self.parked.values().map(|p| p.retry_at).min();
+        let parked = self
+            .parked
+            .values()
+            .filter(|p| !p.given_up)
+            .map(|p| p.retry_at)
+            .min();
         match (self.registry.as_ref().map(|wait| wait.retry_at), parked) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -205,7 +218,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let due = self
             .parked
             .iter()
-            .filter(|(_, p)| p.retry_at <= now)
+            .filter(|(_, p)| !p.given_up && p.retry_at <= now)
             .min_by_key(|(_, p)| p.retry_at)
             .map(|(topic, _)| topic.clone());
         let Some(topic) = due else {
@@ -230,11 +243,13 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     }
 
     /// An error or shutdown ends the waits: the waiting events are given up, and sent again
-    /// after the restart (their transactions are not confirmed).
+    /// after the restart (their transactions are not confirmed); so are their topics' events
+    /// read after them in this session.
     pub(super) fn give_up_registry_wait(&mut self) {
         self.registry = None;
-        for (_, parked) in std::mem::take(&mut self.parked) {
-            for mapped in parked.events {
+        for parked in self.parked.values_mut() {
+            parked.given_up = true;
+            for mapped in std::mem::take(&mut parked.events) {
                 self.in_flight.settled(mapped.event.record.size());
             }
         }

@@ -30,12 +30,14 @@ use crate::relay::RelayError;
 use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
 
+use crate::config::SchemaVersion;
 use crate::config::{BreakerPolicy, DeadLetterPolicy, OutboxConfig};
 use crate::lsn::Lsn;
 use crate::mapping::OutboxMapping;
 use crate::mapping::Record;
 use crate::serve::metrics::Metrics;
 use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
+use crate::sink::schema::registry::{BoxFuture, Registered, RegistryError, SchemaRegistry};
 use crate::source::pgoutput::{LogicalMessage, TupleValue};
 use crate::source::walsender::{ReplicationError, ReplicationFrame};
 
@@ -2204,76 +2206,75 @@ async fn while_an_event_waits_for_the_registry_status_updates_flow_and_shutdown_
     );
 }
 
+/// A registry that knows the subjects in `present`; any schema it gives accepts every
+/// payload.
+#[derive(Debug, Default)]
+struct Subjects {
+    present: Mutex<std::collections::HashSet<String>>,
+}
+impl SchemaRegistry for Subjects {
+    fn version<'a>(
+        &'a self,
+        subject: &'a str,
+        _: SchemaVersion,
+    ) -> BoxFuture<'a, Result<Registered, RegistryError>> {
+        let known = self.present.lock().unwrap().contains(subject);
+        Box::pin(async move {
+            if !known {
+                return Err(RegistryError::NotFound {
+                    what: format!("subject `{subject}`"),
+                    body: "Subject not found".into(),
+                    code: Some(40401),
+                });
+            }
+            Ok(Registered {
+                id: 7,
+                schema: "{}".into(),
+                schema_type: Some("JSON".into()),
+            })
+        })
+    }
+    fn by_id(&self, _: u32) -> BoxFuture<'_, Result<Registered, RegistryError>> {
+        unreachable!("the serializer asks by subject")
+    }
+    fn register<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+        _: &'a str,
+    ) -> BoxFuture<'a, Result<u32, RegistryError>> {
+        unreachable!("auto_register is off")
+    }
+    fn subjects(&self) -> BoxFuture<'_, Result<Vec<String>, RegistryError>> {
+        unreachable!("only check lists subjects")
+    }
+}
+
+/// A transaction of one event of aggregate type `payment` (topic `outbox.event.payment`).
+fn payment(wal: &mut Wal, n: usize) -> (Vec<ReplicationFrame>, Lsn) {
+    let (begin, final_lsn) = wal.begin(1);
+    let row = fakes::insert(
+        OUTBOX,
+        vec![
+            text(&event_id(n)),
+            text("payment"),
+            text("7"),
+            text("PaymentMade"),
+            text("{\"n\": 1}"),
+        ],
+    );
+    let (commit, end) = wal.commit(final_lsn);
+    (vec![begin, row, commit], end)
+}
+
 /// At-least-once, a subject missing for one topic (`auto_register` off) holds only that
 /// topic: its events wait in order, the other topic's events are sent and acknowledged
 /// meanwhile, the slot stays below the first waiting event (and /readyz names the subject);
 /// once the subject is registered the waiting events go, oldest first, and the slot moves on.
 #[tokio::test(start_paused = true)]
 async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
-    use crate::config::{SchemaVersion, SerializationConfig, SerializationFormat};
-    use crate::sink::schema::registry::{BoxFuture, Registered, RegistryError, SchemaRegistry};
+    use crate::config::{SerializationConfig, SerializationFormat};
     use crate::sink::schema::{RegistryHealth, Serializer, Serializers};
-    use std::collections::HashSet;
-
-    /// Knows the subjects in `present`; any schema it gives accepts every payload.
-    #[derive(Debug, Default)]
-    struct Subjects {
-        present: Mutex<HashSet<String>>,
-    }
-    impl SchemaRegistry for Subjects {
-        fn version<'a>(
-            &'a self,
-            subject: &'a str,
-            _: SchemaVersion,
-        ) -> BoxFuture<'a, Result<Registered, RegistryError>> {
-            let known = self.present.lock().unwrap().contains(subject);
-            Box::pin(async move {
-                if !known {
-                    return Err(RegistryError::NotFound {
-                        what: format!("subject `{subject}`"),
-                        body: "Subject not found".into(),
-                        code: Some(40401),
-                    });
-                }
-                Ok(Registered {
-                    id: 7,
-                    schema: "{}".into(),
-                    schema_type: Some("JSON".into()),
-                })
-            })
-        }
-        fn by_id(&self, _: u32) -> BoxFuture<'_, Result<Registered, RegistryError>> {
-            unreachable!("the serializer asks by subject")
-        }
-        fn register<'a>(
-            &'a self,
-            _: &'a str,
-            _: &'a str,
-            _: &'a str,
-        ) -> BoxFuture<'a, Result<u32, RegistryError>> {
-            unreachable!("auto_register is off")
-        }
-        fn subjects(&self) -> BoxFuture<'_, Result<Vec<String>, RegistryError>> {
-            unreachable!("only check lists subjects")
-        }
-    }
-
-    fn payment(wal: &mut Wal, n: usize) -> (Vec<ReplicationFrame>, Lsn) {
-        let (begin, final_lsn) = wal.begin(1);
-        let row = fakes::insert(
-            OUTBOX,
-            vec![
-                text(&event_id(n)),
-                text("payment"),
-                text("7"),
-                text("PaymentMade"),
-                text("{\"n\": 1}"),
-            ],
-        );
-        let (commit, end) = wal.commit(final_lsn);
-        (vec![begin, row, commit], end)
-    }
-
     let (mapping, metrics) = (mapping(), Metrics::default());
     let mut rig = Rig::new(true);
     let mut wal = Wal::new();
@@ -2350,6 +2351,66 @@ async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
         "the waiting topic's events, in order"
     );
     assert!(health.readiness().is_ok(), "still blocked once registered");
+}
+
+/// Shutdown while a topic waits for its subject: its waiting events are given up (read again
+/// after the restart), and so are its events read while the open transaction is finished —
+/// even once the registry answers — or one could reach Kafka before its aggregate's earlier,
+/// given-up one. The session ends cleanly, nothing of the topic sent or confirmed.
+#[tokio::test(start_paused = true)]
+async fn after_shutdown_a_waiting_topic_sends_nothing_more() {
+    use crate::config::{SerializationConfig, SerializationFormat};
+    use crate::sink::schema::{RegistryHealth, Serializer, Serializers};
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (first, end_first) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    rig.push(first);
+    // A transaction of two events of the waiting topic, open when shutdown comes.
+    let (open, _) = wal.txn(OUTBOX, &[Some(&event_id(1)), Some(&event_id(2))]);
+    let (open_head, open_tail) = open.split_at(2);
+    rig.push(open_head.to_vec());
+    let registry = Arc::new(Subjects::default());
+    let config = SerializationConfig {
+        format: SerializationFormat::JsonSchema,
+        registry_url: "http://registry".into(),
+        ..SerializationConfig::default()
+    };
+    let health = Arc::new(RegistryHealth::new(&config.registry_url));
+    let serializer = Serializer::with_registry(
+        &config,
+        "outbox.serialization",
+        health.clone(),
+        registry.clone(),
+    );
+    let settings = Settings {
+        serializers: Serializers::single(serializer),
+        ..settings()
+    };
+    let session = rig.session(settings, &mapping, &metrics);
+    let driver = async {
+        rig.until("blocked", |_| health.readiness().is_err()).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        registry
+            .present
+            .lock()
+            .unwrap()
+            .insert("outbox.event.order-value".into());
+        rig.shutdown.cancel();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        rig.push(open_tail.to_vec());
+    };
+    rig.run(session, driver).await.unwrap();
+    assert!(
+        rig.sent().is_empty(),
+        "sent after shutdown: {:?}",
+        rig.sent()
+    );
+    assert!(
+        rig.max_flush() < end_first,
+        "confirmed past a given-up event"
+    );
 }
 
 /// The session's settings are the config's: exactly-once gets its Kafka transaction bounds
