@@ -764,6 +764,92 @@ async fn a_registry_outage_blocks_and_loses_nothing() {
     db.cleanup().await;
 }
 
+/// At-least-once, a subject missing for one topic (`auto_register` off, the operator has not
+/// registered it yet) holds that topic alone: the other topic's events written after its
+/// events arrive, `/readyz` is red and names nothing dead-lettered, the slot stays below the
+/// first waiting event; once the subject is registered, the waiting events arrive, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
+    let url = registry_url();
+    let db = TestDb::new().await;
+    db.create_slot().await;
+    let (order, customer) = (db.topic("order"), db.topic("customer"));
+    let order_id = register(&url, &order).await;
+    let port = free_port();
+    let env = avro_env(
+        &db,
+        &url,
+        &[("OUTBOX_RELAY__HTTP__LISTEN", &format!("127.0.0.1:{port}"))],
+    );
+    let mut relay = RelayProcess::start(&env, "registry_missing_subject");
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut client = db.client().await;
+    let waiting = events(20, "customer");
+    let first_waiting = insert_events_at(&mut client, &waiting[..10], true).await;
+    insert_events(&mut client, &waiting[10..], true).await;
+    let flowing = events(50, "order");
+    write_in_batches(&db, &flowing, 10).await;
+    let (received, _) = expect_all(
+        "the other topic, behind the waiting one",
+        std::slice::from_ref(&order),
+        &flowing,
+        Duration::from_secs(60),
+        Duration::ZERO,
+        &relay,
+    )
+    .await;
+    assert_framed(&received, order_id);
+    wait_for("/readyz red", Duration::from_secs(15), || async {
+        http_get(port, "/readyz").is_some_and(|(status, _)| status == 503)
+    })
+    .await;
+    let (_, body) = http_get(port, "/metrics").unwrap();
+    let series = format!("outbox_relay_schema_registry_blocked{{subject=\"{customer}-value\"}}");
+    assert_eq!(metric(&body, &series), Some(1.0), "{series} in\n{body}");
+    let early = read_until(
+        std::slice::from_ref(&customer),
+        1,
+        Duration::from_secs(2),
+        Duration::ZERO,
+        |_| false,
+    )
+    .await;
+    assert!(
+        early.is_empty(),
+        "{} records without their schema",
+        early.len()
+    );
+    let confirmed = db.confirmed_flush_lsn().await;
+    assert!(
+        confirmed <= first_waiting,
+        "the slot ({confirmed:X}) passed the first waiting event ({first_waiting:X})"
+    );
+
+    let customer_id = register(&url, &customer).await;
+    let (received, _) = expect_all(
+        "the waiting topic, once its subject is registered",
+        std::slice::from_ref(&customer),
+        &waiting,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        &relay,
+    )
+    .await;
+    assert_framed(&received, customer_id);
+    let dead = read_until(
+        &[db.topic("dlq")],
+        1,
+        Duration::from_secs(2),
+        Duration::ZERO,
+        |_| false,
+    )
+    .await;
+    assert!(dead.is_empty(), "{} dead letters", dead.len());
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_five_times_with_avro_loses_nothing() {
     use rand::Rng;
