@@ -2250,6 +2250,32 @@ impl SchemaRegistry for Subjects {
     }
 }
 
+impl Subjects {
+    /// Session settings serializing with JSON Schema against this registry
+    /// (`auto_register` off), and the registry's health (what `/readyz` reads).
+    fn settings(self: &Arc<Self>) -> (Settings, Arc<crate::sink::schema::RegistryHealth>) {
+        use crate::config::{SerializationConfig, SerializationFormat};
+        use crate::sink::schema::{RegistryHealth, Serializer, Serializers};
+        let config = SerializationConfig {
+            format: SerializationFormat::JsonSchema,
+            registry_url: "http://registry".into(),
+            ..SerializationConfig::default()
+        };
+        let health = Arc::new(RegistryHealth::new(&config.registry_url));
+        let serializer = Serializer::with_registry(
+            &config,
+            "outbox.serialization",
+            health.clone(),
+            self.clone(),
+        );
+        let settings = Settings {
+            serializers: Serializers::single(serializer),
+            ..settings()
+        };
+        (settings, health)
+    }
+}
+
 /// A transaction of one event of aggregate type `payment` (topic `outbox.event.payment`).
 fn payment(wal: &mut Wal, n: usize) -> (Vec<ReplicationFrame>, Lsn) {
     let (begin, final_lsn) = wal.begin(1);
@@ -2273,8 +2299,6 @@ fn payment(wal: &mut Wal, n: usize) -> (Vec<ReplicationFrame>, Lsn) {
 /// once the subject is registered the waiting events go, oldest first, and the slot moves on.
 #[tokio::test(start_paused = true)]
 async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
-    use crate::config::{SerializationConfig, SerializationFormat};
-    use crate::sink::schema::{RegistryHealth, Serializer, Serializers};
     let (mapping, metrics) = (mapping(), Metrics::default());
     let mut rig = Rig::new(true);
     let mut wal = Wal::new();
@@ -2292,22 +2316,7 @@ async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
         .lock()
         .unwrap()
         .insert("outbox.event.payment-value".into());
-    let config = SerializationConfig {
-        format: SerializationFormat::JsonSchema,
-        registry_url: "http://registry".into(),
-        ..SerializationConfig::default()
-    };
-    let health = Arc::new(RegistryHealth::new(&config.registry_url));
-    let serializer = Serializer::with_registry(
-        &config,
-        "outbox.serialization",
-        health.clone(),
-        registry.clone(),
-    );
-    let settings = Settings {
-        serializers: Serializers::single(serializer),
-        ..settings()
-    };
+    let (settings, health) = registry.settings();
     let session = rig.session(settings, &mapping, &metrics);
     let topics = |rig: &Rig| -> Vec<(String, String)> {
         rig.sent()
@@ -2359,8 +2368,6 @@ async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
 /// given-up one. The session ends cleanly, nothing of the topic sent or confirmed.
 #[tokio::test(start_paused = true)]
 async fn after_shutdown_a_waiting_topic_sends_nothing_more() {
-    use crate::config::{SerializationConfig, SerializationFormat};
-    use crate::sink::schema::{RegistryHealth, Serializer, Serializers};
     let (mapping, metrics) = (mapping(), Metrics::default());
     let mut rig = Rig::new(true);
     let mut wal = Wal::new();
@@ -2372,22 +2379,7 @@ async fn after_shutdown_a_waiting_topic_sends_nothing_more() {
     let (open_head, open_tail) = open.split_at(2);
     rig.push(open_head.to_vec());
     let registry = Arc::new(Subjects::default());
-    let config = SerializationConfig {
-        format: SerializationFormat::JsonSchema,
-        registry_url: "http://registry".into(),
-        ..SerializationConfig::default()
-    };
-    let health = Arc::new(RegistryHealth::new(&config.registry_url));
-    let serializer = Serializer::with_registry(
-        &config,
-        "outbox.serialization",
-        health.clone(),
-        registry.clone(),
-    );
-    let settings = Settings {
-        serializers: Serializers::single(serializer),
-        ..settings()
-    };
+    let (settings, health) = registry.settings();
     let session = rig.session(settings, &mapping, &metrics);
     let driver = async {
         rig.until("blocked", |_| health.readiness().is_err()).await;
