@@ -2252,6 +2252,8 @@ async fn while_an_event_waits_for_the_registry_status_updates_flow_and_shutdown_
 #[derive(Debug, Default)]
 struct Subjects {
     present: Mutex<std::collections::HashSet<String>>,
+    /// How long each answer takes.
+    delay: Mutex<Duration>,
 }
 impl SchemaRegistry for Subjects {
     fn version<'a>(
@@ -2260,7 +2262,9 @@ impl SchemaRegistry for Subjects {
         _: SchemaVersion,
     ) -> BoxFuture<'a, Result<Registered, RegistryError>> {
         let known = self.present.lock().unwrap().contains(subject);
+        let delay = *self.delay.lock().unwrap();
         Box::pin(async move {
+            tokio::time::sleep(delay).await;
             if !known {
                 return Err(RegistryError::NotFound {
                     what: format!("subject `{subject}`"),
@@ -2444,6 +2448,44 @@ async fn after_shutdown_a_waiting_topic_sends_nothing_more() {
         rig.max_flush() < end_first,
         "confirmed past a given-up event"
     );
+}
+
+/// Exactly-once, shutdown gives the event waiting for the registry one last try, which may
+/// take up to `shutdown_timeout`: a registry that answers within it (here after 1 s, the
+/// subject registered meanwhile) gets the event sent and committed, and the session ends
+/// cleanly instead of at once with the registry's error.
+#[tokio::test(start_paused = true)]
+async fn exactly_once_the_last_try_at_shutdown_waits_for_a_slow_registry() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut commits = rig.commits.take().unwrap();
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (frames, end) = wal.txn(OUTBOX, &[Some(&event_id(0))]);
+    rig.push(frames);
+    let registry = Arc::new(Subjects::default());
+    let (settings, health) = registry.settings();
+    let settings = Settings {
+        transactions: exactly_once(Duration::from_millis(100), 1_000).transactions,
+        ..settings
+    };
+    assert!(Duration::from_secs(1) < settings.shutdown_timeout);
+    let session = rig.session(settings, &mapping, &metrics);
+    let driver = async {
+        rig.until("blocked", |_| health.readiness().is_err()).await;
+        *registry.delay.lock().unwrap() = Duration::from_secs(1);
+        registry
+            .present
+            .lock()
+            .unwrap()
+            .insert("outbox.event.order-value".into());
+        rig.shutdown.cancel();
+        let (_, answer) = next_commit(&mut commits).await;
+        answer.send(Ok(())).unwrap();
+    };
+    rig.run(session, driver).await.unwrap();
+    assert_eq!(rig.sent().len(), 1, "{:?}", rig.sent());
+    assert_eq!(rig.max_flush(), end);
 }
 
 /// The session's settings are the config's: exactly-once gets its Kafka transaction bounds
