@@ -164,7 +164,7 @@ struct Hold {
 /// each is a throwaway switch of the simulated peers standing for a mistake the relay (or its
 /// producer) could make. Measured on the whole model — the supervisor's back-off, the restart-loop
 /// check by progress marks, the registry
-/// (1,490 seeds serialized), the timeline changes (771 standbys promoted in place, 488
+/// (1,490 seeds serialized, 51 of them with a hold phase the registry refuses), the timeline changes (771 standbys promoted in place, 488
 /// failovers) — over seeds 1..=5,000, of which 1,973 in exactly-once
 /// (`OUTBOX_SIM_DEFECT_SEEDS=5000`; the earlier tables are in the git history):
 ///
@@ -174,13 +174,13 @@ struct Hold {
 /// | `ForgetDoom` | 8 | 1,506 (all exactly-once) | a progress value committed past a missing event |
 /// | `CommitBeforeAcks` | 5 | 1,679 (all exactly-once) | a progress value committed past a missing event |
 /// | `ReadBeforeFence` | 9 | 97 (all exactly-once) | an event seen twice |
-/// | `AclRefusalToSession` | 1 | 1,719 (all at-least-once) | a session ended with no fault that ends sessions |
-/// | `GateAppends` | 236 | 18 (all at-least-once) | an aggregate out of commit order |
-/// | `GateHoldsAll` | 1 | 459 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
-/// | `MetadataRefusalFails` | 2 | 1,898 (746 exactly-once) | a session ended with no fault that ends sessions |
+/// | `AclRefusalToSession` | 1 | 1,720 (all at-least-once) | a session ended with no fault that ends sessions |
+/// | `GateAppends` | 236 | 14 (all at-least-once) | an aggregate out of commit order |
+/// | `GateHoldsAll` | 1 | 427 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
+/// | `MetadataRefusalFails` | 2 | 1,899 (746 exactly-once) | a session ended with no fault that ends sessions |
 /// | `FixedTimeline` | 2 | 192 (all promoted in place) | a value labelled with a timeline its LSN does not lie on |
 /// | `NoReconcile` | 50 | 108 (all failing over) | the slot confirmed past a new-timeline event not in Kafka |
-/// | `RegistryErrorDeadLetters` | 4 | 932 of the 1,490 serialized (377 exactly-once) | a healthy event dead-lettered |
+/// | `RegistryErrorDeadLetters` | 4 | 935 of the 1,490 serialized (377 exactly-once) | a healthy event dead-lettered |
 /// | `SendsUnserialized` | 4 | 1,216 of the 1,490 serialized (570 exactly-once) | a record without the wire framing |
 /// | `ForgetsInvalid` | 5 | 1,338 (all exactly-once) | sessions in a row that move nothing on |
 ///
