@@ -197,17 +197,14 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         }
     }
 
-    /// The registry arm of the loop, at the retry time or on shutdown: a status update after
-    /// the pause (so that `wal_sender_timeout` does not end the stream during a long outage),
-    /// then the event is tried again. On shutdown this is its last try: failing, it ends the
-    /// session.
+    /// The registry arm of the loop, at the retry time or on shutdown: the event is tried
+    /// again (the loop's status timer goes on meanwhile, so `wal_sender_timeout` does not end
+    /// the stream during a long outage). On shutdown this is its last try: failing, it ends
+    /// the session.
     pub(super) async fn retry_registry(&mut self) -> Result<(), RelayError> {
         let Some(wait) = self.registry.take() else {
             return self.retry_parked().await;
         };
-        if !self.shutdown.is_cancelled() {
-            self.send_status(false).await?;
-        }
         let backoff = (wait.backoff * 2).min(MAX_BACKOFF);
         self.serialize_and_send(wait.mapped, backoff).await
     }
