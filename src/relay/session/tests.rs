@@ -2254,6 +2254,8 @@ struct Subjects {
     present: Mutex<std::collections::HashSet<String>>,
     /// How long each answer takes.
     delay: Mutex<Duration>,
+    /// Requests for a subject it did not know.
+    missed: std::sync::atomic::AtomicUsize,
 }
 impl SchemaRegistry for Subjects {
     fn version<'a>(
@@ -2262,6 +2264,10 @@ impl SchemaRegistry for Subjects {
         _: SchemaVersion,
     ) -> BoxFuture<'a, Result<Registered, RegistryError>> {
         let known = self.present.lock().unwrap().contains(subject);
+        if !known {
+            self.missed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let delay = *self.delay.lock().unwrap();
         Box::pin(async move {
             tokio::time::sleep(delay).await;
@@ -2372,7 +2378,11 @@ async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
     let driver = async {
         rig.until("the other topic's events sent", |r| r.sent().len() == 2)
             .await;
+        let asked = registry.missed.load(std::sync::atomic::Ordering::Relaxed);
         tokio::time::sleep(Duration::from_secs(60)).await;
+        // Retried with back-off: 200 ms doubling to 10 s is at most 11 tries in 60 s.
+        let retries = registry.missed.load(std::sync::atomic::Ordering::Relaxed) - asked;
+        assert!((1..=11).contains(&retries), "{retries} tries in 60 s");
         let payments = [event_id(1), event_id(3)].map(|id| ("outbox.event.payment".into(), id));
         assert_eq!(
             topics(&rig),
