@@ -8,9 +8,9 @@
 //! not stall the stream. Exactly-once, nothing after it is read ([`RegistryWait`]): a Kafka
 //! commit would put the waiting change below its progress value. Either way the loop's other
 //! arms — shutdown, acknowledgements of what was sent before it, status updates — go on
-//! being served, so the walsender still hears from the relay. During a registry request itself (up to
-//! `request_timeout_ms` against a silent registry) `Session::ask` serves the status
-//! updates and bounds the request by `shutdown_timeout` once shutdown has come.
+//! being served, so the walsender still hears from the relay. During a registry request
+//! itself (up to `request_timeout_ms` against a silent registry) `Session::ask` serves the
+//! status updates and bounds the request by `shutdown_timeout` once shutdown has come.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;

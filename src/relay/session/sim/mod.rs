@@ -163,9 +163,9 @@ struct Hold {
 /// A defect injected on purpose, to prove the invariants catch it (`injected_defects_are_caught`):
 /// each is a throwaway switch of the simulated peers standing for a mistake the relay (or its
 /// producer) could make. Measured on the whole model — the supervisor's back-off, the restart-loop
-/// check by progress marks, the registry
-/// (1,490 seeds serialized, 51 of them with a hold phase the registry refuses), the timeline changes (771 standbys promoted in place, 488
-/// failovers) — over seeds 1..=5,000, of which 1,973 in exactly-once
+/// check by progress marks, the registry (1,490 seeds serialized, 51 of them with a hold phase
+/// the registry refuses), the timeline changes (771 standbys promoted in place, 488 failovers)
+/// — over seeds 1..=5,000, of which 1,973 in exactly-once
 /// (`OUTBOX_SIM_DEFECT_SEEDS=5000`; the earlier tables are in the git history):
 ///
 /// | defect | first caught at seed | seeds of 5,000 that catch it | by |
