@@ -305,6 +305,8 @@ pub(super) struct Outcome {
     pub lost_in_kafka: u32,
     /// Sessions whose start value `reconcile` cut back to a switch point or fork.
     pub cut_back: u32,
+    /// A failover's slot started behind the old slot and the fork: its sync had lagged.
+    pub sync_lagged: bool,
     /// The hold phase's refusal was the registry's (a topic's subject missing).
     pub registry_hold: bool,
 }
@@ -366,7 +368,8 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
     let defect = injected.defect;
     // The timeline draws from a generator of its own: the other draws stay as they were.
     let mut timeline_rng = Rng::new(seed ^ 0x7469_6D65_6C69_6E65);
-    let server = timeline::Server::generate(&mut timeline_rng, &mut workload, exactly_once);
+    let mut server = timeline::Server::generate(&mut timeline_rng, &mut workload, exactly_once);
+    server.draw_slot_sync(&mut Rng::new(seed ^ 0x534C_4F54_5359_4E43));
     let mut world = World::new(workload, &mut rng, exactly_once, defect);
     world.server = server;
     let world = Rc::new(RefCell::new(world));
@@ -575,6 +578,7 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         failed_over: w.server.failover.is_some(),
         lost_in_kafka: w.lost_in_kafka(),
         cut_back: w.server.cut_back,
+        sync_lagged: w.server.sync_lagged,
         registry_hold: driver.hold.as_ref().is_some_and(|h| h.registry),
     }
 }
@@ -881,7 +885,7 @@ fn every_seed_keeps_the_invariants() {
     let mut sessions = 0u64;
     let (mut eos_seeds, mut committed, mut commits_failed) = (0u64, 0u64, 0u64);
     let (mut switched, mut failed_over, mut lost_in_kafka) = (0u64, 0u64, 0u64);
-    let (mut cut_back, mut registry_holds) = (0u64, 0u64);
+    let (mut cut_back, mut sync_lagged, mut registry_holds) = (0u64, 0u64, 0u64);
     // `OUTBOX_SIM_TRACE=1`: each seed is named before it runs, so that a seed that never
     // ends (a session that spins without waiting) is found in a long run.
     let trace = std::env::var_os("OUTBOX_SIM_TRACE").is_some();
@@ -898,6 +902,7 @@ fn every_seed_keeps_the_invariants() {
         failed_over += u64::from(outcome.failed_over);
         lost_in_kafka += u64::from(outcome.lost_in_kafka);
         cut_back += u64::from(outcome.cut_back);
+        sync_lagged += u64::from(outcome.sync_lagged);
         registry_holds += u64::from(outcome.registry_hold);
         if !outcome.violations.is_empty() {
             if failed.is_empty() {
@@ -913,7 +918,7 @@ fn every_seed_keeps_the_invariants() {
         }
     }
     println!(
-        "{count} seeds ({sessions} sessions; {eos_seeds} in exactly-once, {switched} of them on a standby promoted in place, {failed_over} failing over with {lost_in_kafka} events of lost branches in Kafka, {cut_back} start values cut back by reconcile; {committed} Kafka transactions committed, {commits_failed} commits failed; {registry_holds} hold phases refused by the registry) in {:.1} s; {} failed",
+        "{count} seeds ({sessions} sessions; {eos_seeds} in exactly-once, {switched} of them on a standby promoted in place, {failed_over} failing over ({sync_lagged} to a slot whose sync lagged) with {lost_in_kafka} events of lost branches in Kafka, {cut_back} start values cut back by reconcile; {committed} Kafka transactions committed, {commits_failed} commits failed; {registry_holds} hold phases refused by the registry) in {:.1} s; {} failed",
         started.elapsed().as_secs_f64(),
         failed.len()
     );
@@ -1036,11 +1041,11 @@ fn a_promoted_server_labels_a_value_before_its_switch_point_with_the_older_timel
 
 /// The timeline models reach what they are for (`timeline.rs`): among the first 500 seeds
 /// some decode across a promotion in place, some fail over with events of the lost branch in
-/// Kafka, and some sessions start from a value `reconcile` cut back — all keeping the
-/// invariants.
+/// Kafka, some from a slot whose sync lagged behind the old one, and some sessions start
+/// from a value `reconcile` cut back — all keeping the invariants.
 #[test]
 fn timeline_changes_reach_a_cut_back_start_value_and_keep_the_invariants() {
-    let (mut switched, mut lost_in_kafka, mut cut_back) = (0, 0, 0);
+    let (mut switched, mut lost_in_kafka, mut cut_back, mut sync_lagged) = (0, 0, 0, 0);
     for seed in 1..=500 {
         let outcome = run_seed(seed);
         assert!(
@@ -1051,10 +1056,11 @@ fn timeline_changes_reach_a_cut_back_start_value_and_keep_the_invariants() {
         switched += u32::from(outcome.switched);
         lost_in_kafka += outcome.lost_in_kafka;
         cut_back += outcome.cut_back;
+        sync_lagged += u32::from(outcome.sync_lagged);
     }
     assert!(
-        switched > 0 && lost_in_kafka > 0 && cut_back > 0,
-        "{switched} seeds switched in place, {lost_in_kafka} lost events in Kafka, {cut_back} start values cut back"
+        switched > 0 && lost_in_kafka > 0 && cut_back > 0 && sync_lagged > 0,
+        "{switched} seeds switched in place, {lost_in_kafka} lost events in Kafka, {cut_back} start values cut back, {sync_lagged} failovers from a slot whose sync lagged"
     );
 }
 

@@ -33,7 +33,12 @@
 //! had. The relay's connection breaks; the next session connects to the new primary, whose
 //! slot (a failover slot synced from the old primary) is at most at the fork: the slot sync
 //! worker does not move a synced slot past the WAL the standby has flushed
-//! (`synchronize_one_slot`, replication/logical/slotsync.c, PostgreSQL 17). A progress
+//! (`synchronize_one_slot`, replication/logical/slotsync.c, PostgreSQL 17). Nor is it
+//! newer than the last sync: the worker copies the primary's `confirmed_flush` each round
+//! (`synchronize_slots`, then sleeps 200 ms to 30 s, `wait_for_slot_activity`), so in half the
+//! failover seeds the new slot is one of the old slot's last few positions
+//! ([`Failover::synced_behind`]) and the stream starts further back: below a progress value
+//! the relay committed, whose events it must skip, not send again. A progress
 //! value of the lost branch is cut back to the fork by `reconcile`. Invariants: every event of
 //! the surviving history reaches a read_committed reader exactly once, in order per aggregate;
 //! events of the lost branch may be in Kafka (counted, `Outcome::lost_in_kafka`, not a
@@ -88,6 +93,9 @@ pub(super) struct Failover {
     /// The lost branch: its transactions (commit LSN, events), and its events.
     lost: Vec<(Lsn, Vec<usize>)>,
     lost_events: BTreeSet<usize>,
+    /// How many of the old slot's positions the slot sync's last copy is behind its latest
+    /// (0: it copied the latest; [`Server::draw_slot_sync`]).
+    synced_behind: usize,
 }
 
 /// The server the relay decodes from: a primary, or (exactly-once, [`SWITCH_SHARE`]) a standby
@@ -102,6 +110,8 @@ pub(super) struct Server {
     promoted: bool,
     /// Sessions whose start value `reconcile` cut back.
     pub cut_back: u32,
+    /// A failover's slot started behind both the old slot and the fork (its sync lagged).
+    pub sync_lagged: bool,
     /// The end of the workload's WAL: the WAL insert position once the server is a primary.
     wal_end: Lsn,
 }
@@ -119,6 +129,7 @@ impl Server {
             failover: None,
             promoted: false,
             cut_back: 0,
+            sync_lagged: false,
             wal_end,
         }
     }
@@ -155,6 +166,17 @@ impl Server {
             promote_at: rng.range(1, 600) as usize,
         });
         server
+    }
+
+    /// How far a failover's slot sync lags (`rng`: a generator of its own, so that the
+    /// draws before stay as they were): in half the failover seeds 1 to 4 of the old slot's
+    /// positions behind its latest.
+    pub fn draw_slot_sync(&mut self, rng: &mut Rng) {
+        if let Some(failover) = self.failover.as_mut() {
+            if rng.chance(50) {
+                failover.synced_behind = rng.range(1, 4) as usize;
+            }
+        }
     }
 
     pub fn switch(&self) -> Option<&Switch> {
@@ -381,6 +403,7 @@ impl Failover {
             branch_lsns,
             lost,
             lost_events,
+            synced_behind: 0,
         }
     }
 }
@@ -468,7 +491,8 @@ impl World {
 
     /// The primary is gone; the standby, which has WAL up to the fork only, is promoted: the
     /// workload's history becomes the surviving transactions and the new branch; the slot on
-    /// the new primary is at most at the fork (a synced slot, see the module doc); the
+    /// the new primary is where the last slot sync left it, at most at the fork (see the
+    /// module doc); the
     /// replication connection breaks (`Walsender::server_gone`: a status update the old
     /// session still sends goes nowhere).
     fn fail_over(&mut self) {
@@ -476,6 +500,7 @@ impl World {
             return;
         };
         let fork = failover.fork;
+        let synced_behind = failover.synced_behind;
         let branch = std::mem::take(&mut failover.branch);
         let (survivors, branch_end) = (failover.survivors, failover.branch_end);
         self.server.promoted = true;
@@ -496,9 +521,11 @@ impl World {
         self.workload.txns.extend(branch);
         self.workload.wal_end = branch_end;
         let slot = self.slot;
-        self.slot = slot.min(fork);
-        self.slot_persisted = self.slot_persisted.min(fork);
-        let at = self.slot;
+        let synced = self.confirmed.iter().rev().nth(synced_behind);
+        let at = synced.map_or(slot, |&synced| synced.min(slot)).min(fork);
+        self.server.sync_lagged = at < slot.min(fork);
+        self.slot = at;
+        self.slot_persisted = self.slot_persisted.min(at);
         self.verified = self
             .workload
             .txns
@@ -507,9 +534,8 @@ impl World {
             .unwrap_or(self.workload.txns.len());
         self.restart_causes += 1;
         self.note(format!(
-            "the primary fails over: {lost} transactions past {fork} are lost; the standby is promoted, timeline {old} -> {}, {new} new transactions; the slot there is at {} (was {slot}); the connection breaks",
+            "the primary fails over: {lost} transactions past {fork} are lost; the standby is promoted, timeline {old} -> {}, {new} new transactions; the slot there is at {at} (was {slot}; its last sync {synced_behind} positions behind); the connection breaks",
             old + 1,
-            self.slot
         ));
     }
 

@@ -267,6 +267,9 @@ pub(super) struct World {
     pub slot: Lsn,
     /// Its position as of the last checkpoint: where it stands after PostgreSQL restarts.
     pub slot_persisted: Lsn,
+    /// Every position it moved to, oldest first: what a standby's slot sync may have copied
+    /// last before a failover (`timeline.rs`).
+    pub confirmed: Vec<Lsn>,
     /// The next status update fails (the connection broke while it was written).
     pub status_fails: bool,
     /// PostgreSQL restarted during the run: duplicates are allowed then, even with one
@@ -348,6 +351,7 @@ impl World {
             workload,
             slot: SLOT_START,
             slot_persisted: SLOT_START,
+            confirmed: vec![SLOT_START],
             status_fails: false,
             postgres_restarted: false,
             incarnation: 0,
@@ -404,7 +408,10 @@ impl World {
     /// A status update: PostgreSQL moves `confirmed_flush_lsn` forward only
     /// (`LogicalConfirmReceivedLocation`, replication/logical/logical.c).
     pub fn confirm(&mut self, flush: Lsn) {
-        self.slot = self.slot.max(flush);
+        if flush > self.slot {
+            self.slot = flush;
+            self.confirmed.push(flush);
+        }
         self.check_slot();
         self.heard_from_relay();
     }
