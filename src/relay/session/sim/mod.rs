@@ -368,8 +368,13 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
     let defect = injected.defect;
     // The timeline draws from a generator of its own: the other draws stay as they were.
     let mut timeline_rng = Rng::new(seed ^ 0x7469_6D65_6C69_6E65);
-    let mut server = timeline::Server::generate(&mut timeline_rng, &mut workload, exactly_once);
-    server.draw_slot_sync(&mut Rng::new(seed ^ 0x534C_4F54_5359_4E43));
+    let mut later_rng = Rng::new(seed ^ 0x4641_494C_4F56_4552);
+    let server = timeline::Server::generate(
+        &mut timeline_rng,
+        &mut later_rng,
+        &mut workload,
+        exactly_once,
+    );
     let mut world = World::new(workload, &mut rng, exactly_once, defect);
     world.server = server;
     let world = Rc::new(RefCell::new(world));

@@ -37,7 +37,7 @@
 //! newer than the last sync: the worker copies the primary's `confirmed_flush` each round
 //! (`synchronize_slots`, then sleeps 200 ms to 30 s, `wait_for_slot_activity`), so in half the
 //! failover seeds the new slot is one of the old slot's last few positions
-//! ([`Failover::synced_behind`]) and the stream starts further back: below a progress value
+//! (`Failover::synced_behind`) and the stream starts further back: below a progress value
 //! the relay committed, whose events it must skip, not send again. A progress
 //! value of the lost branch is cut back to the fork by `reconcile`. Invariants: every event of
 //! the surviving history reaches a read_committed reader exactly once, in order per aggregate;
@@ -50,7 +50,7 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use super::world::{Event, Txn, Workload, World};
+use super::world::{draw_fault, Event, Txn, Workload, World};
 use super::{Defect, Rng};
 use crate::lsn::Lsn;
 use crate::sink::progress::{
@@ -94,7 +94,7 @@ pub(super) struct Failover {
     lost: Vec<(Lsn, Vec<usize>)>,
     lost_events: BTreeSet<usize>,
     /// How many of the old slot's positions the slot sync's last copy is behind its latest
-    /// (0: it copied the latest; [`Server::draw_slot_sync`]).
+    /// (0: it copied the latest).
     synced_behind: usize,
 }
 
@@ -134,9 +134,16 @@ impl Server {
         }
     }
 
-    /// The seed's server (`rng`: the timeline's own, so the other draws stay as they were).
-    /// A failover seed appends the new branch's events to the workload.
-    pub fn generate(rng: &mut Rng, workload: &mut Workload, exactly_once: bool) -> Server {
+    /// The seed's server (`rng`: the timeline's own, so the other draws stay as they were;
+    /// `later`: a failover's draws added since — its branch's faults and DDL, its slot sync's
+    /// lag — so that they left the rest of each schedule as it was). A failover seed appends
+    /// the new branch's events to the workload.
+    pub fn generate(
+        rng: &mut Rng,
+        later: &mut Rng,
+        workload: &mut Workload,
+        exactly_once: bool,
+    ) -> Server {
         let mut server = Server::primary(workload.wal_end);
         let txns = &workload.txns;
         if !exactly_once || txns.len() < 2 {
@@ -144,7 +151,7 @@ impl Server {
         }
         if !rng.chance(SWITCH_SHARE) {
             if rng.chance(FAILOVER_SHARE) {
-                server.failover = Some(Failover::generate(rng, workload));
+                server.failover = Some(Failover::generate(rng, later, workload));
             }
             return server;
         }
@@ -166,17 +173,6 @@ impl Server {
             promote_at: rng.range(1, 600) as usize,
         });
         server
-    }
-
-    /// How far a failover's slot sync lags (`rng`: a generator of its own, so that the
-    /// draws before stay as they were): in half the failover seeds 1 to 4 of the old slot's
-    /// positions behind its latest.
-    pub fn draw_slot_sync(&mut self, rng: &mut Rng) {
-        if let Some(failover) = self.failover.as_mut() {
-            if rng.chance(50) {
-                failover.synced_behind = rng.range(1, 4) as usize;
-            }
-        }
     }
 
     pub fn switch(&self) -> Option<&Switch> {
@@ -341,12 +337,13 @@ impl Server {
 impl Failover {
     /// The fork after a seeded transaction `k` (the standby received it and the unpublished
     /// WAL after it; every later one is lost), and a new branch of transactions after it,
-    /// whose events are appended to the workload.
-    fn generate(rng: &mut Rng, workload: &mut Workload) -> Failover {
+    /// whose events are appended to the workload. In half the seeds the slot sync lags 1 to 4
+    /// of the old slot's positions behind its latest.
+    fn generate(rng: &mut Rng, later: &mut Rng, workload: &mut Workload) -> Failover {
         let txns = &workload.txns;
         let k = rng.below(txns.len() as u64 - 1) as usize;
         let fork = txns[k].after;
-        let extra_columns = txns[k].extra_columns;
+        let mut extra_columns = txns[k].extra_columns;
         let lost_txns = &txns[k + 1..];
         let lost_lsns = lost_txns
             .iter()
@@ -358,8 +355,9 @@ impl Failover {
             .collect();
         let lost_events = lost.iter().flat_map(|(_, e)| e.iter().copied()).collect();
         // New transactions after the fork, laid out as `Workload::generate` does: 1..=3 rows
-        // of the workload's aggregates and topics, no fault of their own, no DDL (the lost
-        // branch's DDL is lost too).
+        // of the workload's aggregates and topics, with faults of their own drawn as there,
+        // and a DDL before 5% of them (the lost branch's DDL is lost with it: the columns
+        // count from the fork's).
         let mut lsn = fork.0 + 0x10 + rng.below(0x100);
         let mut branch = Vec::new();
         let mut branch_lsns = BTreeSet::new();
@@ -367,17 +365,21 @@ impl Failover {
             let rows = rng.range(1, 3);
             let final_lsn = Lsn(lsn + 0x100 * rows + 0x10);
             let end_lsn = Lsn(final_lsn.0 + 0x30);
+            let ddl = later.chance(5);
+            extra_columns += usize::from(ddl);
             let mut events = Vec::new();
             for _ in 0..rows {
                 let n = workload.events.len();
                 let like = &workload.events[rng.below(n as u64) as usize];
+                let topic = workload.topic(&like.topic).expect("an event's topic");
+                let (fault, pad) = draw_fault(later, topic);
                 let event = Event {
                     id: format!("00000000-0000-4000-8000-{n:012}"),
                     aggregate_type: like.aggregate_type,
                     aggregate_id: format!("a{}", rng.below(4)),
-                    payload: format!(r#"{{"e":{n},"p":"branch"}}"#),
+                    payload: format!(r#"{{"e":{n},"p":"branch{}"}}"#, "x".repeat(pad)),
                     topic: like.topic.clone(),
-                    fault: None,
+                    fault,
                 };
                 workload.events.push(event);
                 events.push(n);
@@ -389,7 +391,7 @@ impl Failover {
                 end_lsn,
                 after: Lsn(lsn),
                 events,
-                ddl: false,
+                ddl,
                 extra_columns,
             });
         }
@@ -403,7 +405,11 @@ impl Failover {
             branch_lsns,
             lost,
             lost_events,
-            synced_behind: 0,
+            synced_behind: if later.chance(50) {
+                later.range(1, 4) as usize
+            } else {
+                0
+            },
         }
     }
 }

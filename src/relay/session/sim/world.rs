@@ -73,6 +73,26 @@ pub(super) struct Txn {
     pub extra_columns: usize,
 }
 
+/// `max.message.bytes` of every topic but the one with a small limit.
+const LARGE_LIMIT: usize = 1_000_000;
+
+/// An event's own fault and its payload's padding: 3% of the records the broker refuses as
+/// invalid, and on the topic with a small `max.message.bytes` 8% of the others too large.
+pub(super) fn draw_fault(rng: &mut Rng, topic: &TopicSpec) -> (Option<OwnFault>, usize) {
+    let fault = if rng.chance(3) {
+        Some(OwnFault::Invalid)
+    } else if topic.limit < LARGE_LIMIT && rng.chance(8) {
+        Some(OwnFault::TooLarge)
+    } else {
+        None
+    };
+    let pad = match fault {
+        Some(OwnFault::TooLarge) => topic.limit + rng.below(200) as usize,
+        _ => rng.below(100) as usize,
+    };
+    (fault, pad)
+}
+
 pub(super) struct TopicSpec {
     pub name: String,
     pub partitions: i32,
@@ -103,7 +123,7 @@ impl Workload {
                 limit: if i == small {
                     600 + rng.below(400) as usize
                 } else {
-                    1_000_000
+                    LARGE_LIMIT
                 },
             })
             .collect();
@@ -128,17 +148,7 @@ impl Workload {
             for _ in 0..rows {
                 let n = events.len();
                 let t = rng.below(AGGREGATE_TYPES.len() as u64) as usize;
-                let fault = if rng.chance(3) {
-                    Some(OwnFault::Invalid)
-                } else if t == small && rng.chance(8) {
-                    Some(OwnFault::TooLarge)
-                } else {
-                    None
-                };
-                let pad = match fault {
-                    Some(OwnFault::TooLarge) => topics[t].limit + rng.below(200) as usize,
-                    _ => rng.below(100) as usize,
-                };
+                let (fault, pad) = draw_fault(rng, &topics[t]);
                 events.push(Event {
                     id: format!("00000000-0000-4000-8000-{n:012}"),
                     aggregate_type: AGGREGATE_TYPES[t],
@@ -168,7 +178,7 @@ impl Workload {
         }
     }
 
-    fn topic(&self, name: &str) -> Option<&TopicSpec> {
+    pub fn topic(&self, name: &str) -> Option<&TopicSpec> {
         self.topics.iter().find(|t| t.name == name)
     }
 
