@@ -43,9 +43,12 @@ pub mod wire;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
+// The cache's times: the wall clock, but tokio's paused one in tests and the session's
+// simulation, which so reach a `latest` schema's refresh and its staleness limit by seed.
+use tokio::time::Instant;
 
 use crate::config::{
     ConfigError, SchemaVersion, SerializationConfig, SerializationFormat, SubjectStrategy,

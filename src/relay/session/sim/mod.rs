@@ -309,6 +309,10 @@ pub(super) struct Outcome {
     pub sync_lagged: bool,
     /// The hold phase's refusal was the registry's (a topic's subject missing).
     pub registry_hold: bool,
+    /// Serialized: steps that ended with a stale `latest` schema in use (its refresh failing),
+    /// and records that landed framed with a version older than their subject's latest.
+    pub registry_stale: u32,
+    pub older_landed: u32,
 }
 
 fn settings(rng: &mut Rng, exactly_once: bool) -> Settings {
@@ -585,6 +589,8 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         cut_back: w.server.cut_back,
         sync_lagged: w.server.sync_lagged,
         registry_hold: driver.hold.as_ref().is_some_and(|h| h.registry),
+        registry_stale: driver.registry.as_ref().map_or(0, |r| r.stale_steps),
+        older_landed: driver.registry.as_ref().map_or(0, |r| r.older_landed()),
     }
 }
 
@@ -891,6 +897,7 @@ fn every_seed_keeps_the_invariants() {
     let (mut eos_seeds, mut committed, mut commits_failed) = (0u64, 0u64, 0u64);
     let (mut switched, mut failed_over, mut lost_in_kafka) = (0u64, 0u64, 0u64);
     let (mut cut_back, mut sync_lagged, mut registry_holds) = (0u64, 0u64, 0u64);
+    let (mut stale_seeds, mut older_landed) = (0u64, 0u64);
     // `OUTBOX_SIM_TRACE=1`: each seed is named before it runs, so that a seed that never
     // ends (a session that spins without waiting) is found in a long run.
     let trace = std::env::var_os("OUTBOX_SIM_TRACE").is_some();
@@ -908,6 +915,8 @@ fn every_seed_keeps_the_invariants() {
         lost_in_kafka += u64::from(outcome.lost_in_kafka);
         cut_back += u64::from(outcome.cut_back);
         sync_lagged += u64::from(outcome.sync_lagged);
+        stale_seeds += u64::from(outcome.registry_stale > 0);
+        older_landed += u64::from(outcome.older_landed);
         registry_holds += u64::from(outcome.registry_hold);
         if !outcome.violations.is_empty() {
             if failed.is_empty() {
@@ -923,7 +932,7 @@ fn every_seed_keeps_the_invariants() {
         }
     }
     println!(
-        "{count} seeds ({sessions} sessions; {eos_seeds} in exactly-once, {switched} of them on a standby promoted in place, {failed_over} failing over ({sync_lagged} to a slot whose sync lagged) with {lost_in_kafka} events of lost branches in Kafka, {cut_back} start values cut back by reconcile; {committed} Kafka transactions committed, {commits_failed} commits failed; {registry_holds} hold phases refused by the registry) in {:.1} s; {} failed",
+        "{count} seeds ({sessions} sessions; {eos_seeds} in exactly-once, {switched} of them on a standby promoted in place, {failed_over} failing over ({sync_lagged} to a slot whose sync lagged) with {lost_in_kafka} events of lost branches in Kafka, {cut_back} start values cut back by reconcile; {committed} Kafka transactions committed, {commits_failed} commits failed; {registry_holds} hold phases refused by the registry, {stale_seeds} seeds serving a stale schema while the registry failed, {older_landed} records framed with an older version) in {:.1} s; {} failed",
         started.elapsed().as_secs_f64(),
         failed.len()
     );

@@ -14,14 +14,20 @@
 //! the subject of a hold phase's topic, when the hold's refusal is the registry's: that one is
 //! missing until the hold phase ends, and the other topics must progress meanwhile.
 //!
-//! Not modelled: the refresh of a `latest` schema after `latest_ttl_ms` and the stale schema
-//! used while it fails (the serializer's cache times with `std::time::Instant`, the wall
-//! clock, not tokio's paused one: a seed runs in milliseconds, so its cache never expires and
-//! the run stays a function of the seed); keys encoded with `key_format`; the `record`
-//! strategies and `schema_id_header`, under which a missing schema is the row's fault.
+//! A `latest` schema is asked again after `latest_ttl_ms` (drawn from 1 ms to the default
+//! 5 min; the serializer's cache times on tokio's clock, paused here), and while that refresh
+//! fails in an outage the cached schema is used, stale, up to its limit (`Serializer::schema`,
+//! sink/schema/mod.rs). At a seeded step of the chaos the operator registers a second version
+//! of one subject (another schema, another id): records framed before the refresh carry the
+//! first, later ones the second, both the registry's.
+//!
+//! Not modelled: keys encoded with `key_format`; the `record` strategies and
+//! `schema_id_header`, under which a missing schema is the row's fault.
 //!
 //! Its randomness comes from a second [`Rng`], seeded from the seed, so that the seeds with
-//! serialization off keep their schedules, and those with it keep the main [`Rng`]'s draws.
+//! serialization off keep their schedules, and those with it keep the main [`Rng`]'s draws;
+//! the draws added later (the hold's, the TTL's and the new version's) from generators of
+//! their own, so that the earlier ones stay as they were.
 //!
 //! The invariants it adds (`SimRegistry::check`, at each record that lands): a record of a
 //! serialized seed is framed (magic byte 0, then the id the registry gave its subject); the
@@ -36,7 +42,9 @@ use std::time::Duration;
 
 use super::world::{OwnFault, World};
 use super::{Defect, Driver, Rng, HOLD_STEPS};
-use crate::config::{SchemaVersion, SerializationConfig, SerializationFormat};
+use crate::config::{
+    SchemaVersion, SerializationConfig, SerializationFormat, DEFAULT_LATEST_TTL_MS,
+};
 use crate::mapping::Record;
 use crate::relay::seams::RecordKind;
 use crate::relay::session::serialize::MAX_BACKOFF;
@@ -57,10 +65,15 @@ const OUTAGE_SHARE: u64 = 2;
 const MAX_OUTAGE_STEPS: u64 = 120;
 /// Mixed into the seed, with [`SALT`], for the draw of a hold phase refused by the registry.
 const HOLD_SALT: u64 = 0x484F_4C44;
+/// Mixed into the seed, with [`SALT`], for the draws of `latest_ttl_ms` and the new version.
+const VERSION_SALT: u64 = 0x0056_4552_5349_4F4E;
 
 /// Takes every payload of the workload (`{"e":N,"p":"x…"}`); what `schema_file` holds, so
 /// what `auto_register` registers.
 const TAKES_ALL: &str = r#"{"type":"object","required":["e","p"],"properties":{"e":{"type":"integer","minimum":0},"p":{"type":"string"}}}"#;
+/// The second version the operator registers: another schema (so another id) that takes
+/// every payload too.
+const TAKES_ALL_V2: &str = r#"{"type":"object","title":"v2","required":["e","p"],"properties":{"e":{"type":"integer","minimum":0},"p":{"type":"string"}}}"#;
 /// The strict topic's schema: a longer `p` is the payload's fault.
 const STRICT_MAX_LEN: usize = 80;
 const STRICT: &str = r#"{"type":"object","required":["e","p"],"properties":{"e":{"type":"integer","minimum":0},"p":{"type":"string","maxLength":80}}}"#;
@@ -83,8 +96,8 @@ enum Outage {
 /// The registry's content and state, shared by the serializer's calls and the driver.
 #[derive(Debug)]
 struct State {
-    /// Subject → id of its (one) version.
-    subjects: BTreeMap<String, u32>,
+    /// Subject → the ids of its versions, the first first.
+    subjects: BTreeMap<String, Vec<u32>>,
     /// Id → schema text. Confluent's ids name a schema, not a subject's version: the same
     /// text registered under another subject gets the id it already has.
     schemas: BTreeMap<u32, String>,
@@ -95,6 +108,8 @@ struct State {
     defect: Defect,
     /// The calls answered since the driver last looked, for the schedule.
     calls: Vec<String>,
+    /// Records that landed framed with a version older than their subject's latest.
+    older_landed: u32,
 }
 
 impl State {
@@ -109,14 +124,25 @@ impl State {
         id
     }
 
-    /// Registers `schema` under `subject` (kept when the subject has a version already: one
-    /// version per subject is modelled).
+    /// Registers `schema` under `subject` as the relay's `auto_register` and the operator's
+    /// first registration do: a subject that has a version already keeps it (the relay
+    /// registers only a subject it found missing).
     fn register(&mut self, subject: &str, schema: &str) -> u32 {
-        if let Some(&id) = self.subjects.get(subject) {
+        if let Some(&id) = self.subjects.get(subject).and_then(|v| v.last()) {
             return id;
         }
         let id = self.id_of(schema);
-        self.subjects.insert(subject.to_string(), id);
+        self.subjects.insert(subject.to_string(), vec![id]);
+        id
+    }
+
+    /// The operator registers `schema` as a new version of `subject`.
+    fn new_version(&mut self, subject: &str, schema: &str) -> u32 {
+        let id = self.id_of(schema);
+        self.subjects
+            .entry(subject.to_string())
+            .or_default()
+            .push(id);
         id
     }
 
@@ -224,9 +250,13 @@ impl SimRegistry {
             return Ok(());
         }
         let subject = format!("{}-value", record.topic);
-        let given = self.state().subjects.get(&subject).copied();
+        let mut state = self.state();
+        let given = state.subjects.get(&subject).cloned().unwrap_or_default();
         match wire::schema_id(payload) {
-            Some(id) if Some(id) == given => Ok(()),
+            Some(id) if given.contains(&id) => {
+                state.older_landed += u32::from(given.last() != Some(&id));
+                Ok(())
+            }
             Some(id) => Err(format!(
                 "a record in `{}` framed with schema id {id}; the registry gave `{subject}` {given:?}",
                 record.topic
@@ -249,15 +279,21 @@ impl SchemaRegistry for SimRegistry {
         let subject = subject.to_string();
         self.call(
             format!("version {version:?} of `{subject}`"),
-            |state| match (state.subjects.get(&subject), version) {
-                (None, _) => Err(State::not_found(format!("subject `{subject}`"), 40401)),
-                (Some(&id), SchemaVersion::Latest | SchemaVersion::Pinned(1)) => {
-                    Ok(state.registered(id))
+            |state| {
+                let Some(ids) = state.subjects.get(&subject) else {
+                    return Err(State::not_found(format!("subject `{subject}`"), 40401));
+                };
+                let id = match version {
+                    SchemaVersion::Latest => ids.last(),
+                    SchemaVersion::Pinned(n) => ids.get((n as usize).wrapping_sub(1)),
+                };
+                match id {
+                    Some(&id) => Ok(state.registered(id)),
+                    None => Err(State::not_found(
+                        format!("version {version:?} of subject `{subject}`"),
+                        40402,
+                    )),
                 }
-                (Some(_), SchemaVersion::Pinned(n)) => Err(State::not_found(
-                    format!("version {n} of subject `{subject}`"),
-                    40402,
-                )),
             },
             |state| {
                 let id = state.id_of(REFUSES_ALL);
@@ -319,8 +355,14 @@ pub(super) struct RegistryChaos {
     /// The serializers in use: one cache for the sessions of one process (the supervisor's
     /// restarts keep it; a crash loses it).
     serializers: Serializers,
+    /// The serializers' health (what `/readyz` reads): a stale schema in use shows there.
+    health: Arc<RegistryHealth>,
+    /// Steps at whose end a stale `latest` schema was in use.
+    pub stale_steps: u32,
     /// The subject missing until the hold phase ends (the hold's refusal is the registry's).
     deferred: Option<String>,
+    /// The step at which the operator registers a second version of a subject, and which.
+    evolve: Option<(usize, String)>,
 }
 
 impl RegistryChaos {
@@ -345,7 +387,7 @@ impl RegistryChaos {
             .map(|t| t.name.clone())
             .collect();
         let strict = rng.below(topics.len() as u64) as usize;
-        let config = SerializationConfig {
+        let mut config = SerializationConfig {
             format: SerializationFormat::JsonSchema,
             registry_url: "http://sim-registry".into(),
             auto_register: rng.chance(50),
@@ -354,6 +396,8 @@ impl RegistryChaos {
             request_timeout_ms: [100, 2_000, 10_000, 120_000][rng.below(4) as usize],
             ..SerializationConfig::default()
         };
+        let mut later = Rng::new(seed ^ SALT ^ VERSION_SALT);
+        config.latest_ttl_ms = [1, 100, 5_000, DEFAULT_LATEST_TTL_MS][later.below(4) as usize];
         let mut state = State {
             subjects: BTreeMap::new(),
             schemas: BTreeMap::new(),
@@ -362,6 +406,7 @@ impl RegistryChaos {
             timeout: Duration::from_millis(config.request_timeout_ms),
             defect,
             calls: Vec::new(),
+            older_landed: 0,
         };
         let mut missing = BTreeSet::new();
         let subjects: Vec<String> = topics.iter().map(|t| format!("{t}-value")).collect();
@@ -385,13 +430,14 @@ impl RegistryChaos {
         }
         let registry = SimRegistry(Arc::new(Mutex::new(state)));
         world.note(format!(
-            "serialization on (JSON Schema, auto_register {}, request_timeout_ms {}): {}; {} events break {}'s schema",
+            "serialization on (JSON Schema, auto_register {}, request_timeout_ms {}, latest_ttl_ms {}): {}; {} events break {}'s schema",
             config.auto_register,
             config.request_timeout_ms,
+            config.latest_ttl_ms,
             subjects
                 .iter()
                 .map(|s| match registry.state().subjects.get(s) {
-                    Some(id) => format!("{s} id {id}"),
+                    Some(ids) => format!("{s} id {ids:?}"),
                     None => format!("{s} missing"),
                 })
                 .collect::<Vec<_>>()
@@ -421,6 +467,21 @@ impl RegistryChaos {
                 "the hold phase's refusal is the registry's: {subject} is missing until it ends"
             ));
         }
+        // Half the seeds: the operator registers a second version of a subject the hold
+        // phase leaves alone (not the strict one).
+        let evolve = (later.chance(50) && subjects.len() > 1).then(|| {
+            let others: Vec<&String> = subjects
+                .iter()
+                .filter(|s| **s != subjects[strict] && Some(*s) != deferred.as_ref())
+                .collect();
+            let subject = others[later.below(others.len() as u64) as usize].clone();
+            (later.range(1, steps as u64) as usize, subject)
+        });
+        if let Some((at, subject)) = &evolve {
+            world.note(format!(
+                "the operator registers a second version of {subject} at step {at}"
+            ));
+        }
         let mut chaos = RegistryChaos {
             rng,
             registry,
@@ -429,7 +490,10 @@ impl RegistryChaos {
             operator_at,
             outage_until: 0,
             serializers: Serializers::default(),
+            health: Arc::new(RegistryHealth::new("")),
+            stale_steps: 0,
             deferred,
+            evolve,
         };
         chaos.new_process();
         Some(chaos)
@@ -443,10 +507,16 @@ impl RegistryChaos {
     /// A new process: serializers with an empty cache.
     pub fn new_process(&mut self) {
         let section = "outbox.serialization";
-        let health = Arc::new(RegistryHealth::new(&self.config.registry_url));
+        self.health = Arc::new(RegistryHealth::new(&self.config.registry_url));
         let registry: Arc<dyn SchemaRegistry> = Arc::new(self.registry.clone());
-        let serializer = Serializer::with_registry(&self.config, section, health, registry);
+        let serializer =
+            Serializer::with_registry(&self.config, section, self.health.clone(), registry);
         self.serializers = Serializers::single(serializer);
+    }
+
+    /// Records that landed framed with a version older than their subject's latest.
+    pub fn older_landed(&self) -> u32 {
+        self.registry.state().older_landed
     }
 
     /// The settings of the next session. `Defect::SendsUnserialized`: a restarted session
@@ -498,6 +568,16 @@ impl Driver {
                     "the clock runs {longest:?}: the session's registry wait ends"
                 ));
             }
+            if let Some((_, subject)) = chaos.evolve.as_ref().filter(|(at, _)| *at == step) {
+                if state.subjects.contains_key(subject) {
+                    let id = state.new_version(subject, TAKES_ALL_V2);
+                    notes.push(format!(
+                        "the operator registers version 2 of {subject}: id {id}"
+                    ));
+                } else {
+                    notes.push(format!("{subject} is still missing: no second version"));
+                }
+            }
             let hold_over = step > self.steps + HOLD_STEPS;
             if step == chaos.operator_at || chaos_over {
                 for subject in &chaos.subjects {
@@ -509,6 +589,7 @@ impl Driver {
                 }
             }
         }
+        chaos.stale_steps += u32::from(!chaos.health.stale().is_empty());
         let mut w = self.world.borrow_mut();
         for note in notes {
             w.note(note);
@@ -549,10 +630,13 @@ fn schema_file() -> PathBuf {
 
 /// The registry model is not inert: within the first 200 seeds, runs serialize their records
 /// and meet each behaviour — an outage of each kind, a missing subject the relay registers and
-/// one whose events wait for the operator, payloads a schema refuses.
+/// one whose events wait for the operator, payloads a schema refuses, a second version of a
+/// subject with records framed with the first after it, a stale schema used while its
+/// refresh fails.
 #[test]
 fn the_registry_model_meets_each_behaviour_within_a_few_seeds() {
     let mut met: BTreeMap<&str, u32> = BTreeMap::new();
+    let (mut stale, mut older) = (0, 0);
     let behaviours = [
         ("503", "registry:"),
         ("unreachable", "registry:"),
@@ -561,6 +645,7 @@ fn the_registry_model_meets_each_behaviour_within_a_few_seeds() {
         ("register `", "registry:"),
         ("the operator registers", "the operator registers"),
         ("events break", "serialization on"),
+        ("version 2 of", "the operator registers"),
     ];
     for seed in 1..=200 {
         let outcome = super::run_seed(seed);
@@ -576,10 +661,16 @@ fn the_registry_model_meets_each_behaviour_within_a_few_seeds() {
                 .any(|s| s.contains(on) && s.contains(what) && !s.contains("; 0 events break"));
             *met.entry(what).or_default() += u32::from(seen);
         }
+        stale += u32::from(outcome.registry_stale > 0);
+        older += u32::from(outcome.older_landed > 0);
     }
     for (what, _) in behaviours {
         assert!(met[what] > 0, "no seed of 200 met `{what}`: {met:?}");
     }
+    assert!(
+        stale > 0 && older > 0,
+        "{stale} seeds used a stale schema, {older} landed a record of an older version"
+    );
 }
 
 /// Found by the simulation in its own model (seed 8,252 of a long run): a silent registry
