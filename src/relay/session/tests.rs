@@ -2306,7 +2306,7 @@ impl Subjects {
     /// (`auto_register` off), and the registry's health (what `/readyz` reads).
     fn settings(self: &Arc<Self>) -> (Settings, Arc<crate::sink::schema::RegistryHealth>) {
         use crate::config::{SerializationConfig, SerializationFormat};
-        use crate::sink::schema::{RegistryHealth, Serializer, Serializers};
+        use crate::sink::schema::{RegistryHealth, Serializer, Serializers, MAX_STALE};
         let config = SerializationConfig {
             format: SerializationFormat::JsonSchema,
             registry_url: "http://registry".into(),
@@ -2318,6 +2318,7 @@ impl Subjects {
             "outbox.serialization",
             health.clone(),
             self.clone(),
+            MAX_STALE,
         );
         let settings = Settings {
             serializers: Serializers::single(serializer),
@@ -2545,7 +2546,7 @@ fn settings_come_from_the_config_and_exactly_once_splits_at_a_third_of_the_timeo
 async fn while_a_silent_registry_keeps_a_request_status_updates_flow_and_shutdown_is_bounded() {
     use crate::config::{SchemaVersion, SerializationConfig, SerializationFormat};
     use crate::sink::schema::registry::{BoxFuture, Registered, RegistryError, SchemaRegistry};
-    use crate::sink::schema::{RegistryHealth, Serializer, Serializers};
+    use crate::sink::schema::{RegistryHealth, Serializer, Serializers, MAX_STALE};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Answers every request after `REQUEST_TIMEOUT`, as reqwest's timeout does.
@@ -2604,8 +2605,13 @@ async fn while_a_silent_registry_keeps_a_request_status_updates_flow_and_shutdow
         ..SerializationConfig::default()
     };
     let health = Arc::new(RegistryHealth::new(&config.registry_url));
-    let serializer =
-        Serializer::with_registry(&config, "outbox.serialization", health, registry.clone());
+    let serializer = Serializer::with_registry(
+        &config,
+        "outbox.serialization",
+        health,
+        registry.clone(),
+        MAX_STALE,
+    );
     let status_interval = Duration::from_secs(1);
     let settings = Settings {
         serializers: Serializers::single(serializer),

@@ -154,17 +154,20 @@ impl Serializer {
             section,
             health,
             Arc::new(client),
+            MAX_STALE,
         )))
     }
 
     /// A serializer of `config` (its registry settings unused) asking `registry`, reporting
-    /// its blocks to `health`: for tests and the session's simulation, which stand in for
-    /// the registry.
+    /// its blocks to `health`, using a stale `latest` schema up to `max_stale` past its TTL
+    /// ([`MAX_STALE`] in the relay): for tests and the session's simulation, which stand in
+    /// for the registry.
     pub fn with_registry(
         config: &SerializationConfig,
         section: &str,
         health: Arc<RegistryHealth>,
         registry: Arc<dyn SchemaRegistry>,
+        max_stale: Duration,
     ) -> Arc<Serializer> {
         Arc::new(Serializer {
             config: config.clone(),
@@ -172,7 +175,7 @@ impl Serializer {
             client: registry,
             cache: Mutex::default(),
             health,
-            max_stale: MAX_STALE,
+            max_stale,
         })
     }
 
@@ -988,8 +991,13 @@ mod tests {
         // The client itself (its login shared by its clones), to make one that reads the
         // file again at every request below.
         let client = RegistryClient::new(&s.config, s.config.read_secret().unwrap());
-        let s =
-            Serializer::with_registry(&s.config, &s.section, s.health(), Arc::new(client.clone()));
+        let s = Serializer::with_registry(
+            &s.config,
+            &s.section,
+            s.health(),
+            Arc::new(client.clone()),
+            MAX_STALE,
+        );
         // Refused, and the file holds the same token: no second try, the record waits.
         let mut r = record("orders", Some(r#"{"n": 3}"#), &[]);
         match s.serialize(&mut r).await {

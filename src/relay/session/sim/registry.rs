@@ -17,7 +17,7 @@
 //! A `latest` schema is asked again after `latest_ttl_ms` (drawn from 1 ms to the default
 //! 5 min; the serializer's cache times on tokio's clock, paused here), and while that refresh
 //! fails in an outage the cached schema is used, stale, up to its limit (`Serializer::schema`,
-//! sink/schema/mod.rs). At a seeded step of the chaos the operator registers a second version
+//! sink/schema/mod.rs; drawn: none, 500 ms or the relay's hour), then its records wait. At a seeded step of the chaos the operator registers a second version
 //! of one subject (another schema, another id): records framed before the refresh carry the
 //! first, later ones the second, both the registry's.
 //!
@@ -51,7 +51,7 @@ use crate::relay::session::serialize::MAX_BACKOFF;
 use crate::relay::session::Settings;
 use crate::sink::dead_letter::HEADER_REASON;
 use crate::sink::schema::registry::{BoxFuture, Registered, RegistryError, SchemaRegistry};
-use crate::sink::schema::{wire, RegistryHealth, Serializer, Serializers};
+use crate::sink::schema::{wire, RegistryHealth, Serializer, Serializers, MAX_STALE};
 
 /// Percent of seeds with serialization on.
 const SERIALIZED_SHARE: u64 = 30;
@@ -357,6 +357,8 @@ pub(super) struct RegistryChaos {
     serializers: Serializers,
     /// The serializers' health (what `/readyz` reads): a stale schema in use shows there.
     health: Arc<RegistryHealth>,
+    /// How long past its TTL a stale `latest` schema is used (`MAX_STALE` in the relay).
+    max_stale: Duration,
     /// Steps at whose end a stale `latest` schema was in use.
     pub stale_steps: u32,
     /// The subject missing until the hold phase ends (the hold's refusal is the registry's).
@@ -398,6 +400,8 @@ impl RegistryChaos {
         };
         let mut later = Rng::new(seed ^ SALT ^ VERSION_SALT);
         config.latest_ttl_ms = [1, 100, 5_000, DEFAULT_LATEST_TTL_MS][later.below(4) as usize];
+        let max_stale =
+            [Duration::ZERO, Duration::from_millis(500), MAX_STALE][later.below(3) as usize];
         let mut state = State {
             subjects: BTreeMap::new(),
             schemas: BTreeMap::new(),
@@ -430,7 +434,7 @@ impl RegistryChaos {
         }
         let registry = SimRegistry(Arc::new(Mutex::new(state)));
         world.note(format!(
-            "serialization on (JSON Schema, auto_register {}, request_timeout_ms {}, latest_ttl_ms {}): {}; {} events break {}'s schema",
+            "serialization on (JSON Schema, auto_register {}, request_timeout_ms {}, latest_ttl_ms {}, a stale schema used up to {max_stale:?} past it): {}; {} events break {}'s schema",
             config.auto_register,
             config.request_timeout_ms,
             config.latest_ttl_ms,
@@ -491,6 +495,7 @@ impl RegistryChaos {
             outage_until: 0,
             serializers: Serializers::default(),
             health: Arc::new(RegistryHealth::new("")),
+            max_stale,
             stale_steps: 0,
             deferred,
             evolve,
@@ -509,8 +514,9 @@ impl RegistryChaos {
         let section = "outbox.serialization";
         self.health = Arc::new(RegistryHealth::new(&self.config.registry_url));
         let registry: Arc<dyn SchemaRegistry> = Arc::new(self.registry.clone());
+        let health = self.health.clone();
         let serializer =
-            Serializer::with_registry(&self.config, section, self.health.clone(), registry);
+            Serializer::with_registry(&self.config, section, health, registry, self.max_stale);
         self.serializers = Serializers::single(serializer);
     }
 
