@@ -383,7 +383,6 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
     world.server = server;
     let world = Rc::new(RefCell::new(world));
     let settings = settings(&mut rng, exactly_once);
-    let mapping = OutboxMapping::new(&OutboxConfig::default()).expect("the default mapping");
     let metrics = Metrics::default();
     let hold = (!exactly_once && rng.chance(HOLD_SHARE)).then(|| {
         let w = world.borrow();
@@ -444,6 +443,13 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
             hold.registry = registry.holds_a_subject();
         }
     }
+    // With `schema_id_header` on (`registry.rs`) the mapping makes a column that header.
+    let mut outbox = OutboxConfig::default();
+    if world.borrow().workload.header_column {
+        let (column, header) = (registry::SCHEMA_ID_COLUMN, registry::SCHEMA_ID_HEADER);
+        outbox.header_columns.insert(column.into(), header.into());
+    }
+    let mapping = OutboxMapping::new(&outbox).expect("the simulation's mapping");
     let (mut idle_sessions, mut last_mark) = (0, None);
     let mut supervisor = new_supervisor();
     let mut pause = Duration::ZERO;

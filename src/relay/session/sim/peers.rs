@@ -21,6 +21,7 @@ use crate::relay::session::fakes::{
 use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::{Progress, Timelines};
 use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
+use crate::source::pgoutput::TupleValue;
 use crate::source::walsender::{ReplicationError, ReplicationFrame};
 
 /// The walsender's side of one replication connection.
@@ -120,10 +121,12 @@ impl Walsender {
         if txn.ddl {
             self.relation_sent = false;
         }
+        let header_column = world.workload.header_column;
+        let columns = txn.extra_columns + usize::from(header_column);
         for &e in &txn.events {
             if !self.relation_sent {
                 self.staged
-                    .push_back(relation(OUTBOX, "public", "outbox", txn.extra_columns));
+                    .push_back(relation(OUTBOX, "public", "outbox", columns));
                 self.relation_sent = true;
             }
             let ev = &world.workload.events[e];
@@ -134,6 +137,9 @@ impl Walsender {
                 text("Happened"),
                 text(&ev.payload),
             ];
+            if header_column {
+                values.push(ev.header.as_deref().map_or(TupleValue::Null, text));
+            }
             values.extend((0..txn.extra_columns).map(|_| text("x")));
             self.staged.push_back(insert(OUTBOX, values));
         }

@@ -21,8 +21,14 @@
 //! of one subject (another schema, another id): records framed before the refresh carry the
 //! first, later ones the second, both the registry's.
 //!
-//! Not modelled: keys encoded with `key_format`; the `record` strategies and
-//! `schema_id_header`, under which a missing schema is the row's fault.
+//! In a third of the serialized seeds the rows name their schema id in a column the mapping
+//! makes the `schema_id_header` (`header_columns`): half of the rows name one — an id the
+//! registry has, one it never had (404 40403) or no number, the last two the row's fault
+//! (`Serializer::encode_value`), dead-lettered with reason `schema` — while an outage blocks
+//! a named schema's lookup like any other. A record framed after a named id carries that id.
+//!
+//! Not modelled: keys encoded with `key_format`; the `record` strategies (the subject taken
+//! from a row's header, a missing one the row's fault as with `schema_id_header`).
 //!
 //! Its randomness comes from a second [`Rng`], seeded from the seed, so that the seeds with
 //! serialization off keep their schedules, and those with it keep the main [`Rng`]'s draws;
@@ -65,7 +71,15 @@ const OUTAGE_SHARE: u64 = 2;
 const MAX_OUTAGE_STEPS: u64 = 120;
 /// Mixed into the seed, with [`SALT`], for the draw of a hold phase refused by the registry.
 const HOLD_SALT: u64 = 0x484F_4C44;
-/// Mixed into the seed, with [`SALT`], for the draws of `latest_ttl_ms` and the new version.
+/// Percent of serialized seeds whose rows name their schema id (`schema_id_header`).
+const HEADER_SHARE: u64 = 33;
+/// The header, and the outbox column the mapping makes it (`header_columns`).
+pub(super) const SCHEMA_ID_HEADER: &str = "schema-id";
+pub(super) const SCHEMA_ID_COLUMN: &str = "added_0";
+/// An id the registry never gives (its ids start below 1,000 and grow by a few).
+const NEVER_REGISTERED: u32 = 999_999;
+/// Mixed into the seed, with [`SALT`], for the draws of `latest_ttl_ms`, the new version and
+/// `schema_id_header`.
 const VERSION_SALT: u64 = 0x0056_4552_5349_4F4E;
 
 /// Takes every payload of the workload (`{"e":N,"p":"x…"}`); what `schema_file` holds, so
@@ -251,7 +265,16 @@ impl SimRegistry {
         }
         let subject = format!("{}-value", record.topic);
         let mut state = self.state();
-        let given = state.subjects.get(&subject).cloned().unwrap_or_default();
+        let named = record
+            .headers
+            .iter()
+            .find(|(name, _)| &**name == SCHEMA_ID_HEADER);
+        let named = named.and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u32>().ok());
+        // The id the row names (`schema_id_header`), else the ids of its subject's versions.
+        let given = match named {
+            Some(id) => vec![id],
+            None => state.subjects.get(&subject).cloned().unwrap_or_default(),
+        };
         match wire::schema_id(payload) {
             Some(id) if given.contains(&id) => {
                 state.older_landed += u32::from(given.last() != Some(&id));
@@ -423,21 +446,59 @@ impl RegistryChaos {
                 state.register(subject, TAKES_ALL);
             }
         }
+        let strict_id = state.subjects[&subjects[strict]][0];
+        if later.chance(HEADER_SHARE) {
+            // The rows name their schema: half of them an id the registry has (the schema
+            // that takes every payload, or the strict one), one it never had, or no number —
+            // the last two the row's fault (`Serializer::encode_value`, sink/schema/mod.rs).
+            config.schema_id_header = Some(SCHEMA_ID_HEADER.into());
+            world.workload.header_column = true;
+            let takes_all = state.schemas.iter().find(|(_, s)| *s == TAKES_ALL);
+            let takes_all = takes_all.map_or(strict_id, |(&id, _)| id);
+            let healthy = world
+                .workload
+                .events
+                .iter_mut()
+                .filter(|e| e.fault.is_none());
+            for event in healthy {
+                event.header = match later.below(10) {
+                    0..=4 => None,
+                    5 | 6 => Some(takes_all.to_string()),
+                    7 => Some(strict_id.to_string()),
+                    8 => Some(NEVER_REGISTERED.to_string()),
+                    _ => Some("v1".into()),
+                };
+            }
+        }
         for event in &mut world.workload.events {
             let long = serde_json::from_str::<serde_json::Value>(&event.payload)
                 .ok()
                 .and_then(|v| v["p"].as_str().map(str::len))
                 .is_some_and(|len| len > STRICT_MAX_LEN);
-            if event.topic == topics[strict] && long && event.fault.is_none() {
+            // The schema the row names, else its topic's.
+            let refused = match event.header.as_deref().map(str::parse::<u32>) {
+                None => event.topic == topics[strict] && long,
+                Some(Ok(id)) if id == strict_id => long,
+                Some(Ok(id)) => !state.schemas.contains_key(&id),
+                Some(Err(_)) => true,
+            };
+            if refused && event.fault.is_none() {
                 event.fault = Some(OwnFault::Schema);
             }
         }
         let registry = SimRegistry(Arc::new(Mutex::new(state)));
         world.note(format!(
-            "serialization on (JSON Schema, auto_register {}, request_timeout_ms {}, latest_ttl_ms {}, a stale schema used up to {max_stale:?} past it): {}; {} events break {}'s schema",
+            "serialization on (JSON Schema, auto_register {}, request_timeout_ms {}, latest_ttl_ms {}, a stale schema used up to {max_stale:?} past it{}): {}; {} events break the schema they are serialized with ({}'s is strict)",
             config.auto_register,
             config.request_timeout_ms,
             config.latest_ttl_ms,
+            match config.schema_id_header {
+                Some(_) => format!(
+                    ", schema_id_header on: {} rows name a schema",
+                    world.workload.events.iter().filter(|e| e.header.is_some()).count()
+                ),
+                None => String::new(),
+            },
             subjects
                 .iter()
                 .map(|s| match registry.state().subjects.get(s) {
@@ -638,7 +699,7 @@ fn schema_file() -> PathBuf {
 /// and meet each behaviour — an outage of each kind, a missing subject the relay registers and
 /// one whose events wait for the operator, payloads a schema refuses, a second version of a
 /// subject with records framed with the first after it, a stale schema used while its
-/// refresh fails.
+/// refresh fails, rows naming their schema id (one the registry never had among them).
 #[test]
 fn the_registry_model_meets_each_behaviour_within_a_few_seeds() {
     let mut met: BTreeMap<&str, u32> = BTreeMap::new();
@@ -652,6 +713,8 @@ fn the_registry_model_meets_each_behaviour_within_a_few_seeds() {
         ("the operator registers", "the operator registers"),
         ("events break", "serialization on"),
         ("version 2 of", "the operator registers"),
+        ("schema_id_header on", "serialization on"),
+        ("40403", "registry:"),
     ];
     for seed in 1..=200 {
         let outcome = super::run_seed(seed);

@@ -380,6 +380,7 @@ impl Failover {
                     payload: format!(r#"{{"e":{n},"p":"branch{}"}}"#, "x".repeat(pad)),
                     topic: like.topic.clone(),
                     fault,
+                    header: None,
                 };
                 workload.events.push(event);
                 events.push(n);

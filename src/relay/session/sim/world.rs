@@ -55,6 +55,8 @@ pub(super) struct Event {
     pub payload: String,
     pub topic: String,
     pub fault: Option<OwnFault>,
+    /// The schema id its row names in the `schema_id_header` column (`registry.rs`).
+    pub header: Option<String>,
 }
 
 pub(super) struct Txn {
@@ -108,6 +110,9 @@ pub(super) struct Workload {
     pub topics: Vec<TopicSpec>,
     /// Rows of rolled-back transactions (never streamed, never to be seen).
     pub rolled_back: usize,
+    /// The outbox has a column before the DDL's (`added_0`) that the mapping makes the
+    /// `schema_id_header` (`registry.rs`): each row's [`Event::header`], or NULL.
+    pub header_column: bool,
 }
 
 impl Workload {
@@ -156,6 +161,7 @@ impl Workload {
                     payload: format!("{{\"e\":{n},\"p\":\"{}\"}}", "x".repeat(pad)),
                     topic: topics[t].name.clone(),
                     fault,
+                    header: None,
                 });
                 ids.push(n);
             }
@@ -175,6 +181,7 @@ impl Workload {
             wal_end: Lsn(lsn + rng.below(0x1000)),
             topics,
             rolled_back,
+            header_column: false,
         }
     }
 
