@@ -52,15 +52,19 @@
 //! the real `reconcile`; the invariants above hold across the switch, and every committed
 //! progress value's timeline is the one its LSN lies on. A share of the other exactly-once
 //! runs fails over to a standby that had not received the primary's last transactions: the
-//! new timeline forks at an earlier LSN and new transactions follow; every event of the
-//! surviving history reaches a read_committed reader exactly once, and events of the lost
-//! branch may be in Kafka (counted, not a violation).
+//! new timeline forks at an earlier LSN and new transactions follow (with faults and DDL of
+//! their own), the slot there where its last sync left it; every event of the surviving
+//! history reaches a read_committed reader exactly once, and events of the lost branch may be
+//! in Kafka (counted, not a violation).
 //! A seeded share of the runs serializes its records (JSON Schema) through the real
 //! serializer against a simulated Schema Registry (`registry.rs`): it answers, 404s missing
 //! subjects (registered by the relay with `auto_register`, else by the operator, the events
-//! waiting meanwhile), has outages; one topic's schema refuses some payloads. Its checks: every
-//! record of such a run is framed with the id the registry gave; a refused payload's dead
-//! letter says `schema`. And in every run, the walsender hears from the session at least
+//! waiting meanwhile), has outages, gets a second version of a subject; `latest` schemas are
+//! refreshed after their TTL and used stale while that fails; one topic's schema refuses some
+//! payloads, and in some runs rows name their schema id (`schema_id_header`), some an id the
+//! registry never had. Its checks: every record of such a run is framed with an id the
+//! registry gave (the one its row names, if any); a refused payload's dead letter says
+//! `schema`. And in every run, the walsender hears from the session at least
 //! every `wal_sender_timeout` (`World::heard_from_relay`): feedback waits on nothing.
 //!
 //! [`Defect`] lists defects the invariants must catch (`injected_defects_are_caught`).
