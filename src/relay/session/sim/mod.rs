@@ -168,25 +168,26 @@ struct Hold {
 /// each is a throwaway switch of the simulated peers standing for a mistake the relay (or its
 /// producer) could make. Measured on the whole model — the supervisor's back-off, the restart-loop
 /// check by progress marks, the registry (1,490 seeds serialized, 51 of them with a hold phase
-/// the registry refuses), the timeline changes (771 standbys promoted in place, 488 failovers)
-/// — over seeds 1..=5,000, of which 1,973 in exactly-once
+/// the registry refuses; TTL refreshes, stale schemas, second versions, named schema ids), the
+/// timeline changes (771 standbys promoted in place, 488 failovers, 80 of them to a slot whose
+/// sync lagged) — over seeds 1..=5,000, of which 1,973 in exactly-once
 /// (`OUTBOX_SIM_DEFECT_SEEDS=5000`; the earlier tables are in the git history):
 ///
 /// | defect | first caught at seed | seeds of 5,000 that catch it | by |
 /// |---|---|---|---|
-/// | `StaleProgress` | 5 | 903 (all exactly-once) | an event seen twice |
-/// | `ForgetDoom` | 8 | 1,506 (all exactly-once) | a progress value committed past a missing event |
-/// | `CommitBeforeAcks` | 5 | 1,679 (all exactly-once) | a progress value committed past a missing event |
-/// | `ReadBeforeFence` | 9 | 97 (all exactly-once) | an event seen twice |
-/// | `AclRefusalToSession` | 1 | 1,720 (all at-least-once) | a session ended with no fault that ends sessions |
-/// | `GateAppends` | 236 | 14 (all at-least-once) | an aggregate out of commit order |
-/// | `GateHoldsAll` | 1 | 427 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
-/// | `MetadataRefusalFails` | 2 | 1,899 (746 exactly-once) | a session ended with no fault that ends sessions |
-/// | `FixedTimeline` | 2 | 192 (all promoted in place) | a value labelled with a timeline its LSN does not lie on |
-/// | `NoReconcile` | 50 | 108 (all failing over) | the slot confirmed past a new-timeline event not in Kafka |
-/// | `RegistryErrorDeadLetters` | 4 | 935 of the 1,490 serialized (377 exactly-once) | a healthy event dead-lettered |
-/// | `SendsUnserialized` | 4 | 1,216 of the 1,490 serialized (570 exactly-once) | a record without the wire framing |
-/// | `ForgetsInvalid` | 5 | 1,338 (all exactly-once) | sessions in a row that move nothing on |
+/// | `StaleProgress` | 5 | 951 (all exactly-once) | an event seen twice |
+/// | `ForgetDoom` | 8 | 1,527 (all exactly-once) | a progress value committed past a missing event |
+/// | `CommitBeforeAcks` | 5 | 1,684 (all exactly-once) | a progress value committed past a missing event |
+/// | `ReadBeforeFence` | 9 | 95 (all exactly-once) | an event seen twice |
+/// | `AclRefusalToSession` | 1 | 1,721 (all at-least-once) | a session ended with no fault that ends sessions |
+/// | `GateAppends` | 236 | 19 (all at-least-once) | an aggregate out of commit order |
+/// | `GateHoldsAll` | 1 | 440 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
+/// | `MetadataRefusalFails` | 2 | 1,881 (735 exactly-once) | a session ended with no fault that ends sessions |
+/// | `FixedTimeline` | 2 | 190 (all promoted in place) | a value labelled with a timeline its LSN does not lie on |
+/// | `NoReconcile` | 50 | 105 (all failing over) | the slot confirmed past a new-timeline event not in Kafka |
+/// | `RegistryErrorDeadLetters` | 4 | 1,159 of the 1,490 serialized (463 exactly-once) | a healthy event dead-lettered |
+/// | `SendsUnserialized` | 4 | 1,228 of the 1,490 serialized (571 exactly-once) | a record without the wire framing |
+/// | `ForgetsInvalid` | 5 | 1,398 (all exactly-once) | sessions in a row that move nothing on |
 ///
 /// `FixedTimeline` with the label invariant switched off (a throwaway change): 20 seeds of
 /// 5,000 catch it, first 24, by what it does downstream — the next session's `reconcile` cuts
