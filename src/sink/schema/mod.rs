@@ -33,7 +33,7 @@ mod avro;
 mod codec;
 mod health;
 mod json_schema;
-mod key;
+pub mod key;
 mod protobuf;
 pub mod registry;
 mod set;

@@ -49,7 +49,7 @@ use std::time::Duration;
 use super::world::{OwnFault, World};
 use super::{Defect, Driver, Rng, HOLD_STEPS};
 use crate::config::{
-    SchemaVersion, SerializationConfig, SerializationFormat, DEFAULT_LATEST_TTL_MS,
+    KeyFormat, SchemaVersion, SerializationConfig, SerializationFormat, DEFAULT_LATEST_TTL_MS,
 };
 use crate::mapping::Record;
 use crate::relay::seams::RecordKind;
@@ -57,7 +57,7 @@ use crate::relay::session::serialize::MAX_BACKOFF;
 use crate::relay::session::Settings;
 use crate::sink::dead_letter::HEADER_REASON;
 use crate::sink::schema::registry::{BoxFuture, Registered, RegistryError, SchemaRegistry};
-use crate::sink::schema::{wire, RegistryHealth, Serializer, Serializers, MAX_STALE};
+use crate::sink::schema::{key, wire, RegistryHealth, Serializer, Serializers, MAX_STALE};
 
 /// Percent of seeds with serialization on.
 const SERIALIZED_SHARE: u64 = 30;
@@ -71,6 +71,8 @@ const OUTAGE_SHARE: u64 = 2;
 const MAX_OUTAGE_STEPS: u64 = 120;
 /// Mixed into the seed, with [`SALT`], for the draw of a hold phase refused by the registry.
 const HOLD_SALT: u64 = 0x484F_4C44;
+/// Percent of serialized seeds whose keys are framed too (`key_format`).
+const KEY_SHARE: u64 = 30;
 /// Percent of serialized seeds whose rows name their schema id (`schema_id_header`).
 const HEADER_SHARE: u64 = 33;
 /// The header, and the outbox column the mapping makes it (`header_columns`).
@@ -124,6 +126,8 @@ struct State {
     calls: Vec<String>,
     /// Records that landed framed with a version older than their subject's latest.
     older_landed: u32,
+    /// Keys are framed too (`key_format`), under `<topic>-key`.
+    keys: bool,
 }
 
 impl State {
@@ -263,8 +267,22 @@ impl SimRegistry {
             }
             return Ok(());
         }
-        let subject = format!("{}-value", record.topic);
         let mut state = self.state();
+        if state.keys {
+            // The key framed with an id of `<topic>-key`, then the key as a JSON string.
+            let subject = key::subject(&record.topic);
+            let given = state.subjects.get(&subject).cloned().unwrap_or_default();
+            let id = wire::schema_id(&record.key);
+            let text = serde_json::from_slice::<String>(unframed(&record.key));
+            if !id.is_some_and(|id| given.contains(&id)) || text.is_err() {
+                return Err(format!(
+                    "a record in `{}` whose key is not a string framed with an id the registry gave `{subject}` ({given:?}): {:?}",
+                    record.topic,
+                    String::from_utf8_lossy(&record.key)
+                ));
+            }
+        }
+        let subject = format!("{}-value", record.topic);
         let named = record
             .headers
             .iter()
@@ -369,8 +387,8 @@ pub(super) struct RegistryChaos {
     rng: Rng,
     registry: SimRegistry,
     config: SerializationConfig,
-    /// The value subjects of the workload's topics (what the operator registers).
-    subjects: Vec<String>,
+    /// The subjects of the workload's topics, with what the operator registers under each.
+    subjects: Vec<(String, &'static str)>,
     /// The chaos step at which the operator registers the missing subjects.
     operator_at: usize,
     /// The step at which the running outage ends.
@@ -434,19 +452,33 @@ impl RegistryChaos {
             defect,
             calls: Vec::new(),
             older_landed: 0,
+            keys: false,
         };
-        let mut missing = BTreeSet::new();
         let subjects: Vec<String> = topics.iter().map(|t| format!("{t}-value")).collect();
         for (i, subject) in subjects.iter().enumerate() {
             if i == strict {
                 state.register(subject, STRICT);
-            } else if rng.chance(MISSING_SHARE) {
-                missing.insert(subject.clone());
-            } else {
+            } else if !rng.chance(MISSING_SHARE) {
                 state.register(subject, TAKES_ALL);
             }
         }
         let strict_id = state.subjects[&subjects[strict]][0];
+        let mut to_register: Vec<(String, &str)> =
+            subjects.iter().map(|s| (s.clone(), TAKES_ALL)).collect();
+        if later.chance(KEY_SHARE) {
+            // Keys framed too (`key_format`): each topic's key subject (a string schema, which
+            // `auto_register` registers without a file) registered, or missing.
+            config.key_format = KeyFormat::JsonSchema;
+            state.keys = true;
+            for topic in &topics {
+                let subject = key::subject(topic);
+                if later.chance(MISSING_SHARE) {
+                    to_register.push((subject, key::JSON_STRING));
+                } else {
+                    state.register(&subject, key::JSON_STRING);
+                }
+            }
+        }
         if later.chance(HEADER_SHARE) {
             // The rows name their schema: half of them an id the registry has (the schema
             // that takes every payload, or the strict one), one it never had, or no number —
@@ -486,9 +518,13 @@ impl RegistryChaos {
                 event.fault = Some(OwnFault::Schema);
             }
         }
+        let subject_names: BTreeSet<String> = (state.subjects.keys())
+            .chain(to_register.iter().map(|(s, _)| s))
+            .cloned()
+            .collect();
         let registry = SimRegistry(Arc::new(Mutex::new(state)));
         world.note(format!(
-            "serialization on (JSON Schema, auto_register {}, request_timeout_ms {}, latest_ttl_ms {}, a stale schema used up to {max_stale:?} past it{}): {}; {} events break the schema they are serialized with ({}'s is strict)",
+            "serialization on (JSON Schema, auto_register {}, request_timeout_ms {}, latest_ttl_ms {}, a stale schema used up to {max_stale:?} past it{}{}): {}; {} events break the schema they are serialized with ({}'s is strict)",
             config.auto_register,
             config.request_timeout_ms,
             config.latest_ttl_ms,
@@ -499,7 +535,12 @@ impl RegistryChaos {
                 ),
                 None => String::new(),
             },
-            subjects
+            if config.key_format == KeyFormat::JsonSchema {
+                ", key_format json_schema"
+            } else {
+                ""
+            },
+            subject_names
                 .iter()
                 .map(|s| match registry.state().subjects.get(s) {
                     Some(ids) => format!("{s} id {ids:?}"),
@@ -551,7 +592,7 @@ impl RegistryChaos {
             rng,
             registry,
             config,
-            subjects,
+            subjects: to_register,
             operator_at,
             outage_until: 0,
             serializers: Serializers::default(),
@@ -647,10 +688,10 @@ impl Driver {
             }
             let hold_over = step > self.steps + HOLD_STEPS;
             if step == chaos.operator_at || chaos_over {
-                for subject in &chaos.subjects {
+                for (subject, schema) in &chaos.subjects {
                     let deferred = chaos.deferred.as_ref() == Some(subject) && !hold_over;
                     if !state.subjects.contains_key(subject) && !deferred {
-                        let id = state.register(subject, TAKES_ALL);
+                        let id = state.register(subject, schema);
                         notes.push(format!("the operator registers {subject}: id {id}"));
                     }
                 }
