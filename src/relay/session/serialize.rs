@@ -10,7 +10,8 @@
 //! arms — shutdown, acknowledgements of what was sent before it, status updates — go on
 //! being served, so the walsender still hears from the relay. During a registry request
 //! itself (up to `request_timeout_ms` against a silent registry) `Session::ask` serves the
-//! status updates and bounds the request by `shutdown_timeout` once shutdown has come.
+//! status updates and the delivery reports (one that ends the session ends it then), and
+//! bounds the request by `shutdown_timeout` once shutdown has come.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -109,7 +110,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// registry request. A registry that does not answer keeps one up to `request_timeout_ms`
     /// (10 s by default; the config sets no upper bound), and the request is awaited inside an
     /// arm of the loop, so none of the others runs: status updates go out here every status
-    /// interval (so that `wal_sender_timeout` does not end the stream), and once shutdown has
+    /// interval (so that `wal_sender_timeout` does not end the stream), delivery reports are
+    /// handled (so that one that ends the session ends it now), and once shutdown has
     /// come the request gets `shutdown_timeout` (or what is left of the drain's) before the
     /// session ends with an error — the event is sent again after the restart. A cached
     /// schema answers at the first poll: nothing else is polled then.
@@ -140,6 +142,10 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                         "the registry had not answered {grace:?} (shutdown_timeout) after shutdown; the event is sent again after the restart"
                     )));
                 }
+                // A delivery report is handled as the loop would, so that one that ends the
+                // session (a batch refused as too large, a delivery timeout) ends it now: the
+                // producer goes before it writes the partition's later records past the gap.
+                Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await?,
                 _ = tokio::time::sleep_until(status_at) => {
                     self.send_status(true).await?;
                     status_at = Instant::now() + interval;

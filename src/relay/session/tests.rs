@@ -2418,6 +2418,56 @@ async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
     assert!(health.readiness().is_ok(), "still blocked once registered");
 }
 
+/// A delivery report that ends the session ends it while a registry request is under way:
+/// here the report of a record sent before (a delivery timeout) arrives while the next
+/// event's request waits on a slow registry (120 s). Waiting for the request first would
+/// leave librdkafka that long to write the partition's later records past the failed one (an
+/// idempotent producer goes on after an epoch bump): a gap in per-aggregate order that the
+/// simulation found (seed 162,567, once `latest` refreshes made registry waits mid-stream).
+#[tokio::test(start_paused = true)]
+async fn a_delivery_report_that_ends_the_session_is_not_held_by_a_registry_request() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (payment_0, _) = payment(&mut wal, 0);
+    let (order_1, _) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    rig.push(payment_0);
+    rig.push(order_1);
+    let registry = Arc::new(Subjects::default());
+    for subject in ["outbox.event.payment-value", "outbox.event.order-value"] {
+        registry.present.lock().unwrap().insert(subject.into());
+    }
+    let slow = Duration::from_secs(120);
+    *registry.delay.lock().unwrap() = slow;
+    let (settings, _) = registry.settings();
+    let session = rig.session(settings, &mapping, &metrics);
+    let run = async {
+        let result = rig.ended(session).await;
+        (result, tokio::time::Instant::now())
+    };
+    let driver = async {
+        tokio::time::sleep(slow).await;
+        rig.until("the first event sent", |r| r.sent().len() == 1)
+            .await;
+        // The next event's request has begun (its event was read behind the first).
+        tokio::task::yield_now().await;
+        let sent = rig.sent();
+        rig.acks
+            .send(failed(&sent[0], RDKafkaErrorCode::MessageTimedOut))
+            .unwrap();
+        tokio::time::Instant::now()
+    };
+    let ((result, ended), reported) = tokio::join!(run, driver);
+    assert!(result.is_err(), "{result:?}");
+    assert!(
+        ended - reported < Duration::from_secs(1),
+        "the session ended {:?} after the report (the registry request takes {slow:?})",
+        ended - reported
+    );
+    assert_eq!(rig.sent().len(), 1, "sent after the failed record");
+}
+
 /// Shutdown while a topic waits for its subject: its waiting events are given up (read again
 /// after the restart), and so are its events read while the open transaction is finished —
 /// even once the registry answers — or one could reach Kafka before its aggregate's earlier,
