@@ -314,10 +314,12 @@ pub(super) struct World {
     pub queues: BTreeMap<(String, i32), VecDeque<Pending>>,
     /// Records held by the publisher's gate, per topic (`gate.rs`).
     pub gate: BTreeMap<String, HeldTopic>,
-    /// Partitions where a batch of this producer failed, so that the session ends: the
-    /// idempotent producer's later batches there are refused by the broker as out of
-    /// sequence (OUT_OF_ORDER_SEQUENCE_NUMBER, Kafka's `ProducerAppendInfo.checkSequence`), so none of them is written before the
-    /// producer goes.
+    /// Partitions where a batch of this producer failed, so that the session ends: what is
+    /// still queued there when the producer goes is not written (the batches in flight behind
+    /// the failed one are refused as out of sequence, OUT_OF_ORDER_SEQUENCE_NUMBER, Kafka's
+    /// `ProducerAppendInfo.checkSequence`). Until it goes, a batch refused as too large does
+    /// not stop the later ones (librdkafka's idempotent producer sends them on after an epoch
+    /// bump, `rd_kafka_idemp_drain_epoch_bump`): the session must end at once.
     broken: BTreeSet<(String, i32)>,
     logs: BTreeMap<(String, i32), Vec<Landed>>,
     /// Per event: (in its topic, dead-lettered) landings, for the checks.
