@@ -908,6 +908,38 @@ async fn a_stop_lets_earlier_records_be_acknowledged_and_confirmed_first() {
     assert_eq!(rig.sent().len(), 2, "read past the poison row");
 }
 
+/// Stopping on a poison row while the records before it are never acknowledged: at the drain
+/// deadline (`shutdown_timeout`) the session ends with the poison row's error, not as if it
+/// had shut down cleanly, and confirms nothing it did not see acknowledged (cargo mutants:
+/// `deadline_reached` returning `Ok(())` went unseen).
+#[tokio::test(start_paused = true)]
+async fn a_stop_whose_records_are_never_acknowledged_ends_with_its_error_at_the_deadline() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (good, end_good) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    let (bad, _) = wal.txn(OUTBOX, &[Some(&event_id(2)), None]);
+    let frames = std::iter::once(Wal::relation(OUTBOX, "outbox"));
+    rig.push(frames.chain(good).chain(bad));
+    let mut stop = settings();
+    stop.dead_letter_policy = DeadLetterPolicy::Stop;
+    let shutdown_timeout = stop.shutdown_timeout;
+    let session = rig.session(stop, &mapping, &metrics);
+    let started = tokio::time::Instant::now();
+    let result = rig.ended(session).await;
+    assert!(matches!(result, Err(RelayError::Poison(_))), "{result:?}");
+    assert!(
+        started.elapsed() >= shutdown_timeout,
+        "ended {:?} after the start, before the drain deadline",
+        started.elapsed()
+    );
+    assert_eq!(rig.sent().len(), 2, "read past the poison row");
+    assert!(
+        rig.max_flush() < end_good,
+        "confirmed what was not acknowledged"
+    );
+}
+
 /// A topic refused a whole batch as too large (its `max.message.bytes` is below the
 /// producer's `batch.size`): the small records of it are not at fault, so none is
 /// dead-lettered and the slot stays before them; the session restarts, and the next producer
