@@ -1355,6 +1355,41 @@ async fn acknowledged_commits_are_confirmed_without_waiting_for_the_timer() {
     result.unwrap();
 }
 
+/// Acknowledgements that come within `confirm_delay` of the first are confirmed together, by
+/// one status update `confirm_delay` after it (cargo mutants: the update scheduled
+/// `confirm_delay` before now, so at once, went unseen).
+#[tokio::test(start_paused = true)]
+async fn confirmations_within_confirm_delay_go_out_in_one_status_update() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(false);
+    let mut wal = Wal::new();
+    let (first, _) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    let (second, end_2) = wal.txn(OUTBOX, &[Some(&event_id(2))]);
+    let frames = std::iter::once(Wal::relation(OUTBOX, "outbox"));
+    rig.push(frames.chain(first).chain(second));
+    let mut coalesced = settings();
+    coalesced.confirm_delay = Duration::from_millis(20);
+    let session = rig.session(coalesced, &mapping, &metrics);
+    let flushes = |rig: &Rig| rig.log.lock().unwrap().flushes.clone();
+    let driver = async {
+        rig.until("two records sent", |r| r.sent().len() == 2).await;
+        let before = flushes(&rig).len();
+        let sent = rig.sent();
+        rig.acks.send(ok(&sent[0])).unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            flushes(&rig).len(),
+            before,
+            "a status update before confirm_delay"
+        );
+        rig.acks.send(ok(&sent[1])).unwrap();
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        assert_eq!(flushes(&rig)[before..], [end_2], "one update, for both");
+        rig.shutdown.cancel();
+    };
+    rig.run(session, driver).await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn empty_transactions_do_not_grow_the_ledger_while_kafka_is_down() {
     let (mapping, metrics) = (mapping(), Metrics::default());
