@@ -148,6 +148,9 @@ pub struct OutboxEvent {
     /// Which serialization section encodes it: an index of
     /// [`OutboxConfig::serialization_profiles`] (its table's; 0 for logical messages).
     pub profile: usize,
+    /// The record's timestamp is the row's own (`timestamp_column`), not the commit time: a
+    /// time its topic refuses is then the row's fault.
+    pub own_timestamp: bool,
 }
 
 /// What to do with a logical decoding message.

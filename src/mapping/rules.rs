@@ -167,9 +167,9 @@ impl Rules {
             PartitionBy::Key => None,
             PartitionBy::Column => reader.get(Role::Partition, &id)?.map(|v| v.bytes),
         };
-        let timestamp_ms = match reader.get(Role::Timestamp, &id)? {
-            Some(v) => timestamp::timestamp_ms(reader, &v, &id)?,
-            None => commit_time_ms,
+        let (timestamp_ms, own_timestamp) = match reader.get(Role::Timestamp, &id)? {
+            Some(v) => (timestamp::timestamp_ms(reader, &v, &id)?, true),
+            None => (commit_time_ms, false),
         };
         let (payload, headers) = match &self.cloudevents {
             Some(ce) => ce.build(
@@ -208,6 +208,7 @@ impl Rules {
             },
             id,
             profile: self.profile,
+            own_timestamp,
         })
     }
 }

@@ -2,9 +2,10 @@
 //! describe, and the tests that keep the committed pages equal to what the code says now.
 //!
 //! In: the config structs' sources and defaults (`config.md`), the command line's definition
-//! (`commands.md`), the metrics as `/metrics` renders them (`metrics.md`) and the alerting
-//! rules (`alerts.md`). Out: one markdown page each. Only compiled for tests: the pages are
-//! made by `cargo test --lib reference`, never by the relay.
+//! (`commands.md`), the metrics as `/metrics` renders them (`metrics.md`), the alerting
+//! rules (`alerts.md`) and the one classification of Kafka's refusals (`kafka-refusals.md`).
+//! Out: one markdown page each. Only compiled for tests: the pages are made by
+//! `cargo test --lib reference`, never by the relay.
 //!
 //! A test fails when its committed page differs from the generated one and says how to
 //! regenerate: `OUTBOX_REGENERATE_DOCS=1 cargo test --lib reference` writes every page.
@@ -14,6 +15,7 @@ use std::path::Path;
 mod alerts;
 mod commands;
 mod config;
+mod kafka_refusals;
 mod metrics;
 
 /// The variable that makes the tests write the pages instead of comparing them.
@@ -98,4 +100,12 @@ fn metrics_reference_matches_the_metrics_served() {
 #[test]
 fn alerts_reference_matches_the_alerting_rules() {
     check_page("docs/src/reference/alerts.md", &alerts::page());
+}
+
+#[test]
+fn kafka_refusals_reference_matches_the_one_classification() {
+    check_page(
+        "docs/src/reference/kafka-refusals.md",
+        &kafka_refusals::page(),
+    );
 }

@@ -39,7 +39,7 @@ use crate::postgres::control::{alter_failover_command, Control, ControlError, Sl
 use crate::relay::ledger::LedgerError;
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::progress::SlotIdentity;
-use crate::sink::publisher::{self, PublishError, Publisher, Rejection};
+use crate::sink::publisher::{PublishError, Publisher, Rejection};
 use crate::sink::{OpenedSink, SlotFacts};
 use crate::source::pgoutput::DecodeError;
 use crate::source::walsender::{
@@ -142,7 +142,7 @@ impl RelayError {
             RelayError::Control(e) => e.is_transient(),
             RelayError::Replication(e) => e.is_transient(),
             RelayError::Publish(e) => e.is_transient(),
-            RelayError::Delivery(r) => !publisher::is_permanent(&r.error),
+            RelayError::Delivery(r) => r.is_transient(),
             RelayError::SchemaRegistry(_) => true,
             _ => false,
         }

@@ -60,6 +60,8 @@ pub trait RecordSink {
     /// Judges a record Kafka refused as too large: its own fault, or its batch's
     /// (`sink::limits`).
     fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal;
+    /// Whether `topic`'s known timestamp window refuses a record stamped `timestamp_ms` now.
+    fn refuses_timestamp(&self, topic: &str, timestamp_ms: Option<i64>) -> bool;
     /// `exactly_once`: opens a Kafka transaction; the records sent until `commit` belong to it.
     fn begin(&mut self) -> Result<(), PublishError>;
     /// `exactly_once`: commits the open transaction together with a progress record saying
@@ -151,6 +153,12 @@ impl RecordSink for Publisher {
 
     fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
         Publisher::judge_size_refusal(self, failure)
+    }
+
+    fn refuses_timestamp(&self, topic: &str, timestamp_ms: Option<i64>) -> bool {
+        self.blocked()
+            .limits()
+            .outside_window(topic, timestamp_ms, crate::clock::unix_ms)
     }
 
     fn begin(&mut self) -> Result<(), PublishError> {

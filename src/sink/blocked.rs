@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::warn;
 
 use crate::config::KafkaConfig;
@@ -47,24 +46,6 @@ pub enum BlockReason {
 }
 
 impl BlockReason {
-    /// The block an error means, if it is a deployment error.
-    pub fn of(error: &KafkaError) -> Option<BlockReason> {
-        BlockReason::of_code(error.rdkafka_error_code()?)
-    }
-
-    pub fn of_code(code: RDKafkaErrorCode) -> Option<BlockReason> {
-        use RDKafkaErrorCode as C;
-        Some(match code {
-            C::TopicAuthorizationFailed => BlockReason::TopicAuthorization,
-            C::ClusterAuthorizationFailed => BlockReason::ClusterAuthorization,
-            C::TransactionalIdAuthorizationFailed => BlockReason::TransactionalIdAuthorization,
-            C::Authentication | C::SaslAuthenticationFailed => BlockReason::Authentication,
-            C::UnknownTopicOrPartition | C::UnknownTopic => BlockReason::UnknownTopic,
-            C::InvalidTimestamp => BlockReason::RecordTimestamp,
-            _ => return None,
-        })
-    }
-
     /// The `reason` label.
     pub fn name(self) -> &'static str {
         match self {
@@ -83,7 +64,10 @@ impl BlockReason {
         match self {
             BlockReason::Authentication | BlockReason::ClusterAuthorization => true,
             BlockReason::TransactionalIdAuthorization => false,
-            _ => blocked_topic == delivered_to,
+            BlockReason::TopicAuthorization
+            | BlockReason::UnknownTopic
+            | BlockReason::TopicCreation
+            | BlockReason::RecordTimestamp => blocked_topic == delivered_to,
         }
     }
 }
@@ -306,34 +290,6 @@ mod tests {
             brokers: "k1:9092".into(),
             ..KafkaConfig::default()
         })
-    }
-
-    #[test]
-    fn deployment_errors_are_blocks_and_record_errors_are_not() {
-        use RDKafkaErrorCode as C;
-        for (code, reason) in [
-            (C::TopicAuthorizationFailed, "topic_authorization"),
-            (C::ClusterAuthorizationFailed, "cluster_authorization"),
-            (
-                C::TransactionalIdAuthorizationFailed,
-                "transactional_id_authorization",
-            ),
-            (C::SaslAuthenticationFailed, "authentication"),
-            (C::Authentication, "authentication"),
-            (C::UnknownTopicOrPartition, "unknown_topic"),
-            (C::UnknownTopic, "unknown_topic"),
-        ] {
-            let error = KafkaError::MessageProduction(code);
-            assert_eq!(BlockReason::of(&error).map(BlockReason::name), Some(reason));
-        }
-        for code in [
-            C::MessageSizeTooLarge,
-            C::InvalidTopic,
-            C::MessageTimedOut,
-            C::InvalidRecord,
-        ] {
-            assert_eq!(BlockReason::of(&KafkaError::MessageProduction(code)), None);
-        }
     }
 
     #[test]

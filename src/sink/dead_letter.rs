@@ -37,6 +37,8 @@ pub const HEADER_ORIGINAL_PARTITION: &str = "outbox-relay.dlq.original-partition
 pub const HEADER_PARTITION_KEY: &str = "outbox-relay.dlq.partition-key";
 /// How often the event was redriven (decimal): on redriven records and on their dead letters.
 pub const HEADER_REDRIVES: &str = "outbox-relay.redrive-count";
+/// The record's own timestamp (milliseconds, decimal), when its dead letter is stamped anew.
+pub const HEADER_TIMESTAMP: &str = "outbox-relay.dlq.timestamp";
 /// The prefix of every header the relay adds to a dead letter (a redrive removes them).
 pub const HEADER_PREFIX: &str = "outbox-relay.dlq.";
 
@@ -59,21 +61,11 @@ pub enum Reason {
     Rejected,
     /// The payload does not fit its subject's schema (`[outbox.serialization]`).
     Schema,
+    /// The row's own timestamp (`timestamp_column`) lies outside its topic's window.
+    Timestamp,
 }
 
 impl Reason {
-    /// The reason for a permanent Kafka error.
-    pub fn for_kafka_error(error: &rdkafka::error::KafkaError) -> Reason {
-        use rdkafka::types::RDKafkaErrorCode as Code;
-        match error.rdkafka_error_code() {
-            Some(
-                Code::MessageSizeTooLarge | Code::InvalidMessageSize | Code::MessageBatchTooLarge,
-            ) => Reason::TooLarge,
-            Some(Code::InvalidTopic) => Reason::InvalidTopic,
-            _ => Reason::Rejected,
-        }
-    }
-
     pub fn code(self) -> &'static str {
         match self {
             Reason::Mapping => "mapping",
@@ -81,6 +73,7 @@ impl Reason {
             Reason::TooLarge => "too_large",
             Reason::Rejected => "rejected",
             Reason::Schema => "schema",
+            Reason::Timestamp => "timestamp",
         }
     }
 }
@@ -221,6 +214,14 @@ pub fn from_record(topic: &str, record: &Record, reason: Reason, error: &str) ->
     }
     annotate(&mut dead, reason, error, &record.topic);
     dead
+}
+
+/// Stamps a dead letter `timestamp_ms` (its event's commit time), keeping the time it had in
+/// a header: a dead letter whose own time the topics refuse must still be taken.
+pub fn restamp(dead: &mut Record, timestamp_ms: i64) {
+    if let Some(own) = dead.timestamp_ms.replace(timestamp_ms) {
+        dead.headers.push(header(HEADER_TIMESTAMP, own.to_string()));
+    }
 }
 
 /// A dead letter for a record whose delivery failed permanently.

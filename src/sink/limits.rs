@@ -45,8 +45,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use bytes::Bytes;
 use rdkafka::types::RDKafkaErrorCode;
+
+use crate::mapping::Record;
 
 /// librdkafka's default `batch.size`.
 pub const DEFAULT_BATCH_SIZE: usize = 1_000_000;
@@ -56,8 +57,8 @@ pub const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 #[derive(Debug, Default)]
 pub struct TopicLimits {
     limits: Mutex<HashMap<String, usize>>,
-    /// Records a topic refused for a fault of their own, `(topic, key)`, with the refusal.
-    refused: Mutex<HashMap<(String, Bytes), RDKafkaErrorCode>>,
+    /// Records each topic refused for a fault of their own, by content, with the refusal.
+    refused: Mutex<HashMap<String, HashMap<u64, RDKafkaErrorCode>>>,
     /// The timestamp window of CreateTime topics that have one, as read.
     windows: Mutex<HashMap<String, TimestampWindow>>,
     /// Some topic has a window: the produce path looks at the map (and the clock) only then.
@@ -143,23 +144,18 @@ impl TopicLimits {
         }
     }
 
-    /// Judges a size refusal of a `record_bytes` record (key `key`) of `topic`, sent by a
-    /// producer whose batches hold at most `batch_size`. Alone in its batch, the record is
-    /// remembered as refused; otherwise what is known of the topic's limit goes below the
-    /// batch size the producer used, so that the next producer's batches fit.
-    pub fn judge(
-        &self,
-        topic: &str,
-        key: &[u8],
-        record_bytes: usize,
-        batch_size: usize,
-    ) -> SizeRefusal {
+    /// Judges a size refusal of a record of `topic` holding `content`, sent by a producer
+    /// whose batches hold at most `batch_size`. Alone in its batch, the record is remembered
+    /// as refused; otherwise what is known of the topic's limit goes below the batch size the
+    /// producer used, so that the next producer's batches fit.
+    pub fn judge(&self, topic: &str, content: RecordContent<'_>, batch_size: usize) -> SizeRefusal {
+        let record_bytes = content.bytes();
         let mut limits = self.limits();
         let known = limits.get(topic).copied();
         // librdkafka starts a new batch before a record that would take it past
         // `batch_size`: one at least that large was alone.
         if record_bytes >= batch_size {
-            self.remember(topic, key, RDKafkaErrorCode::MessageSizeTooLarge);
+            self.remember(topic, content, RDKafkaErrorCode::MessageSizeTooLarge);
             return SizeRefusal::Record {
                 limit: known.unwrap_or(batch_size),
             };
@@ -177,15 +173,17 @@ impl TopicLimits {
 
     /// The broker named this record invalid (INVALID_RECORD in a delivery report: with
     /// KIP-467's record errors only the records at fault get it).
-    pub fn remember_invalid(&self, topic: &str, key: &[u8]) {
-        self.remember(topic, key, RDKafkaErrorCode::InvalidRecord);
+    pub fn remember_invalid(&self, topic: &str, content: RecordContent<'_>) {
+        self.remember(topic, content, RDKafkaErrorCode::InvalidRecord);
     }
 
-    fn remember(&self, topic: &str, key: &[u8], refusal: RDKafkaErrorCode) {
+    fn remember(&self, topic: &str, content: RecordContent<'_>, refusal: RDKafkaErrorCode) {
         self.refused
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert((topic.to_string(), Bytes::copy_from_slice(key)), refusal);
+            .entry(topic.to_string())
+            .or_default()
+            .insert(content.fingerprint(), refusal);
     }
 
     /// The topic's timestamp window as read (DescribeConfigs); `None` removes it.
@@ -218,16 +216,52 @@ impl TopicLimits {
         }
     }
 
-    /// How the topic refused this record (by key) for its own fault before, if it did: it is
-    /// refused so before it is sent again.
-    pub fn refused(&self, topic: &str, key: &[u8]) -> Option<RDKafkaErrorCode> {
+    /// How the topic refused a record with this content for its own fault before, if it did:
+    /// it is refused so before it is sent again. (Only a topic that refused one pays for the
+    /// content's fingerprint.)
+    pub fn refused(&self, topic: &str, content: RecordContent<'_>) -> Option<RDKafkaErrorCode> {
         let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         if refused.is_empty() {
             return None;
         }
-        refused
-            .get(&(topic.to_string(), Bytes::copy_from_slice(key)))
-            .copied()
+        refused.get(topic)?.get(&content.fingerprint()).copied()
+    }
+}
+
+/// What a record holds, its key and value, by which a refusal of its own is remembered. The
+/// broker judged those bytes (their size, their validity); a record with other bytes is
+/// another record, whatever its key — the key is the event id only by default, and
+/// `key_column = "aggregateid"` gives every event of an aggregate the same one. Two events
+/// with the same key and value are refused alike, so telling them apart is not needed.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordContent<'a> {
+    key: &'a [u8],
+    payload: Option<&'a [u8]>,
+}
+
+impl<'a> RecordContent<'a> {
+    pub fn of(key: Option<&'a [u8]>, payload: Option<&'a [u8]>) -> RecordContent<'a> {
+        RecordContent {
+            key: key.unwrap_or_default(),
+            payload,
+        }
+    }
+
+    pub fn of_record(record: &'a Record) -> RecordContent<'a> {
+        RecordContent::of(Some(&record.key), record.payload.as_deref())
+    }
+
+    /// Key + payload bytes (as `Record::size` counts them).
+    pub fn bytes(&self) -> usize {
+        self.key.len() + self.payload.map_or(0, <[u8]>::len)
+    }
+
+    fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.key.hash(&mut hasher);
+        self.payload.hash(&mut hasher);
+        hasher.finish()
     }
 }
 
@@ -290,6 +324,25 @@ mod tests {
 
     const KIB: usize = 1024;
 
+    /// A record of `key` and a payload making it `bytes` large in all.
+    struct Sized {
+        key: &'static [u8],
+        payload: Vec<u8>,
+    }
+
+    impl Sized {
+        fn new(key: &'static [u8], bytes: usize) -> Sized {
+            Sized {
+                key,
+                payload: vec![b'x'; bytes.saturating_sub(key.len())],
+            }
+        }
+
+        fn content(&self) -> RecordContent<'_> {
+            RecordContent::of(Some(self.key), Some(&self.payload))
+        }
+    }
+
     #[test]
     fn the_batch_size_stays_below_the_smallest_limit_and_never_above_the_configured_one() {
         let limits = TopicLimits::default();
@@ -306,29 +359,32 @@ mod tests {
         let limits = TopicLimits::default();
         // Batched healthy records of 400 bytes, refused with a 1 MB batch: the producer's.
         assert_eq!(
-            limits.judge("t", b"e1", 400, DEFAULT_BATCH_SIZE),
+            limits.judge("t", Sized::new(b"e1", 400).content(), DEFAULT_BATCH_SIZE),
             SizeRefusal::Batch {
                 limit: DEFAULT_BATCH_SIZE / 2
             }
         );
-        assert_eq!(limits.refused("t", b"e1"), None);
+        assert_eq!(limits.refused("t", Sized::new(b"e1", 400).content()), None);
         // Read from the brokers: 64 KiB. A 100 KB record, alone in a 60 KiB batch, is refused
         // for itself, and remembered.
         limits.read("t", 64 * KIB);
         assert_eq!(
-            limits.judge("t", b"big", 100_000, 60 * KIB),
+            limits.judge("t", Sized::new(b"big", 100_000).content(), 60 * KIB),
             SizeRefusal::Record { limit: 64 * KIB }
         );
         assert_eq!(
-            limits.refused("t", b"big"),
+            limits.refused("t", Sized::new(b"big", 100_000).content()),
             Some(RDKafkaErrorCode::MessageSizeTooLarge)
         );
-        assert_eq!(limits.refused("t", b"e1"), None);
-        assert_eq!(limits.refused("other", b"big"), None);
+        assert_eq!(limits.refused("t", Sized::new(b"e1", 400).content()), None);
+        assert_eq!(
+            limits.refused("other", Sized::new(b"big", 100_000).content()),
+            None
+        );
         // A healthy one refused with a batch that should have fitted: the limit was lowered
         // meanwhile; what is known of it halves.
         assert_eq!(
-            limits.judge("t", b"e2", 400, 32 * KIB),
+            limits.judge("t", Sized::new(b"e2", 400).content(), 32 * KIB),
             SizeRefusal::Batch { limit: 16 * KIB }
         );
     }
@@ -347,7 +403,7 @@ mod tests {
                 break;
             }
             assert!(matches!(
-                limits.judge("t", b"e", 400, batch_size),
+                limits.judge("t", Sized::new(b"e", 400).content(), batch_size),
                 SizeRefusal::Batch { .. }
             ));
             restarts += 1;
@@ -355,7 +411,7 @@ mod tests {
         }
         let batch_size = limits.batch_size(DEFAULT_BATCH_SIZE);
         assert!(matches!(
-            limits.judge("t", b"big", 100_000, batch_size),
+            limits.judge("t", Sized::new(b"big", 100_000).content(), batch_size),
             SizeRefusal::Record { .. }
         ));
     }
@@ -365,11 +421,45 @@ mod tests {
     #[test]
     fn a_record_named_invalid_is_refused_before_it_is_sent_again_and_only_it() {
         let limits = TopicLimits::default();
-        limits.remember_invalid("t", b"bad");
+        limits.remember_invalid("t", Sized::new(b"bad", 400).content());
         assert_eq!(
-            limits.refused("t", b"bad"),
+            limits.refused("t", Sized::new(b"bad", 400).content()),
             Some(RDKafkaErrorCode::InvalidRecord)
         );
-        assert_eq!(limits.refused("t", b"healthy"), None);
+        assert_eq!(
+            limits.refused("t", Sized::new(b"healthy", 400).content()),
+            None
+        );
+    }
+
+    /// `key_column = "aggregateid"`: every event of an aggregate has one key. A record of it
+    /// refused for its own size is remembered by what it holds, so the aggregate's later,
+    /// healthy events are sent, not refused at `send` (50 of 100 healthy ones were).
+    #[test]
+    fn a_refusal_is_remembered_by_the_records_content_not_by_its_key() {
+        let limits = TopicLimits::default();
+        limits.read("t", 20_000);
+        let big = Sized::new(b"agg-1", 30_000);
+        assert_eq!(
+            limits.judge("t", big.content(), 18_000),
+            SizeRefusal::Record { limit: 20_000 }
+        );
+        assert!(limits.refused("t", big.content()).is_some());
+        for healthy in [500, 1_000, 30_001] {
+            let later = Sized::new(b"agg-1", healthy);
+            assert_eq!(
+                limits.refused("t", later.content()),
+                None,
+                "{healthy} bytes"
+            );
+        }
+        // Its neighbour named invalid: that one only.
+        let bad = Sized::new(b"agg-2", 10);
+        limits.remember_invalid("t", bad.content());
+        assert!(limits.refused("t", bad.content()).is_some());
+        assert_eq!(
+            limits.refused("t", Sized::new(b"agg-2", 11).content()),
+            None
+        );
     }
 }

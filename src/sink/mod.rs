@@ -10,6 +10,7 @@
 
 pub mod blocked;
 pub mod dead_letter;
+pub mod fault;
 pub mod kafka_latency;
 pub mod limits;
 pub mod preflight;

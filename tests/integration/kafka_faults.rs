@@ -6,8 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use outbox_relay::config::KafkaConfig;
 use outbox_relay::mapping::Record;
-use outbox_relay::sink::dead_letter::Reason;
-use outbox_relay::sink::publisher::{is_permanent, Delivery, Publisher};
+use outbox_relay::sink::fault::KafkaFault;
+use outbox_relay::sink::publisher::{Delivery, Publisher};
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -77,8 +77,7 @@ async fn record_too_large_for_the_broker_is_a_permanent_failure() {
     let d = next(&mut deliveries, Duration::from_secs(20)).await;
     assert_eq!(d.seq, 7);
     let failure = d.result.expect_err("the broker refused the record");
-    assert!(is_permanent(&failure.error), "{:?}", failure.error);
-    assert_eq!(Reason::for_kafka_error(&failure.error), Reason::TooLarge);
+    assert_eq!(failure.fault, KafkaFault::TooLarge, "{:?}", failure.error);
     assert_eq!(failure.rejection().event_id, "event-0");
 }
 
@@ -118,7 +117,7 @@ async fn broker_down_holds_records_until_it_returns() {
                     pending.remove(&d.seq);
                 }
                 Err(failure) => assert!(
-                    !is_permanent(&failure.error),
+                    !failure.fault.may_be_own(),
                     "round {round}: record {} failed for good: {:?}",
                     d.seq,
                     failure.error
@@ -150,7 +149,7 @@ async fn message_timeout_is_a_transient_failure_to_retry_from_the_slot() {
     let d = next(&mut deliveries, Duration::from_secs(20)).await;
     let failure = d.result.expect_err("the record cannot reach a broker");
     assert!(
-        !is_permanent(&failure.error),
+        !failure.fault.may_be_own(),
         "a timeout must not be dead-lettered: {:?}",
         failure.error
     );

@@ -28,6 +28,7 @@ use crate::mapping::{OutboxMapping, Record};
 use crate::ops::replay::progress::Progress;
 use crate::ops::OpsError;
 use crate::sink::dead_letter::{Reason, HEADER_REASON};
+use crate::sink::fault::{Stamp, Verdict};
 use crate::sink::publisher::{self, Delivery, Publisher};
 use crate::sink::schema::{SerializeError, Serializers};
 use crate::sink::window::InFlight;
@@ -439,10 +440,17 @@ impl<'a> Run<'a> {
             Err(failure) => failure,
         };
         let rejection = failure.rejection().to_string();
-        if sent.how.is_none() || !publisher::is_permanent(&failure.error) {
+        let reason = match failure.fault.verdict(Stamp::CommitOrUnknown) {
+            Verdict::JudgeSize => Reason::TooLarge,
+            Verdict::OwnFault(reason) => reason,
+            Verdict::Retry | Verdict::Hold(_) => {
+                return Err(format!("Kafka did not take a record: {rejection}"))
+            }
+        };
+        if sent.how.is_none() {
             return Err(format!("Kafka did not take a record: {rejection}"));
         }
-        let reason = Reason::for_kafka_error(&failure.error).code();
+        let reason = reason.code();
         let record = again(
             &sent.letter,
             &self.config.dead_letter.topic,

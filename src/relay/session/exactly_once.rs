@@ -447,6 +447,10 @@ mod tests {
             SizeRefusal::Batch { limit: usize::MAX }
         }
 
+        fn refuses_timestamp(&self, _topic: &str, _timestamp_ms: Option<i64>) -> bool {
+            false
+        }
+
         fn begin(&mut self) -> Result<(), PublishError> {
             if self.fenced {
                 return Err(fenced("begin"));

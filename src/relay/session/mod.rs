@@ -54,6 +54,7 @@ use crate::relay::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
 use crate::relay::RelayError;
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::dead_letter::{self, Reason};
+use crate::sink::fault::{KafkaFault, Stamp, Verdict};
 use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
@@ -667,14 +668,23 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             // transaction: a restart, not a stop (found by the simulation, seed 5).
             Err(failure) if self.contract.failure_dooms() => {
                 self.metrics.count_delivery_error(&failure.error);
-                if let Some(refusal) = self.judge_size_refusal(&failure) {
-                    return Err(refusal);
+                let topic = failure.rejection().topic;
+                match failure.fault {
+                    KafkaFault::TooLarge => Err(match self.sink.judge_size_refusal(&failure) {
+                        SizeRefusal::Batch { limit } => size_refused(&topic, "a batch", limit),
+                        SizeRefusal::Record { limit } => size_refused(&topic, "a record", limit),
+                    }),
+                    KafkaFault::InvalidRecord => {
+                        Err(PublishError::InvalidRecordRefused { topic }.into())
+                    }
+                    KafkaFault::Deployment(_)
+                    | KafkaFault::Neighbour
+                    | KafkaFault::InvalidTopic
+                    | KafkaFault::Timestamp
+                    | KafkaFault::Transient => {
+                        Err(RelayError::Delivery(Box::new(failure.rejection())))
+                    }
                 }
-                if publisher::is_invalid_record(&failure.error) {
-                    let topic = failure.rejection().topic;
-                    return Err(PublishError::InvalidRecordRefused { topic }.into());
-                }
-                Err(RelayError::Delivery(Box::new(failure.rejection())))
             }
             Err(failure) => {
                 self.handle_failed_delivery(delivery.seq, delivery.dead_letter, failure)
@@ -699,8 +709,10 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         Ok(())
     }
 
-    /// A record Kafka did not take. Permanent problems of the record itself are dead-lettered
-    /// (same transaction: the slot waits for the dead letter instead); everything else ends the
+    /// A record Kafka did not take, decided by its fault (classified where it entered): the
+    /// record's own is dead-lettered (same transaction: the slot waits for the dead letter
+    /// instead); a batch refused as too large — a dead letters' batch too — teaches the limit,
+    /// and the session restarts with a producer whose batches fit; everything else ends the
     /// session so that it restarts from the slot.
     async fn handle_failed_delivery(
         &mut self,
@@ -713,34 +725,34 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         if let Some(fatal) = self.sink.fatal_error() {
             return Err(PublishError::Fatal(fatal).into());
         }
-        if !publisher::is_permanent(&failure.error) || was_dead_letter {
+        let reason = match failure.fault.verdict(Stamp::CommitOrUnknown) {
+            Verdict::Retry | Verdict::Hold(_) => {
+                return Err(RelayError::Delivery(Box::new(rejection)))
+            }
+            Verdict::JudgeSize => match self.sink.judge_size_refusal(&failure) {
+                // Its batch was too large, not the record: sent again, by a producer whose
+                // batches fit.
+                SizeRefusal::Batch { limit } => {
+                    let what = if was_dead_letter {
+                        "a batch of dead letters"
+                    } else {
+                        "a batch"
+                    };
+                    return Err(size_refused(&rejection.topic, what, limit));
+                }
+                SizeRefusal::Record { .. } => Reason::TooLarge,
+            },
+            Verdict::OwnFault(reason) => reason,
+        };
+        // A dead letter refused for its own fault has no dead letter to stand in for it.
+        if was_dead_letter {
             return Err(RelayError::Delivery(Box::new(rejection)));
         }
-        // Its batch was too large, not the record: sent again, by a producer whose batches fit.
-        if publisher::is_size_refusal(&failure.error) {
-            if let SizeRefusal::Batch { limit } = self.sink.judge_size_refusal(&failure) {
-                return Err(size_refused(&rejection.topic, "a batch", limit));
-            }
-        }
-        let reason = Reason::for_kafka_error(&failure.error);
         let dlq = &self.settings.dead_letter_topic;
         let why = rejection.to_string();
         let record = dead_letter::from_failed(dlq, &failure.message, reason, &why);
         self.dead_letter(seq, record, &rejection.event_id, &why, false)
             .await
-    }
-
-    /// Exactly-once: a size refusal, judged (the limit learned), as the error that restarts
-    /// the session; `None` for other failures.
-    fn judge_size_refusal(&self, failure: &DeliveryFailure) -> Option<RelayError> {
-        if !publisher::is_size_refusal(&failure.error) {
-            return None;
-        }
-        let topic = failure.rejection().topic;
-        Some(match self.sink.judge_size_refusal(failure) {
-            SizeRefusal::Batch { limit } => size_refused(&topic, "a batch", limit),
-            SizeRefusal::Record { limit } => size_refused(&topic, "a record", limit),
-        })
     }
 
     async fn handle_frame(&mut self, frame: ReplicationFrame) -> Result<(), RelayError> {

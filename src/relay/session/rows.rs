@@ -17,8 +17,9 @@ use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordKind, RecordSink};
 use crate::relay::{RelayError, Unmapped};
 use crate::sink::dead_letter::{self, Reason};
+use crate::sink::fault::{Stamp, Verdict};
 use crate::sink::progress::Covered;
-use crate::sink::publisher::{self, PublishError};
+use crate::sink::publisher::PublishError;
 use crate::sink::traces;
 use crate::source::pgoutput::{self, LogicalMessage, Relation, Tuple};
 use crate::source::walsender::pg_time_to_unix_us;
@@ -269,6 +270,30 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             dead_letter::with_row(&mut record, row.as_row());
             return self.dead_letter(seq, record, &event.id, &why, false).await;
         }
+        // A time of the row's own that its topic's window refuses is the row's fault, not the
+        // topic's (`sink::fault`): dead-lettered, stamped with its commit time, so that the
+        // stream goes on. (A commit time outside the window blocks the topic instead, at send.)
+        if event.own_timestamp
+            && self
+                .sink
+                .refuses_timestamp(&event.record.topic, event.record.timestamp_ms)
+        {
+            let why = format!(
+                "its timestamp ({} ms, the row's own) lies outside the window of topic `{}` (message.timestamp.before.max.ms / after.max.ms)",
+                event.record.timestamp_ms.unwrap_or_default(),
+                event.record.topic
+            );
+            let dlq = &self.settings.dead_letter_topic;
+            let mut record = dead_letter::from_record(dlq, &event.record, Reason::Timestamp, &why);
+            dead_letter::restamp(&mut record, commit_time_ms);
+            let row = SourceRow {
+                relation,
+                tuple,
+                commit_time_ms,
+            };
+            dead_letter::with_row(&mut record, row.as_row());
+            return self.dead_letter(seq, record, &event.id, &why, false).await;
+        }
         if let Some(traces) = traces::active() {
             traces.start(&mut event.record, &event.id, commit_time_us);
         }
@@ -326,11 +351,19 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 self.contract.sent();
                 Ok(())
             }
-            Err(PublishError::Rejected(r))
-                if kind == RecordKind::Event && publisher::is_permanent(&r.error) =>
-            {
+            // Refused before it was sent (the memory of a record refused for its own fault,
+            // librdkafka's own checks): decided by its fault.
+            Err(PublishError::Rejected(r)) if kind == RecordKind::Event => {
+                let reason = match r.fault.verdict(Stamp::CommitOrUnknown) {
+                    // At `send`, a size refusal is this record's alone: remembered as refused
+                    // alone, or over librdkafka's `message.max.bytes` by itself.
+                    Verdict::JudgeSize => Reason::TooLarge,
+                    Verdict::OwnFault(reason) => reason,
+                    Verdict::Retry | Verdict::Hold(_) => {
+                        return Err(PublishError::Rejected(r).into())
+                    }
+                };
                 self.metrics.count_delivery_error(&r.error);
-                let reason = Reason::for_kafka_error(&r.error);
                 let dlq = &self.settings.dead_letter_topic;
                 let mut record = dead_letter::from_record(dlq, &record, reason, &r.to_string());
                 if let Some(row) = &row {

@@ -210,11 +210,11 @@ impl RecordSink for FakeSink {
             .as_ref()
             .filter(|(id, _)| kind == RecordKind::Event && id == event_id)
         {
-            return Err(PublishError::Rejected(Box::new(Rejection {
-                topic: record.topic.clone(),
-                event_id: event_id.to_string(),
-                error: KafkaError::MessageProduction(*code),
-            })));
+            return Err(PublishError::Rejected(Box::new(Rejection::new(
+                record.topic.clone(),
+                event_id.to_string(),
+                KafkaError::MessageProduction(*code),
+            ))));
         }
         let header = |name: &str| {
             record
@@ -245,12 +245,12 @@ impl RecordSink for FakeSink {
 
     fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
         let topic = failure.message.topic();
-        self.limits.judge(
-            topic,
-            failure.message.key().unwrap_or_default(),
-            failure.record_bytes(),
-            self.batch_size,
-        )
+        self.limits.judge(topic, failure.content(), self.batch_size)
+    }
+
+    fn refuses_timestamp(&self, topic: &str, timestamp_ms: Option<i64>) -> bool {
+        self.limits
+            .outside_window(topic, timestamp_ms, crate::clock::unix_ms)
     }
 
     fn begin(&mut self) -> Result<(), PublishError> {
@@ -306,10 +306,10 @@ fn failed(sent: &Sent, code: RDKafkaErrorCode) -> Delivery {
         seq: sent.seq,
         dead_letter: sent.kind == RecordKind::DeadLetter,
         bytes: sent.bytes,
-        result: Err(DeliveryFailure {
-            error: KafkaError::MessageProduction(code),
+        result: Err(DeliveryFailure::new(
+            KafkaError::MessageProduction(code),
             message,
-        }),
+        )),
     }
 }
 

@@ -15,7 +15,9 @@ use tracing::{debug, warn};
 
 use crate::mapping::Record;
 use crate::sink::blocked::{BlockReason, Blocked};
+use crate::sink::fault::{KafkaFault, Stamp, Verdict};
 use crate::sink::kafka_latency::KafkaLatency;
+use crate::sink::limits::RecordContent;
 use crate::sink::traces::{self, Outcome};
 use crate::sink::TxnSeq;
 
@@ -89,19 +91,45 @@ pub struct Delivery {
     pub result: Result<(), DeliveryFailure>,
 }
 
-/// A record Kafka did not take, with the record itself so it can be dead-lettered.
+/// A record Kafka did not take, with the record itself so it can be dead-lettered, and what
+/// the refusal means, classified once where it entered (the delivery callback).
 #[derive(Debug)]
 pub struct DeliveryFailure {
     pub error: KafkaError,
+    pub fault: KafkaFault,
     pub message: OwnedMessage,
 }
 
-/// A record Kafka refused, named by topic and event id (never by payload).
+/// A record Kafka refused, named by topic and event id (never by payload), with what the
+/// refusal means.
 #[derive(Debug)]
 pub struct Rejection {
     pub topic: String,
     pub event_id: String,
     pub error: KafkaError,
+    pub fault: KafkaFault,
+}
+
+impl Rejection {
+    pub fn new(topic: String, event_id: String, error: KafkaError) -> Rejection {
+        let fault = KafkaFault::of(&error);
+        Rejection {
+            topic,
+            event_id,
+            error,
+            fault,
+        }
+    }
+
+    /// Whether sending again from the slot may heal it: not when the refusal may be the
+    /// record's own (a record refused so that gets here was not dead-lettered: a dead letter
+    /// itself, or the policy `stop`). Its timestamp is not known here.
+    pub fn is_transient(&self) -> bool {
+        match self.fault.verdict(Stamp::CommitOrUnknown) {
+            Verdict::Retry | Verdict::Hold(_) => true,
+            Verdict::JudgeSize | Verdict::OwnFault(_) => false,
+        }
+    }
 }
 
 impl std::fmt::Display for Rejection {
@@ -171,7 +199,7 @@ impl PublishError {
             | PublishError::Progress { .. }
             | PublishError::SizeRefused { .. }
             | PublishError::InvalidRecordRefused { .. } => true,
-            PublishError::Rejected(r) => !is_permanent(&r.error),
+            PublishError::Rejected(r) => r.is_transient(),
             PublishError::ProgressDiverged { .. } => false,
             // Fenced is transient too: the relay that fenced us holds the slot, so the next
             // session waits as a standby.
@@ -187,47 +215,12 @@ impl PublishError {
     }
 }
 
-/// Errors that no retry of the same record will heal: the record itself is wrong for Kafka.
-/// A missing ACL is not one of them: it is the deployment's, and heals once granted
-/// ([`BlockReason`]). Neither is CORRUPT_MESSAGE (`InvalidMessage`: a CRC that failed on the
-/// way, retriable in Kafka). A size refusal is the record's only when it alone is too large:
-/// see [`is_size_refusal`] and `sink::limits`.
-///
-/// `_INVALID_DIFFERENT_RECORD` is not: librdkafka gives it to the healthy records of a batch
-/// the broker refused for another record of it (KIP-467's record errors), which are sent again.
-pub fn is_permanent(error: &KafkaError) -> bool {
-    is_size_refusal(error)
-        || matches!(
-            error.rdkafka_error_code(),
-            Some(RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::InvalidRecord)
-        )
-}
-
-/// The broker named the record invalid (INVALID_RECORD): remembered by (topic, key) and
-/// refused before it is sent again (`sink::limits`).
-pub fn is_invalid_record(error: &KafkaError) -> bool {
-    error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidRecord)
-}
-
-/// Kafka refused the record, or the batch it was in, for its size (MESSAGE_TOO_LARGE,
-/// RECORD_LIST_TOO_LARGE, INVALID_MESSAGE_SIZE).
-pub fn is_size_refusal(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::MessageSizeTooLarge
-                | RDKafkaErrorCode::InvalidMessageSize
-                | RDKafkaErrorCode::MessageBatchTooLarge
-        )
-    )
-}
-
-/// Whether a record that failed with `error` goes back to the publisher's gate to wait for
+/// Whether a record that failed with `fault` goes back to the publisher's gate to wait for
 /// its topic (at-least-once) rather than to the session: a refusal to WRITE a topic whose
 /// metadata we may read. One decision, named, so that the session simulation
 /// (`relay::session::sim`) routes its delivery reports through it as the reporter does.
-pub fn waits_at_gate(error: &KafkaError) -> bool {
-    BlockReason::of(error) == Some(BlockReason::TopicAuthorization)
+pub fn waits_at_gate(fault: KafkaFault) -> bool {
+    fault == KafkaFault::Deployment(BlockReason::TopicAuthorization)
 }
 
 /// A record a topic refused for a deployment reason when it was sent (WRITE missing while
@@ -344,7 +337,7 @@ impl ClientContext for DeliveryReporter {
         // Cluster-wide refusals come here, with no topic: a refused login, no
         // IDEMPOTENT_WRITE for the idempotent producer.
         if let Some(block @ (BlockReason::Authentication | BlockReason::ClusterAuthorization)) =
-            BlockReason::of(&error)
+            KafkaFault::of(&error).block()
         {
             self.blocked.block(block, "", &format!("{error}: {reason}"));
         }
@@ -395,22 +388,23 @@ impl ProducerContext for DeliveryReporter {
                 (m.payload_len() + m.key_len(), Ok(()))
             }
             Err((error, m)) => {
-                let reason = BlockReason::of(error);
-                if let Some(reason) = reason {
+                // Classified once, here; every decision after is a match on it.
+                let fault = KafkaFault::of(error);
+                if let Some(reason) = fault.block() {
                     self.blocked.block(reason, m.topic(), error);
                 }
                 // Named invalid by the broker: refused before it is sent again, or the
                 // neighbours its batch fails with it would go back to the broker with it,
                 // every time (see `sink::limits`).
-                if is_invalid_record(error) {
+                if fault == KafkaFault::InvalidRecord {
                     self.blocked
                         .limits()
-                        .remember_invalid(m.topic(), m.key().unwrap_or_default());
+                        .remember_invalid(m.topic(), RecordContent::of(m.key(), m.payload()));
                 }
                 // Held by the gate until the topic takes records again: the session never
                 // sees the failure, so nothing of other topics is sent again. (A topic gone
                 // mid-stream still ends the session: the next one's first read creates it.)
-                if let (Some(refusals), true) = (&self.refusals, waits_at_gate(error)) {
+                if let (Some(refusals), true) = (&self.refusals, waits_at_gate(fault)) {
                     if refusals.send(Refused::of(m, seq)).is_ok() {
                         return;
                     }
@@ -419,6 +413,7 @@ impl ProducerContext for DeliveryReporter {
                     m.payload_len() + m.key_len(),
                     Err(DeliveryFailure {
                         error: error.clone(),
+                        fault,
                         message: m.detach(),
                     }),
                 )
@@ -435,6 +430,17 @@ impl ProducerContext for DeliveryReporter {
 }
 
 impl DeliveryFailure {
+    /// A failure the delivery callback did not see (a record failed before it was produced),
+    /// classified here.
+    pub fn new(error: KafkaError, message: OwnedMessage) -> DeliveryFailure {
+        let fault = KafkaFault::of(&error);
+        DeliveryFailure {
+            error,
+            fault,
+            message,
+        }
+    }
+
     /// Key + payload bytes of the refused record (as `Record::size` counts them).
     pub fn record_bytes(&self) -> usize {
         self.message.key().map_or(0, <[u8]>::len) + self.message.payload().map_or(0, <[u8]>::len)
@@ -450,7 +456,13 @@ impl DeliveryFailure {
                 .map(|k| String::from_utf8_lossy(k).into_owned())
                 .unwrap_or_default(),
             error: self.error.clone(),
+            fault: self.fault,
         }
+    }
+
+    /// What the refused record holds, by which a refusal of its own is remembered.
+    pub fn content(&self) -> RecordContent<'_> {
+        RecordContent::of(self.message.key(), self.message.payload())
     }
 }
 

@@ -48,8 +48,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::blocked::{BlockReason, Blocked};
+use super::fault::KafkaFault;
 use super::kafka_latency::{KafkaLatency, STATISTICS_INTERVAL_MS};
-use super::limits::{SizeRefusal, DEFAULT_BATCH_SIZE};
+use super::limits::{RecordContent, SizeRefusal, DEFAULT_BATCH_SIZE};
 use crate::config::KafkaConfig;
 use crate::mapping::Record;
 use crate::sink::traces;
@@ -57,8 +58,7 @@ use crate::sink::TxnSeq;
 use client::admin_config;
 pub use client::{client_config, consumer_config, transaction_timeout_ms};
 pub use delivery::{
-    is_invalid_record, is_permanent, is_size_refusal, waits_at_gate, Delivery, DeliveryFailure,
-    DeliveryReporter, PublishError, Rejection,
+    waits_at_gate, Delivery, DeliveryFailure, DeliveryReporter, PublishError, Rejection,
 };
 use delivery::{Opaque, PROGRESS_OPAQUE};
 pub use login::{KafkaLogin, LoginContext};
@@ -154,7 +154,7 @@ impl Publisher {
         match initialised {
             Ok(()) => blocked.clear(id_refused, transactional_id),
             Err(error) => {
-                if let Some(reason) = BlockReason::of(&error) {
+                if let Some(reason) = KafkaFault::of(&error).block() {
                     let subject = if reason == id_refused {
                         transactional_id
                     } else {
@@ -300,13 +300,13 @@ impl Publisher {
             .shared
             .blocked
             .limits()
-            .refused(&record.topic, &record.key)
+            .refused(&record.topic, RecordContent::of_record(record))
         {
-            return Err(PublishError::Rejected(Box::new(Rejection {
-                topic: record.topic.clone(),
-                event_id: event_id.to_string(),
-                error: KafkaError::MessageProduction(refusal),
-            })));
+            return Err(PublishError::Rejected(Box::new(Rejection::new(
+                record.topic.clone(),
+                event_id.to_string(),
+                KafkaError::MessageProduction(refusal),
+            ))));
         }
         let Some(partition) = self.counts.route(record, opaque) else {
             return Ok(());
@@ -319,11 +319,11 @@ impl Publisher {
                 self.counts.hold_refused(record, partition, opaque, &error);
                 Ok(())
             }
-            Err(error) => Err(PublishError::Rejected(Box::new(Rejection {
-                topic: record.topic.clone(),
-                event_id: event_id.to_string(),
+            Err(error) => Err(PublishError::Rejected(Box::new(Rejection::new(
+                record.topic.clone(),
+                event_id.to_string(),
                 error,
-            }))),
+            )))),
         }
     }
 
@@ -428,8 +428,7 @@ impl Publisher {
         use rdkafka::message::Message;
         self.shared.blocked.limits().judge(
             failure.message.topic(),
-            failure.message.key().unwrap_or_default(),
-            failure.record_bytes(),
+            failure.content(),
             self.shared.batch_size,
         )
     }

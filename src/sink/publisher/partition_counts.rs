@@ -37,7 +37,8 @@ use super::topic_handles::TopicCounts;
 use crate::config::TopicCreation;
 use crate::mapping::{partition, Record};
 use crate::sink::blocked::BlockReason;
-use crate::sink::limits::TimestampWindow;
+use crate::sink::fault::KafkaFault;
+use crate::sink::limits::{RecordContent, TimestampWindow};
 
 /// Partition counts of the topics written to, and the records waiting for one.
 #[derive(Default)]
@@ -372,7 +373,7 @@ impl PartitionCounts {
     }
 
     fn after_failure(&self, topic: &str, error: &KafkaError, waited: Duration) -> AfterFailure {
-        match BlockReason::of(error) {
+        match KafkaFault::of(error).block() {
             Some(BlockReason::UnknownTopic) if self.creation.enabled => {
                 return AfterFailure::Create {
                     report: waited >= BLOCK_GRACE,
@@ -560,7 +561,7 @@ impl PartitionCounts {
                 .shared
                 .blocked
                 .limits()
-                .refused(&next.record.topic, &next.record.key);
+                .refused(&next.record.topic, RecordContent::of_record(&next.record));
             let target = partition.as_ref().ok().copied().flatten();
             let result = match (partition, refused_before) {
                 // Refused for its own fault before: refused again, not sent.
@@ -672,7 +673,7 @@ impl PartitionCounts {
             seq: opaque.seq,
             dead_letter: opaque.dead_letter,
             bytes: record.size(),
-            result: Err(DeliveryFailure { error, message }),
+            result: Err(DeliveryFailure::new(error, message)),
         });
     }
 }

@@ -73,7 +73,7 @@ impl Shared {
     /// records are held (at-least-once) rather than failed.
     pub(super) fn holds_refusal(&self, error: &KafkaError) -> bool {
         self.holds_refusals
-            && crate::sink::blocked::BlockReason::of(error)
+            && crate::sink::fault::KafkaFault::of(error).block()
                 == Some(crate::sink::blocked::BlockReason::TopicAuthorization)
     }
 

@@ -186,7 +186,10 @@ pub(in crate::sink) async fn ensure_topic(
             Err((_, code)) => {
                 // A topic the relay may not DESCRIBE looks missing, and its creation is
                 // refused: a deployment error, retried by the session's back-off.
-                if BlockReason::of_code(code).is_some() {
+                if crate::sink::fault::KafkaFault::of_code(code)
+                    .block()
+                    .is_some()
+                {
                     blocked.block(BlockReason::TopicAuthorization, &topic, &code);
                 }
                 return Err(problem(format!(

@@ -75,14 +75,17 @@ async fn skip_linger_sends_a_lingering_record_at_once() {
 /// (`_INVALID_DIFFERENT_RECORD`) are not: they are sent again.
 #[test]
 fn only_the_invalid_record_of_a_refused_batch_is_at_fault() {
+    use crate::sink::fault::{KafkaFault, Stamp, Verdict};
     use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-    let produced = KafkaError::MessageProduction;
-    assert!(super::is_permanent(&produced(
-        RDKafkaErrorCode::InvalidRecord
-    )));
-    assert!(!super::is_permanent(&produced(
-        RDKafkaErrorCode::InvalidDifferentRecord
-    )));
+    let verdict = |code| KafkaFault::of(&KafkaError::MessageProduction(code)).verdict(Stamp::Row);
+    assert!(matches!(
+        verdict(RDKafkaErrorCode::InvalidRecord),
+        Verdict::OwnFault(_)
+    ));
+    assert_eq!(
+        verdict(RDKafkaErrorCode::InvalidDifferentRecord),
+        Verdict::Retry
+    );
 }
 
 /// Exactly-once: a commit waits for its records at most as long as the producer's

@@ -18,7 +18,7 @@ use crate::relay::seams::{CommitOutcome, RecordKind, RecordSink};
 use crate::relay::session::fakes::{
     self, begin, commit, insert, relation, text, Frames, Upstream, OUTBOX,
 };
-use crate::sink::limits::SizeRefusal;
+use crate::sink::limits::{RecordContent, SizeRefusal};
 use crate::sink::progress::{Progress, Timelines};
 use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Rejection};
 use crate::source::pgoutput::TupleValue;
@@ -200,11 +200,11 @@ impl RecordSink for SimSink {
         let mut guard = self.world.borrow_mut();
         let world = &mut *guard;
         let rejected = |error| {
-            Err(PublishError::Rejected(Box::new(Rejection {
-                topic: record.topic.clone(),
-                event_id: event_id.to_string(),
-                error: KafkaError::MessageProduction(error),
-            })))
+            Err(PublishError::Rejected(Box::new(Rejection::new(
+                record.topic.clone(),
+                event_id.to_string(),
+                KafkaError::MessageProduction(error),
+            ))))
         };
         let mut txn = None;
         if let Some(coordinator) = &mut world.eos {
@@ -231,7 +231,10 @@ impl RecordSink for SimSink {
         // so that it does not take a batch of healthy neighbours down with it again,
         // exactly-once so that it is dead-lettered inside the transaction.
         if kind == RecordKind::Event {
-            if let Some(refusal) = world.limits.refused(&record.topic, &record.key) {
+            if let Some(refusal) = world
+                .limits
+                .refused(&record.topic, RecordContent::of_record(record))
+            {
                 return rejected(refusal);
             }
         }
@@ -263,12 +266,14 @@ impl RecordSink for SimSink {
     fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
         use rdkafka::message::Message;
         let world = self.world.borrow();
-        world.limits.judge(
-            failure.message.topic(),
-            failure.message.key().unwrap_or_default(),
-            failure.record_bytes(),
-            self.batch_size,
-        )
+        world
+            .limits
+            .judge(failure.message.topic(), failure.content(), self.batch_size)
+    }
+
+    /// Not modelled: the simulated topics have no timestamp window.
+    fn refuses_timestamp(&self, _topic: &str, _timestamp_ms: Option<i64>) -> bool {
+        false
     }
 
     /// A local state change in librdkafka (`rd_kafka_begin_transaction`, rdkafka_txnmgr.c),

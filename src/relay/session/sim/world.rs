@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::Timestamp;
@@ -24,7 +23,8 @@ use crate::mapping::partition::partition_for_key;
 use crate::mapping::Record;
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::RecordKind;
-use crate::sink::limits::TopicLimits;
+use crate::sink::fault::KafkaFault;
+use crate::sink::limits::{RecordContent, TopicLimits};
 use crate::sink::progress::{Covered, Progress, Stored};
 use crate::sink::publisher::{waits_at_gate, Delivery, DeliveryFailure, PublishError};
 
@@ -250,9 +250,8 @@ pub(super) struct Pending {
 
 impl Pending {
     fn report(&self, result: Result<(), KafkaError>, partition: i32) {
-        let result = result.map_err(|error| DeliveryFailure {
-            error,
-            message: OwnedMessage::new(
+        let result = result.map_err(|error| {
+            let message = OwnedMessage::new(
                 self.record.payload.as_ref().map(|p| p.to_vec()),
                 Some(self.record.key.to_vec()),
                 self.record.topic.clone(),
@@ -260,7 +259,8 @@ impl Pending {
                 partition,
                 -1,
                 None,
-            ),
+            );
+            DeliveryFailure::new(error, message)
         });
         // A report to a session that ended is lost with its producer.
         let _ = self.reports.send(Delivery {
@@ -326,7 +326,7 @@ pub(super) struct World {
     pub landed: Vec<(u32, u32)>,
     /// Events Kafka refused as too large or invalid, with their record's topic and key (what
     /// the producer's limits remember a refusal by): `World::progress_mark`.
-    refused_events: BTreeMap<usize, (String, Bytes)>,
+    refused_events: BTreeMap<usize, Record>,
     /// Transactions known to be safely behind the slot.
     pub verified: usize,
     /// Limits known to the producer, which outlive sessions (`sink::limits`).
@@ -711,7 +711,8 @@ impl World {
                 self.note_refused(&pending);
                 let record = &pending.record;
                 if self.defect != Defect::ForgetsInvalid {
-                    self.limits.remember_invalid(&record.topic, &record.key);
+                    self.limits
+                        .remember_invalid(&record.topic, RecordContent::of_record(record));
                 }
                 let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord);
                 self.fail(&pending, error, partition);
@@ -726,9 +727,7 @@ impl World {
     fn note_refused(&mut self, pending: &Pending) {
         if pending.kind == RecordKind::Event {
             if let Ok(e) = self.workload.event_of(&pending.record) {
-                let record = &pending.record;
-                let topic_key = (record.topic.clone(), record.key.clone());
-                self.refused_events.insert(e, topic_key);
+                self.refused_events.insert(e, pending.record.clone());
             }
         }
     }
@@ -756,7 +755,10 @@ impl World {
     /// dooms the transaction and ends the session.
     fn refuse(&mut self, partition: i32, pending: Pending, error: &KafkaError) {
         let eos = self.eos.is_some();
-        if waits_at_gate(error) && !eos && self.defect != Defect::AclRefusalToSession {
+        if waits_at_gate(KafkaFault::of(error))
+            && !eos
+            && self.defect != Defect::AclRefusalToSession
+        {
             let ties = self.ties();
             let held = self.gate.entry(pending.record.topic.clone()).or_default();
             held.insert_refused(partition, pending, ties);
@@ -1197,7 +1199,11 @@ impl World {
             self.refused_events.len(),
             self.refused_events
                 .values()
-                .filter(|(topic, key)| self.limits.refused(topic, key).is_some())
+                .filter(|r| {
+                    self.limits
+                        .refused(&r.topic, RecordContent::of_record(r))
+                        .is_some()
+                })
                 .count(),
         )
     }
