@@ -36,11 +36,12 @@ fn admin() -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>
         .expect("admin client")
 }
 
-/// Raises the topic's record limit with the admin API (the operator's fix for `too_large`).
-async fn raise_limit(topic: &str) {
+/// Raises the topic's record limit to `max_message_bytes` with the admin API (the operator's
+/// fix for `too_large`).
+async fn raise_limit(topic: &str, max_message_bytes: &str) {
     use rdkafka::admin::{AdminOptions, AlterConfig, ResourceSpecifier};
-    let config =
-        AlterConfig::new(ResourceSpecifier::Topic(topic)).set("max.message.bytes", "2000000");
+    let config = AlterConfig::new(ResourceSpecifier::Topic(topic))
+        .set("max.message.bytes", max_message_bytes);
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     for r in admin().alter_configs(&[config], &options).await.unwrap() {
         r.unwrap_or_else(|(_, e)| panic!("raise the limit of {topic}: {e}"));
@@ -169,7 +170,7 @@ async fn redrive_after_the_fix(delete: bool) {
     assert!(relay.terminate(Duration::from_secs(30)).success());
 
     // The fix: routing by the template again, and a limit the payloads fit.
-    raise_limit(&big_topic).await;
+    raise_limit(&big_topic, "2000000").await;
     let mut slow = redrive_command(&fixed, &[]);
     // Slow (10 ms a record), and records linger in the producer for 500 ms: at the kill some
     // were handed over and not yet acknowledged, which the group's position must not cover.
