@@ -9,10 +9,15 @@
 //! Every redriven record carries `outbox-relay.redrive-count`, one more than its dead
 //! letter's; at `--max-redrives` the dead letter is left. One the current configuration still
 //! cannot map is dead-lettered again, with the count raised and the new error.
+//!
+//! A record Kafka refuses on the redrive is judged as the relay judges it ([`refused`]): too
+//! large with its batch is no fault of its own and goes again; only one refused alone (or for
+//! an invalid topic or record) is dead-lettered again.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 
 use super::remap::{check_complete, Remap, RowImage};
@@ -21,6 +26,8 @@ use crate::sink::dead_letter::{
     HEADER_ERROR, HEADER_OMITTED, HEADER_ORIGINAL_PARTITION, HEADER_ORIGINAL_TOPIC,
     HEADER_PARTITION_KEY, HEADER_PREFIX, HEADER_REASON, HEADER_REDRIVES, HEADER_ROW, HEADER_TABLE,
 };
+use crate::sink::limits::SizeRefusal;
+use crate::sink::publisher::{is_permanent, is_size_refusal};
 
 /// One record of the dead-letter topic, owned.
 #[derive(Debug, Clone)]
@@ -101,6 +108,42 @@ pub(super) enum Action {
     DeadLetterAgain(Record),
     /// Not redriven; why.
     Leave(String),
+}
+
+/// What becomes of a record Kafka did not take on the redrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// Refused with a batch larger than its topic takes: nothing is wrong with the record. It
+    /// goes again, through a producer made again whose batches fit what is now known of the
+    /// topic's limit; its dead letter stays uncommitted until it is acknowledged.
+    SendAgain,
+    /// Refused for a fault of its own (too large alone in its batch, an invalid topic or
+    /// record): a new dead letter stands in for it.
+    DeadLetterAgain,
+    /// Anything else, and a dead letter (`dead_letter`) refused for a fault of its own: the
+    /// redrive stops, committing nothing past it (run it again).
+    Stop,
+}
+
+/// Judges a refusal (`error`) of a record as the relay does: a size refusal by `size`, the
+/// publisher's judgment of it (`Publisher::judge_size_refusal`, asked only for size refusals,
+/// which learns the topic's limit from a refused batch).
+pub(super) fn refused(
+    error: &KafkaError,
+    dead_letter: bool,
+    size: impl FnOnce() -> SizeRefusal,
+) -> Refused {
+    let own_fault = match is_size_refusal(error) {
+        true => match size() {
+            SizeRefusal::Batch { .. } => return Refused::SendAgain,
+            SizeRefusal::Record { .. } => true,
+        },
+        false => is_permanent(error),
+    };
+    match (own_fault, dead_letter) {
+        (true, false) => Refused::DeadLetterAgain,
+        (true, true) | (false, _) => Refused::Stop,
+    }
 }
 
 /// What to do with `letter`.
@@ -347,6 +390,56 @@ mod tests {
         };
         assert_eq!(of("public.audit"), Some(1));
         assert_eq!(of("public.outbox"), Some(0));
+    }
+
+    /// Issue 50, point 5: ~3 KB records redriven after their topic's limit was raised to
+    /// 100,000 bytes go out in librdkafka's default batches (1,000,000 bytes), which Kafka
+    /// refuses whole. Sent again, not dead-lettered again; only a record refused alone is.
+    #[test]
+    fn a_record_refused_with_its_batch_is_sent_again_and_one_refused_alone_dead_lettered_again() {
+        use crate::sink::limits::{TopicLimits, DEFAULT_BATCH_SIZE};
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        let error = |code| KafkaError::MessageProduction(code);
+        let too_large = error(Code::MessageSizeTooLarge);
+        let limits = TopicLimits::default();
+        limits.read("t", 100_000);
+        let judge = |key: &[u8], bytes, batch_size| limits.judge("t", key, bytes, batch_size);
+        assert_eq!(
+            refused(&too_large, false, || judge(
+                b"e1",
+                3_000,
+                DEFAULT_BATCH_SIZE
+            )),
+            Refused::SendAgain
+        );
+        assert_eq!(limits.refused("t", b"e1"), None, "not the record's fault");
+        // A dead letter written again in such a batch goes again too.
+        assert_eq!(
+            refused(&too_large, true, || judge(b"e2", 3_000, DEFAULT_BATCH_SIZE)),
+            Refused::SendAgain
+        );
+        // The next producer's batches fit the limit; a record refused alone in one is at fault.
+        let batch_size = limits.batch_size(DEFAULT_BATCH_SIZE);
+        assert!(batch_size < 100_000, "{batch_size}");
+        assert_eq!(
+            refused(&too_large, false, || judge(b"big", 150_000, batch_size)),
+            Refused::DeadLetterAgain
+        );
+        assert_eq!(
+            refused(&too_large, true, || judge(b"big-dlq", 150_000, batch_size)),
+            Refused::Stop,
+            "a dead letter refused for itself has nothing to stand in for it"
+        );
+        // Other refusals are not judged by size.
+        let unjudged = || -> SizeRefusal { panic!("judged a refusal that is not for size") };
+        assert_eq!(
+            refused(&error(Code::InvalidTopic), false, unjudged),
+            Refused::DeadLetterAgain
+        );
+        assert_eq!(
+            refused(&error(Code::MessageTimedOut), false, unjudged),
+            Refused::Stop
+        );
     }
 
     #[test]
