@@ -1,7 +1,9 @@
 //! Dead letters you can act on, against the real services: poison rows dead-lettered, the
 //! configuration fixed and the topic's limit raised, then `dead-letters redrive` delivers each
 //! once to its topic — also when SIGKILLed halfway and run again — and a second run sends
-//! nothing; the same for the insert-then-delete pattern. And the dead-letter breaker: past
+//! nothing; the same for the insert-then-delete pattern; a raised limit that each record fits
+//! and librdkafka's default batches do not: every record arrives, none is dead-lettered
+//! again. And the dead-letter breaker: past
 //! `dead_letter.max_per_minute` the relay stops before confirming the transaction that tripped it.
 //! And a topic limit that is no record's fault: a backlog older than the topic's timestamp
 //! window waits, blocked, and nothing of it is dead-lettered.
@@ -36,11 +38,12 @@ fn admin() -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>
         .expect("admin client")
 }
 
-/// Raises the topic's record limit with the admin API (the operator's fix for `too_large`).
-async fn raise_limit(topic: &str) {
+/// Raises the topic's record limit to `max_message_bytes` with the admin API (the operator's
+/// fix for `too_large`).
+async fn raise_limit(topic: &str, max_message_bytes: &str) {
     use rdkafka::admin::{AdminOptions, AlterConfig, ResourceSpecifier};
-    let config =
-        AlterConfig::new(ResourceSpecifier::Topic(topic)).set("max.message.bytes", "2000000");
+    let config = AlterConfig::new(ResourceSpecifier::Topic(topic))
+        .set("max.message.bytes", max_message_bytes);
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     for r in admin().alter_configs(&[config], &options).await.unwrap() {
         r.unwrap_or_else(|(_, e)| panic!("raise the limit of {topic}: {e}"));
@@ -169,7 +172,7 @@ async fn redrive_after_the_fix(delete: bool) {
     assert!(relay.terminate(Duration::from_secs(30)).success());
 
     // The fix: routing by the template again, and a limit the payloads fit.
-    raise_limit(&big_topic).await;
+    raise_limit(&big_topic, "2000000").await;
     let mut slow = redrive_command(&fixed, &[]);
     // Slow (10 ms a record), and records linger in the producer for 500 ms: at the kill some
     // were handed over and not yet acknowledged, which the group's position must not cover.
@@ -273,6 +276,124 @@ async fn redrive_delivers_poison_rows_once_after_the_fix_even_when_killed_halfwa
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redrive_delivers_deleted_rows_of_the_insert_then_delete_pattern() {
     redrive_after_the_fix(true).await;
+}
+
+/// Records of ~3 KB (`MEDIUM_HEX_CHUNKS` × 32 characters of random hex): too large for a
+/// 2,500-byte topic, and, 300 of them, far more than 100,000 bytes together.
+const MEDIUM_HEX_CHUNKS: i32 = 94;
+
+/// The runbook's fix for `too_large`, followed (issue 50, point 5): 300 events of ~3 KB to a
+/// topic whose `max.message.bytes` is 2,500 are dead-lettered by the relay; the operator raises
+/// the limit to 100,000 and runs `dead-letters redrive` with the defaults. Each record fits the
+/// new limit; 300 of them in one of librdkafka's default batches (`batch.size` 1,000,000) do
+/// not, and Kafka refuses such a batch whole. That is no record's fault: every one of the 300
+/// reaches the topic, none is dead-lettered again, the command exits 0, and a second redrive
+/// sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redrive_after_a_raised_limit_sends_every_record_in_batches_within_it() {
+    let db = TestDb::new().await;
+    let (topic, dlq) = (db.topic("medium"), format!("{}.dlq", db.topic_prefix));
+    create_topic_limited(&topic, "2500").await;
+    create_topic(&dlq, 1).await;
+    db.create_slot().await;
+    let ids: Vec<String> = (0..300).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    // Each row its own random hex (the subquery names the row's id, so it runs per row):
+    // batches of them do not compress below the limit.
+    let sql = format!(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+           SELECT i::uuid, 'medium', 'agg-' || n, 'Sized', jsonb_build_object('blob',
+             (SELECT string_agg(md5(random()::text || g || i), '')
+                FROM generate_series(1, {MEDIUM_HEX_CHUNKS}) g))
+           FROM unnest($1::text[]) WITH ORDINALITY AS u(i, n)"
+    );
+    let client = db.client().await;
+    for chunk in ids.chunks(50) {
+        client
+            .execute(sql.as_str(), &[&chunk.to_vec()])
+            .await
+            .unwrap();
+    }
+    let env = with(
+        db.relay_env(),
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())],
+    );
+    let mut relay = RelayProcess::start(&env, "dead_letters_raised_limit");
+    let dead = read_ids(
+        std::slice::from_ref(&dlq),
+        1,
+        &ids,
+        Duration::from_secs(90),
+        Duration::from_secs(1),
+    )
+    .await;
+    let mut dead_ids: Vec<String> = dead.iter().map(|r| r.key_str()).collect();
+    dead_ids.sort();
+    dead_ids.dedup();
+    assert_eq!(
+        dead_ids.len(),
+        ids.len(),
+        "not every event dead-lettered\n{}",
+        relay.log_text()
+    );
+    assert!(
+        dead.iter()
+            .all(|r| r.header("outbox-relay.dlq.reason") == Some("too_large")),
+        "dead-lettered for another reason\n{}",
+        relay.log_text()
+    );
+    let mut payloads: Vec<_> = dead.iter().filter_map(|r| r.payload.clone()).collect();
+    payloads.sort();
+    payloads.dedup();
+    assert_eq!(payloads.len(), ids.len(), "payloads alike: they compress");
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+
+    raise_limit(&topic, "100000").await;
+    let dead_before = high_watermark(&dlq);
+    let out = redrive_command(&env, &[]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    let dead_again = high_watermark(&dlq) - dead_before;
+    let got = read_ids(
+        std::slice::from_ref(&topic),
+        1,
+        &ids,
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    )
+    .await;
+    let seen: std::collections::HashSet<String> = got.iter().map(|r| r.key_str()).collect();
+    let missing = ids.iter().filter(|id| !seen.contains(*id)).count();
+    eprintln!(
+        "limit raised 2,500 -> 100,000, redrive: {} of {} on the topic ({missing} missing, {} records), \
+         {dead_again} dead-lettered again (report: redriven {}, dead_lettered_again {}), {}",
+        seen.len(),
+        ids.len(),
+        got.len(),
+        report["redriven"],
+        report["dead_lettered_again"],
+        out.status
+    );
+    assert!(out.status.success(), "{}\n{report:#}\n{stderr}", out.status);
+    assert_eq!(report["failures"], serde_json::json!([]), "{report:#}");
+    assert_eq!(
+        missing, 0,
+        "events missing from the topic\n{report:#}\n{stderr}"
+    );
+    assert_eq!(dead_again, 0, "records dead-lettered again\n{report:#}");
+    assert_eq!(report["dead_lettered_again"], 0, "{report:#}");
+
+    let on_topic = high_watermark(&topic);
+    let second = redrive(&env, &[]);
+    assert_eq!(
+        (&second["redriven"], &second["dead_lettered_again"]),
+        (&serde_json::json!(0), &serde_json::json!(0)),
+        "a finished redrive sent again: {second:#}"
+    );
+    assert_eq!(high_watermark(&topic), on_topic, "{second:#}");
+    assert_eq!(high_watermark(&dlq), dead_before, "{second:#}");
+    db.cleanup().await;
 }
 
 /// Six unroutable rows, one transaction each, against a breaker of 3 a minute: the relay

@@ -9,6 +9,10 @@
 //! Every redriven record carries `outbox-relay.redrive-count`, one more than its dead
 //! letter's; at `--max-redrives` the dead letter is left. One the current configuration still
 //! cannot map is dead-lettered again, with the count raised and the new error.
+//!
+//! A record Kafka refuses on the redrive is judged as the relay judges it ([`refused`]): too
+//! large with its batch is no fault of its own and goes again; only one refused alone (or for
+//! an invalid topic or record) is dead-lettered again.
 
 use std::sync::Arc;
 
@@ -18,9 +22,11 @@ use rdkafka::message::{Headers, Message};
 use super::remap::{check_complete, Remap, RowImage};
 use crate::mapping::{OutboxMapping, Record};
 use crate::sink::dead_letter::{
-    HEADER_ERROR, HEADER_OMITTED, HEADER_ORIGINAL_PARTITION, HEADER_ORIGINAL_TOPIC,
+    Reason, HEADER_ERROR, HEADER_OMITTED, HEADER_ORIGINAL_PARTITION, HEADER_ORIGINAL_TOPIC,
     HEADER_PARTITION_KEY, HEADER_PREFIX, HEADER_REASON, HEADER_REDRIVES, HEADER_ROW, HEADER_TABLE,
 };
+use crate::sink::fault::{KafkaFault, Stamp, Verdict};
+use crate::sink::limits::SizeRefusal;
 
 /// One record of the dead-letter topic, owned.
 #[derive(Debug, Clone)]
@@ -101,6 +107,44 @@ pub(super) enum Action {
     DeadLetterAgain(Record),
     /// Not redriven; why.
     Leave(String),
+}
+
+/// What becomes of a record Kafka did not take on the redrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// Refused with a batch larger than its topic takes: nothing is wrong with the record. It
+    /// goes again, through a producer made again whose batches fit what is now known of the
+    /// topic's limit; its dead letter stays uncommitted until it is acknowledged.
+    SendAgain,
+    /// Refused for a fault of its own (too large alone in its batch, an invalid topic or
+    /// record): a new dead letter stands in for it, with this reason.
+    DeadLetterAgain(Reason),
+    /// Anything else, and a dead letter (`dead_letter`) refused for a fault of its own: the
+    /// redrive stops, committing nothing past it (run it again).
+    Stop,
+}
+
+/// Judges a refusal (`fault`, `sink::fault`'s one classification) of a record as the relay
+/// does: a size refusal by `size`, the publisher's judgment of it
+/// (`Publisher::judge_size_refusal`, asked only for size refusals, which learns the topic's
+/// limit from a refused batch). The record's timestamp is not known here.
+pub(super) fn refused(
+    fault: KafkaFault,
+    dead_letter: bool,
+    size: impl FnOnce() -> SizeRefusal,
+) -> Refused {
+    let own = match fault.verdict(Stamp::CommitOrUnknown) {
+        Verdict::JudgeSize => match size() {
+            SizeRefusal::Batch { .. } => return Refused::SendAgain,
+            SizeRefusal::Record { .. } => Some(Reason::TooLarge),
+        },
+        Verdict::OwnFault(reason) => Some(reason),
+        Verdict::Retry | Verdict::Hold(_) => None,
+    };
+    match (own, dead_letter) {
+        (Some(reason), false) => Refused::DeadLetterAgain(reason),
+        (Some(_), true) | (None, _) => Refused::Stop,
+    }
 }
 
 /// What to do with `letter`.
@@ -347,6 +391,57 @@ mod tests {
         };
         assert_eq!(of("public.audit"), Some(1));
         assert_eq!(of("public.outbox"), Some(0));
+    }
+
+    /// Issue 50, point 5: ~3 KB records redriven after their topic's limit was raised to
+    /// 100,000 bytes go out in librdkafka's default batches (1,000,000 bytes), which Kafka
+    /// refuses whole. Sent again, not dead-lettered again; only a record refused alone is.
+    #[test]
+    fn a_record_refused_with_its_batch_is_sent_again_and_one_refused_alone_dead_lettered_again() {
+        use crate::sink::limits::{RecordContent, TopicLimits, DEFAULT_BATCH_SIZE};
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        let error = |code| KafkaFault::of_code(code);
+        let too_large = error(Code::MessageSizeTooLarge);
+        let limits = TopicLimits::default();
+        limits.read("t", 100_000);
+        let payloads: Vec<Vec<u8>> = [3_000, 150_000].map(|n| vec![b'x'; n]).into();
+        let judge = |key: &[u8], bytes: usize, batch_size| {
+            let payload = payloads.iter().find(|p| p.len() == bytes).unwrap();
+            limits.judge("t", RecordContent::of(Some(key), Some(payload)), batch_size)
+        };
+        assert_eq!(
+            refused(too_large, false, || judge(b"e1", 3_000, DEFAULT_BATCH_SIZE)),
+            Refused::SendAgain
+        );
+        let e1 = RecordContent::of(Some(b"e1"), Some(&payloads[0]));
+        assert_eq!(limits.refused("t", e1), None, "not the record's fault");
+        // A dead letter written again in such a batch goes again too.
+        assert_eq!(
+            refused(too_large, true, || judge(b"e2", 3_000, DEFAULT_BATCH_SIZE)),
+            Refused::SendAgain
+        );
+        // The next producer's batches fit the limit; a record refused alone in one is at fault.
+        let batch_size = limits.batch_size(DEFAULT_BATCH_SIZE);
+        assert!(batch_size < 100_000, "{batch_size}");
+        assert_eq!(
+            refused(too_large, false, || judge(b"big", 150_000, batch_size)),
+            Refused::DeadLetterAgain(Reason::TooLarge)
+        );
+        assert_eq!(
+            refused(too_large, true, || judge(b"big-dlq", 150_000, batch_size)),
+            Refused::Stop,
+            "a dead letter refused for itself has nothing to stand in for it"
+        );
+        // Other refusals are not judged by size.
+        let unjudged = || -> SizeRefusal { panic!("judged a refusal that is not for size") };
+        assert_eq!(
+            refused(error(Code::InvalidTopic), false, unjudged),
+            Refused::DeadLetterAgain(Reason::InvalidTopic)
+        );
+        assert_eq!(
+            refused(error(Code::MessageTimedOut), false, unjudged),
+            Refused::Stop
+        );
     }
 
     #[test]

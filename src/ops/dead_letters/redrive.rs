@@ -10,16 +10,24 @@
 //! (1,500) records, however fast it ran (at-least-once's window), and a
 //! finished one, run again, sends nothing. Each run reads up to the end the topic had when it
 //! started, so the dead letters it writes itself wait for the next run.
+//!
+//! Kafka's refusals are judged as the relay judges them (`plan::refused`, `sink::limits`): a
+//! record refused with a batch over its topic's limit is sent again once every record in
+//! flight is answered, by a producer made again whose `batch.size` fits what is now known of
+//! the limit (the relay's [`Blocked`], shared by the producers of the run). Each such refusal
+//! lowers that, halving it when it should have fitted, so a record is sent again at most until
+//! it is alone in its batch, and then judged its own fault; [`MAX_PRODUCERS`] bounds it still.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::sink::limits::SizeRefusal;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::plan::{again, plan, Action, How, Letter};
+use super::plan::{again, plan, refused, Action, How, Letter, Refused};
 use super::positions::Positions;
 use super::report::RedriveReport;
 use super::{dead_letter, partition_ends, Filter, REQUEST_TIMEOUT};
@@ -27,9 +35,9 @@ use crate::config::Config;
 use crate::mapping::{OutboxMapping, Record};
 use crate::ops::replay::progress::Progress;
 use crate::ops::OpsError;
+use crate::sink::blocked::Blocked;
 use crate::sink::dead_letter::{Reason, HEADER_REASON};
-use crate::sink::fault::{Stamp, Verdict};
-use crate::sink::publisher::{self, Delivery, Publisher};
+use crate::sink::publisher::{self, Delivery, PublishError, Publisher};
 use crate::sink::schema::{SerializeError, Serializers};
 use crate::sink::window::InFlight;
 
@@ -48,6 +56,9 @@ const CHUNK: usize = 100;
 const MAX_IN_FLIGHT: usize = 1000;
 /// How long the end waits for acknowledgements beyond `kafka.message_timeout_ms`.
 const ACK_GRACE: Duration = Duration::from_secs(10);
+/// Producers made in one run at most: each after a batch Kafka refused, with batches within a
+/// lower limit (see the module's doc: the limit's halvings end well before).
+const MAX_PRODUCERS: u32 = 64;
 /// A test aid: milliseconds to wait after each record sent, so that a test can interrupt a
 /// redrive halfway. Unset in production.
 const PAUSE_ENV: &str = "OUTBOX_RELAY_REDRIVE_PAUSE_MS";
@@ -64,12 +75,12 @@ pub struct RedriveOptions {
     pub progress: bool,
 }
 
-/// A record in flight, and the dead letter it stands for.
+/// A record in flight (or to be sent again), and the dead letter it stands for.
 struct Sent {
     letter: Letter,
     /// `None`: the record is the dead letter again.
     how: Option<How>,
-    topic: String,
+    record: Record,
 }
 
 struct Run<'a> {
@@ -80,12 +91,20 @@ struct Run<'a> {
     /// live relay encodes it, by its table's serializer.
     serializers: Serializers,
     publisher: Option<(Publisher, tokio::sync::mpsc::UnboundedReceiver<Delivery>)>,
+    /// What Kafka refused and what is known of each topic's limit, kept by every producer
+    /// of the run (its `batch.size` is taken from it).
+    blocked: Arc<Blocked>,
+    /// Producers made so far.
+    producers: u32,
+    /// A batch was refused: the producer is made again before anything more is sent.
+    remake: bool,
     window: InFlight,
     in_flight: BTreeMap<u64, Sent>,
     next_seq: u64,
     positions: Positions,
-    /// Dead letters to write for records Kafka refused on the redrive.
-    again: Vec<(Record, Letter)>,
+    /// Records to hand over again, before new ones: those Kafka refused with their batch, and
+    /// the dead letters of those it refused for their own fault.
+    again: Vec<Sent>,
     report: RedriveReport,
     pause: Option<Duration>,
     /// Set while the walk runs: the consumer whose group is committed.
@@ -209,9 +228,10 @@ impl<'a> Run<'a> {
         options: &'a RedriveOptions,
         starts: &BTreeMap<i32, (i64, i64)>,
     ) -> Result<Run<'a>, OpsError> {
+        let blocked = Arc::new(Blocked::new(&config.kafka));
         let publisher = match options.dry_run {
             true => None,
-            false => Some(Publisher::new(&config.kafka)?),
+            false => Some(Publisher::reporting_blocks(&config.kafka, blocked.clone())?),
         };
         let mut positions = Positions::default();
         for (&p, &(at, _)) in starts {
@@ -231,6 +251,9 @@ impl<'a> Run<'a> {
             config,
             options,
             publisher,
+            blocked,
+            producers: 1,
+            remake: false,
             in_flight: BTreeMap::new(),
             next_seq: 0,
             positions,
@@ -277,8 +300,9 @@ impl<'a> Run<'a> {
     }
 
     fn limit_reached(&self) -> bool {
-        let acted =
-            self.report.redriven + self.report.dead_lettered_again + self.in_flight.len() as u64;
+        let acted = self.report.redriven
+            + self.report.dead_lettered_again
+            + (self.in_flight.len() + self.again.len()) as u64;
         self.options.filter.limit.is_some_and(|n| acted >= n as u64)
     }
 
@@ -396,13 +420,32 @@ impl<'a> Run<'a> {
         };
         let seq = self.next_seq;
         self.next_seq += 1;
-        publisher
-            .send(&record, seq, &letter.event_id())
-            .await
-            .map_err(|e| e.to_string())?;
+        match publisher.send(&record, seq, &letter.event_id()).await {
+            Ok(()) => {}
+            // Refused before it was sent: its topic refused it alone earlier in this run (a
+            // dead letter of the same event read again), as a delivery report would.
+            Err(PublishError::Rejected(rejection)) => {
+                // At `send`, a size refusal is the record's alone.
+                let alone = || SizeRefusal::Record { limit: 0 };
+                match refused(rejection.fault, how.is_none(), alone) {
+                    Refused::DeadLetterAgain(reason) => {
+                        self.dead_letter_again(letter, reason, &rejection.to_string());
+                        return Ok(());
+                    }
+                    Refused::SendAgain | Refused::Stop => return Err(rejection.to_string()),
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
         self.window.sent(record.size());
-        let topic = record.topic;
-        self.in_flight.insert(seq, Sent { letter, how, topic });
+        self.in_flight.insert(
+            seq,
+            Sent {
+                letter,
+                how,
+                record,
+            },
+        );
         Ok(())
     }
 
@@ -423,8 +466,9 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// An acknowledgement moves the position; a permanent refusal is dead-lettered again
-    /// (kept in flight until that one is acknowledged); anything else stops the redrive.
+    /// An acknowledgement moves the position; a refusal is judged (`plan::refused`): the
+    /// record goes again (with its batch, no fault of its own), or is dead-lettered again
+    /// (kept uncommitted until what is sent for it is acknowledged), or the redrive stops.
     fn delivered(&mut self, delivery: Delivery) -> Result<(), String> {
         self.window.settled(delivery.bytes);
         let Some(sent) = self.in_flight.remove(&delivery.seq) else {
@@ -432,51 +476,93 @@ impl<'a> Run<'a> {
         };
         let failure = match delivery.result {
             Ok(()) => {
-                self.report.acknowledged(&sent.topic, sent.how);
+                self.report.acknowledged(&sent.record.topic, sent.how);
                 self.positions
                     .acknowledged(sent.letter.partition, sent.letter.offset);
                 return Ok(());
             }
             Err(failure) => failure,
         };
-        let rejection = failure.rejection().to_string();
-        let reason = match failure.fault.verdict(Stamp::CommitOrUnknown) {
-            Verdict::JudgeSize => Reason::TooLarge,
-            Verdict::OwnFault(reason) => reason,
-            Verdict::Retry | Verdict::Hold(_) => {
-                return Err(format!("Kafka did not take a record: {rejection}"))
-            }
+        let Some((publisher, _)) = &self.publisher else {
+            return Err("the Kafka producer went away".into());
         };
-        if sent.how.is_none() {
-            return Err(format!("Kafka did not take a record: {rejection}"));
+        let judged = refused(failure.fault, sent.how.is_none(), || {
+            publisher.judge_size_refusal(&failure)
+        });
+        let rejection = failure.rejection().to_string();
+        match judged {
+            Refused::SendAgain => {
+                self.remake = true;
+                self.again.push(sent);
+                Ok(())
+            }
+            Refused::DeadLetterAgain(reason) => {
+                self.dead_letter_again(sent.letter, reason, &rejection);
+                Ok(())
+            }
+            Refused::Stop => Err(format!("Kafka did not take a record: {rejection}")),
         }
-        let reason = reason.code();
+    }
+
+    /// Queues the dead letter again for a record Kafka refused for its own fault.
+    fn dead_letter_again(&mut self, letter: Letter, reason: Reason, why: &str) {
         let record = again(
-            &sent.letter,
+            &letter,
             &self.config.dead_letter.topic,
-            Some(reason),
-            &rejection,
+            Some(reason.code()),
+            why,
         );
-        self.again.push((record, sent.letter));
-        Ok(())
+        self.again.push(Sent {
+            letter,
+            how: None,
+            record,
+        });
     }
 
-    /// Sends the dead letters of records Kafka refused on the redrive.
+    /// Hands over again what Kafka refused on the redrive: after a refused batch, once every
+    /// record in flight is answered (each of that batch is judged), through a producer made
+    /// again, whose batches fit what is known of the limits now.
     async fn send_again(&mut self) -> Result<(), String> {
-        for (record, letter) in std::mem::take(&mut self.again) {
-            self.hand_over(record, letter, None).await?;
+        if self.remake {
+            self.settle().await?;
+            self.remake_publisher()?;
+        }
+        for Sent {
+            letter,
+            how,
+            record,
+        } in std::mem::take(&mut self.again)
+        {
+            self.hand_over(record, letter, how).await?;
         }
         Ok(())
     }
 
-    /// Waits for every record in flight; librdkafka reports each within
+    /// Drops the producer (every record it was given is answered) and makes a new one with
+    /// the run's limits (`Publisher::reporting_blocks`: its `batch.size` within the smallest
+    /// known, as the relay's next session's).
+    fn remake_publisher(&mut self) -> Result<(), String> {
+        self.remake = false;
+        if self.producers >= MAX_PRODUCERS {
+            return Err(format!(
+                "Kafka refused batches of {MAX_PRODUCERS} producers, each made again with smaller batches; check the target topics' max.message.bytes"
+            ));
+        }
+        self.publisher = None;
+        let made = Publisher::reporting_blocks(&self.config.kafka, self.blocked.clone())
+            .map_err(|e| format!("cannot make the Kafka producer again: {e}"))?;
+        self.publisher = Some(made);
+        self.producers += 1;
+        Ok(())
+    }
+
+    /// Waits until every record in flight is answered; librdkafka reports each within
     /// `kafka.message_timeout_ms`.
-    async fn finish(&mut self, progress: &mut Progress) -> Result<(), String> {
+    async fn settle(&mut self) -> Result<(), String> {
         let deadline = Instant::now()
             + Duration::from_millis(self.config.kafka.message_timeout_ms)
             + ACK_GRACE;
         while !self.in_flight.is_empty() {
-            self.send_again().await?;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(format!(
@@ -488,9 +574,20 @@ impl<'a> Run<'a> {
                 Ok(result) => result?,
                 Err(_) => continue,
             }
-            progress.update(self.report.scanned);
         }
         Ok(())
+    }
+
+    /// Sends what is to be sent again and waits for every record, until nothing is left.
+    async fn finish(&mut self, progress: &mut Progress) -> Result<(), String> {
+        loop {
+            self.send_again().await?;
+            if self.in_flight.is_empty() && self.again.is_empty() {
+                return Ok(());
+            }
+            self.settle().await?;
+            progress.update(self.report.scanned);
+        }
     }
 
     /// Commits what is due (nothing in a dry run).
