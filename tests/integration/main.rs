@@ -24,6 +24,7 @@ mod kafka_security;
 mod network;
 mod ops;
 mod partitions;
+mod refusals;
 mod relay_e2e;
 mod routing;
 mod schema_registry;
