@@ -400,3 +400,98 @@ async fn a_row_stamped_outside_its_topics_window_is_dead_lettered_and_the_stream
     assert!(relay.terminate(Duration::from_secs(30)).success());
     db.cleanup().await;
 }
+
+/// A topic's `max.message.bytes` lowered to 16 KiB while the relay streams, then bursts of
+/// 2,000-row transactions of ~1 KB events (each fits alone): the batches over the new limit are
+/// refused, the limit is learned and the records sent again — and per aggregate no event may
+/// reach the topic after a later one (an idempotent producer that bumps its epoch after the
+/// refusal writes the partition's later batches before the session restarts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_topic_limit_lowered_mid_stream_keeps_each_aggregates_order() {
+    let db = TestDb::new().await;
+    let (topic, dlq) = (db.topic("order"), format!("{}.dlq", db.topic_prefix));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    db.create_slot().await;
+    let client = db.client().await;
+    let env = with(
+        db.relay_env(),
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())],
+    );
+    let mut relay = RelayProcess::start(&env, "refusals_limit_lowered");
+    let mut healthy = Vec::new();
+    let mut n = 0;
+    let mut burst = |count: usize| {
+        let rows: Vec<_> = (0..count)
+            .map(|i| {
+                n += 1;
+                (new_id(), format!("agg-{}", i % 20), n, None)
+            })
+            .collect();
+        healthy.extend(rows.iter().map(|r| r.0.clone()));
+        rows
+    };
+    let first = burst(2_000);
+    insert(&client, &first, 1_000).await;
+    let seen: Vec<String> = first.iter().map(|r| r.0.clone()).collect();
+    read_by_id(
+        std::slice::from_ref(&topic),
+        &seen,
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let lower =
+        AlterConfig::new(ResourceSpecifier::Topic(&topic)).set("max.message.bytes", "16384");
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for r in admin.alter_configs(&[lower], &options).await.unwrap() {
+        r.unwrap_or_else(|(_, e)| panic!("lower the limit of {topic}: {e}"));
+    }
+    for _ in 0..5 {
+        let rows = burst(2_000);
+        insert(&client, &rows, 1_000).await;
+    }
+    let end = db.current_wal_lsn().await;
+    let got = read_by_id(
+        std::slice::from_ref(&topic),
+        &healthy,
+        Duration::from_secs(180),
+        Duration::from_secs(1),
+    )
+    .await;
+    let dead = read_until(
+        std::slice::from_ref(&dlq),
+        1,
+        Duration::from_secs(2),
+        Duration::ZERO,
+        |_| false,
+    )
+    .await;
+    let log = relay.log_text();
+    let (missing, out_of_order) = count(&healthy, &got);
+    eprintln!(
+        "16 KiB limit set mid-stream: {missing} of {} missing, {out_of_order} out of order, {} \
+         dead-lettered, {} records read",
+        healthy.len(),
+        dead.len(),
+        got.len()
+    );
+    assert_eq!(missing, 0, "events missing\n{log}");
+    assert_eq!(dead.len(), 0, "healthy events dead-lettered\n{log}");
+    assert_eq!(out_of_order, 0, "per-aggregate order broken\n{log}");
+    wait_for(
+        "the slot confirmed past every event",
+        Duration::from_secs(30),
+        || async { db.confirmed_flush_lsn().await >= end },
+    )
+    .await;
+    assert!(relay.try_status().is_none(), "the relay stopped\n{log}");
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
