@@ -15,6 +15,9 @@
 //! | topic creation refused | blocked `topic_creation` | records of that topic wait |
 //! | `INVALID_TIMESTAMP`, or `INVALID_RECORD` for a record outside its topic's timestamp window | blocked `record_timestamp` | the session restarts with back-off; nothing is dead-lettered |
 //!
+//! Which code means which block is `sink::fault`'s one list (`CODES`); a row's own timestamp
+//! (`timestamp_column`) outside the window is the row's fault there, not a block.
+//!
 //! A block is lifted by the first success that shows it fixed: a record delivered to the
 //! topic, its metadata read (a topic that appeared), a transactional producer initialised.
 //! Login failures are reported by librdkafka at every reconnect attempt; one not repeated for

@@ -8,19 +8,11 @@
 //! - a throwaway producer made from the settings every session uses ([`client_config`]),
 //!   without bootstrap servers: librdkafka validates every property when a client is created.
 //!
-//! # What the relay does when Kafka says no
-//!
-//! | Kafka or librdkafka says | class | the relay |
-//! |---|---|---|
-//! | broker unreachable, leader moving, request timed out, coordinator loading | transient | librdkafka retries; a failed delivery ends the session, which restarts from the slot's confirmed position with back-off |
-//! | SASL authentication refused | blocked | retries with back-off, `/readyz` red, `outbox_relay_kafka_blocked{reason="authentication"}` |
-//! | missing `WRITE` ACL on a topic, missing topic (no auto-create), topic creation refused, `transactional.id` ACL | blocked | keeps the records and retries; never confirms past them; `/readyz` red, `outbox_relay_kafka_blocked`, the topic named |
-//! | record too large, invalid topic name, invalid record | dead letter | the record goes to `dead_letter.topic` (or the relay stops with `dead_letter.policy = "stop"`) |
-//! | unknown property, invalid value, feature not built in, unsupported SASL mechanism | definite | exit 1 at start (`run`) or a problem (`check`), naming the key |
-//!
-//! Transient errors are classed where they are born (`is_transient` on each error type), the
-//! blocked ones in `blocked.rs`; the definite ones are found here, before anything is read from
-//! the slot.
+//! What the relay does when Kafka refuses a record at run time is decided by the one
+//! classification in `sink::fault` (and its generated table,
+//! `docs/src/reference/kafka-refusals.md`); what is found here is the definite kind — a setting
+//! that can never work — which stops the relay at start (`run`) or is a problem (`check`),
+//! naming the key, before anything is read from the slot.
 
 use std::collections::BTreeSet;
 
