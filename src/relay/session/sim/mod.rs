@@ -188,6 +188,11 @@ struct Hold {
 /// | `RegistryErrorDeadLetters` | 4 | 1,159 of the 1,490 serialized (463 exactly-once) | a healthy event dead-lettered |
 /// | `SendsUnserialized` | 4 | 1,228 of the 1,490 serialized (571 exactly-once) | a record without the wire framing |
 /// | `ForgetsInvalid` | 5 | 1,398 (all exactly-once) | sessions in a row that move nothing on |
+/// | `RefusalByKey` | 7 | 1,122 (456 exactly-once) | a healthy event dead-lettered |
+///
+/// `RefusalByKey` needs `key_column = "aggregateid"`, drawn in 30% of the seeds (from a
+/// generator of its own, so the rows above keep their first seeds; their counts were measured
+/// before it was drawn).
 ///
 /// `FixedTimeline` with the label invariant switched off (a throwaway change): 20 seeds of
 /// 5,000 catch it, first 24, by what it does downstream — the next session's `reconcile` cuts
@@ -258,6 +263,11 @@ pub(super) enum Defect {
     /// is sent again in the next session's transaction, which it aborts again — a restart
     /// loop (at-least-once dead-letters it on its first refusal).
     ForgetsInvalid,
+    /// The refusal memory keyed by `(topic, key)`, as `sink/limits.rs` was until the one
+    /// fault model: with `key_column = "aggregateid"` a record refused for its own fault
+    /// (too large alone, invalid) makes every later event of its aggregate on that topic be
+    /// refused at `send`, and dead-lettered for no fault of its own.
+    RefusalByKey,
 }
 
 /// The throwaway defects `injected_defects_are_caught` injects, one at a time.
@@ -275,7 +285,11 @@ const INJECTED: &[Defect] = &[
     Defect::RegistryErrorDeadLetters,
     Defect::SendsUnserialized,
     Defect::ForgetsInvalid,
+    Defect::RefusalByKey,
 ];
+
+/// Mixed into the seed for the draw of `key_column`.
+const KEY_SALT: u64 = 0x4B45_595F_434F_4C55;
 
 /// A relay process's supervisor, with the default back-off (`postgres.reconnect_backoff_*`).
 fn new_supervisor() -> Supervisor {
@@ -384,6 +398,8 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
         &mut workload,
         exactly_once,
     );
+    // `key_column = "aggregateid"` in 30% of the seeds, from a generator of its own.
+    workload.key_by_aggregate = Rng::new(seed ^ KEY_SALT).chance(30);
     let mut world = World::new(workload, &mut rng, exactly_once, defect);
     world.server = server;
     let world = Rc::new(RefCell::new(world));
@@ -453,6 +469,9 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
     if world.borrow().workload.header_column {
         let (column, header) = (registry::SCHEMA_ID_COLUMN, registry::SCHEMA_ID_HEADER);
         outbox.header_columns.insert(column.into(), header.into());
+    }
+    if world.borrow().workload.key_by_aggregate {
+        outbox.key_column = Some("aggregateid".into());
     }
     let mapping = OutboxMapping::new(&outbox).expect("the simulation's mapping");
     let (mut idle_sessions, mut last_mark) = (0, None);

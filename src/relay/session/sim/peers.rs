@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::timeline;
 use super::world::{Pending, World};
+use super::Defect;
 use crate::lsn::Lsn;
 use crate::mapping::Record;
 use crate::relay::ledger::TxnSeq;
@@ -237,6 +238,12 @@ impl RecordSink for SimSink {
             {
                 return rejected(refusal);
             }
+            // The defect: the memory keyed by `(topic, key)`, which the key of another event
+            // of the aggregate matches under `key_column = "aggregateid"`.
+            let by_key = (record.topic.clone(), record.key.clone());
+            if world.defect == Defect::RefusalByKey && world.refused_keys.contains(&by_key) {
+                return rejected(RDKafkaErrorCode::MessageSizeTooLarge);
+            }
         }
         let pending = Pending {
             record: record.clone(),
@@ -265,10 +272,18 @@ impl RecordSink for SimSink {
 
     fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
         use rdkafka::message::Message;
-        let world = self.world.borrow();
-        world
-            .limits
-            .judge(failure.message.topic(), failure.content(), self.batch_size)
+        let mut world = self.world.borrow_mut();
+        let judged =
+            world
+                .limits
+                .judge(failure.message.topic(), failure.content(), self.batch_size);
+        if let SizeRefusal::Record { .. } = judged {
+            let key = bytes::Bytes::copy_from_slice(failure.message.key().unwrap_or_default());
+            world
+                .refused_keys
+                .insert((failure.message.topic().to_string(), key));
+        }
+        judged
     }
 
     /// Not modelled: the simulated topics have no timestamp window.

@@ -5,7 +5,7 @@
 //! commits make records visible). The invariants are checked here, as things happen and at
 //! the end.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -24,6 +24,8 @@ use crate::mapping::Record;
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::RecordKind;
 use crate::sink::fault::KafkaFault;
+use bytes::Bytes;
+
 use crate::sink::limits::{RecordContent, TopicLimits};
 use crate::sink::progress::{Covered, Progress, Stored};
 use crate::sink::publisher::{waits_at_gate, Delivery, DeliveryFailure, PublishError};
@@ -113,6 +115,10 @@ pub(super) struct Workload {
     /// The outbox has a column before the DDL's (`added_0`) that the mapping makes the
     /// `schema_id_header` (`registry.rs`): each row's [`Event::header`], or NULL.
     pub header_column: bool,
+    /// `key_column = "aggregateid"` (what `config --from-debezium` writes): every event of
+    /// an aggregate has one key, so a refusal remembered by key would refuse its healthy
+    /// later events too (`Defect::RefusalByKey`).
+    pub key_by_aggregate: bool,
 }
 
 impl Workload {
@@ -182,6 +188,7 @@ impl Workload {
             topics,
             rolled_back,
             header_column: false,
+            key_by_aggregate: false,
         }
     }
 
@@ -343,6 +350,8 @@ pub(super) struct World {
     pub eos: Option<Coordinator>,
     /// The defect injected into this run, if any (see `Defect`).
     pub defect: Defect,
+    /// `Defect::RefusalByKey`: the refusals remembered by `(topic, key)`, as the relay did.
+    pub refused_keys: HashSet<(String, Bytes)>,
     /// Exactly-once: Kafka transactions committed, and commits that failed.
     pub commits: (u32, u32),
     /// The server decoded from: its timeline, and a promotion in place or a failover
@@ -396,6 +405,7 @@ impl World {
             pending_pause: 0,
             eos: exactly_once.then(Coordinator::new),
             defect,
+            refused_keys: HashSet::new(),
             commits: (0, 0),
             server: Server::primary(wal_end),
             registry: None,
@@ -714,6 +724,8 @@ impl World {
                     self.limits
                         .remember_invalid(&record.topic, RecordContent::of_record(record));
                 }
+                self.refused_keys
+                    .insert((record.topic.clone(), record.key.clone()));
                 let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord);
                 self.fail(&pending, error, partition);
             } else {
