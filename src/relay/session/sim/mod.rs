@@ -189,10 +189,12 @@ struct Hold {
 /// | `SendsUnserialized` | 4 | 1,228 of the 1,490 serialized (571 exactly-once) | a record without the wire framing |
 /// | `ForgetsInvalid` | 5 | 1,398 (all exactly-once) | sessions in a row that move nothing on |
 /// | `RefusalByKey` | 7 | 1,122 (456 exactly-once) | a healthy event dead-lettered |
+/// | `DeadLetterBatchStops` | 91 | 11 (all at-least-once) | the relay stopping for good |
 ///
-/// `RefusalByKey` needs `key_column = "aggregateid"`, drawn in 30% of the seeds (from a
-/// generator of its own, so the rows above keep their first seeds; their counts were measured
-/// before it was drawn).
+/// `RefusalByKey` needs `key_column = "aggregateid"`, drawn in 30% of the seeds;
+/// `DeadLetterBatchStops` a dead-letter topic whose limit takes any one dead letter but not
+/// always two, drawn in 30% (each from a generator of its own, so the rows above keep their
+/// first seeds; their counts were measured before these were drawn).
 ///
 /// `FixedTimeline` with the label invariant switched off (a throwaway change): 20 seeds of
 /// 5,000 catch it, first 24, by what it does downstream — the next session's `reconcile` cuts
@@ -268,6 +270,10 @@ pub(super) enum Defect {
     /// (too large alone, invalid) makes every later event of its aggregate on that topic be
     /// refused at `send`, and dead-lettered for no fault of its own.
     RefusalByKey,
+    /// A dead letters' batch refused as too large is taken for the dead letters' own fault,
+    /// as `handle_failed_delivery` did (`was_dead_letter`: a permanent error): with a small
+    /// dead-letter topic, a burst of dead letters stops the relay for good.
+    DeadLetterBatchStops,
 }
 
 /// The throwaway defects `injected_defects_are_caught` injects, one at a time.
@@ -286,10 +292,13 @@ const INJECTED: &[Defect] = &[
     Defect::SendsUnserialized,
     Defect::ForgetsInvalid,
     Defect::RefusalByKey,
+    Defect::DeadLetterBatchStops,
 ];
 
 /// Mixed into the seed for the draw of `key_column`.
 const KEY_SALT: u64 = 0x4B45_595F_434F_4C55;
+/// Mixed into the seed for the draw of the dead-letter topic's limit.
+const DLQ_SALT: u64 = 0x444C_515F_4C49_4D54;
 
 /// A relay process's supervisor, with the default back-off (`postgres.reconnect_backoff_*`).
 fn new_supervisor() -> Supervisor {
@@ -400,6 +409,17 @@ async fn simulate(seed: u64, injected: Injected) -> Outcome {
     );
     // `key_column = "aggregateid"` in 30% of the seeds, from a generator of its own.
     workload.key_by_aggregate = Rng::new(seed ^ KEY_SALT).chance(30);
+    // A small dead-letter topic in 30% of the seeds: any one dead letter fits (its key and
+    // payload: the id at most, and the event's payload, with room for a schema's framing and
+    // encoding: any event may be dead-lettered, by the registry's refusals too), a batch of
+    // two may not.
+    let mut dlq_rng = Rng::new(seed ^ DLQ_SALT);
+    let largest = (workload.events.iter())
+        .map(|e| e.id.len() + e.payload.len() + 64)
+        .max();
+    workload.dlq_limit = largest
+        .filter(|_| dlq_rng.chance(30))
+        .map(|largest| largest + dlq_rng.below(largest as u64) as usize);
     let mut world = World::new(workload, &mut rng, exactly_once, defect);
     world.server = server;
     let world = Rc::new(RefCell::new(world));

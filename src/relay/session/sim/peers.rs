@@ -10,7 +10,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
 use super::timeline;
-use super::world::{Pending, World};
+use super::world::{Pending, World, DLQ};
 use super::Defect;
 use crate::lsn::Lsn;
 use crate::mapping::Record;
@@ -277,6 +277,9 @@ impl RecordSink for SimSink {
             world
                 .limits
                 .judge(failure.message.topic(), failure.content(), self.batch_size);
+        if world.defect == Defect::DeadLetterBatchStops && failure.message.topic() == DLQ {
+            return SizeRefusal::Record { limit: 0 };
+        }
         if let SizeRefusal::Record { .. } = judged {
             let key = bytes::Bytes::copy_from_slice(failure.message.key().unwrap_or_default());
             world

@@ -119,6 +119,9 @@ pub(super) struct Workload {
     /// an aggregate has one key, so a refusal remembered by key would refuse its healthy
     /// later events too (`Defect::RefusalByKey`).
     pub key_by_aggregate: bool,
+    /// The dead-letter topic's `max.message.bytes`, when it has a small one: above any one
+    /// dead letter, below a batch of several (`Defect::DeadLetterBatchStops`).
+    pub dlq_limit: Option<usize>,
 }
 
 impl Workload {
@@ -189,6 +192,7 @@ impl Workload {
             rolled_back,
             header_column: false,
             key_by_aggregate: false,
+            dlq_limit: None,
         }
     }
 
@@ -201,7 +205,11 @@ impl Workload {
     }
 
     fn limit(&self, topic: &str) -> usize {
-        self.topic(topic).map_or(usize::MAX, |t| t.limit)
+        match self.topic(topic) {
+            Some(t) => t.limit,
+            None if topic == DLQ => self.dlq_limit.unwrap_or(usize::MAX),
+            None => usize::MAX,
+        }
     }
 
     /// The event a record stands for, from the number in its payload (`{"e":N,…}`): dead
