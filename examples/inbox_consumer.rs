@@ -27,9 +27,13 @@
 //! restart; correctness rests on the inbox row living in the same transaction as the effect.
 //! A failed offset commit (e.g. during a rebalance) is logged and otherwise harmless.
 //!
-//! The event id is the record key (the relay keys every record by the outbox row's id, in all
-//! output formats). The event type and aggregate id are read from the relay's headers
-//! (`type`/`aggregateid`, or `ce_type`/`ce_subject` for CloudEvents binary records).
+//! The event id is read from the relay's `id` header (`ce_id` for CloudEvents binary records),
+//! which every record carries. It is not the record key: the key is the event id only while
+//! the relay's `outbox.key_column` is unset, and with `key_column = "aggregateid"` (what
+//! `outbox-relay config --from-debezium` writes) every event of an aggregate shares one key, so
+//! deduplicating on the key would drop all of them but the first. Only a record without the
+//! header is deduplicated on its key. The event type and aggregate id are read from the relay's
+//! headers too (`type`/`aggregateid`, or `ce_type`/`ce_subject` for CloudEvents binary records).
 //!
 //! Run it against the relay's topics (flags or environment variables):
 //!
@@ -129,8 +133,12 @@ impl Event {
                 }
             })
         };
+        // The first of them: a `header_columns` entry named `id` comes after the relay's own.
+        // Without the header (not a record of the relay's), the key stands in.
+        let id = header(&["id", "ce_id"])
+            .unwrap_or_else(|| String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned());
         Event {
-            id: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+            id,
             event_type: header(&["type", "ce_type"]),
             aggregate_id: header(&["aggregateid", "ce_subject"]),
             payload: m.payload().map(<[u8]>::to_vec),

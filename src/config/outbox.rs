@@ -84,7 +84,8 @@ pub struct OutboxConfig {
     /// Column holding the payload, the record value: jsonb, json and text are sent as their
     /// text, bytea as its raw bytes.
     pub payload_column: String,
-    /// Column holding the record key. Unset (`""`): the event id.
+    /// Column holding the record key. Unset (`""`): the event id. Set, the key is no longer the
+    /// event id: consumers and `dead-letters --event-id` go by the `id` header.
     #[serde(with = "unset")]
     pub key_column: Option<String>,
     /// Column holding the event time (timestamptz, timestamp as UTC, or an integer of

@@ -18,8 +18,8 @@
 //! byte-for-byte; text as a JSON string) or `data_base64` (bytea); the `content-type` header
 //! names the event format. A tombstone (null payload, `null_payload = "tombstone"`) keeps a
 //! null value in both modes and carries the attributes as binary-mode headers: an event without
-//! data. The record key stays the event id; `header_columns`, `headers_column` and the tracing
-//! context still become headers.
+//! data. The record key stays the event id (or `key_column`'s value); `header_columns`,
+//! `headers_column` and the tracing context still become headers.
 //!
 //! Attribute values are checked as the spec's String type (no control characters or Unicode
 //! noncharacters; `id`, `type`, `subject` non-empty): an event that breaks a rule is a
@@ -53,6 +53,8 @@ pub(super) const CONTENT_TYPE_HEADER: &str = "content-type";
 pub(super) const MESSAGE_SCHEMA: &str = "pg_logical_emit_message";
 /// Prefix of the binary-mode attribute headers.
 pub(super) const HEADER_PREFIX: &str = "ce_";
+/// The binary-mode header of the `id` attribute: the event id.
+pub(super) const ID_HEADER: &str = "ce_id";
 
 /// A record's headers.
 type Headers = Vec<(Arc<str>, Bytes)>;
@@ -150,7 +152,7 @@ impl CloudEvents {
             extensions,
             names: HeaderNames {
                 specversion: header("specversion"),
-                id: header("id"),
+                id: Arc::from(ID_HEADER),
                 source: header("source"),
                 event_type: header("type"),
                 time: header("time"),

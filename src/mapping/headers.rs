@@ -9,6 +9,10 @@ use bytes::Bytes;
 use super::fields::{FieldReader, Role, Value};
 use super::MappingError;
 
+/// The header holding the event id, the first header of every record in the `plain` and
+/// `envelope` formats.
+pub(super) const ID_HEADER: &str = "id";
+
 /// Header names, allocated once and shared by every record.
 #[derive(Debug, Clone)]
 pub(super) struct HeaderNames {
@@ -21,7 +25,7 @@ pub(super) struct HeaderNames {
 impl HeaderNames {
     pub(super) fn new() -> Self {
         HeaderNames {
-            id: Arc::from("id"),
+            id: Arc::from(ID_HEADER),
             event_type: Arc::from("type"),
             aggregate_type: Arc::from("aggregatetype"),
             aggregate_id: Arc::from("aggregateid"),

@@ -21,6 +21,9 @@
 //! | timestamp | `timestamp_column` if non-null, else the commit time | `timestamp.rs` |
 //! | headers | `id`, `type`, `aggregatetype`, `aggregateid` (CloudEvents formats: the `ce_*` attributes and `content-type` instead), then `header_columns`, the `headers_column` object, the tracing context | `headers.rs`, `cloudevents.rs` |
 //!
+//! The key is the event id only while `key_column` is unset; [`event_id_of`] reads the event id
+//! back from where every record carries it (`record.rs`).
+//!
 //! In: a [`Relation`] and the [`crate::source::pgoutput::Tuple`]s of its inserts, or a
 //! [`Message`]. Out: an [`OutboxEvent`] (a [`Record`] and the event id) or a [`MappingError`].
 //! `fields.rs` holds the vocabulary every part shares (roles, values, the `Source`
@@ -44,7 +47,7 @@ mod timestamp;
 mod topic;
 
 pub use message::message_as_row;
-pub use record::Record;
+pub use record::{event_id_of, Record};
 pub use table::BoundTable;
 
 use std::sync::atomic::{AtomicU64, Ordering};

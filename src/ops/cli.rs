@@ -105,7 +105,8 @@ pub struct DeadLettersListArgs {
     /// Only this reason: mapping, invalid_topic, too_large or rejected.
     #[arg(long)]
     pub reason: Option<String>,
-    /// Only the dead letter of this event id (the record key).
+    /// Only the dead letter of this event id (the record's `id` header, whatever
+    /// `key_column` made its key).
     #[arg(long, value_name = "ID")]
     pub event_id: Option<String>,
     /// Only those of this original topic (or, for rows that never became a record, table).

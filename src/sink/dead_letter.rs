@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 
-use crate::mapping::Record;
+use crate::mapping::{event_id_of, Record};
 use crate::source::pgoutput::{Relation, Tuple, TupleValue};
 
 /// Column values larger than this are left out of a row dead letter (the broker's default
@@ -39,6 +39,9 @@ pub const HEADER_PARTITION_KEY: &str = "outbox-relay.dlq.partition-key";
 pub const HEADER_REDRIVES: &str = "outbox-relay.redrive-count";
 /// The record's own timestamp (milliseconds, decimal), when its dead letter is stamped anew.
 pub const HEADER_TIMESTAMP: &str = "outbox-relay.dlq.timestamp";
+/// The event id, when the dead letter leaves out the value that held it (a CloudEvents
+/// structured record too large to keep).
+pub const HEADER_EVENT_ID: &str = "outbox-relay.dlq.event-id";
 /// The prefix of every header the relay adds to a dead letter (a redrive removes them).
 pub const HEADER_PREFIX: &str = "outbox-relay.dlq.";
 
@@ -282,6 +285,15 @@ pub fn lost_content(dead: &Record) -> Option<String> {
 fn annotate(dead: &mut Record, reason: Reason, error: &str, original_topic: &str) {
     let big = |p: &Bytes| p.len() > MAX_KEPT_PAYLOAD_BYTES;
     if reason == Reason::TooLarge && dead.payload.as_ref().is_some_and(big) {
+        // A CloudEvents structured record holds its event id in the value: keep the id.
+        let headers = || dead.headers.iter().map(|(k, v)| (&**k, &v[..]));
+        let only_in_value = match event_id_of(headers(), None) {
+            Some(_) => None,
+            None => event_id_of(headers(), dead.payload.as_deref()),
+        };
+        if let Some(id) = only_in_value {
+            dead.headers.push(header(HEADER_EVENT_ID, id));
+        }
         if let Some(payload) = dead.payload.take() {
             dead.headers.push(header(
                 HEADER_OMITTED,

@@ -14,13 +14,50 @@ use rand::Rng;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-const EVENTS: usize = 10_000;
-const RELAY_KILLS: usize = 5;
-const CONSUMER_KILLS: usize = 3;
 const PARTITIONS: i32 = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_consumer_applies_every_event_once_while_relay_and_consumer_are_killed() {
+    run_inbox(Run {
+        events: 10_000,
+        relay_kills: 5,
+        consumer_kills: 3,
+        key_column: None,
+    })
+    .await;
+}
+
+/// `key_column = "aggregateid"` (what `config --from-debezium` writes for Debezium's usual
+/// set-up): the events of one aggregate (here: of one writer's transaction, 1 to 20 rows) share
+/// one record key. A consumer deduplicating on the key would apply the first of each aggregate
+/// and drop the others as duplicates; deduplicating on the event id (the `id` header), every
+/// event is applied once, and the duplicates of the kills are still skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_consumer_applies_every_event_of_an_aggregate_keyed_by_aggregate_id() {
+    run_inbox(Run {
+        events: 2_000,
+        relay_kills: 1,
+        consumer_kills: 1,
+        key_column: Some("aggregateid"),
+    })
+    .await;
+}
+
+/// One inbox run: how many events, how many kills of each, and the relay's `key_column`.
+struct Run {
+    events: usize,
+    relay_kills: usize,
+    consumer_kills: usize,
+    key_column: Option<&'static str>,
+}
+
+async fn run_inbox(run: Run) {
+    let Run {
+        events,
+        relay_kills,
+        consumer_kills,
+        key_column,
+    } = run;
     let started = Instant::now();
     let db = TestDb::new().await;
     let sink = ScratchDb::new().await;
@@ -30,7 +67,10 @@ async fn inbox_consumer_applies_every_event_once_while_relay_and_consumer_are_ki
     }
     db.create_slot().await;
 
-    let relay_env = db.relay_env();
+    let mut relay_env = db.relay_env();
+    if let Some(column) = key_column {
+        relay_env.push(("OUTBOX_RELAY__OUTBOX__KEY_COLUMN".into(), column.into()));
+    }
     let relay_log = format!("{}-inbox-relay", db.name);
     let mut relay = RelayProcess::start(&relay_env, &relay_log);
     wait_for_slot(&db, &mut relay).await;
@@ -58,12 +98,12 @@ async fn inbox_consumer_applies_every_event_once_while_relay_and_consumer_are_ki
     // that the kills below land while events flow.
     let writer_db = db.clone();
     let writers = tokio::spawn(async move {
-        write_concurrently(&writer_db, 4, EVENTS, 20, Duration::from_millis(40)).await
+        write_concurrently(&writer_db, 4, events, 20, Duration::from_millis(40)).await
     });
 
     // The kills, in random order at random moments; each victim is restarted at once.
     let mut kills: Vec<&str> =
-        [vec!["relay"; RELAY_KILLS], vec!["consumer"; CONSUMER_KILLS]].concat();
+        [vec!["relay"; relay_kills], vec!["consumer"; consumer_kills]].concat();
     kills.shuffle(&mut rand::thread_rng());
     for (n, victim) in kills.iter().enumerate() {
         let pause = rand::thread_rng().gen_range(400..1400);
@@ -84,9 +124,21 @@ async fn inbox_consumer_applies_every_event_once_while_relay_and_consumer_are_ki
         }
     }
     let written: Vec<Event> = writers.await.unwrap().into_iter().flatten().collect();
-    assert_eq!(written.len(), EVENTS);
+    assert_eq!(written.len(), events);
+    if key_column.is_some() {
+        let mut per_aggregate: HashMap<&str, usize> = HashMap::new();
+        for e in &written {
+            *per_aggregate.entry(e.aggregate_id.as_str()).or_default() += 1;
+        }
+        let sharing: usize = per_aggregate.values().filter(|&&n| n > 1).sum();
+        println!("{sharing} of {events} events share their key with another event");
+        assert!(
+            sharing > 0,
+            "no two events share a key: the run proves nothing"
+        );
+    }
     println!(
-        "{:>5.1} s: {EVENTS} events written, all kills done",
+        "{:>5.1} s: {events} events written, all kills done",
         started.elapsed().as_secs_f64()
     );
 
@@ -161,11 +213,11 @@ async fn inbox_consumer_applies_every_event_once_while_relay_and_consumer_are_ki
         .count();
     let (deliveries, skipped) = consumer_batches(&consumer.log_text());
     println!(
-        "{EVENTS} events; {records_on_topics} records on the topics ({} duplicates from the relay); \
+        "{events} events; {records_on_topics} records on the topics ({} duplicates from the relay); \
          the consumers logged {deliveries} records read, {skipped} skipped by the inbox; \
          effects: {} rows, {} distinct events, {} applied twice, {} missing, {unexpected} unexpected; \
          inbox: {inbox_rows} rows; {:.1} s",
-        records_on_topics - EVENTS as i64,
+        records_on_topics - events as i64,
         rows.len(),
         applied.len(),
         twice.len(),
@@ -180,14 +232,14 @@ async fn inbox_consumer_applies_every_event_once_while_relay_and_consumer_are_ki
     );
     assert!(
         missing.is_empty(),
-        "{} of {EVENTS} events never applied, e.g. {:?}\n{}",
+        "{} of {events} events never applied, e.g. {:?}\n{}",
         missing.len(),
         &missing[..missing.len().min(3)],
         consumer.log_text()
     );
     assert_eq!(unexpected, 0, "effects of events nobody wrote");
-    assert_eq!(rows.len(), EVENTS);
-    assert_eq!(inbox_rows, EVENTS as i64);
+    assert_eq!(rows.len(), events);
+    assert_eq!(inbox_rows, events as i64);
     for event in &written {
         let (aggregate_id, event_type, payload) = &applied[&event.id][0];
         assert_eq!(aggregate_id.as_deref(), Some(event.aggregate_id.as_str()));

@@ -81,7 +81,8 @@ pub struct DeadLetter {
     pub offset: i64,
     pub timestamp_ms: Option<i64>,
     pub reason: Option<String>,
-    /// The record's key: the event id.
+    /// The event id the dead letter carries (its `id` header, not its key: see
+    /// `Letter::event_id`).
     pub event_id: String,
     /// The original topic, or the outbox table for a row that never became a record.
     pub original: Option<String>,
@@ -309,5 +310,62 @@ mod tests {
             ..Filter::default()
         };
         assert!(!until.matches(&l), "until is exclusive");
+    }
+
+    /// A dead letter as the topic holds it, from the record the relay sent there.
+    fn as_read(dead: &crate::mapping::Record) -> DeadLetter {
+        dead_letter(&plan::Letter {
+            partition: 0,
+            offset: 0,
+            timestamp_ms: dead.timestamp_ms,
+            key: dead.key.clone(),
+            payload: dead.payload.clone(),
+            headers: dead.headers.clone(),
+        })
+    }
+
+    /// `key_column = "aggregateid"`: the dead letter is keyed by the aggregate id, and
+    /// `--event-id` (list and redrive filter alike) finds it by the event id only.
+    #[test]
+    fn event_id_filter_matches_the_event_id_not_the_aggregate_key() {
+        use crate::sink::dead_letter::{from_record, Reason, MAX_KEPT_PAYLOAD_BYTES};
+        use bytes::Bytes;
+        use std::sync::Arc;
+        let h = |k: &str, v: &str| (Arc::from(k), Bytes::from(v.to_string()));
+        let plain = crate::mapping::Record {
+            topic: "orders".into(),
+            key: Bytes::from_static(b"agg-1"),
+            payload: Some(Bytes::from_static(b"{}")),
+            headers: vec![
+                h("id", "e-7"),
+                h("type", "OrderPaid"),
+                h("aggregatetype", "order"),
+                h("aggregateid", "agg-1"),
+            ],
+            ..Default::default()
+        };
+        // Too large to keep its value: a structured CloudEvent's id lives in it.
+        let structured = crate::mapping::Record {
+            headers: vec![h(
+                "content-type",
+                "application/cloudevents+json; charset=UTF-8",
+            )],
+            payload: Some(Bytes::from(format!(
+                r#"{{"specversion":"1.0","id":"e-7","data":"{}"}}"#,
+                "x".repeat(MAX_KEPT_PAYLOAD_BYTES)
+            ))),
+            ..plain.clone()
+        };
+        for record in [plain, structured] {
+            let dead = from_record("dlq", &record, Reason::TooLarge, "too large");
+            let letter = as_read(&dead);
+            assert_eq!(letter.event_id, "e-7");
+            let by = |id: &str| Filter {
+                event_id: Some(id.into()),
+                ..Filter::default()
+            };
+            assert!(by("e-7").matches(&letter));
+            assert!(!by("agg-1").matches(&letter));
+        }
     }
 }

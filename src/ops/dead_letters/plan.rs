@@ -20,10 +20,11 @@ use bytes::Bytes;
 use rdkafka::message::{Headers, Message};
 
 use super::remap::{check_complete, Remap, RowImage};
-use crate::mapping::{OutboxMapping, Record};
+use crate::mapping::{event_id_of, OutboxMapping, Record};
 use crate::sink::dead_letter::{
-    Reason, HEADER_ERROR, HEADER_OMITTED, HEADER_ORIGINAL_PARTITION, HEADER_ORIGINAL_TOPIC,
-    HEADER_PARTITION_KEY, HEADER_PREFIX, HEADER_REASON, HEADER_REDRIVES, HEADER_ROW, HEADER_TABLE,
+    Reason, HEADER_ERROR, HEADER_EVENT_ID, HEADER_OMITTED, HEADER_ORIGINAL_PARTITION,
+    HEADER_ORIGINAL_TOPIC, HEADER_PARTITION_KEY, HEADER_PREFIX, HEADER_REASON, HEADER_REDRIVES,
+    HEADER_ROW, HEADER_TABLE,
 };
 use crate::sink::fault::{KafkaFault, Stamp, Verdict};
 use crate::sink::limits::SizeRefusal;
@@ -86,8 +87,15 @@ impl Letter {
             .unwrap_or(0)
     }
 
+    /// The event id, where the relay wrote it: the header it keeps when the value holding the
+    /// id was left out, else [`event_id_of`] (the `id` or `ce_id` header, a structured
+    /// CloudEvent's `id`). The key only when none is there: it is the event id only while
+    /// `key_column` is unset.
     pub(super) fn event_id(&self) -> String {
-        String::from_utf8_lossy(&self.key).into_owned()
+        let headers = self.headers.iter().map(|(k, v)| (&**k, &v[..]));
+        self.header(HEADER_EVENT_ID)
+            .or_else(|| event_id_of(headers, self.payload.as_deref()))
+            .unwrap_or_else(|| String::from_utf8_lossy(&self.key).into_owned())
     }
 }
 

@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::ProducerContext;
 use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::mapping::Record;
+use crate::mapping::{event_id_of, Record};
 use crate::sink::blocked::{BlockReason, Blocked};
 use crate::sink::fault::{KafkaFault, Stamp, Verdict};
 use crate::sink::kafka_latency::KafkaLatency;
@@ -446,15 +446,20 @@ impl DeliveryFailure {
         self.message.key().map_or(0, <[u8]>::len) + self.message.payload().map_or(0, <[u8]>::len)
     }
 
-    /// The failure as a rejection: topic and event id (the key), without the payload.
+    /// The failure as a rejection: topic and event id (where the record carries it; the key
+    /// only when it carries none), without the payload.
     pub fn rejection(&self) -> Rejection {
+        let headers = self
+            .message
+            .headers()
+            .into_iter()
+            .flat_map(|h| h.iter().map(|h| (h.key, h.value.unwrap_or_default())));
+        let event_id = event_id_of(headers, self.message.payload()).unwrap_or_else(|| {
+            String::from_utf8_lossy(self.message.key().unwrap_or_default()).into_owned()
+        });
         Rejection {
             topic: self.message.topic().to_string(),
-            event_id: self
-                .message
-                .key()
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .unwrap_or_default(),
+            event_id,
             error: self.error.clone(),
             fault: self.fault,
         }
