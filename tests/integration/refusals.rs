@@ -87,6 +87,21 @@ fn count(healthy: &[String], got: &[Received]) -> (usize, usize) {
     (missing, out_of_order)
 }
 
+/// What every test here ends with: the slot confirmed past `end` (past the row at fault too),
+/// the relay still running; then it stops cleanly.
+async fn assert_the_stream_went_on(db: TestDb, mut relay: RelayProcess, end: u64) {
+    wait_for(
+        "the slot confirmed past every event",
+        Duration::from_secs(30),
+        || async { db.confirmed_flush_lsn().await >= end },
+    )
+    .await;
+    let log = relay.log_text();
+    assert!(relay.try_status().is_none(), "the relay stopped\n{log}");
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
 fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -113,7 +128,7 @@ async fn an_oversized_event_keyed_by_its_aggregate_dead_letters_only_itself() {
             ("OUTBOX_RELAY__OUTBOX__KEY_COLUMN", "aggregateid"),
         ],
     );
-    let mut relay = RelayProcess::start(&env, "refusals_key_column");
+    let relay = RelayProcess::start(&env, "refusals_key_column");
     // The big one is judged first (its dead letter is there), then the healthy ones come.
     let dead = read_by_id(
         std::slice::from_ref(&dlq),
@@ -172,15 +187,7 @@ async fn an_oversized_event_keyed_by_its_aggregate_dead_letters_only_itself() {
         !got.iter().any(|r| r.header("id") == Some(big.as_str())),
         "the oversized event was published"
     );
-    wait_for(
-        "the slot confirmed past every event",
-        Duration::from_secs(30),
-        || async { db.confirmed_flush_lsn().await >= end },
-    )
-    .await;
-    assert!(relay.try_status().is_none(), "the relay stopped\n{log}");
-    assert!(relay.terminate(Duration::from_secs(30)).success());
-    db.cleanup().await;
+    assert_the_stream_went_on(db, relay, end).await;
 }
 
 /// A dead-letter topic with a 16 KiB limit, and one transaction carrying 20 rows whose
@@ -231,7 +238,7 @@ async fn a_dead_letter_topic_smaller_than_a_burst_of_dead_letters_keeps_them_all
             ("OUTBOX_RELAY__OUTBOX__TOPIC_COLUMN", "dest"),
         ],
     );
-    let mut relay = RelayProcess::start(&env, "refusals_small_dlq");
+    let relay = RelayProcess::start(&env, "refusals_small_dlq");
     let got = read_by_id(
         std::slice::from_ref(&topic),
         &healthy,
@@ -269,15 +276,7 @@ async fn a_dead_letter_topic_smaller_than_a_burst_of_dead_letters_keeps_them_all
             .all(|r| r.header("outbox-relay.dlq.reason") == Some("invalid_topic")),
         "{log}"
     );
-    wait_for(
-        "the slot confirmed past the transaction",
-        Duration::from_secs(30),
-        || async { db.confirmed_flush_lsn().await >= end },
-    )
-    .await;
-    assert!(relay.try_status().is_none(), "the relay stopped\n{log}");
-    assert!(relay.terminate(Duration::from_secs(30)).success());
-    db.cleanup().await;
+    assert_the_stream_went_on(db, relay, end).await;
 }
 
 /// One row stamped two hours ahead by its own `timestamp_column`, on a CreateTime topic that
@@ -308,7 +307,7 @@ async fn a_row_stamped_outside_its_topics_window_is_dead_lettered_and_the_stream
             ("OUTBOX_RELAY__OUTBOX__TIMESTAMP_COLUMN", "created_at"),
         ],
     );
-    let mut relay = RelayProcess::start(&env, "refusals_row_timestamp");
+    let relay = RelayProcess::start(&env, "refusals_row_timestamp");
     let rows = |round: usize| -> Vec<(String, String, usize, Option<&'static str>)> {
         (0..20)
             .map(|i| (new_id(), format!("agg-{}", i % 4), round * 20 + i, None))
@@ -390,15 +389,7 @@ async fn a_row_stamped_outside_its_topics_window_is_dead_lettered_and_the_stream
         !got.iter().any(|r| r.header("id") == Some(bad.as_str())),
         "the row stamped outside the window was published"
     );
-    wait_for(
-        "the slot confirmed past the row",
-        Duration::from_secs(30),
-        || async { db.confirmed_flush_lsn().await >= end },
-    )
-    .await;
-    assert!(relay.try_status().is_none(), "the relay stopped\n{log}");
-    assert!(relay.terminate(Duration::from_secs(30)).success());
-    db.cleanup().await;
+    assert_the_stream_went_on(db, relay, end).await;
 }
 
 /// A topic's `max.message.bytes` lowered to 16 KiB while the relay streams, then bursts of
@@ -424,7 +415,7 @@ async fn a_topic_limit_lowered_mid_stream_keeps_each_aggregates_order() {
         db.relay_env(),
         &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())],
     );
-    let mut relay = RelayProcess::start(&env, "refusals_limit_lowered");
+    let relay = RelayProcess::start(&env, "refusals_limit_lowered");
     let mut healthy = Vec::new();
     let mut n = 0;
     let mut burst = |count: usize| {
@@ -491,13 +482,5 @@ async fn a_topic_limit_lowered_mid_stream_keeps_each_aggregates_order() {
     assert_eq!(missing, 0, "events missing\n{log}");
     assert_eq!(dead.len(), 0, "healthy events dead-lettered\n{log}");
     assert_eq!(out_of_order, 0, "per-aggregate order broken\n{log}");
-    wait_for(
-        "the slot confirmed past every event",
-        Duration::from_secs(30),
-        || async { db.confirmed_flush_lsn().await >= end },
-    )
-    .await;
-    assert!(relay.try_status().is_none(), "the relay stopped\n{log}");
-    assert!(relay.terminate(Duration::from_secs(30)).success());
-    db.cleanup().await;
+    assert_the_stream_went_on(db, relay, end).await;
 }

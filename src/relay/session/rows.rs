@@ -244,7 +244,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     }
 
     /// Sends a mapped event whose record is serialized (when its table's serialization is
-    /// on), or its dead letter when its schema refused it (`refused`: why).
+    /// on), or its dead letter when its schema refused it (`refused`: why) or its topic's
+    /// timestamp window refuses the row's own time.
     pub(super) async fn send_mapped(
         &mut self,
         mapped: Mapped,
@@ -258,34 +259,33 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             commit_time_ms,
             commit_time_us,
         } = mapped;
-        if let Some(why) = refused {
+        // Its own fault, found before it is sent: a payload its schema refused, or a time of
+        // the row's own (`timestamp_column`) its topic's window refuses — the row's fault, not
+        // the topic's (`sink::fault`; a commit time outside the window blocks the topic
+        // instead, at send). Dead-lettered with the row, so that the stream goes on.
+        let own_fault = match refused {
+            Some(why) => Some((Reason::Schema, why)),
+            None if event.own_timestamp
+                && self
+                    .sink
+                    .refuses_timestamp(&event.record.topic, event.record.timestamp_ms) =>
+            {
+                Some((Reason::Timestamp, format!(
+                    "its timestamp ({} ms, the row's own) lies outside the window of topic `{}` (message.timestamp.before.max.ms / after.max.ms)",
+                    event.record.timestamp_ms.unwrap_or_default(),
+                    event.record.topic
+                )))
+            }
+            None => None,
+        };
+        if let Some((reason, why)) = own_fault {
             let dlq = &self.settings.dead_letter_topic;
-            let mut record = dead_letter::from_record(dlq, &event.record, Reason::Schema, &why);
+            let mut record = dead_letter::from_record(dlq, &event.record, reason, &why);
+            if reason == Reason::Timestamp {
+                // Stamped with its commit time: the dead-letter topic may refuse its own.
+                dead_letter::restamp(&mut record, commit_time_ms);
+            }
             // With the row, a redrive maps it again, so it is encoded by its table's section.
-            let row = SourceRow {
-                relation,
-                tuple,
-                commit_time_ms,
-            };
-            dead_letter::with_row(&mut record, row.as_row());
-            return self.dead_letter(seq, record, &event.id, &why, false).await;
-        }
-        // A time of the row's own that its topic's window refuses is the row's fault, not the
-        // topic's (`sink::fault`): dead-lettered, stamped with its commit time, so that the
-        // stream goes on. (A commit time outside the window blocks the topic instead, at send.)
-        if event.own_timestamp
-            && self
-                .sink
-                .refuses_timestamp(&event.record.topic, event.record.timestamp_ms)
-        {
-            let why = format!(
-                "its timestamp ({} ms, the row's own) lies outside the window of topic `{}` (message.timestamp.before.max.ms / after.max.ms)",
-                event.record.timestamp_ms.unwrap_or_default(),
-                event.record.topic
-            );
-            let dlq = &self.settings.dead_letter_topic;
-            let mut record = dead_letter::from_record(dlq, &event.record, Reason::Timestamp, &why);
-            dead_letter::restamp(&mut record, commit_time_ms);
             let row = SourceRow {
                 relation,
                 tuple,
