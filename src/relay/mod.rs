@@ -135,39 +135,72 @@ impl std::fmt::Display for Unmapped {
     }
 }
 
+/// How the relay goes on after a session ended with an error: decided once per error, by
+/// [`RelayError::ending`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// Reconnect and resume from the slot's confirmed position, with back-off.
+    Retry,
+    /// An error about the stream's content: what was sent before it is acknowledged and
+    /// confirmed, then the relay stops (exit 1) without confirming past it.
+    DrainThenStop,
+    /// Stop and tell the operator (exit 1).
+    Stop,
+    /// The slot is lost or gone: events may be missing (exit 3).
+    SlotGone,
+}
+
 impl RelayError {
+    /// How a session that ended with this error goes on: one exhaustive decision, from which
+    /// [`is_transient`](Self::is_transient), [`drains_before_stopping`](Self::drains_before_stopping)
+    /// and [`exit_code`](Self::exit_code) follow.
+    pub fn ending(&self) -> SessionEnd {
+        let retry_if = |transient: bool| {
+            if transient {
+                SessionEnd::Retry
+            } else {
+                SessionEnd::Stop
+            }
+        };
+        match self {
+            RelayError::Control(ControlError::SlotLost { .. }) | RelayError::SlotGone(_) => {
+                SessionEnd::SlotGone
+            }
+            RelayError::Control(e) => retry_if(e.is_transient()),
+            RelayError::Replication(e) => retry_if(e.is_transient()),
+            RelayError::Publish(e) => retry_if(e.is_transient()),
+            RelayError::Delivery(r) => retry_if(r.is_transient()),
+            RelayError::SchemaRegistry(_) => SessionEnd::Retry,
+            RelayError::Unmapped(_)
+            | RelayError::Poison(_)
+            | RelayError::TooLargeToKeep(_)
+            | RelayError::Breaker(_)
+            | RelayError::Mapping(_)
+            | RelayError::Decode(_)
+            | RelayError::Protocol(_) => SessionEnd::DrainThenStop,
+            RelayError::KafkaSetting(_)
+            | RelayError::Ledger(_)
+            | RelayError::Tracing(_)
+            | RelayError::Http { .. } => SessionEnd::Stop,
+        }
+    }
+
     /// Transient: reconnect and resume from the slot. Otherwise stop and tell the operator.
     pub fn is_transient(&self) -> bool {
-        match self {
-            RelayError::Control(e) => e.is_transient(),
-            RelayError::Replication(e) => e.is_transient(),
-            RelayError::Publish(e) => e.is_transient(),
-            RelayError::Delivery(r) => r.is_transient(),
-            RelayError::SchemaRegistry(_) => true,
-            _ => false,
-        }
+        self.ending() == SessionEnd::Retry
     }
 
     /// Errors about the stream's content: the records sent before it are still worth
     /// delivering and confirming before the session ends.
     pub fn drains_before_stopping(&self) -> bool {
-        matches!(
-            self,
-            RelayError::Unmapped(_)
-                | RelayError::Poison(_)
-                | RelayError::TooLargeToKeep(_)
-                | RelayError::Breaker(_)
-                | RelayError::Mapping(_)
-                | RelayError::Decode(_)
-                | RelayError::Protocol(_)
-        )
+        self.ending() == SessionEnd::DrainThenStop
     }
 
     /// The process exit code: 3 when the slot is lost or gone (events may be missing), else 1.
     pub fn exit_code(&self) -> u8 {
-        match self {
-            RelayError::SlotGone(_) | RelayError::Control(ControlError::SlotLost { .. }) => 3,
-            _ => 1,
+        match self.ending() {
+            SessionEnd::SlotGone => 3,
+            SessionEnd::Retry | SessionEnd::DrainThenStop | SessionEnd::Stop => 1,
         }
     }
 }
