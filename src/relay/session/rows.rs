@@ -384,7 +384,16 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     ) -> Result<(), RelayError> {
         let reason = match error {
             MappingError::InvalidTopic { .. } => Reason::InvalidTopic,
-            _ => Reason::Mapping,
+            MappingError::MissingColumn { .. }
+            | MappingError::NullColumn { .. }
+            | MappingError::NotText { .. }
+            | MappingError::NotBinary { .. }
+            | MappingError::InvalidUtf8 { .. }
+            | MappingError::UnknownPlaceholder(..)
+            | MappingError::NullPayload { .. }
+            | MappingError::InvalidValue { .. }
+            | MappingError::InvalidCloudEventsConfig(_)
+            | MappingError::InvalidMessage { .. } => Reason::Mapping,
         };
         let event_id = error.event_id();
         let dlq = &self.settings.dead_letter_topic;
