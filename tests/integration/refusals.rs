@@ -102,6 +102,15 @@ async fn assert_the_stream_went_on(db: TestDb, mut relay: RelayProcess, end: u64
     db.cleanup().await;
 }
 
+/// Everything in `topic` now (read for 2 s).
+async fn read_all(topic: &str) -> Vec<Received> {
+    let topics = [topic.to_string()];
+    read_until(&topics, 1, Duration::from_secs(2), Duration::ZERO, |_| {
+        false
+    })
+    .await
+}
+
 fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -161,14 +170,7 @@ async fn an_oversized_event_keyed_by_its_aggregate_dead_letters_only_itself() {
         Duration::from_secs(1),
     )
     .await;
-    let dead = read_until(
-        std::slice::from_ref(&dlq),
-        1,
-        Duration::from_secs(2),
-        Duration::ZERO,
-        |_| false,
-    )
-    .await;
+    let dead = read_all(&dlq).await;
     let log = relay.log_text();
     let (missing, out_of_order) = count(&healthy, &got);
     let healthy_dead = dead
@@ -462,14 +464,7 @@ async fn a_topic_limit_lowered_mid_stream_keeps_each_aggregates_order() {
         Duration::from_secs(1),
     )
     .await;
-    let dead = read_until(
-        std::slice::from_ref(&dlq),
-        1,
-        Duration::from_secs(2),
-        Duration::ZERO,
-        |_| false,
-    )
-    .await;
+    let dead = read_all(&dlq).await;
     let log = relay.log_text();
     let (missing, out_of_order) = count(&healthy, &got);
     eprintln!(
