@@ -397,15 +397,11 @@ async fn a_row_stamped_outside_its_topics_window_is_dead_lettered_and_the_stream
 /// A topic's `max.message.bytes` lowered to 16 KiB while the relay streams, then bursts of
 /// 2,000-row transactions of ~1 KB events (each fits alone): the batches over the new limit are
 /// refused, the limit is learned and the records sent again — and per aggregate no event may
-/// reach the topic after a later one (an idempotent producer that bumps its epoch after the
-/// refusal writes the partition's later batches before the session restarts).
-///
-/// Open (issue 50, point 6): it passes alone, and failed inside the loaded suite (29 of 12,000
-/// out of order, 2026-12-07): librdkafka bumps the epoch after the refused batch and sends the
-/// partition's later batches again before the session has dropped the producer. Ignored so that
-/// the suite does not flake on it; run it with `-- --ignored refusals::`.
+/// reach the topic after a later one. An idempotent producer without gap-less delivery bumps
+/// its epoch after the refusal and writes the partition's later batches before the session
+/// restarts: 478 of 12,000 out of order at 780034f (issue 50), 29 inside the loaded suite on
+/// 2026-12-07; the gap-less producer (`Publisher::with_client_config`) writes none of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "reproduces issue 50 point 6 (order after a refused batch) under load; open"]
 async fn a_topic_limit_lowered_mid_stream_keeps_each_aggregates_order() {
     let db = TestDb::new().await;
     let (topic, dlq) = (db.topic("order"), format!("{}.dlq", db.topic_prefix));

@@ -666,7 +666,10 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             // its topic, or one the broker named invalid, is remembered by the publisher and
             // refused at `send` by the next session, which dead-letters it inside its
             // transaction: a restart, not a stop (found by the simulation, seed 5).
-            Err(failure) if self.contract.failure_dooms() => {
+            // At-least-once, the same once the refusal made the (gap-less) producer fatal:
+            // nothing more goes through it, and the next session dead-letters the record
+            // before it is sent (see `Publisher::with_client_config`).
+            Err(failure) if self.contract.failure_dooms() || self.sink.fatal_error().is_some() => {
                 self.metrics.count_delivery_error(&failure.error);
                 let topic = failure.rejection().topic;
                 match failure.fault {
@@ -722,9 +725,6 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     ) -> Result<(), RelayError> {
         self.metrics.count_delivery_error(&failure.error);
         let rejection = failure.rejection();
-        if let Some(fatal) = self.sink.fatal_error() {
-            return Err(PublishError::Fatal(fatal).into());
-        }
         let reason = match failure.fault.verdict(Stamp::CommitOrUnknown) {
             Verdict::Retry | Verdict::Hold(_) => {
                 return Err(RelayError::Delivery(Box::new(rejection)))

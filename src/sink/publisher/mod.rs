@@ -191,6 +191,17 @@ impl Publisher {
             _ => (None, None),
         };
         let holds_refusals = refusals.is_some();
+        // At-least-once: a batch refused for good (too large, invalid, a timestamp) makes the
+        // producer fatal rather than bump its epoch and write the partition's later batches
+        // ahead of the refused records' re-send (`rd_kafka_handle_Produce_error`,
+        // rdkafka_request.c, librdkafka 2.12): the session restarts from the slot with what
+        // the refusal taught (`sink::limits`), so no event reaches Kafka after a later one of
+        // its partition. A WRITE refusal would be fatal too, so a topic's first record of a
+        // session and a held topic's probes go through the gate's probe producer instead
+        // (`partition_counts_refused.rs`). A transactional producer aborts instead.
+        if holds_refusals && !config.properties.contains_key("enable.gapless.guarantee") {
+            client.set("enable.gapless.guarantee", "true");
+        }
         let reporter = DeliveryReporter::new(tx.clone(), refusals, blocked.clone(), login.clone());
         if !config.properties.contains_key("statistics.interval.ms") {
             client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());

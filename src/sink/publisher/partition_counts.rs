@@ -187,6 +187,9 @@ pub(super) struct PartitionCounts {
     admin_config: ClientConfig,
     login: KafkaLogin,
     admin: Mutex<Option<Arc<LoggedInAdmin<LoginContext>>>>,
+    /// At-least-once: what a topic's first record and a held topic's probes go through
+    /// (`partition_counts_refused.rs`), made on first use.
+    probe: Mutex<Option<Arc<rdkafka::producer::FutureProducer<LoginContext>>>>,
     /// First-count metadata requests made (batches read), for the tests.
     #[cfg(test)]
     pub(super) metadata_requests: std::sync::atomic::AtomicUsize,
@@ -206,6 +209,7 @@ impl PartitionCounts {
             admin_config,
             login,
             admin: Mutex::new(None),
+            probe: Mutex::new(None),
             #[cfg(test)]
             metadata_requests: Default::default(),
         }
@@ -537,7 +541,14 @@ impl PartitionCounts {
 
     /// Produces (or fails) the records waiting for `topic`, oldest first; the queue goes
     /// only once empty, so a record sent meanwhile still lines up behind them.
+    ///
+    /// At-least-once, the first of them goes through the probe producer, and the rest wait
+    /// until Kafka wrote it: the producer they go through may not meet a WRITE refusal (it
+    /// would be fatal, see `Publisher::with_client_config`). Refused so, all of them are
+    /// held. A record that fails for a reason not its own (a transient error, a timestamp
+    /// window) fails the rest with it, unsent: the session sends them again in order.
     async fn release_waiting(self: &Arc<Self>, topic: &str, outcome: Result<i32, KafkaError>) {
+        let mut probing = self.shared.holds_refusals;
         loop {
             if self.shared.stop.is_cancelled() {
                 return;
@@ -552,11 +563,7 @@ impl PartitionCounts {
                     }
                 }
             };
-            let partition = match (needs_count(&next.record), &outcome) {
-                (None, _) => Ok(next.record.partition),
-                (Some(key), Ok(count)) => Ok(Some(partition::partition_for_key(key, *count))),
-                (Some(_), Err(error)) => Err(error.clone()),
-            };
+            let partition = partition_of(&next.record, &outcome);
             let refused_before = self
                 .shared
                 .blocked
@@ -566,6 +573,11 @@ impl PartitionCounts {
             let result = match (partition, refused_before) {
                 // Refused for its own fault before: refused again, not sent.
                 (Ok(_), Some(refusal)) => Err(KafkaError::MessageProduction(refusal)),
+                (Ok(partition), None) if probing => {
+                    let sent = self.probe(&next, partition).await;
+                    probing = sent.is_err();
+                    sent
+                }
                 (Ok(partition), None) => {
                     self.shared
                         .produce(&next.record, next.opaque, partition)
@@ -575,12 +587,28 @@ impl PartitionCounts {
             };
             match result {
                 Ok(()) => {}
-                // The topic refuses us for authorization: held, not failed.
+                // The topic refuses us for authorization: held, not failed; what waits behind
+                // it is held too (never sent by a producer that has not met the refusal).
                 Err(error) if self.shared.holds_refusal(&error) => {
                     self.hold_refused(&next.record, target, next.opaque, &error);
+                    self.hold_waiting(topic, &outcome);
                 }
-                Err(error) => self.fail(next, error),
+                Err(error) => {
+                    let own = KafkaFault::of(&error).may_be_own();
+                    self.fail(next, error.clone());
+                    if !own {
+                        self.fail_waiting(topic, &error);
+                    }
+                }
             }
+        }
+    }
+
+    /// Fails every record still waiting for `topic` with `error`, unsent.
+    fn fail_waiting(&self, topic: &str, error: &KafkaError) {
+        let rest = self.topics().waiting.remove(topic).unwrap_or_default();
+        for waiting in rest {
+            self.fail(waiting, error.clone());
         }
     }
 
@@ -675,6 +703,19 @@ impl PartitionCounts {
             bytes: record.size(),
             result: Err(DeliveryFailure::new(error, message)),
         });
+    }
+}
+
+/// The partition a waiting record goes to once its topic's count is read (`outcome`):
+/// `Ok(None)` when librdkafka's partitioner takes it as is.
+fn partition_of(
+    record: &Record,
+    outcome: &Result<i32, KafkaError>,
+) -> Result<Option<i32>, KafkaError> {
+    match (needs_count(record), outcome) {
+        (None, _) => Ok(record.partition),
+        (Some(key), Ok(count)) => Ok(Some(partition::partition_for_key(key, *count))),
+        (Some(_), Err(error)) => Err(error.clone()),
     }
 }
 

@@ -17,29 +17,35 @@
 //! event 0 of an aggregate arrive after its event 93). Records of one transaction are put in
 //! order by their place in it, which their opaque carries too ([`Opaque`]): without it, a
 //! transaction's records split between the refused batch and the queue swapped (found by the
-//! simulation, seed 1805 of `Defect::GateTiesInReportOrder`). After a pause
-//! (doubling up to [`PROBE_PAUSE_MAX`]) the oldest one is sent alone as a probe. Refused
-//! again, it goes back to the front; delivered (the block lifted), the rest follow in order.
-//! A record of the topic still inside librdkafka when the probe goes (refused only later) can
-//! end up behind the probe in its partition if the topic was fixed in that moment; the pause
-//! (a second or more, where refusals come back in milliseconds) makes that unlikely, not
-//! impossible.
+//! simulation, seed 1805 of `Defect::GateTiesInReportOrder`).
+//!
+//! The publisher's producer is gap-less (`Publisher::with_client_config`): a refusal it meets
+//! is fatal to it, and the session restarts. So it never meets one it can help: a topic's
+//! first record of a session goes through the **probe producer** (not idempotent, one
+//! request at a time, made on first use) and the rest wait until Kafka wrote it
+//! (`release_waiting`); a held topic's oldest record is sent through it too, alone, after a
+//! pause (doubling up to [`PROBE_PAUSE_MAX`]). Refused again, it goes back to the front;
+//! written (the block lifted), the rest follow in order through the publisher's producer.
+//! Only a WRITE revoked mid-stream reaches the publisher's producer: fatal, the session
+//! restarts, and its first record of the topic finds the refusal through the probe.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::super::delivery::{Opaque, Refused};
+use super::super::delivery::{owned_headers, Delivery, Opaque, Refused};
+use super::super::login::LoginContext;
 use super::{PartitionCounts, Waiting};
 
 /// The first pause before a held topic's probe, doubled after each refused probe.
 const PROBE_PAUSE: Duration = Duration::from_secs(1);
 const PROBE_PAUSE_MAX: Duration = Duration::from_secs(30);
-/// How often a probe's outcome is looked at.
-const PROBE_POLL: Duration = Duration::from_millis(20);
 
 /// The records of one topic that refused them, and its probe.
 #[derive(Default)]
@@ -48,10 +54,6 @@ pub(super) struct HeldTopic {
     refused: VecDeque<Waiting>,
     /// Records routed to the topic while it was held, in send order.
     pub(super) later: VecDeque<Waiting>,
-    /// The probe in flight: its opaque and key.
-    probe: Option<(usize, bytes::Bytes)>,
-    /// The probe was refused again.
-    probe_refused: bool,
 }
 
 impl HeldTopic {
@@ -117,18 +119,7 @@ impl PartitionCounts {
         let mut topics = self.topics();
         let new = !topics.held.contains_key(&topic);
         let held = topics.held.entry(topic.clone()).or_default();
-        let waiting = Waiting { record, opaque };
-        let is_probe = held
-            .probe
-            .as_ref()
-            .is_some_and(|(o, key)| *o == opaque && *key == waiting.record.key);
-        if is_probe {
-            held.probe = None;
-            held.probe_refused = true;
-            held.refused.push_front(waiting);
-        } else {
-            held.insert_refused(waiting);
-        }
+        held.insert_refused(Waiting { record, opaque });
         drop(topics);
         if new {
             info!(topic = %topic, "the topic refused a record when it was sent: its records wait (nothing else does) and one is sent now and then to find out when it takes them again");
@@ -136,8 +127,23 @@ impl PartitionCounts {
         }
     }
 
-    /// Sends the held topic's oldest record alone now and then until it is delivered, then the
-    /// rest in order.
+    /// Holds the records still waiting for `topic`'s first count (read: `outcome`) behind
+    /// its refused ones and before those routed to it since it was held.
+    pub(super) fn hold_waiting(&self, topic: &str, outcome: &Result<i32, KafkaError>) {
+        let mut topics = self.topics();
+        let rest = topics.waiting.remove(topic).unwrap_or_default();
+        let held = topics.held.entry(topic.to_string()).or_default();
+        for mut waiting in rest.into_iter().rev() {
+            if let Ok(Some(partition)) = super::partition_of(&waiting.record, outcome) {
+                waiting.record.partition = Some(partition);
+                waiting.record.partition_key = None;
+            }
+            held.later.push_front(waiting);
+        }
+    }
+
+    /// Sends the held topic's oldest record alone through the probe producer now and then
+    /// until it is written, then the rest in order.
     async fn probe_until_taken(self: Arc<Self>, topic: String) {
         let mut pause = PROBE_PAUSE;
         loop {
@@ -154,58 +160,76 @@ impl PartitionCounts {
                     topics.held.remove(&topic);
                     return;
                 };
-                held.probe = Some((probe.opaque, probe.record.key.clone()));
-                held.probe_refused = false;
                 probe
             };
             let partition = probe.record.partition;
-            match self
-                .shared
-                .produce(&probe.record, probe.opaque, partition)
-                .await
-            {
-                Ok(()) => {}
-                // Refused at once (librdkafka's metadata still says so): the probe goes back.
+            match self.probe(&probe, partition).await {
+                Ok(()) if self.release_held(&topic).await => return,
+                // Refused again while the rest went out: probing resumes.
+                Ok(()) => pause = PROBE_PAUSE,
                 Err(error) if self.shared.holds_refusal(&error) => {
                     self.back_to_front(&topic, probe);
                     pause = (pause * 2).min(PROBE_PAUSE_MAX);
-                    continue;
                 }
-                Err(error) => {
-                    self.fail(probe, error);
-                    continue;
-                }
-            }
-            match self.probe_outcome(&topic).await {
-                Some(true) if self.release_held(&topic).await => return,
-                // Refused again while the rest went out: probing resumes.
-                Some(true) => pause = PROBE_PAUSE,
-                Some(false) => pause = (pause * 2).min(PROBE_PAUSE_MAX),
-                None => return,
+                // Its own fault, or a transient one: the session decides.
+                Err(error) => self.fail(probe, error),
             }
         }
     }
 
-    /// `Some(true)` once the topic took a record (its block lifted), `Some(false)` when the
-    /// probe was refused again, `None` when the publisher goes.
-    async fn probe_outcome(&self, topic: &str) -> Option<bool> {
-        loop {
-            tokio::select! {
-                _ = self.shared.stop.cancelled() => return None,
-                _ = tokio::time::sleep(PROBE_POLL) => {}
-            }
-            if self
-                .topics()
-                .held
-                .get(topic)
-                .is_none_or(|h| h.probe_refused)
-            {
-                return Some(false);
-            }
-            if !self.shared.blocked.holds_topic(topic) {
-                return Some(true);
-            }
+    /// Sends `waiting` through the probe producer to `partition` and waits for Kafka's
+    /// answer. Written, it is reported delivered (and the topic's block lifted).
+    pub(super) async fn probe(
+        &self,
+        waiting: &Waiting,
+        partition: Option<i32>,
+    ) -> Result<(), KafkaError> {
+        let record = &waiting.record;
+        self.shared.refuse_outside_window(record)?;
+        let producer = self.probe_producer()?;
+        let mut sent = FutureRecord::to(&record.topic)
+            .key(&record.key[..])
+            .headers(owned_headers(record));
+        if let Some(payload) = &record.payload {
+            sent = sent.payload(&payload[..]);
         }
+        if let Some(at) = record.timestamp_ms {
+            sent = sent.timestamp(at);
+        }
+        if let Some(partition) = partition {
+            sent = sent.partition(partition);
+        }
+        let timeout = Timeout::After(self.shared.message_timeout);
+        producer.send(sent, timeout).await.map_err(|(e, _)| e)?;
+        self.shared.blocked.delivered(&record.topic);
+        let opaque = Opaque::decode(waiting.opaque);
+        let _ = self.shared.deliveries.send(Delivery {
+            seq: opaque.seq,
+            dead_letter: opaque.dead_letter,
+            bytes: record.size(),
+            result: Ok(()),
+        });
+        Ok(())
+    }
+
+    /// The probe producer, made on first use: the admin client's settings (not idempotent),
+    /// one request at a time, no linger.
+    fn probe_producer(&self) -> Result<Arc<FutureProducer<LoginContext>>, KafkaError> {
+        let mut probe = self.probe.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(producer) = probe.as_ref() {
+            return Ok(producer.clone());
+        }
+        let mut config = self.admin_config.clone();
+        config
+            .set("linger.ms", "0")
+            .set("max.in.flight.requests.per.connection", "1");
+        // Not `login::attach`ed (its context is wrapped): after a lost connection it waits for
+        // librdkafka's own token refresh, as the admin client does between its refreshes.
+        let producer: FutureProducer<LoginContext> =
+            config.create_with_context(LoginContext::new(&self.login))?;
+        let producer = Arc::new(producer);
+        *probe = Some(producer.clone());
+        Ok(producer)
     }
 
     /// Sends the held records in order; the topic is held no more once none is left (under
@@ -223,7 +247,6 @@ impl PartitionCounts {
                 let Some(held) = topics.held.get_mut(topic) else {
                     return true;
                 };
-                held.probe = None;
                 match held.pop_front() {
                     Some(next) => next,
                     None => {
@@ -256,7 +279,6 @@ impl PartitionCounts {
     fn back_to_front(&self, topic: &str, waiting: Waiting) {
         let mut topics = self.topics();
         let held = topics.held.entry(topic.to_string()).or_default();
-        held.probe = None;
         held.refused.push_front(waiting);
     }
 }

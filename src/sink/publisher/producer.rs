@@ -89,16 +89,7 @@ impl Shared {
         opaque: usize,
         partition: Option<i32>,
     ) -> Result<(), KafkaError> {
-        if self.blocked.limits().outside_window(
-            &record.topic,
-            record.timestamp_ms,
-            crate::clock::unix_ms,
-        ) {
-            let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidTimestamp);
-            self.blocked
-                .block(BlockReason::RecordTimestamp, &record.topic, &error);
-            return Err(error);
-        }
+        self.refuse_outside_window(record)?;
         let give_up = Instant::now() + QUEUE_FULL_WAIT;
         loop {
             match self.handles.send(record, partition, opaque) {
@@ -113,5 +104,21 @@ impl Shared {
                 Err(error) => return Err(error),
             }
         }
+    }
+
+    /// The record lies outside its topic's known timestamp window: refused here (see
+    /// [`Shared::produce`]), and the topic blocked `record_timestamp`.
+    pub(super) fn refuse_outside_window(&self, record: &Record) -> Result<(), KafkaError> {
+        if self.blocked.limits().outside_window(
+            &record.topic,
+            record.timestamp_ms,
+            crate::clock::unix_ms,
+        ) {
+            let error = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidTimestamp);
+            self.blocked
+                .block(BlockReason::RecordTimestamp, &record.topic, &error);
+            return Err(error);
+        }
+        Ok(())
     }
 }
