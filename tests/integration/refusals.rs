@@ -475,3 +475,86 @@ async fn a_topic_limit_lowered_mid_stream_keeps_each_aggregates_order() {
     assert_eq!(out_of_order, 0, "per-aggregate order broken\n{log}");
     assert_the_stream_went_on(db, relay, end).await;
 }
+
+/// The 64 KiB topic of the last round, but the relay may not read its limit: the ACLs grant
+/// WRITE (and so DESCRIBE), not DESCRIBE_CONFIGS. The relay learns the limit only from the
+/// refusals, batch by batch: 5,000 healthy ~1 KB events of 20 aggregates with one 100 KB event
+/// among them. Only the 100 KB event is dead-lettered, none is missing, and per aggregate none
+/// reaches the topic after a later one (at 780034f: 3,106 of 5,000 did — the refused batches'
+/// later neighbours were written before the session restarted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_topic_limit_the_relay_may_not_read_keeps_each_aggregates_order() {
+    let broker = crate::common::acl::AclBroker::start().await;
+    let db = TestDb::new().await;
+    let (topic, dlq) = (db.topic("order"), format!("{}.dlq", db.topic_prefix));
+    broker
+        .create_topic_with(&topic, 1, &[("max.message.bytes", "65536")])
+        .await;
+    broker.create_topic_with(&dlq, 1, &[]).await;
+    broker.grant_write(&[&topic, &dlq]).await;
+    db.create_slot().await;
+    let client = db.client().await;
+    let env = with(
+        broker.relay_env(&db),
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())],
+    );
+    let relay = RelayProcess::start(&env, "refusals_limit_unreadable");
+    let (mut healthy, mut n) = (Vec::new(), 0);
+    let big = new_id();
+    for txn in 0..10 {
+        let rows: Vec<_> = (0..500)
+            .map(|i| {
+                n += 1;
+                (new_id(), format!("agg-{}", i % 20), n, None)
+            })
+            .collect();
+        healthy.extend(rows.iter().map(|r| r.0.clone()));
+        insert(&client, &rows, 1_000).await;
+        if txn == 4 {
+            n += 1;
+            insert(&client, &[(big.clone(), "agg-0".into(), n, None)], 100_000).await;
+        }
+    }
+    let end = db.current_wal_lsn().await;
+    let topics = [topic.clone()];
+    let got = broker
+        .read_ids(
+            &topics,
+            1,
+            &healthy,
+            Duration::from_secs(180),
+            Duration::from_secs(1),
+        )
+        .await;
+    let dead = broker
+        .read_ids(
+            &[dlq.clone()],
+            1,
+            &[],
+            Duration::ZERO,
+            Duration::from_secs(2),
+        )
+        .await;
+    let log = relay.log_text();
+    let (missing, out_of_order) = count(&healthy, &got);
+    let dead_ids: Vec<&str> = dead.iter().filter_map(|r| r.header("id")).collect();
+    eprintln!(
+        "64 KiB limit the relay may not read: {missing} of {} missing, {out_of_order} out of \
+         order, {} dead-lettered ({} of them healthy), {} records read",
+        healthy.len(),
+        dead.len(),
+        dead_ids.iter().filter(|id| **id != big).count(),
+        got.len()
+    );
+    assert_eq!(missing, 0, "events missing\n{log}");
+    assert_eq!(out_of_order, 0, "per-aggregate order broken\n{log}");
+    assert!(
+        dead_ids.contains(&big.as_str()),
+        "the 100 KB event was not dead-lettered\n{log}"
+    );
+    assert!(
+        dead_ids.iter().all(|id| *id == big),
+        "healthy events dead-lettered: {dead_ids:?}\n{log}"
+    );
+    assert_the_stream_went_on(db, relay, end).await;
+}
