@@ -591,7 +591,7 @@ mod tests {
         }
         advance(LIMITS.max_age).await;
         l.eos.nothing_to_read();
-        let at = Progress::partial(Lsn(0x100), LIMITS.max_records as u64);
+        let at = Progress::partial(Lsn(0x100), LIMITS.max_records as u64, None);
         l.settle(Reading::Inside(at));
         l.settle(Reading::Between);
         assert!(l.kafka.commits().is_empty(), "{:?}", l.kafka.ops);
@@ -625,7 +625,7 @@ mod tests {
                 Some(started + LIMITS.min_age)
             )
         );
-        let inside = Reading::Inside(Progress::partial(Lsn(0x200), 1));
+        let inside = Reading::Inside(Progress::partial(Lsn(0x200), 1, None));
         assert_eq!(
             l.eos.commit_times(inside),
             (Some(started + LIMITS.split_after), None)
@@ -695,7 +695,7 @@ mod tests {
         for seq in 1..=LIMITS.max_records as u64 + 2 {
             l.send(seq);
         }
-        let at = Progress::partial(Lsn(0x500), 7);
+        let at = Progress::partial(Lsn(0x500), 7, None);
         advance(LIMITS.split_after - Duration::from_millis(1)).await;
         l.settle(Reading::Inside(at));
         assert!(l.kafka.commits().is_empty(), "younger than split_after");
@@ -708,7 +708,10 @@ mod tests {
     async fn ending_commits_at_any_boundary_and_never_inside_a_postgres_transaction() {
         let mut l = Loop::new(LIMITS);
         l.postgres_txn(1, 1, 0x100);
-        l.settle_as(Reading::Inside(Progress::partial(Lsn(0x200), 1)), true);
+        l.settle_as(
+            Reading::Inside(Progress::partial(Lsn(0x200), 1, None)),
+            true,
+        );
         assert!(l.kafka.commits().is_empty());
         l.settle_as(Reading::Starting, true);
         assert_eq!(l.kafka.commits(), vec![Progress::whole(Lsn(0x100))]);
@@ -874,11 +877,14 @@ mod tests {
         assert_eq!(eos.covered(Lsn(0x1f0)), Covered::All);
         assert_eq!(eos.covered(Lsn(0x200)), Covered::Nothing);
         assert_eq!(eos.covered(Lsn(0x300)), Covered::Nothing);
-        eos.skip_below(Some(Progress::partial(Lsn(0x200), 3)));
+        eos.skip_below(Some(Progress::partial(Lsn(0x200), 3, None)));
         assert_eq!(eos.covered(Lsn(0x100)), Covered::All);
         assert_eq!(
             eos.covered(Lsn(0x200)),
-            Covered::First(3),
+            Covered::First {
+                changes: 3,
+                through: None
+            },
             "split: its first records"
         );
         assert_eq!(eos.covered(Lsn(0x300)), Covered::Nothing);

@@ -56,7 +56,7 @@ use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::dead_letter::{self, Reason};
 use crate::sink::fault::{KafkaFault, Stamp, Verdict};
 use crate::sink::limits::SizeRefusal;
-use crate::sink::progress::Progress;
+use crate::sink::progress::{ChangeAt, ChangeKind, Progress};
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
 use contract::{Ack, Contract};
 use reads::Reads;
@@ -135,21 +135,34 @@ struct OpenTxn {
     /// Its changes received so far (inserts and transactional logical messages), the ones
     /// already in Kafka included: where a split commit puts its progress value.
     changes: u64,
+    /// The place in the WAL of its last change received; `None` also once a change came
+    /// without one (an XLogData at LSN 0: not from a walsender), when only counts hold.
+    last_change: Option<ChangeAt>,
+    unplaced: bool,
     /// Already in Kafka (below the progress record): nothing of it is published.
     skip: bool,
     /// Of its first changes already in Kafka (a split transaction), how many are still to come
-    /// (and be skipped).
+    /// (and be skipped): where the progress value gave no place.
     skip_left: u64,
+    /// A split transaction's changes up to this place are in Kafka (skipped).
+    skip_through: Option<ChangeAt>,
 }
 
 impl OpenTxn {
-    /// Counts a change of the transaction; true when what it made is in Kafka already (one
-    /// of the first changes of a split transaction).
-    fn change_in_kafka(&mut self) -> bool {
+    /// Counts a change of `kind` of the transaction, which came at `lsn`; true when what it
+    /// made is in Kafka already (one of the first changes of a split transaction): by its
+    /// place in the WAL where the progress value gives one, else by count.
+    fn change_in_kafka(&mut self, lsn: Lsn, kind: ChangeKind) -> bool {
         self.changes += 1;
-        let in_kafka = self.skip_left > 0;
+        self.unplaced |= lsn == Lsn::ZERO;
+        let at = ChangeAt::next(self.last_change, lsn, kind);
+        self.last_change = Some(at).filter(|_| !self.unplaced);
+        let by_count = self.skip_left > 0;
         self.skip_left = self.skip_left.saturating_sub(1);
-        in_kafka
+        match (self.skip_through, self.last_change) {
+            (Some(through), Some(at)) => at <= through,
+            _ => by_count,
+        }
     }
 }
 
@@ -573,7 +586,11 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         match &self.txn {
             None => Reading::Between,
             Some(txn) if txn.sent == 0 => Reading::Starting,
-            Some(txn) => Reading::Inside(Progress::partial(txn.final_lsn, txn.changes)),
+            Some(txn) => Reading::Inside(Progress::partial(
+                txn.final_lsn,
+                txn.changes,
+                txn.last_change,
+            )),
         }
     }
 
@@ -767,9 +784,14 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     self.send_status(false).await?;
                 }
             }
-            ReplicationFrame::XLogData { wal_end, data, .. } => {
+            ReplicationFrame::XLogData {
+                wal_start,
+                wal_end,
+                data,
+            } => {
                 self.received = self.received.max(wal_end);
-                self.handle_message(pgoutput::decode(data)?).await?;
+                self.handle_message(pgoutput::decode(data)?, wal_start)
+                    .await?;
             }
         }
         Ok(())

@@ -12,22 +12,25 @@ use super::serialize::Mapped;
 use super::{Held, OpenTxn, RelationEntry, Session, SourceRow};
 use crate::clock::unix_us;
 use crate::config::DeadLetterPolicy;
+use crate::lsn::Lsn;
 use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordKind, RecordSink};
 use crate::relay::{RelayError, Unmapped};
 use crate::sink::dead_letter::{self, Reason};
 use crate::sink::fault::{Stamp, Verdict};
-use crate::sink::progress::Covered;
+use crate::sink::progress::{ChangeKind, Covered};
 use crate::sink::publisher::PublishError;
 use crate::sink::traces;
 use crate::source::pgoutput::{self, LogicalMessage, Relation, Tuple};
 use crate::source::walsender::pg_time_to_unix_us;
 
 impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
+    /// Handles one pgoutput message, which came at `lsn` (its XLogData's start).
     pub(super) async fn handle_message(
         &mut self,
         message: LogicalMessage,
+        lsn: Lsn,
     ) -> Result<(), RelayError> {
         match message {
             LogicalMessage::Begin(begin) => {
@@ -39,9 +42,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 let commit_time_ms = commit_time_us / 1000;
                 self.ledger.begin(commit_time_ms)?;
                 let covered = self.contract.covered(begin.final_lsn);
-                let in_kafka = match covered {
-                    Covered::First(n) => n,
-                    _ => 0,
+                let (in_kafka, skip_through) = match covered {
+                    Covered::First { changes, through } => (changes, through),
+                    Covered::Nothing | Covered::All => (0, None),
                 };
                 self.txn = Some(OpenTxn {
                     final_lsn: begin.final_lsn,
@@ -50,13 +53,16 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     events: 0,
                     sent: 0,
                     changes: 0,
+                    last_change: None,
+                    unplaced: false,
                     skip: covered == Covered::All,
                     skip_left: in_kafka,
+                    skip_through,
                 });
             }
             LogicalMessage::Commit(commit) => self.handle_commit(commit)?,
             LogicalMessage::Relation(relation) => self.handle_relation(relation).await?,
-            LogicalMessage::Insert(insert) => self.handle_insert(insert).await?,
+            LogicalMessage::Insert(insert) => self.handle_insert(insert, lsn).await?,
             LogicalMessage::Truncate(_) => {
                 warn!("the outbox table was truncated; nothing is published for a truncate")
             }
@@ -64,7 +70,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             | LogicalMessage::Delete(_)
             | LogicalMessage::Origin(_)
             | LogicalMessage::Type(_) => {}
-            LogicalMessage::Message(message) => self.handle_logical_message(message).await?,
+            LogicalMessage::Message(message) => self.handle_logical_message(message, lsn).await?,
         }
         Ok(())
     }
@@ -72,12 +78,13 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     pub(super) async fn handle_logical_message(
         &mut self,
         message: pgoutput::Message,
+        lsn: Lsn,
     ) -> Result<(), RelayError> {
         // A transactional message is a change of its transaction, whatever the mapping makes
         // of it: the split progress counts it either way.
         if message.transactional {
             let txn = self.open_txn()?;
-            if txn.skip || txn.change_in_kafka() {
+            if txn.skip || txn.change_in_kafka(lsn, ChangeKind::Message) {
                 return Ok(());
             }
         }
@@ -172,9 +179,10 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     pub(super) async fn handle_insert(
         &mut self,
         insert: pgoutput::Insert,
+        lsn: Lsn,
     ) -> Result<(), RelayError> {
         let txn = self.open_txn()?;
-        if txn.skip || txn.change_in_kafka() {
+        if txn.skip || txn.change_in_kafka(lsn, ChangeKind::Row) {
             return Ok(());
         }
         let commit_time_ms = txn.commit_time_ms;

@@ -477,11 +477,46 @@ pub fn reconcile(
 /// messages, in WAL order) of the transaction that commits *at* `lsn` made — a transaction too
 /// big for one Kafka transaction, split across several. Changes, not records: the WAL fixes
 /// them, so a mapping changed between a crash and the restart (a message prefix now ignored,
-/// say) cannot shift the count.
+/// say) cannot shift the count. With `through` (written since 2026-12-07), the last of those
+/// changes by its place in the WAL: what a restart skips, whatever the stream then carries —
+/// a count shifts when the stream's options change between a crash and the restart
+/// (`[outbox.messages]` turning pgoutput's messages on or off, a publication's tables), and
+/// would skip changes that never reached Kafka.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
     pub lsn: Lsn,
     pub changes: Option<u64>,
+    pub through: Option<ChangeAt>,
+}
+
+/// A change's place in the WAL, in WAL order. pgoutput sends a row change with the start of
+/// its WAL record and a logical message with the *end* of its own (so a message and the insert
+/// after it share the LSN: the message first); a multi-insert's rows share their record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ChangeAt {
+    pub lsn: Lsn,
+    pub kind: ChangeKind,
+    /// Which of the changes of this kind at `lsn` it is, from 1.
+    pub nth: u64,
+}
+
+/// What a change is, in the order pgoutput sends a message and a row change at one LSN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ChangeKind {
+    Message,
+    Row,
+}
+
+impl ChangeAt {
+    /// The place of a change of `kind` that came at `lsn`, after `previous` (the transaction's
+    /// change before it, if any).
+    pub fn next(previous: Option<ChangeAt>, lsn: Lsn, kind: ChangeKind) -> ChangeAt {
+        let nth = match previous {
+            Some(p) if p.lsn == lsn && p.kind == kind => p.nth + 1,
+            _ => 1,
+        };
+        ChangeAt { lsn, kind, nth }
+    }
 }
 
 /// What a session skips of a PostgreSQL transaction, by [`Progress`].
@@ -489,8 +524,12 @@ pub struct Progress {
 pub enum Covered {
     Nothing,
     All,
-    /// Its first changes (a split transaction).
-    First(u64),
+    /// Its first changes (a split transaction): those up to `through` where the value says
+    /// it, else the first `changes`.
+    First {
+        changes: u64,
+        through: Option<ChangeAt>,
+    },
 }
 
 impl Progress {
@@ -499,15 +538,17 @@ impl Progress {
         Progress {
             lsn: end,
             changes: None,
+            through: None,
         }
     }
 
     /// What the first `changes` changes of the transaction committing at `final_lsn` made is
-    /// in Kafka (and every transaction before it).
-    pub fn partial(final_lsn: Lsn, changes: u64) -> Progress {
+    /// in Kafka (and every transaction before it); the last of them is at `through`.
+    pub fn partial(final_lsn: Lsn, changes: u64, through: Option<ChangeAt>) -> Progress {
         Progress {
             lsn: final_lsn,
             changes: Some(changes),
+            through,
         }
     }
 
@@ -515,7 +556,10 @@ impl Progress {
     pub fn covers(&self, final_lsn: Lsn) -> Covered {
         match self.changes {
             _ if final_lsn < self.lsn => Covered::All,
-            Some(n) if final_lsn == self.lsn => Covered::First(n),
+            Some(changes) if final_lsn == self.lsn => Covered::First {
+                changes,
+                through: self.through,
+            },
             _ => Covered::Nothing,
         }
     }
@@ -535,8 +579,9 @@ impl std::fmt::Display for Progress {
 }
 
 /// The progress record's value, as JSON so that operators can read it:
-/// `{"end_lsn":"0/16B3748"}`, or for a split transaction `{"end_lsn":"0/16B3748","changes":500}`
-/// with its commit LSN. A relay that knows only `end_lsn` then publishes that transaction
+/// `{"end_lsn":"0/16B3748"}`, or for a split transaction `{"end_lsn":"0/16B3748","changes":500,
+/// "through":{"lsn":"0/16A0F10","kind":"row","nth":1}}` with its commit LSN and the place of
+/// its last change in Kafka ([`ChangeAt`]; a relay that knows only `changes` counts). A relay that knows only `end_lsn` then publishes that transaction
 /// again whole (duplicates, never loss). Relays before this counted `records` (what the
 /// changes made): read as changes, the same number unless the transaction carried logical
 /// messages the mapping ignores.
@@ -546,6 +591,16 @@ pub fn progress_value(progress: Progress, timeline: u32) -> String {
     let mut value = serde_json::json!({ "end_lsn": progress.lsn.to_string() });
     if let Some(n) = progress.changes {
         value["changes"] = n.into();
+    }
+    if let Some(at) = progress.through {
+        value["through"] = serde_json::json!({
+            "lsn": at.lsn.to_string(),
+            "kind": match at.kind {
+                ChangeKind::Message => "message",
+                ChangeKind::Row => "row",
+            },
+            "nth": at.nth,
+        });
     }
     if timeline > 0 {
         value["timeline"] = timeline.into();
@@ -561,6 +616,17 @@ pub fn parse_progress_value(value: &[u8]) -> Option<Stored> {
         changes: ["changes", "records"]
             .into_iter()
             .find_map(|field| v.get(field).and_then(serde_json::Value::as_u64)),
+        through: v.get("through").and_then(|t| {
+            Some(ChangeAt {
+                lsn: t.get("lsn")?.as_str()?.parse().ok()?,
+                kind: match t.get("kind")?.as_str()? {
+                    "message" => ChangeKind::Message,
+                    "row" => ChangeKind::Row,
+                    _ => return None,
+                },
+                nth: t.get("nth")?.as_u64()?,
+            })
+        }),
     };
     let timeline = v
         .get("timeline")
@@ -578,6 +644,7 @@ mod tests {
             at: Progress {
                 lsn: Lsn(lsn),
                 changes,
+                through: None,
             },
             timeline,
         }
@@ -592,7 +659,7 @@ mod tests {
 
     #[test]
     fn values_round_trip_with_their_timeline_and_older_values_still_parse() {
-        let split = Progress::partial(Lsn(0x16B3748), 500);
+        let split = Progress::partial(Lsn(0x16B3748), 500, None);
         let value = progress_value(split, 3);
         assert_eq!(
             value,
@@ -612,13 +679,42 @@ mod tests {
             Some(stored(0x10, None, None))
         );
         assert_eq!(parse_progress_value(b"not json"), None);
+        // With the place of its last change in Kafka.
+        let row = ChangeAt {
+            lsn: Lsn(0x16A0F10),
+            kind: ChangeKind::Row,
+            nth: 2,
+        };
+        let value = progress_value(Progress::partial(Lsn(0x16B3748), 500, Some(row)), 0);
+        assert_eq!(
+            value,
+            r#"{"changes":500,"end_lsn":"0/16B3748","through":{"kind":"row","lsn":"0/16A0F10","nth":2}}"#
+        );
+        let read = parse_progress_value(value.as_bytes()).unwrap();
+        assert_eq!(read.at.through, Some(row));
+    }
+
+    #[test]
+    fn changes_are_ordered_by_their_place_in_the_wal() {
+        let message = ChangeAt::next(None, Lsn(0x140), ChangeKind::Message);
+        let row = ChangeAt::next(Some(message), Lsn(0x140), ChangeKind::Row);
+        let second = ChangeAt::next(Some(row), Lsn(0x140), ChangeKind::Row);
+        assert_eq!((row.nth, second.nth), (1, 2), "a multi-insert's rows");
+        assert!(message < row && row < second);
+        assert!(second < ChangeAt::next(Some(second), Lsn(0x141), ChangeKind::Message));
     }
 
     #[test]
     fn a_split_value_covers_the_first_changes_of_its_transaction_only() {
-        let at = Progress::partial(Lsn(0x100), 7);
+        let at = Progress::partial(Lsn(0x100), 7, None);
         assert_eq!(at.covers(Lsn(0xFF)), Covered::All);
-        assert_eq!(at.covers(Lsn(0x100)), Covered::First(7));
+        assert_eq!(
+            at.covers(Lsn(0x100)),
+            Covered::First {
+                changes: 7,
+                through: None
+            }
+        );
         assert_eq!(at.covers(Lsn(0x101)), Covered::Nothing);
         let whole = Progress::whole(Lsn(0x100));
         assert_eq!(whole.covers(Lsn(0xFF)), Covered::All);
@@ -645,7 +741,7 @@ mod tests {
         // Before timeline 2 was left: all of it holds.
         assert_eq!(
             reconcile(stored(0x800, Some(4), Some(2)), &s, Some(Lsn(0x2000))),
-            Ok(Progress::partial(Lsn(0x800), 4))
+            Ok(Progress::partial(Lsn(0x800), 4, None))
         );
         // Past it: only up to the fork.
         assert_eq!(

@@ -1084,7 +1084,7 @@ impl World {
             let first = match at.covers(final_lsn) {
                 Covered::Nothing => break,
                 Covered::All => events.len(),
-                Covered::First(n) => (n as usize).min(events.len()),
+                Covered::First { changes: n, .. } => (n as usize).min(events.len()),
             };
             if let Some(&e) = events[..first].iter().find(|&&e| self.landed[e] == (0, 0)) {
                 missing = Some((e, final_lsn));
