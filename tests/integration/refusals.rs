@@ -528,7 +528,7 @@ async fn a_topic_limit_the_relay_may_not_read_keeps_each_aggregates_order() {
         .await;
     let dead = broker
         .read_ids(
-            &[dlq.clone()],
+            std::slice::from_ref(&dlq),
             1,
             &[],
             Duration::ZERO,
