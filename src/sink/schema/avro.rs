@@ -4,7 +4,8 @@
 //! JSON encoding: a union member is given as its value (`"x"`, `null`), not as
 //! `{"string": "x"}`. A union takes the branch of the value's own kind when it has one (an
 //! integer: `int`, or `long` beyond an `int`'s range; a fraction: `double`), else its first
-//! branch the value fits. Numbers are converted to the field's type only when the value
+//! branch that holds the value as it is, else its first branch the value fits (a `float`
+//! rounds only where no branch holds the number). Numbers are converted to the field's type only when the value
 //! survives it: an `int` (and `date`, `time-millis`) takes an integer within
 //! -2^31..2^31-1, a `long` (and the `time-micros` and timestamp types) one within
 //! -2^63..2^63-1, a `float` any number within its finite range (rounded to the nearest
@@ -216,7 +217,9 @@ impl Convert<'_> {
     }
 
     /// The branch of the value's own kind when the union has one (apache-avro's choice), else
-    /// the first branch the value fits.
+    /// the first branch that holds the value as it is, else the first it fits (a number
+    /// rounded to a `float` only where no branch holds it: 123456789 goes to a `double` or a
+    /// `long` after a `float`, not to the float 123456792).
     fn union(&self, json: &Json, union: &UnionSchema) -> Result<Value, Misfit> {
         let branches = union.variants();
         let own = kind_of(json).and_then(|kind| {
@@ -229,9 +232,14 @@ impl Convert<'_> {
                 return Ok(Value::Union(i as u32, Box::new(v)));
             }
         }
-        for (i, branch) in branches.iter().enumerate() {
-            if let Ok(v) = self.value(json, branch) {
-                return Ok(Value::Union(i as u32, Box::new(v)));
+        for as_it_is in [true, false] {
+            for (i, branch) in branches.iter().enumerate() {
+                match self.value(json, branch) {
+                    Ok(v) if !as_it_is || holds_exactly(json, &v) => {
+                        return Ok(Value::Union(i as u32, Box::new(v)))
+                    }
+                    Ok(_) | Err(_) => {}
+                }
             }
         }
         let names: Vec<String> = branches.iter().map(branch_name).collect();
@@ -240,6 +248,24 @@ impl Convert<'_> {
             describe(json),
             names.join(", ")
         )))
+    }
+}
+
+/// Whether `v`, made from `json`, holds it without rounding (only a `float` or `double` made
+/// from a number may not).
+fn holds_exactly(json: &Json, v: &Value) -> bool {
+    let x = match v {
+        Value::Float(f) => f64::from(*f),
+        Value::Double(d) => *d,
+        _ => return true,
+    };
+    let Json::Number(n) = json else {
+        return true;
+    };
+    match (n.as_i64(), n.as_u64()) {
+        (Some(i), _) => x as i128 == i128::from(i) && x.fract() == 0.0,
+        (None, Some(u)) => x as i128 == i128::from(u) && x.fract() == 0.0,
+        (None, None) => n.as_f64() == Some(x),
     }
 }
 
@@ -549,6 +575,39 @@ mod tests {
         assert_eq!(
             wide(br#"{"v": 1e19}"#),
             Value::Union(2, Box::new(Value::Double(1e19)))
+        );
+    }
+
+    /// Issue 50, point 9: a union without an `int` branch took 123456789 as the float
+    /// 123456792, its first branch that fits. A branch that holds the number as it is comes
+    /// first; a float only rounds where no branch holds it.
+    #[test]
+    fn a_union_takes_a_branch_that_holds_the_number_before_one_that_rounds_it() {
+        let schema = one_field(r#"["null","float","double"]"#);
+        let got = |payload: &[u8]| decoded(&schema, &schema.encode(payload).unwrap());
+        assert_eq!(
+            got(br#"{"v": 123456789}"#),
+            Value::Union(2, Box::new(Value::Double(123456789.0)))
+        );
+        assert_eq!(
+            got(br#"{"v": 1.5}"#),
+            Value::Union(2, Box::new(Value::Double(1.5)))
+        );
+        assert_eq!(
+            got(br#"{"v": 16}"#),
+            Value::Union(1, Box::new(Value::Float(16.0))),
+            "a float that holds it"
+        );
+        let long = one_field(r#"["null","float","long"]"#);
+        assert_eq!(
+            decoded(&long, &long.encode(br#"{"v": 16777217}"#).unwrap()),
+            Value::Union(2, Box::new(Value::Long(16_777_217)))
+        );
+        let only_float = one_field(r#"["null","float"]"#);
+        assert_eq!(
+            decoded(&only_float, &only_float.encode(br#"{"v": 123456789}"#).unwrap()),
+            Value::Union(1, Box::new(Value::Float(123456789.0))),
+            "rounded as a float field rounds, where no branch holds it"
         );
     }
 
