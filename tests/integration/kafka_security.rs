@@ -656,6 +656,77 @@ async fn write_refused_at_produce_time_holds_only_that_topic() {
     s.finish(relay).await;
 }
 
+/// WRITE on A revoked while the relay writes it (issue 50, points 6 and 9): the gap-less
+/// producer meets the refusal, which is fatal to it; the session restarts and its gate holds
+/// A (the probe producer finds the refusal) while B goes on. After the grant every event of A
+/// arrives once at least, in its commit order, stamped with its commit time — not with the time
+/// it was released (a refused record's delivery report carries no timestamp, and held records
+/// made from reports went out stamped anew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn write_revoked_mid_stream_holds_that_topic_and_keeps_order_and_timestamps() {
+    let s = Scene::start().await;
+    let (a_topic, b_topic, dlq) = (
+        s.topic("order").await,
+        s.topic("customer").await,
+        s.topic("dlq").await,
+    );
+    s.broker.grant_write(&[&a_topic, &b_topic, &dlq]).await;
+    let dead_letter = [("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())];
+    let relay = s.relay(&dead_letter, "acl_revoked_mid_stream").await;
+    let (a, b) = (events("order", "a", 400), events("customer", "b", 400));
+    let mut client = s.db.client().await;
+    write_interleaved(&mut client, &a[..100], &b[..100], 10).await;
+    s.delivered(
+        "A before the revoke",
+        (&[&a_topic], &a[..100]),
+        false,
+        &relay,
+    )
+    .await;
+    s.broker.revoke_write(&[&a_topic]).await;
+    write_interleaved(&mut client, &a[100..], &b[100..], 10).await;
+    s.delivered(
+        "B while A's WRITE is revoked",
+        (&[&b_topic], &b),
+        false,
+        &relay,
+    )
+    .await;
+    let granted_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    s.broker.grant_write(&[&a_topic]).await;
+    let received = s
+        .delivered("A after the grant", (&[&a_topic], &a), false, &relay)
+        .await;
+    let mut seen = std::collections::HashSet::new();
+    let first_seen: Vec<String> = received
+        .iter()
+        .map(Received::key_str)
+        .filter(|k| seen.insert(k.clone()))
+        .collect();
+    assert_eq!(first_seen, ids(&a), "A's events out of their commit order");
+    let restamped: Vec<&Received> = received
+        .iter()
+        .filter(|r| r.timestamp_ms.is_none_or(|t| t >= granted_ms))
+        .collect();
+    println!(
+        "A: {} records for {} events, {} stamped at or after the grant",
+        received.len(),
+        a.len(),
+        restamped.len()
+    );
+    assert!(
+        restamped.is_empty(),
+        "{} of A's records stamped at or after the grant (their commit was before it)",
+        restamped.len()
+    );
+    s.confirmed(&relay).await;
+    assert_eq!(s.broker.record_count(&dlq).await, 0, "dead letters");
+    s.finish(relay).await;
+}
+
 /// Done-when 1, the dead-letter topic: a poison row whose dead letter may not be written
 /// blocks (nothing confirmed past it) until the ACL is granted; then it is in the dead-letter
 /// topic and its neighbours in theirs.

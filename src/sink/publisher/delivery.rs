@@ -233,7 +233,10 @@ pub(super) struct Refused {
 }
 
 impl Refused {
-    /// The record as it was sent: to the same partition, with the same timestamp.
+    /// The record as it was sent, to the same partition; with its timestamp only where the
+    /// report gives one (librdkafka gives none for a failed record: it is stamped anew when
+    /// sent again). Only a producer that is not gap-less hands refusals to the gate so
+    /// (`Publisher::with_client_config`).
     fn of(message: &rdkafka::message::BorrowedMessage<'_>, opaque: usize) -> Refused {
         use rdkafka::message::Headers;
         let headers = message

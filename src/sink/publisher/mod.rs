@@ -198,10 +198,17 @@ impl Publisher {
         // the refusal taught (`sink::limits`), so no event reaches Kafka after a later one of
         // its partition. A WRITE refusal would be fatal too, so a topic's first record of a
         // session and a held topic's probes go through the gate's probe producer instead
-        // (`partition_counts_refused.rs`). A transactional producer aborts instead.
-        if holds_refusals && !config.properties.contains_key("enable.gapless.guarantee") {
+        // (`partition_counts_refused.rs`), and a refusal in a delivery report (WRITE revoked
+        // mid-stream) goes to the session, which restarts: its records are held by the next
+        // session's gate as they were made, not as the report gives them back (without their
+        // timestamp). A transactional producer aborts instead.
+        let gapless = holds_refusals && !config.properties.contains_key("enable.gapless.guarantee");
+        let (refusals, refused) = if gapless {
             client.set("enable.gapless.guarantee", "true");
-        }
+            (None, None)
+        } else {
+            (refusals, refused)
+        };
         let reporter = DeliveryReporter::new(tx.clone(), refusals, blocked.clone(), login.clone());
         if !config.properties.contains_key("statistics.interval.ms") {
             client.set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());

@@ -605,7 +605,10 @@ mod tests {
         );
         let only_float = one_field(r#"["null","float"]"#);
         assert_eq!(
-            decoded(&only_float, &only_float.encode(br#"{"v": 123456789}"#).unwrap()),
+            decoded(
+                &only_float,
+                &only_float.encode(br#"{"v": 123456789}"#).unwrap()
+            ),
             Value::Union(1, Box::new(Value::Float(123456789.0))),
             "rounded as a float field rounds, where no branch holds it"
         );
