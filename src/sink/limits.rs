@@ -51,6 +51,8 @@ use crate::mapping::Record;
 
 /// librdkafka's default `batch.size`.
 pub const DEFAULT_BATCH_SIZE: usize = 1_000_000;
+/// librdkafka's default `message.max.bytes`: the largest record the producer takes.
+pub const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 /// The record limit of each topic written to, as read from the brokers or learned from their
 /// refusals.

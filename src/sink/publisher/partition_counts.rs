@@ -484,7 +484,7 @@ impl PartitionCounts {
     /// a producer whose `batch.size` is above it is made again after the first refusal).
     /// When that is not allowed (no DESCRIBE_CONFIGS on the topic) or not answered, the limit
     /// is learned from refusals instead.
-    async fn read_limits(&self, topics: Vec<String>) {
+    pub(super) async fn read_limits(&self, topics: Vec<String>) {
         let admin = match self.admin() {
             Ok(admin) => admin,
             Err(e) => {

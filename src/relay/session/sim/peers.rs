@@ -289,6 +289,14 @@ impl RecordSink for SimSink {
         judged
     }
 
+    /// What the `Publisher` knows: the topic's limit when read, within the producer's
+    /// default `message.max.bytes`.
+    fn record_limit(&self, topic: &str) -> usize {
+        let max = crate::sink::limits::DEFAULT_MESSAGE_MAX_BYTES;
+        let world = self.world.borrow();
+        world.limits.get(topic).map_or(max, |l| l.min(max))
+    }
+
     /// Not modelled: the simulated topics have no timestamp window.
     fn refuses_timestamp(&self, _topic: &str, _timestamp_ms: Option<i64>) -> bool {
         false
