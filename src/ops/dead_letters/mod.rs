@@ -10,6 +10,7 @@
 //! sends, and commits the group only over what Kafka acknowledged (`positions.rs`);
 //! `report.rs` says what it did.
 
+mod from_row;
 mod plan;
 mod positions;
 mod redrive;

@@ -118,11 +118,9 @@ impl KeptRows {
     pub async fn keep(&self, client: &Client, row: &KeptRow) -> Result<Kept, ControlError> {
         let (schema, table) = row.table.split_once('.').unwrap_or(("public", &row.table));
         let outbox = format!("{}.{}", quote_ident(schema), quote_ident(table));
-        // A literal of unknown type takes the id column's type: the table's index finds it.
         let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {outbox} WHERE {} = {})",
-            quote_ident(&row.id_column),
-            escaped_literal(&row.id)
+            "SELECT EXISTS (SELECT 1 FROM {outbox} WHERE {})",
+            id_is(&row.id_column, &row.id)
         );
         let exists: bool = client
             .query_one(&sql, &[])
@@ -216,6 +214,12 @@ pub fn not_kept_sql(relation: &str, id_column: &str, slot_param: &str) -> String
                      WHERE k.slot = {slot_param} AND k.row_id = o.{}::text)",
         quote_ident(id_column)
     )
+}
+
+/// The condition that selects the row whose `id_column` is `id` (text): a literal of unknown
+/// type takes the column's type, so the table's index finds it.
+pub fn id_is(id_column: &str, id: &str) -> String {
+    format!("{} = {}", quote_ident(id_column), escaped_literal(id))
 }
 
 /// `value` as an escape-string literal (`E'…'`), whatever `standard_conforming_strings` says.
