@@ -246,12 +246,6 @@ pub fn from_failed(topic: &str, message: &OwnedMessage, reason: Reason, error: &
     dead
 }
 
-/// The bytes of a record its limits count: key, value, and every header's name and value.
-pub fn wire_bytes(record: &Record) -> usize {
-    let headers: usize = record.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-    record.key.len() + record.payload.as_ref().map_or(0, Bytes::len) + headers
-}
-
 /// Fits a dead letter into `limit` bytes, the most its topic and the producer take (the
 /// dead-letter topic's `max.message.bytes` when known, the producer's `message.max.bytes`),
 /// less [`FRAMING_BYTES`]. Payload and row image stay when they fit. Otherwise what a redrive
@@ -262,7 +256,7 @@ pub fn wire_bytes(record: &Record) -> usize {
 /// out then is [`lost_content`]'s to tell.
 pub fn fit(dead: &mut Record, limit: usize) {
     let budget = limit.saturating_sub(FRAMING_BYTES);
-    if wire_bytes(dead) <= budget {
+    if dead.wire_bytes() <= budget {
         return;
     }
     if is_row_letter(dead) {
@@ -277,7 +271,7 @@ pub fn fit(dead: &mut Record, limit: usize) {
         false => [drop_row, drop_payload],
     };
     for drop in order {
-        if wire_bytes(dead) <= budget {
+        if dead.wire_bytes() <= budget {
             return;
         }
         drop(dead);
@@ -343,7 +337,7 @@ fn fit_row_letter(dead: &mut Record, budget: usize) {
         return;
     };
     let mut omitted = Vec::new();
-    let mut over = wire_bytes(dead).saturating_sub(budget);
+    let mut over = dead.wire_bytes().saturating_sub(budget);
     if let Some(columns) = image.get_mut("columns").and_then(|c| c.as_object_mut()) {
         let mut by_size: Vec<(String, usize)> = columns
             .iter()
@@ -501,7 +495,7 @@ mod tests {
             None,
         );
         fit(&mut r, LIMIT);
-        assert!(wire_bytes(&r) <= LIMIT - FRAMING_BYTES);
+        assert!(r.wire_bytes() <= LIMIT - FRAMING_BYTES);
         let image: serde_json::Value = serde_json::from_slice(r.payload.as_ref().unwrap()).unwrap();
         assert_eq!(image["columns"]["aggregatetype"], serde_json::Value::Null);
         assert_eq!(image["columns"]["payload"].as_str().unwrap().len(), 500_000);

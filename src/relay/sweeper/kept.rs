@@ -151,8 +151,7 @@ impl KeptRows {
         let sql = format!(
             "INSERT INTO {relation} (slot, outbox_table, row_id, event_id, reason)
              VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (slot, outbox_table, row_id) DO UPDATE
-                 SET event_id = excluded.event_id, reason = excluded.reason"
+             ON CONFLICT (slot, outbox_table, row_id) DO NOTHING"
         );
         client
             .execute(
@@ -187,22 +186,6 @@ impl KeptRows {
             .await
             .map_err(query_err(format!("releasing row {id} of {table}")))?;
         Ok(deleted > 0)
-    }
-
-    /// How many rows of the slot are kept (none when the table does not exist).
-    pub async fn count(&self, client: &Client) -> Result<i64, ControlError> {
-        let Some(relation) = &self.relation else {
-            return Ok(0);
-        };
-        if !self.exists(client).await? {
-            return Ok(0);
-        }
-        let sql = format!("SELECT count(*) FROM {relation} WHERE slot = $1");
-        let row = client
-            .query_one(&sql, &[&self.slot])
-            .await
-            .map_err(query_err("counting the kept rows"))?;
-        Ok(row.get(0))
     }
 }
 

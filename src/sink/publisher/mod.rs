@@ -320,6 +320,17 @@ impl Publisher {
                 KafkaError::MessageProduction(refusal),
             ))));
         }
+        // Over the producer's `message.max.bytes` by its bytes alone: librdkafka refuses it when
+        // it is produced (`rd_kafka_msg_new0`), which for a record waiting for its topic's
+        // first read comes after the session let go of its row, which the record's dead letter
+        // may need (`sink::dead_letter`). Refused here, as librdkafka would.
+        if record.wire_bytes() > self.shared.message_max_bytes {
+            return Err(PublishError::Rejected(Box::new(Rejection::new(
+                record.topic.clone(),
+                event_id.to_string(),
+                KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+            ))));
+        }
         let Some(partition) = self.counts.route(record, opaque) else {
             return Ok(());
         };
@@ -459,7 +470,9 @@ impl Publisher {
     /// topic's, read before the first dead letter is cut to it.
     pub async fn read_limit(&self, topic: &str) {
         if self.shared.blocked.limits().get(topic).is_none() {
-            self.counts.read_limits(vec![topic.to_string()]).await;
+            self.counts
+                .read_limits(vec![topic.to_string()], false)
+                .await;
         }
     }
 
