@@ -52,7 +52,7 @@ pub const HEADER_PREFIX: &str = "outbox-relay.dlq.";
 
 /// Room a dead letter leaves below its limit for the framing of its record and batch (the
 /// record's varints, header lengths, the batch header): [`fit`] keeps its bytes below the
-/// limit by this much.
+/// limit by this much (by an eighth of a limit below 8 KiB).
 const FRAMING_BYTES: usize = 1024;
 
 /// Why an event was dead-lettered, as a short stable code (the `reason` header).
@@ -247,15 +247,15 @@ pub fn from_failed(topic: &str, message: &OwnedMessage, reason: Reason, error: &
 }
 
 /// Fits a dead letter into `limit` bytes, the most its topic and the producer take (the
-/// dead-letter topic's `max.message.bytes` when known, the producer's `message.max.bytes`),
-/// less [`FRAMING_BYTES`]. Payload and row image stay when they fit. Otherwise what a redrive
+/// dead-letter topic's `max.message.bytes` as read, the producer's `message.max.bytes`), less
+/// [`FRAMING_BYTES`]. Payload and row image stay when they fit. Otherwise what a redrive
 /// needs least goes first, each named in `outbox-relay.dlq.omitted`: for a record dead
 /// letter the row image before the payload (a redrive re-sends the payload as it was), unless
 /// the reason is one a redrive maps the row again for (`mapping`, `invalid_topic`, `schema`);
 /// for a row dead letter (its value is the image), its largest columns. What is still left
 /// out then is [`lost_content`]'s to tell.
 pub fn fit(dead: &mut Record, limit: usize) {
-    let budget = limit.saturating_sub(FRAMING_BYTES);
+    let budget = limit - FRAMING_BYTES.min(limit / 8);
     if dead.wire_bytes() <= budget {
         return;
     }

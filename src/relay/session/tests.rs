@@ -253,7 +253,7 @@ impl RecordSink for FakeSink {
 
     fn record_limit(&self, topic: &str) -> usize {
         let max = crate::sink::limits::DEFAULT_MESSAGE_MAX_BYTES;
-        self.limits.get(topic).map_or(max, |l| l.min(max))
+        self.limits.record_limit(topic).map_or(max, |l| l.min(max))
     }
 
     fn refuses_timestamp(&self, topic: &str, timestamp_ms: Option<i64>) -> bool {

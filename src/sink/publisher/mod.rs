@@ -456,10 +456,10 @@ impl Publisher {
         )
     }
 
-    /// The most a record of `topic` may hold: the topic's `max.message.bytes` when known, and
+    /// The most a record of `topic` may hold: the topic's `max.message.bytes` when read, and
     /// the producer's `message.max.bytes`.
     pub fn record_limit(&self, topic: &str) -> usize {
-        let topic_limit = self.shared.blocked.limits().get(topic);
+        let topic_limit = self.shared.blocked.limits().record_limit(topic);
         topic_limit.map_or(self.shared.message_max_bytes, |l| {
             l.min(self.shared.message_max_bytes)
         })
@@ -469,7 +469,7 @@ impl Publisher {
     /// may not describe keeps it unknown (learned from refusals instead). The dead-letter
     /// topic's, read before the first dead letter is cut to it.
     pub async fn read_limit(&self, topic: &str) {
-        if self.shared.blocked.limits().get(topic).is_none() {
+        if self.shared.blocked.limits().record_limit(topic).is_none() {
             self.counts
                 .read_limits(vec![topic.to_string()], false)
                 .await;

@@ -290,11 +290,13 @@ impl RecordSink for SimSink {
     }
 
     /// What the `Publisher` knows: the topic's limit when read, within the producer's
-    /// default `message.max.bytes`.
+    /// default `message.max.bytes`. (The relay reads the dead-letter topic's limit when a
+    /// session starts; the world does not model that read: its small dead-letter topic is one
+    /// the relay may not describe.)
     fn record_limit(&self, topic: &str) -> usize {
         let max = crate::sink::limits::DEFAULT_MESSAGE_MAX_BYTES;
         let world = self.world.borrow();
-        world.limits.get(topic).map_or(max, |l| l.min(max))
+        world.limits.record_limit(topic).map_or(max, |l| l.min(max))
     }
 
     /// Not modelled: the simulated topics have no timestamp window.
