@@ -344,7 +344,7 @@ fn fit_row_letter(dead: &mut Record, budget: usize) {
             .map(|(name, v)| (name.clone(), v.as_str().map_or(0, str::len)))
             .filter(|(_, len)| *len > 0)
             .collect();
-        by_size.sort_by(|a, b| b.1.cmp(&a.1));
+        by_size.sort_by_key(|c| std::cmp::Reverse(c.1));
         for (name, len) in by_size {
             if over == 0 {
                 break;

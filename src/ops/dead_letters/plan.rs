@@ -134,7 +134,7 @@ pub(super) enum Action {
     Send(Record, How, Option<usize>),
     /// Still unmappable: a new dead letter (count raised) stands in for it.
     DeadLetterAgain(Record),
-    /// To be read from its outbox row `(schema.table, id)` and mapped (`Run::from_row`),
+    /// To be read from its outbox row `(schema.table, id)` and mapped (`Run::read_named_row`),
     /// redriven for the time given.
     FromRow((String, String), u32),
     /// Not redriven; why.

@@ -343,7 +343,7 @@ impl<'a> Run<'a> {
         }
         let dlq = &self.config.dead_letter.topic;
         let action = plan(&letter, &self.mapping, dlq, self.options.max_redrives);
-        let action = self.from_row(action, &letter).await?;
+        let action = self.read_named_row(action, &letter).await?;
         let action = self.serialize(action, &letter).await?;
         let (record, how) = match action {
             Action::Leave(why) => {
@@ -353,7 +353,7 @@ impl<'a> Run<'a> {
             }
             Action::Send(record, how, _) => (record, Some(how)),
             Action::DeadLetterAgain(record) => (record, None),
-            // Made a `Send` or a `Leave` by `from_row`.
+            // Made a `Send` or a `Leave` by `read_named_row`.
             Action::FromRow(..) => return Err("a named outbox row was not read".into()),
         };
         if self.publisher.is_none() {
@@ -371,7 +371,7 @@ impl<'a> Run<'a> {
     /// Reads the outbox row a dead letter names (it kept neither payload nor row image) and
     /// maps it: the record goes to its topic like one mapped again. A row gone, or one that
     /// does not map, is left (and stays kept: nothing is released but what was sent).
-    async fn from_row(&mut self, action: Action, letter: &Letter) -> Result<Action, String> {
+    async fn read_named_row(&mut self, action: Action, letter: &Letter) -> Result<Action, String> {
         let Action::FromRow((table, id), count) = action else {
             return Ok(action);
         };
