@@ -31,6 +31,13 @@ impl Record {
     pub fn size(&self) -> usize {
         self.key.len() + self.payload.as_ref().map_or(0, Bytes::len)
     }
+
+    /// The bytes the limits on a record count, less its framing: key, value, and every
+    /// header's name and value.
+    pub fn wire_bytes(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.size() + headers
+    }
 }
 
 /// The event id a record of the relay carries, read back from its headers (in order) and value;

@@ -107,6 +107,20 @@ impl BoundTable {
     }
 }
 
+impl BoundTable {
+    /// The row's id column and its value as text (pgoutput's text output, or the binary value
+    /// converted to it): what identifies the outbox row, to keep it and read it again. `None`
+    /// when the value is null or cannot be read.
+    pub fn row_id(&self, tuple: &Tuple) -> Option<(&str, String)> {
+        let column = self.rules.column(Role::Id)?;
+        let source = RowSource { bound: self, tuple };
+        let value = source
+            .value(self.slots[Role::Id.index()], column, "")
+            .ok()??;
+        Some((column, String::from_utf8_lossy(&value.bytes).into_owned()))
+    }
+}
+
 struct RowSource<'a> {
     bound: &'a BoundTable,
     tuple: &'a Tuple,

@@ -478,6 +478,11 @@ async fn connect<'a>(
         deliveries,
         skip_below,
     } = keep_alive_while(&mut stream, status_interval, opening).await??;
+    // Dead letters are cut to what their topic takes: its limit is read before the first.
+    if config.dead_letter.policy == crate::config::DeadLetterPolicy::DeadLetter {
+        let reading = publisher.read_limit(&config.dead_letter.topic);
+        keep_alive_while(&mut stream, status_interval, reading).await?;
+    }
     metrics.watch_kafka(publisher.kafka_latency());
     // The slot is ours now, so its position cannot move under us: start the ledger there,
     // so that no status update ever reports less than the slot already confirmed.

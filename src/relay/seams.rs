@@ -10,6 +10,7 @@ use crate::lsn::Lsn;
 use crate::mapping::Record;
 use crate::postgres::control::{Control, ControlError};
 use crate::relay::ledger::TxnSeq;
+use crate::relay::sweeper::kept::{Kept, KeptRow, KeptRows};
 use crate::sink::limits::SizeRefusal;
 use crate::sink::progress::Progress;
 use crate::sink::publisher::{Delivery, DeliveryFailure, PublishError, Publisher};
@@ -62,6 +63,9 @@ pub trait RecordSink {
     fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal;
     /// Whether `topic`'s known timestamp window refuses a record stamped `timestamp_ms` now.
     fn refuses_timestamp(&self, topic: &str, timestamp_ms: Option<i64>) -> bool;
+    /// The most a record of `topic` may hold (its `max.message.bytes` when known, the
+    /// producer's `message.max.bytes`): what a dead letter is cut to.
+    fn record_limit(&self, topic: &str) -> usize;
     /// `exactly_once`: opens a Kafka transaction; the records sent until `commit` belong to it.
     fn begin(&mut self) -> Result<(), PublishError>;
     /// `exactly_once`: commits the open transaction together with a progress record saying
@@ -90,6 +94,9 @@ pub trait Catalog {
         &mut self,
         relid: u32,
     ) -> Result<Option<(String, String)>, ControlError>;
+    /// Keeps outbox row `row` from the sweeper in `store` (`relay::sweeper::kept`), if it
+    /// exists: the row is the only copy of an event its dead letter could not keep.
+    async fn keep_row(&mut self, store: &KeptRows, row: &KeptRow) -> Result<Kept, ControlError>;
 }
 
 /// Everything a session talks to.
@@ -107,6 +114,10 @@ impl Catalog for Control {
         relid: u32,
     ) -> Result<Option<(String, String)>, ControlError> {
         Control::partition_root(self, relid).await
+    }
+
+    async fn keep_row(&mut self, store: &KeptRows, row: &KeptRow) -> Result<Kept, ControlError> {
+        store.keep(self.client(), row).await
     }
 }
 
@@ -159,6 +170,10 @@ impl RecordSink for Publisher {
         self.blocked()
             .limits()
             .outside_window(topic, timestamp_ms, crate::clock::unix_ms)
+    }
+
+    fn record_limit(&self, topic: &str) -> usize {
+        Publisher::record_limit(self, topic)
     }
 
     fn begin(&mut self) -> Result<(), PublishError> {

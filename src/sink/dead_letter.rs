@@ -8,9 +8,14 @@
 //! What `dead-letters redrive` needs travels along (all additive, so older dead letters stay
 //! readable): the row image (`{"table", "columns", "types", "commit_time_ms"}`) is the value
 //! of a row dead letter, and the header `outbox-relay.dlq.row` of a record Kafka refused
-//! while the relay still held the row; the original partition (or partition key) in headers;
-//! a too-large payload up to [`MAX_KEPT_PAYLOAD_BYTES`] is kept, so it can be re-sent once
-//! the limit is raised.
+//! while the relay still held the row; the original partition (or partition key) in headers.
+//!
+//! A dead letter keeps as much of that as its own topic and the producer take ([`fit`]: the
+//! dead-letter topic's `max.message.bytes` when known, and the producer's
+//! `message.max.bytes`): payload and row image when both fit, else what a redrive needs most,
+//! the rest left out and named in `outbox-relay.dlq.omitted`. One that keeps neither
+//! ([`lost_content`]) names its outbox row instead (`outbox-relay.dlq.outbox-row`), which
+//! the relay keeps from the sweeper until a redrive re-sent it from the row.
 
 use std::sync::Arc;
 
@@ -19,10 +24,6 @@ use rdkafka::message::{Headers, Message, OwnedMessage};
 
 use crate::mapping::{event_id_of, Record};
 use crate::source::pgoutput::{Relation, Tuple, TupleValue};
-
-/// Column values larger than this are left out of a row dead letter (the broker's default
-/// record limit is 1 MB); the header `outbox-relay.dlq.omitted` names them.
-const MAX_COLUMN_BYTES: usize = 256 * 1024;
 
 pub const HEADER_REASON: &str = "outbox-relay.dlq.reason";
 pub const HEADER_ERROR: &str = "outbox-relay.dlq.error";
@@ -42,14 +43,17 @@ pub const HEADER_TIMESTAMP: &str = "outbox-relay.dlq.timestamp";
 /// The event id, when the dead letter leaves out the value that held it (a CloudEvents
 /// structured record too large to keep).
 pub const HEADER_EVENT_ID: &str = "outbox-relay.dlq.event-id";
+/// The outbox row of a dead letter that keeps neither payload nor row image, as JSON
+/// `{"table", "id"}`: the relay keeps that row from the sweeper (`outbox_relay_kept_rows`), and
+/// `dead-letters redrive` re-sends the event from it.
+pub const HEADER_OUTBOX_ROW: &str = "outbox-relay.dlq.outbox-row";
 /// The prefix of every header the relay adds to a dead letter (a redrive removes them).
 pub const HEADER_PREFIX: &str = "outbox-relay.dlq.";
 
-/// A too-large payload up to this size is kept in its dead letter (the dead-letter topic
-/// usually has the broker's default limit, 1 MB); a larger one is left out and noted.
-pub const MAX_KEPT_PAYLOAD_BYTES: usize = 512 * 1024;
-/// A row image larger than this is not added as a header to a record-level dead letter.
-const MAX_ROW_HEADER_BYTES: usize = 256 * 1024;
+/// Room a dead letter leaves below its limit for the framing of its record and batch (the
+/// record's varints, header lengths, the batch header): [`fit`] keeps its bytes below the
+/// limit by this much (by an eighth of a limit below 8 KiB).
+const FRAMING_BYTES: usize = 1024;
 
 /// Why an event was dead-lettered, as a short stable code (the `reason` header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,12 +110,6 @@ impl Row<'_> {
         let mut omitted = Vec::new();
         for (i, column) in self.relation.columns.iter().enumerate() {
             let value = match self.tuple.get(i) {
-                Some(TupleValue::Text(b)) | Some(TupleValue::Binary(b))
-                    if b.len() > MAX_COLUMN_BYTES =>
-                {
-                    omitted.push(format!("{} ({} bytes)", column.name, b.len()));
-                    serde_json::Value::Null
-                }
                 Some(TupleValue::Text(b)) => String::from_utf8_lossy(b).into_owned().into(),
                 Some(TupleValue::Binary(b)) => {
                     omitted.push(format!("{} (binary)", column.name));
@@ -182,17 +180,10 @@ pub fn from_row_image(
     }
 }
 
-/// Adds the row image of a record-level dead letter as a header, unless it is too big.
+/// Adds the row image of a record-level dead letter as a header ([`fit`] may leave it out).
 pub fn with_row(dead: &mut Record, row: Row<'_>) {
     let (image, omitted) = row.image();
     let image = image.to_string();
-    if image.len() > MAX_ROW_HEADER_BYTES {
-        dead.headers.push(header(
-            HEADER_OMITTED,
-            format!("row ({} bytes)", image.len()),
-        ));
-        return;
-    }
     if !omitted.is_empty() {
         dead.headers.push(header(
             HEADER_OMITTED,
@@ -255,10 +246,125 @@ pub fn from_failed(topic: &str, message: &OwnedMessage, reason: Reason, error: &
     dead
 }
 
+/// Fits a dead letter into `limit` bytes, the most its topic and the producer take (the
+/// dead-letter topic's `max.message.bytes` as read, the producer's `message.max.bytes`), less
+/// [`FRAMING_BYTES`]. Payload and row image stay when they fit. Otherwise what a redrive
+/// needs least goes first, each named in `outbox-relay.dlq.omitted`: for a record dead
+/// letter the row image before the payload (a redrive re-sends the payload as it was), unless
+/// the reason is one a redrive maps the row again for (`mapping`, `invalid_topic`, `schema`);
+/// for a row dead letter (its value is the image), its largest columns. What is still left
+/// out then is [`lost_content`]'s to tell.
+pub fn fit(dead: &mut Record, limit: usize) {
+    let budget = limit - FRAMING_BYTES.min(limit / 8);
+    if dead.wire_bytes() <= budget {
+        return;
+    }
+    if is_row_letter(dead) {
+        return fit_row_letter(dead, budget);
+    }
+    let reason = header_value(dead, HEADER_REASON).unwrap_or_default();
+    let remaps = [Reason::Mapping, Reason::InvalidTopic, Reason::Schema]
+        .iter()
+        .any(|r| r.code().as_bytes() == reason.as_slice());
+    let order: [fn(&mut Record); 2] = match remaps {
+        true => [drop_payload, drop_row],
+        false => [drop_row, drop_payload],
+    };
+    for drop in order {
+        if dead.wire_bytes() <= budget {
+            return;
+        }
+        drop(dead);
+    }
+}
+
+/// A dead letter for a row that never became a record: no original topic, its value the
+/// row image.
+fn is_row_letter(dead: &Record) -> bool {
+    let has = |name| dead.headers.iter().any(|(k, _)| &**k == name);
+    !has(HEADER_ORIGINAL_TOPIC) && has(HEADER_TABLE)
+}
+
+fn header_value(dead: &Record, name: &str) -> Option<Vec<u8>> {
+    dead.headers
+        .iter()
+        .rev()
+        .find(|(k, _)| &**k == name)
+        .map(|(_, v)| v.to_vec())
+}
+
+/// Leaves the payload out (a CloudEvents structured record holds its event id in it: the id
+/// is kept in a header).
+fn drop_payload(dead: &mut Record) {
+    let headers = || dead.headers.iter().map(|(k, v)| (&**k, &v[..]));
+    let only_in_value = match event_id_of(headers(), None) {
+        Some(_) => None,
+        None => event_id_of(headers(), dead.payload.as_deref()),
+    };
+    if let Some(id) = only_in_value {
+        dead.headers.push(header(HEADER_EVENT_ID, id));
+    }
+    if let Some(payload) = dead.payload.take() {
+        dead.headers.push(header(
+            HEADER_OMITTED,
+            format!("payload ({} bytes)", payload.len()),
+        ));
+    }
+}
+
+/// Leaves the row image header out.
+fn drop_row(dead: &mut Record) {
+    let Some(i) = dead.headers.iter().position(|(k, _)| &**k == HEADER_ROW) else {
+        return;
+    };
+    let (_, image) = dead.headers.remove(i);
+    dead.headers
+        .retain(|(k, v)| !(&**k == HEADER_OMITTED && v.starts_with(b"row: ")));
+    dead.headers.push(header(
+        HEADER_OMITTED,
+        format!("row ({} bytes)", image.len()),
+    ));
+}
+
+/// A row dead letter over `budget`: its largest columns are left out (null in the image,
+/// named in `outbox-relay.dlq.omitted` as `columns: …`) until it fits.
+fn fit_row_letter(dead: &mut Record, budget: usize) {
+    let Some(mut image) = dead
+        .payload
+        .as_deref()
+        .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
+    else {
+        return;
+    };
+    let mut omitted = Vec::new();
+    let mut over = dead.wire_bytes().saturating_sub(budget);
+    if let Some(columns) = image.get_mut("columns").and_then(|c| c.as_object_mut()) {
+        let mut by_size: Vec<(String, usize)> = columns
+            .iter()
+            .map(|(name, v)| (name.clone(), v.as_str().map_or(0, str::len)))
+            .filter(|(_, len)| *len > 0)
+            .collect();
+        by_size.sort_by_key(|c| std::cmp::Reverse(c.1));
+        for (name, len) in by_size {
+            if over == 0 {
+                break;
+            }
+            columns.insert(name.clone(), serde_json::Value::Null);
+            omitted.push(format!("{name} ({len} bytes)"));
+            over = over.saturating_sub(len);
+        }
+    }
+    if !omitted.is_empty() {
+        dead.payload = Some(Bytes::from(image.to_string()));
+        let omitted = format!("columns: {}", omitted.join(", "));
+        dead.headers.push(header(HEADER_OMITTED, omitted));
+    }
+}
+
 /// What a dead letter left out of its event's content when it keeps neither the payload nor
-/// the row image (a payload above [`MAX_KEPT_PAYLOAD_BYTES`] and a row above the row header's
-/// limit): such an event could not be redriven, and once its outbox row is gone (the sweeper,
-/// insert-then-delete) it would be lost. `None` when the content is kept.
+/// a whole row image (a record dead letter without both; a row dead letter that left columns
+/// out): a redrive cannot re-send such an event from it, and once its outbox row is gone (the
+/// sweeper, insert-then-delete) it would be lost. `None` when the content is kept.
 pub fn lost_content(dead: &Record) -> Option<String> {
     let omitted = |what: &[u8]| {
         dead.headers
@@ -266,6 +372,9 @@ pub fn lost_content(dead: &Record) -> Option<String> {
             .find(|(k, v)| &**k == HEADER_OMITTED && v.starts_with(what))
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
     };
+    if is_row_letter(dead) {
+        return omitted(b"columns: ");
+    }
     // A row image counts only whole: one that left a column out cannot be mapped again.
     let whole_row =
         dead.headers.iter().any(|(k, _)| &**k == HEADER_ROW) && omitted(b"row").is_none();
@@ -279,28 +388,17 @@ pub fn lost_content(dead: &Record) -> Option<String> {
     })
 }
 
-/// Adds the reason headers; a payload that was too large is kept for a redrive up to
-/// [`MAX_KEPT_PAYLOAD_BYTES`], a larger one left out (it would be refused again) and its size
-/// noted.
+/// Names the outbox row a dead letter that keeps neither payload nor row image stands for
+/// (`table`: `schema.table`, `id`: its id column's text): a redrive re-sends the event from it.
+pub fn name_row(dead: &mut Record, table: &str, id: &str) {
+    let row = serde_json::json!({"table": table, "id": id});
+    dead.headers
+        .push(header(HEADER_OUTBOX_ROW, row.to_string()));
+}
+
+/// Adds the reason headers. What does not fit the dead letter's limits is left out later, by
+/// [`fit`].
 fn annotate(dead: &mut Record, reason: Reason, error: &str, original_topic: &str) {
-    let big = |p: &Bytes| p.len() > MAX_KEPT_PAYLOAD_BYTES;
-    if reason == Reason::TooLarge && dead.payload.as_ref().is_some_and(big) {
-        // A CloudEvents structured record holds its event id in the value: keep the id.
-        let headers = || dead.headers.iter().map(|(k, v)| (&**k, &v[..]));
-        let only_in_value = match event_id_of(headers(), None) {
-            Some(_) => None,
-            None => event_id_of(headers(), dead.payload.as_deref()),
-        };
-        if let Some(id) = only_in_value {
-            dead.headers.push(header(HEADER_EVENT_ID, id));
-        }
-        if let Some(payload) = dead.payload.take() {
-            dead.headers.push(header(
-                HEADER_OMITTED,
-                format!("payload ({} bytes)", payload.len()),
-            ));
-        }
-    }
     dead.headers.push(header(HEADER_REASON, reason.code()));
     dead.headers.push(header(HEADER_ERROR, error.to_string()));
     dead.headers
@@ -362,32 +460,73 @@ mod tests {
         assert_eq!(header_value(&r, "id"), Some(&b"e1"[..]));
     }
 
+    /// The producer's default `message.max.bytes`, the limit of these dead letters.
+    const LIMIT: usize = 1_000_000;
+
     #[test]
-    fn huge_columns_are_left_out_of_row_dead_letters() {
-        let big = Bytes::from(vec![b'x'; MAX_COLUMN_BYTES + 1]);
-        let tuple = Tuple(vec![
-            TupleValue::Text(Bytes::from_static(b"e2")),
-            TupleValue::Null,
-            TupleValue::Text(big),
-        ]);
-        let r = from_row("dlq", &relation(), &tuple, Reason::Mapping, "x", None);
-        assert!(r.payload.as_ref().unwrap().len() < 1024);
-        assert!(header_value(&r, HEADER_OMITTED).is_some());
+    fn a_row_dead_letter_over_its_limit_leaves_its_largest_columns_out() {
+        let tuple = |payload: usize| {
+            Tuple(vec![
+                TupleValue::Text(Bytes::from_static(b"e2")),
+                TupleValue::Text(Bytes::from(vec![b'o'; 600_000])),
+                TupleValue::Text(Bytes::from(vec![b'x'; payload])),
+            ])
+        };
+        // 900 KB of columns fit a 1 MB limit whole: kept, nothing lost.
+        let mut r = from_row(
+            "dlq",
+            &relation(),
+            &tuple(300_000),
+            Reason::Mapping,
+            "x",
+            None,
+        );
+        fit(&mut r, LIMIT);
+        assert!(r.payload.as_ref().unwrap().len() > 900_000);
+        assert_eq!(header_value(&r, HEADER_OMITTED), None);
+        assert_eq!(lost_content(&r), None);
+        // 1.1 MB do not: the largest column goes, the row image is no longer whole.
+        let mut r = from_row(
+            "dlq",
+            &relation(),
+            &tuple(500_000),
+            Reason::Mapping,
+            "x",
+            None,
+        );
+        fit(&mut r, LIMIT);
+        assert!(r.wire_bytes() <= LIMIT - FRAMING_BYTES);
+        let image: serde_json::Value = serde_json::from_slice(r.payload.as_ref().unwrap()).unwrap();
+        assert_eq!(image["columns"]["aggregatetype"], serde_json::Value::Null);
+        assert_eq!(image["columns"]["payload"].as_str().unwrap().len(), 500_000);
+        assert_eq!(
+            header_value(&r, HEADER_OMITTED),
+            Some(&b"columns: aggregatetype (600000 bytes)"[..])
+        );
+        assert!(lost_content(&r).unwrap().contains("aggregatetype"));
         assert!(r.key.is_empty());
     }
 
     #[test]
-    fn too_large_record_is_dead_lettered_without_its_payload() {
-        let record = Record {
+    fn too_large_record_is_dead_lettered_without_its_payload_only_over_the_limit() {
+        let record = |bytes: usize| Record {
             topic: "orders".into(),
             key: Bytes::from_static(b"e3"),
-            payload: Some(Bytes::from(vec![b'x'; MAX_KEPT_PAYLOAD_BYTES + 1])),
+            payload: Some(Bytes::from(vec![b'x'; bytes])),
             headers: vec![header("id", Bytes::from_static(b"e3"))],
             timestamp_ms: Some(5),
             partition: Some(2),
             ..Record::default()
         };
-        let r = from_record("dlq", &record, Reason::TooLarge, "too large");
+        // Above the 512 KiB a dead letter kept at most before, within the limit: kept.
+        let mut kept = from_record("dlq", &record(900_000), Reason::TooLarge, "too large");
+        fit(&mut kept, LIMIT);
+        assert_eq!(kept.payload.as_ref().map(Bytes::len), Some(900_000));
+        // Within a smaller dead-letter topic's limit it is not.
+        fit(&mut kept, 64 * 1024);
+        assert_eq!(kept.payload, None);
+        let mut r = from_record("dlq", &record(LIMIT), Reason::TooLarge, "too large");
+        fit(&mut r, LIMIT);
         assert_eq!(r.topic, "dlq");
         assert_eq!(r.payload, None);
         assert_eq!(r.partition, None);
@@ -398,6 +537,41 @@ mod tests {
         assert_eq!(header_value(&r, "id"), Some(&b"e3"[..]));
         assert_eq!(header_value(&r, HEADER_REASON), Some(&b"too_large"[..]));
         assert_eq!(header_value(&r, HEADER_ORIGINAL_PARTITION), Some(&b"2"[..]));
+        assert_eq!(
+            header_value(&r, HEADER_OMITTED),
+            Some(format!("payload ({LIMIT} bytes)").as_bytes())
+        );
+    }
+
+    /// What a redrive needs most stays: the payload of a record it re-sends as it was, the
+    /// row image of one it maps again.
+    #[test]
+    fn over_its_limit_a_dead_letter_keeps_what_its_redrive_needs() {
+        let relation = relation();
+        let tuple = Tuple(vec![
+            TupleValue::Text(Bytes::from_static(b"e5")),
+            TupleValue::Text(Bytes::from_static(b"order")),
+            TupleValue::Text(Bytes::from(vec![b'x'; 600_000])),
+        ]);
+        let row = Row {
+            relation: &relation,
+            tuple: &tuple,
+            commit_time_ms: None,
+        };
+        let record = Record {
+            topic: "orders".into(),
+            key: Bytes::from_static(b"e5"),
+            payload: Some(Bytes::from(vec![b'x'; 600_000])),
+            ..Record::default()
+        };
+        for (reason, keeps_payload) in [(Reason::TooLarge, true), (Reason::Schema, false)] {
+            let mut dead = from_record("dlq", &record, reason, "x");
+            with_row(&mut dead, row);
+            fit(&mut dead, LIMIT);
+            assert_eq!(dead.payload.is_some(), keeps_payload, "{reason:?}");
+            assert_eq!(header_value(&dead, HEADER_ROW).is_some(), !keeps_payload);
+            assert_eq!(lost_content(&dead), None, "{reason:?}");
+        }
     }
 
     #[test]
@@ -405,36 +579,47 @@ mod tests {
         let mut record = Record {
             topic: "orders".into(),
             key: Bytes::from_static(b"e1"),
-            payload: Some(Bytes::from(vec![b'x'; MAX_KEPT_PAYLOAD_BYTES + 1])),
+            payload: Some(Bytes::from(vec![b'x'; LIMIT + 1])),
             ..Record::default()
         };
-        let dead = from_record("dlq", &record, Reason::TooLarge, "too large");
+        let mut dead = from_record("dlq", &record, Reason::TooLarge, "too large");
+        fit(&mut dead, LIMIT);
         assert_eq!(
             lost_content(&dead).as_deref(),
-            Some(format!("payload ({} bytes)", MAX_KEPT_PAYLOAD_BYTES + 1).as_str())
+            Some(format!("payload ({} bytes)", LIMIT + 1).as_str())
         );
-        // A row image that left the payload column out does not keep it either.
+        // Its row image, as large, cannot stay either.
         let tuple = Tuple(vec![
             TupleValue::Text(Bytes::from_static(b"e1")),
             TupleValue::Text(Bytes::from_static(b"order")),
-            TupleValue::Text(Bytes::from(vec![b'x'; MAX_KEPT_PAYLOAD_BYTES + 1])),
+            TupleValue::Text(Bytes::from(vec![b'x'; LIMIT + 1])),
         ]);
         let relation = relation();
-        let mut with_image = dead.clone();
+        let mut with_image = from_record("dlq", &record, Reason::TooLarge, "too large");
         let row = Row {
             relation: &relation,
             tuple: &tuple,
             commit_time_ms: None,
         };
         with_row(&mut with_image, row);
-        assert!(header_value(&with_image, HEADER_ROW).is_some());
+        fit(&mut with_image, LIMIT);
+        assert_eq!(header_value(&with_image, HEADER_ROW), None);
         let lost = lost_content(&with_image).unwrap();
-        assert!(lost.contains("row: payload"), "{lost}");
-        record.payload = Some(Bytes::from(vec![b'x'; 1_000]));
-        assert_eq!(
-            lost_content(&from_record("dlq", &record, Reason::TooLarge, "x")),
-            None
+        assert!(
+            lost.contains("payload (") && lost.contains("row ("),
+            "{lost}"
         );
+        name_row(&mut with_image, "public.outbox", "e1");
+        let named: serde_json::Value =
+            serde_json::from_slice(header_value(&with_image, HEADER_OUTBOX_ROW).unwrap()).unwrap();
+        assert_eq!(
+            named,
+            serde_json::json!({"table": "public.outbox", "id": "e1"})
+        );
+        record.payload = Some(Bytes::from(vec![b'x'; 1_000]));
+        let mut small = from_record("dlq", &record, Reason::TooLarge, "x");
+        fit(&mut small, LIMIT);
+        assert_eq!(lost_content(&small), None);
     }
 
     #[test]

@@ -51,12 +51,17 @@ use crate::mapping::Record;
 
 /// librdkafka's default `batch.size`.
 pub const DEFAULT_BATCH_SIZE: usize = 1_000_000;
+/// librdkafka's default `message.max.bytes`: the largest record the producer takes.
+pub const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 /// The record limit of each topic written to, as read from the brokers or learned from their
 /// refusals.
 #[derive(Debug, Default)]
 pub struct TopicLimits {
     limits: Mutex<HashMap<String, usize>>,
+    /// The limits as the brokers reported them (DescribeConfigs), not lowered by refused
+    /// batches: what one record may hold ([`TopicLimits::record_limit`]).
+    reported: Mutex<HashMap<String, usize>>,
     /// Records each topic refused for a fault of their own, by content, with the refusal.
     refused: Mutex<HashMap<String, HashMap<u64, RDKafkaErrorCode>>>,
     /// The timestamp window of CreateTime topics that have one, as read.
@@ -126,6 +131,17 @@ impl TopicLimits {
     /// known.
     pub fn read(&self, topic: &str, limit: usize) {
         self.limits().insert(topic.to_string(), limit);
+        self.reported
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(topic.to_string(), limit);
+    }
+
+    /// The most one record of `topic` may hold, as the brokers reported it: a limit learned
+    /// from refused batches bounds batches (halved until they fit), not one record alone.
+    pub fn record_limit(&self, topic: &str) -> Option<usize> {
+        let reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        reported.get(topic).copied()
     }
 
     /// The topic's limit, if known.
@@ -414,6 +430,23 @@ mod tests {
             limits.judge("t", Sized::new(b"big", 100_000).content(), batch_size),
             SizeRefusal::Record { .. }
         ));
+    }
+
+    /// A dead letter is cut to what one record may hold: the limit the brokers reported, not
+    /// one halved by refused batches (which bounds batches), and none when it was not read.
+    #[test]
+    fn a_records_limit_is_the_reported_one_not_a_learned_batch_bound() {
+        let limits = TopicLimits::default();
+        let judged = limits.judge("dlq", Sized::new(b"d", 400).content(), DEFAULT_BATCH_SIZE);
+        assert!(matches!(judged, SizeRefusal::Batch { .. }));
+        assert_eq!(limits.record_limit("dlq"), None, "learned, not reported");
+        limits.read("dlq", 1_000_000);
+        assert!(matches!(
+            limits.judge("dlq", Sized::new(b"d", 400).content(), 600_000),
+            SizeRefusal::Batch { limit: 300_000 }
+        ));
+        assert_eq!(limits.get("dlq"), Some(300_000));
+        assert_eq!(limits.record_limit("dlq"), Some(1_000_000));
     }
 
     /// The broker named one record of a batch invalid: that one is refused before it is sent

@@ -268,12 +268,15 @@ fn dead_letters_list(env: &[(String, String)], args: &[&str]) -> serde_json::Val
 }
 
 /// Issue 39: a 5 MB event, over the producer's 1 MB `message.max.bytes`, is too large for its
-/// dead letter to keep too (over 512 KiB, and its row as big): dead-lettered without it, the
-/// outbox row would be its only copy. The relay stops before its transaction instead, naming
+/// dead letter to keep too (over what the dead-letter topic and the producer take, and its
+/// row as big). Where its outbox row stays, the dead letter names the row (issue 50:
+/// `refusals::a_5_mb_event_is_named_by_its_row_and_redriven_from_it_without_the_sweeper`);
+/// here the application deletes the row in its inserting transaction (insert-then-delete), so
+/// the WAL is the event's only copy. The relay stops before its transaction instead, naming
 /// the event and the fix; once the limit is raised it is published and the stream goes on,
 /// nothing missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_event_too_large_to_keep_stops_the_relay_until_the_limit_is_raised() {
+async fn an_event_too_large_to_keep_whose_row_is_gone_stops_the_relay_until_the_limit_is_raised() {
     let db = TestDb::new().await;
     let dlq = format!("{}.dlq", db.topic_prefix);
     let env = with(
@@ -286,14 +289,18 @@ async fn an_event_too_large_to_keep_stops_the_relay_until_the_limit_is_raised() 
     let before: Vec<Event> = (0..20).map(|i| Event::new("order", "p", 0, i)).collect();
     insert_events(&mut client, &before, true).await;
     let huge = uuid::Uuid::new_v4().to_string();
-    client
-        .execute(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES
-             ($1::text::uuid, 'order', 'p', 'Huge', jsonb_build_object('blob', repeat('x', 5 * 1024 * 1024)))",
-            &[&huge],
-        )
+    let tx = client.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES
+         ($1::text::uuid, 'order', 'p', 'Huge', jsonb_build_object('blob', repeat('x', 5 * 1024 * 1024)))",
+        &[&huge],
+    )
+    .await
+    .unwrap();
+    tx.execute("DELETE FROM outbox WHERE id = $1::text::uuid", &[&huge])
         .await
         .unwrap();
+    tx.commit().await.unwrap();
     let after: Vec<Event> = (0..20)
         .map(|i| Event::new("order", "p", 0, 100 + i))
         .collect();
@@ -303,8 +310,10 @@ async fn an_event_too_large_to_keep_stops_the_relay_until_the_limit_is_raised() 
     let log = relay.log_text();
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
-        log.contains("too large for Kafka and for its dead letter") && log.contains(&huge),
-        "the stop names the event:\n{log}"
+        log.contains("too large for Kafka and for its dead letter")
+            && log.contains(&huge)
+            && log.contains("gone"),
+        "the stop names the event and why no row can stand in for it:\n{log}"
     );
     let topic = db.topic("order");
     let received = read_ids(

@@ -558,3 +558,303 @@ async fn a_topic_limit_the_relay_may_not_read_keeps_each_aggregates_order() {
     );
     assert_the_stream_went_on(db, relay, end).await;
 }
+
+// ---- an event too large for its dead letter (issue 50, point 4) ----
+
+/// Raises the topic's `max.message.bytes` (the operator's fix for `too_large`).
+async fn raise_limit(topic: &str, max_message_bytes: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let raise = AlterConfig::new(ResourceSpecifier::Topic(topic))
+        .set("max.message.bytes", max_message_bytes);
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for r in admin.alter_configs(&[raise], &options).await.unwrap() {
+        r.unwrap_or_else(|(_, e)| panic!("raise the limit of {topic}: {e}"));
+    }
+}
+
+/// The rows `outbox_relay_kept_rows` keeps for the test's slot (none without the table).
+async fn kept_rows(db: &TestDb) -> Vec<String> {
+    let client = db.client().await;
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass('public.outbox_relay_kept_rows') IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    if !exists {
+        return Vec::new();
+    }
+    client
+        .query(
+            "SELECT row_id FROM outbox_relay_kept_rows WHERE slot = $1 ORDER BY row_id",
+            &[&db.slot],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// The ids of the rows in the outbox now.
+async fn outbox_ids(db: &TestDb) -> Vec<String> {
+    let client = db.client().await;
+    client
+        .query("SELECT id::text FROM outbox ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Issue 50's scenario: one event too large for Kafka and for its dead letter (`hex_bytes` of
+/// random hex, over the producer's default `message.max.bytes` of 1,000,000 and the
+/// dead-letter topic's default limit), then 40 healthy ones of four aggregates. The relay
+/// stopped on it ("too large for Kafka and for its dead letter"), every topic with it. Now
+/// its dead letter names its outbox row, the row is kept (from the sweeper, when `sweeping`),
+/// the 40 healthy events arrive in order, the slot passes the row and the relay stays up. Then
+/// the operator raises the limits and runs `dead-letters redrive`: the event is read from its
+/// row and published whole, and the row is no longer kept (the sweeper deletes it then).
+async fn too_large_for_its_dead_letter(hex_bytes: usize, sweeping: bool) {
+    let db = TestDb::new().await;
+    let (topic, dlq) = (db.topic("order"), format!("{}.dlq", db.topic_prefix));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    db.create_slot().await;
+    let client = db.client().await;
+    let rows = |from: usize| -> Vec<(String, String, usize, Option<&'static str>)> {
+        (from..from + 20)
+            .map(|n| (new_id(), format!("agg-{}", n % 4), n, None))
+            .collect()
+    };
+    let (before, after) = (rows(0), rows(100));
+    let huge = new_id();
+    // First: the topic's first record waits for its topic's first read in the publisher, where
+    // librdkafka's own size check failed it after the session had let go of its row.
+    insert(
+        &client,
+        &[(huge.clone(), "agg-0".into(), 50, None)],
+        hex_bytes,
+    )
+    .await;
+    insert(&client, &before, 200).await;
+    insert(&client, &after, 200).await;
+    let end = db.current_wal_lsn().await;
+    let healthy: Vec<String> = before.iter().chain(&after).map(|r| r.0.clone()).collect();
+    let mut env = with(
+        db.relay_env(),
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())],
+    );
+    if sweeping {
+        for (key, value) in [
+            ("ENABLED", "true"),
+            ("INTERVAL_MS", "200"),
+            ("RETENTION_MS", "1"),
+        ] {
+            env.push((
+                format!("OUTBOX_RELAY__OUTBOX__SWEEPER__{key}"),
+                value.into(),
+            ));
+        }
+    }
+    let name = format!("refusals_too_large_to_keep_{}", hex_bytes / 1000);
+    let relay = RelayProcess::start(&env, &name);
+    let got = read_by_id(
+        std::slice::from_ref(&topic),
+        &healthy,
+        Duration::from_secs(90),
+        Duration::from_secs(1),
+    )
+    .await;
+    let dead = read_by_id(
+        std::slice::from_ref(&dlq),
+        std::slice::from_ref(&huge),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await;
+    let log = relay.log_text();
+    let (missing, out_of_order) = count(&healthy, &got);
+    let letter = dead.iter().find(|r| r.header("id") == Some(huge.as_str()));
+    let kept = kept_rows(&db).await;
+    eprintln!(
+        "a {hex_bytes}-byte event, sweeper {}: {missing} of {} healthy missing, {out_of_order} \
+         out of order, dead letter naming its row: {}, rows kept: {kept:?}",
+        if sweeping { "on" } else { "off" },
+        healthy.len(),
+        letter.is_some_and(|l| l.header("outbox-relay.dlq.outbox-row").is_some()),
+    );
+    assert_eq!(missing, 0, "healthy events missing\n{log}");
+    assert_eq!(out_of_order, 0, "per-aggregate order broken\n{log}");
+    let letter = letter.unwrap_or_else(|| panic!("the event was not dead-lettered\n{log}"));
+    assert_eq!(letter.header("outbox-relay.dlq.reason"), Some("too_large"));
+    assert_eq!(letter.payload, None, "{log}");
+    assert!(letter.header("outbox-relay.dlq.row").is_none());
+    let named: serde_json::Value =
+        serde_json::from_str(letter.header("outbox-relay.dlq.outbox-row").unwrap()).unwrap();
+    assert_eq!(
+        named,
+        serde_json::json!({"table": "public.outbox", "id": huge})
+    );
+    assert_eq!(kept, std::slice::from_ref(&huge), "the row is kept\n{log}");
+    assert!(
+        !got.iter().any(|r| r.header("id") == Some(huge.as_str())),
+        "the event was published"
+    );
+    wait_for(
+        "the slot confirmed past every event",
+        Duration::from_secs(30),
+        || async { db.confirmed_flush_lsn().await >= end },
+    )
+    .await;
+    if sweeping {
+        // Every other row is confirmed and older than the retention: swept; the kept one stays.
+        wait_for(
+            "the sweeper deleted the confirmed rows",
+            Duration::from_secs(30),
+            || async { outbox_ids(&db).await.len() == 1 },
+        )
+        .await;
+        assert_eq!(
+            outbox_ids(&db).await,
+            std::slice::from_ref(&huge),
+            "the kept row was swept"
+        );
+    }
+
+    // The operator's fix: limits above the event, then a redrive.
+    raise_limit(&topic, "12000000").await;
+    let raised = with(
+        env.clone(),
+        &[(
+            "OUTBOX_RELAY__KAFKA__PROPERTIES__MESSAGE_MAX_BYTES",
+            "12000000",
+        )],
+    );
+    let report = redrive(&raised, &[]);
+    assert_eq!(report["failures"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["from_row"], 1, "{report:#}");
+    assert_eq!(report["left"], 0, "{report:#}");
+    let got = read_by_id(
+        std::slice::from_ref(&topic),
+        std::slice::from_ref(&huge),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    let published = got
+        .iter()
+        .find(|r| r.header("id") == Some(huge.as_str()))
+        .unwrap_or_else(|| panic!("the event was not redriven: {report:#}"));
+    let bytes = published.payload.as_ref().map_or(0, Vec::len);
+    eprintln!("redriven from its row: {bytes} bytes");
+    assert!(bytes > hex_bytes, "published whole ({bytes} bytes)");
+    assert_eq!(published.header("outbox-relay.redrive-count"), Some("1"));
+    assert!(kept_rows(&db).await.is_empty(), "the row is still kept");
+    if sweeping {
+        wait_for(
+            "the sweeper deleted the released row",
+            Duration::from_secs(30),
+            || async { outbox_ids(&db).await.is_empty() },
+        )
+        .await;
+    }
+    let again = redrive(&raised, &[]);
+    assert_eq!(
+        again["redriven"], 0,
+        "a finished redrive sent again: {again:#}"
+    );
+    assert_the_stream_went_on(db, relay, end).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_5_mb_event_is_named_by_its_row_and_redriven_from_it_without_the_sweeper() {
+    too_large_for_its_dead_letter(5_000_000, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_1_5_mb_event_is_kept_from_the_sweeper_and_redriven_from_its_row() {
+    too_large_for_its_dead_letter(1_500_000, true).await;
+}
+
+/// A dead letter keeps as much as its topic and the producer take, not a fixed 512 KiB: a
+/// 700 KB event on a topic limited to 100,000 bytes is dead-lettered with its payload (the
+/// dead-letter topic takes 1 MB), and a redrive after the limit is raised re-sends it as it
+/// was. The relay stopped on it ("too large for Kafka and for its dead letter").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_letter_keeps_a_payload_its_topic_takes_above_512_kib() {
+    let db = TestDb::new().await;
+    let (topic, dlq) = (db.topic("order"), format!("{}.dlq", db.topic_prefix));
+    create_topic_with(&topic, 1, &[("max.message.bytes", "100000")]).await;
+    create_topic(&dlq, 1).await;
+    db.create_slot().await;
+    let client = db.client().await;
+    let healthy_rows: Vec<_> = (0..20)
+        .map(|n| (new_id(), format!("agg-{}", n % 4), n, None))
+        .collect();
+    let big = new_id();
+    insert(&client, &healthy_rows[..10], 200).await;
+    insert(&client, &[(big.clone(), "agg-1".into(), 10, None)], 700_000).await;
+    insert(&client, &healthy_rows[10..], 200).await;
+    let end = db.current_wal_lsn().await;
+    let healthy: Vec<String> = healthy_rows.iter().map(|r| r.0.clone()).collect();
+    let env = with(
+        db.relay_env(),
+        &[("OUTBOX_RELAY__DEAD_LETTER__TOPIC", dlq.as_str())],
+    );
+    let relay = RelayProcess::start(&env, "refusals_dead_letter_keeps_700kb");
+    let got = read_by_id(
+        std::slice::from_ref(&topic),
+        &healthy,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await;
+    let dead = read_by_id(
+        std::slice::from_ref(&dlq),
+        std::slice::from_ref(&big),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await;
+    let log = relay.log_text();
+    let (missing, out_of_order) = count(&healthy, &got);
+    let letter = dead.iter().find(|r| r.header("id") == Some(big.as_str()));
+    let kept = letter.and_then(|l| l.payload.as_ref()).map_or(0, Vec::len);
+    eprintln!(
+        "a 700 KB event on a 100,000-byte topic: {missing} of {} healthy missing, \
+         {out_of_order} out of order, its dead letter keeps {kept} bytes of payload",
+        healthy.len()
+    );
+    assert_eq!(missing, 0, "healthy events missing\n{log}");
+    assert_eq!(out_of_order, 0, "per-aggregate order broken\n{log}");
+    assert!(
+        kept > 700_000,
+        "the payload was not kept ({kept} bytes)\n{log}"
+    );
+    assert!(kept_rows(&db).await.is_empty(), "a row kept needlessly");
+    raise_limit(&topic, "2000000").await;
+    let report = redrive(&env, &[]);
+    assert_eq!(report["failures"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["resent"], 1, "{report:#}");
+    let got = read_by_id(
+        std::slice::from_ref(&topic),
+        std::slice::from_ref(&big),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await;
+    assert!(got
+        .iter()
+        .any(|r| r.header("id") == Some(big.as_str())
+            && r.payload.as_ref().map_or(0, Vec::len) == kept));
+    assert_the_stream_went_on(db, relay, end).await;
+}

@@ -10,6 +10,7 @@
 //! sends, and commits the group only over what Kafka acknowledged (`positions.rs`);
 //! `report.rs` says what it did.
 
+mod from_row;
 mod plan;
 mod positions;
 mod redrive;
@@ -328,7 +329,7 @@ mod tests {
     /// `--event-id` (list and redrive filter alike) finds it by the event id only.
     #[test]
     fn event_id_filter_matches_the_event_id_not_the_aggregate_key() {
-        use crate::sink::dead_letter::{from_record, Reason, MAX_KEPT_PAYLOAD_BYTES};
+        use crate::sink::dead_letter::{fit, from_record, Reason};
         use bytes::Bytes;
         use std::sync::Arc;
         let h = |k: &str, v: &str| (Arc::from(k), Bytes::from(v.to_string()));
@@ -352,12 +353,13 @@ mod tests {
             )],
             payload: Some(Bytes::from(format!(
                 r#"{{"specversion":"1.0","id":"e-7","data":"{}"}}"#,
-                "x".repeat(MAX_KEPT_PAYLOAD_BYTES)
+                "x".repeat(64 * 1024)
             ))),
             ..plain.clone()
         };
         for record in [plain, structured] {
-            let dead = from_record("dlq", &record, Reason::TooLarge, "too large");
+            let mut dead = from_record("dlq", &record, Reason::TooLarge, "too large");
+            fit(&mut dead, 16 * 1024);
             let letter = as_read(&dead);
             assert_eq!(letter.event_id, "e-7");
             let by = |id: &str| Filter {

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `mapping`, `invalid_topic`, `schema` | a row image | mapped again with the current configuration |
 //! | `too_large`, `rejected` (and the above without a row image, when Kafka refused the record) | the original record | re-sent to the original topic and partition as it was |
+//! | any | neither, its outbox row named (`outbox-relay.dlq.outbox-row`) | read from the outbox row by id and mapped with the current configuration; the row is then no longer kept from the sweeper |
 //!
 //! Every redriven record carries `outbox-relay.redrive-count`, one more than its dead
 //! letter's; at `--max-redrives` the dead letter is left. One the current configuration still
@@ -18,13 +19,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use rdkafka::message::{Headers, Message};
+use serde::Deserialize;
 
 use super::remap::{check_complete, Remap, RowImage};
 use crate::mapping::{event_id_of, OutboxMapping, Record};
 use crate::sink::dead_letter::{
     Reason, HEADER_ERROR, HEADER_EVENT_ID, HEADER_OMITTED, HEADER_ORIGINAL_PARTITION,
-    HEADER_ORIGINAL_TOPIC, HEADER_PARTITION_KEY, HEADER_PREFIX, HEADER_REASON, HEADER_REDRIVES,
-    HEADER_ROW, HEADER_TABLE,
+    HEADER_ORIGINAL_TOPIC, HEADER_OUTBOX_ROW, HEADER_PARTITION_KEY, HEADER_PREFIX, HEADER_REASON,
+    HEADER_REDRIVES, HEADER_ROW, HEADER_TABLE,
 };
 use crate::sink::fault::{KafkaFault, Stamp, Verdict};
 use crate::sink::limits::SizeRefusal;
@@ -80,6 +82,23 @@ impl Letter {
             .collect()
     }
 
+    /// The outbox row it names (a dead letter that could keep neither payload nor row
+    /// image): `(schema.table, id)`.
+    pub(super) fn outbox_row(&self) -> Option<(String, String)> {
+        #[derive(Deserialize)]
+        struct Named {
+            table: String,
+            id: String,
+        }
+        let named = self
+            .headers
+            .iter()
+            .rev()
+            .find(|(k, _)| &**k == HEADER_OUTBOX_ROW)?;
+        let named: Named = serde_json::from_slice(&named.1).ok()?;
+        Some((named.table, named.id))
+    }
+
     /// Times redriven so far.
     pub(super) fn redrives(&self) -> u32 {
         self.header(HEADER_REDRIVES)
@@ -104,6 +123,8 @@ impl Letter {
 pub(super) enum How {
     Remapped,
     Resent,
+    /// Read from its outbox row and mapped.
+    FromRow,
 }
 
 #[derive(Debug)]
@@ -113,6 +134,9 @@ pub(super) enum Action {
     Send(Record, How, Option<usize>),
     /// Still unmappable: a new dead letter (count raised) stands in for it.
     DeadLetterAgain(Record),
+    /// To be read from its outbox row `(schema.table, id)` and mapped (`Run::read_named_row`),
+    /// redriven for the time given.
+    FromRow((String, String), u32),
     /// Not redriven; why.
     Leave(String),
 }
@@ -162,6 +186,10 @@ pub(super) fn plan(letter: &Letter, mapping: &OutboxMapping, dlq: &str, max: u32
         return Action::Leave(format!(
             "redriven {count} times already (--max-redrives {max})"
         ));
+    }
+    // It kept neither payload nor row image: its outbox row was kept for it.
+    if let Some(row) = letter.outbox_row() {
+        return Action::FromRow(row, count + 1);
     }
     let reason = letter.header(HEADER_REASON).unwrap_or_default();
     let original = letter.header(HEADER_ORIGINAL_TOPIC);
@@ -279,7 +307,7 @@ pub(super) fn again(letter: &Letter, dlq: &str, reason: Option<&str>, why: &str)
     }
 }
 
-fn set_count(headers: &mut Vec<(Arc<str>, Bytes)>, count: u32) {
+pub(super) fn set_count(headers: &mut Vec<(Arc<str>, Bytes)>, count: u32) {
     headers.retain(|(k, _)| &**k != HEADER_REDRIVES);
     headers.push((Arc::from(HEADER_REDRIVES), Bytes::from(count.to_string())));
 }
@@ -450,6 +478,26 @@ mod tests {
             refused(error(Code::MessageTimedOut), false, unjudged),
             Refused::Stop
         );
+    }
+
+    #[test]
+    fn a_dead_letter_that_names_its_outbox_row_is_redriven_from_it() {
+        let named = r#"{"table": "public.outbox", "id": "e-1"}"#;
+        let l = letter(
+            vec![
+                h(HEADER_REASON, "too_large"),
+                h(HEADER_ORIGINAL_TOPIC, "orders"),
+                h(HEADER_OMITTED, "payload (2000000 bytes)"),
+                h(HEADER_OMITTED, "row (2000300 bytes)"),
+                h(HEADER_OUTBOX_ROW, named),
+                h(HEADER_REDRIVES, "1"),
+            ],
+            None,
+        );
+        let Action::FromRow((table, id), 2) = plan(&l, &mapping(), "dlq", 3) else {
+            panic!("from its row");
+        };
+        assert_eq!((table.as_str(), id.as_str()), ("public.outbox", "e-1"));
     }
 
     #[test]

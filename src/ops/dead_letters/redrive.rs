@@ -27,7 +27,8 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::plan::{again, plan, refused, Action, How, Letter, Refused};
+use super::from_row::{Found, Rows};
+use super::plan::{again, plan, refused, set_count, Action, How, Letter, Refused};
 use super::positions::Positions;
 use super::report::RedriveReport;
 use super::{dead_letter, partition_ends, Filter, REQUEST_TIMEOUT};
@@ -110,6 +111,10 @@ struct Run<'a> {
     /// Set while the walk runs: the consumer whose group is committed.
     consumer: Option<Arc<DeadLetterConsumer>>,
     last_commit: Instant,
+    /// The outbox rows read for dead letters that named them (connected at the first).
+    rows: Option<Rows>,
+    /// Rows whose record was acknowledged, to be released before the next commit.
+    to_release: Vec<(String, String)>,
 }
 
 /// `dead-letters redrive`.
@@ -262,6 +267,8 @@ impl<'a> Run<'a> {
             pause,
             consumer: None,
             last_commit: Instant::now(),
+            rows: None,
+            to_release: Vec::new(),
         })
     }
 
@@ -336,6 +343,7 @@ impl<'a> Run<'a> {
         }
         let dlq = &self.config.dead_letter.topic;
         let action = plan(&letter, &self.mapping, dlq, self.options.max_redrives);
+        let action = self.read_named_row(action, &letter).await?;
         let action = self.serialize(action, &letter).await?;
         let (record, how) = match action {
             Action::Leave(why) => {
@@ -345,6 +353,8 @@ impl<'a> Run<'a> {
             }
             Action::Send(record, how, _) => (record, Some(how)),
             Action::DeadLetterAgain(record) => (record, None),
+            // Made a `Send` or a `Leave` by `read_named_row`.
+            Action::FromRow(..) => return Err("a named outbox row was not read".into()),
         };
         if self.publisher.is_none() {
             self.report.acknowledged(&record.topic, how);
@@ -358,6 +368,37 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
+    /// Reads the outbox row a dead letter names (it kept neither payload nor row image) and
+    /// maps it: the record goes to its topic like one mapped again. A row gone, or one that
+    /// does not map, is left (and stays kept: nothing is released but what was sent).
+    async fn read_named_row(&mut self, action: Action, letter: &Letter) -> Result<Action, String> {
+        let Action::FromRow((table, id), count) = action else {
+            return Ok(action);
+        };
+        if self.rows.is_none() {
+            let rows = Rows::connect(self.config)
+                .await
+                .map_err(|e| format!("cannot read the outbox rows dead letters name: {e}"))?;
+            self.rows = Some(rows);
+        }
+        let Some(rows) = self.rows.as_mut() else {
+            return Err("no connection to PostgreSQL".into());
+        };
+        let time_ms = letter.timestamp_ms.unwrap_or_else(crate::clock::unix_ms);
+        let found = rows
+            .read(self.config, &self.mapping, &table, &id, time_ms)
+            .await
+            .map_err(|e| format!("dead letter at offset {}: {e}", letter.offset))?;
+        Ok(match found {
+            Found::Event(event) => {
+                let mut record = event.record;
+                set_count(&mut record.headers, count);
+                Action::Send(record, How::FromRow, Some(event.profile))
+            }
+            Found::Leave(why) => Action::Leave(why),
+        })
+    }
+
     /// Encodes a record mapped again, or a `schema` dead letter sent again, with the schema
     /// (a refused payload is dead-lettered again; a registry that gives no schema stops the
     /// redrive, committing nothing past this dead letter). A record Kafka refused was encoded
@@ -367,7 +408,7 @@ impl<'a> Run<'a> {
             return Ok(action);
         };
         let unencoded = letter.header(HEADER_REASON).as_deref() == Some(Reason::Schema.code());
-        if how != How::Remapped && !unencoded {
+        if how == How::Resent && !unencoded {
             return Ok(Action::Send(record, how, profile));
         }
         // A `schema` dead letter re-sent as it was (no row image) names no table: with one
@@ -479,6 +520,11 @@ impl<'a> Run<'a> {
                 self.report.acknowledged(&sent.record.topic, sent.how);
                 self.positions
                     .acknowledged(sent.letter.partition, sent.letter.offset);
+                if sent.how == Some(How::FromRow) {
+                    if let Some(row) = sent.letter.outbox_row() {
+                        self.to_release.push(row);
+                    }
+                }
                 return Ok(());
             }
             Err(failure) => failure,
@@ -590,9 +636,20 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Commits what is due (nothing in a dry run).
+    /// Commits what is due (nothing in a dry run), after releasing the outbox rows whose
+    /// records were acknowledged: a redrive that stops in between leaves a row kept (released
+    /// by hand, or by a redrive of its dead letter again), never one released unsent.
     async fn commit(&mut self) {
         self.last_commit = Instant::now();
+        if let Some(rows) = &self.rows {
+            for (table, id) in std::mem::take(&mut self.to_release) {
+                if let Err(e) = rows.release(&table, &id).await {
+                    self.report.failures.push(format!(
+                        "cannot release outbox row {id} of {table} (it stays kept from the sweeper): {e}"
+                    ));
+                }
+            }
+        }
         let Some(consumer) = self.consumer.clone() else {
             return;
         };

@@ -38,6 +38,8 @@ pub struct RedriveReport {
     pub redriven: u64,
     pub remapped: u64,
     pub resent: u64,
+    /// Read from the outbox row their dead letter named (and that row no longer kept).
+    pub from_row: u64,
     /// Still unpublishable: dead-lettered again with the redrive count raised.
     pub dead_lettered_again: u64,
     /// Redriven records per target topic.
@@ -61,6 +63,7 @@ impl RedriveReport {
             redriven: 0,
             remapped: 0,
             resent: 0,
+            from_row: 0,
             dead_lettered_again: 0,
             by_topic: BTreeMap::new(),
             left: 0,
@@ -92,6 +95,7 @@ impl RedriveReport {
                 match how {
                     How::Remapped => self.remapped += 1,
                     How::Resent => self.resent += 1,
+                    How::FromRow => self.from_row += 1,
                 }
                 *self.by_topic.entry(topic.to_string()).or_default() += 1;
             }
@@ -130,13 +134,14 @@ impl fmt::Display for RedriveReport {
             .collect();
         writeln!(
             f,
-            "{verb} {} of {} dead letters read from {} (group {}): {} mapped again, {} re-sent as they were{}",
+            "{verb} {} of {} dead letters read from {} (group {}): {} mapped again, {} re-sent as they were, {} read from their outbox row{}",
             self.redriven,
             self.scanned,
             self.topic,
             self.group,
             self.remapped,
             self.resent,
+            self.from_row,
             if topics.is_empty() { String::new() } else { format!(" ({})", topics.join(", ")) }
         )?;
         writeln!(

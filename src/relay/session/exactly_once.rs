@@ -447,6 +447,10 @@ mod tests {
             SizeRefusal::Batch { limit: usize::MAX }
         }
 
+        fn record_limit(&self, _topic: &str) -> usize {
+            crate::sink::limits::DEFAULT_MESSAGE_MAX_BYTES
+        }
+
         fn refuses_timestamp(&self, _topic: &str, _timestamp_ms: Option<i64>) -> bool {
             false
         }

@@ -4,6 +4,7 @@
 //! the simulation moves its slot), so the frame source hands that to an [`Upstream`].
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,6 +15,7 @@ use crate::config::{BreakerPolicy, DeadLetterPolicy};
 use crate::lsn::Lsn;
 use crate::postgres::control::ControlError;
 use crate::relay::seams::{Catalog, FrameSource};
+use crate::relay::sweeper::kept::{Kept, KeptRow, KeptRows};
 use crate::source::pgoutput::encode::encode;
 use crate::source::pgoutput::{
     Begin, Column, Commit, Insert, LogicalMessage, Relation, Tuple, TupleValue,
@@ -41,6 +43,7 @@ pub(super) fn settings(dead_letter_topic: &str) -> Settings {
         transactions: None,
         adaptive: false,
         serializers: Default::default(),
+        kept: KeptRows::default(),
     }
 }
 
@@ -177,7 +180,12 @@ impl<U: Upstream> FrameSource for ChannelSource<U> {
 
 /// The catalog: each relation id it knows resolves to its partition root; any other to
 /// nothing (a dropped relation).
-pub(super) struct FakeCatalog(HashMap<u32, (String, String)>);
+pub(super) struct FakeCatalog(
+    HashMap<u32, (String, String)>,
+    /// The rows kept from the sweeper; a row whose id is in `gone` does not exist.
+    pub(super) Arc<Mutex<Vec<KeptRow>>>,
+    pub(super) Vec<String>,
+);
 
 impl FakeCatalog {
     /// `(relid, schema, root table)` per known relation.
@@ -187,6 +195,8 @@ impl FakeCatalog {
                 .iter()
                 .map(|&(relid, schema, table)| (relid, (schema.to_string(), table.to_string())))
                 .collect(),
+            Arc::default(),
+            Vec::new(),
         )
     }
 }
@@ -197,5 +207,13 @@ impl Catalog for FakeCatalog {
         relid: u32,
     ) -> Result<Option<(String, String)>, ControlError> {
         Ok(self.0.get(&relid).cloned())
+    }
+
+    async fn keep_row(&mut self, _: &KeptRows, row: &KeptRow) -> Result<Kept, ControlError> {
+        if self.2.contains(&row.id) {
+            return Ok(Kept::Gone);
+        }
+        self.1.lock().unwrap().push(row.clone());
+        Ok(Kept::Kept)
     }
 }

@@ -51,6 +51,7 @@ use crate::mapping::{BoundTable, OutboxMapping, Record};
 use crate::relay::breaker::Breaker;
 use crate::relay::ledger::{Ledger, TxnSeq};
 use crate::relay::seams::{Catalog, Ends, FrameSource, RecordKind, RecordSink};
+use crate::relay::sweeper::kept::KeptRows;
 use crate::relay::RelayError;
 use crate::serve::metrics::{Metrics, RelayState};
 use crate::sink::dead_letter::{self, Reason};
@@ -92,6 +93,9 @@ pub struct Settings {
     /// `[outbox.serialization]` (and each table's own): records are encoded and framed
     /// before they are sent, by their table's serializer.
     pub serializers: crate::sink::schema::Serializers,
+    /// Where the outbox rows of dead letters that cannot keep their event are kept from the
+    /// sweeper (`relay::sweeper::kept`).
+    pub kept: KeptRows,
 }
 
 impl Settings {
@@ -119,6 +123,7 @@ impl Settings {
             }),
             adaptive: config.kafka.adaptive_batching(),
             serializers: Default::default(),
+            kept: KeptRows::new(config),
         }
     }
 }
@@ -768,7 +773,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let dlq = &self.settings.dead_letter_topic;
         let why = rejection.to_string();
         let record = dead_letter::from_failed(dlq, &failure.message, reason, &why);
-        self.dead_letter(seq, record, &rejection.event_id, &why, false)
+        self.dead_letter(seq, record, &rejection.event_id, &why, false, None)
             .await
     }
 

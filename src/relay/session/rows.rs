@@ -16,6 +16,7 @@ use crate::lsn::Lsn;
 use crate::mapping::{self, MappingError, MessageRoute, OutboxEvent, Record};
 use crate::relay::ledger::TxnSeq;
 use crate::relay::seams::{Catalog, FrameSource, RecordKind, RecordSink};
+use crate::relay::sweeper::kept::{Kept, KeptRow};
 use crate::relay::{RelayError, Unmapped};
 use crate::sink::dead_letter::{self, Reason};
 use crate::sink::fault::{Stamp, Verdict};
@@ -300,7 +301,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 commit_time_ms,
             };
             dead_letter::with_row(&mut record, row.as_row());
-            return self.dead_letter(seq, record, &event.id, &why, false).await;
+            return self
+                .dead_letter(seq, record, &event.id, &why, false, Some(&row))
+                .await;
         }
         if let Some(traces) = traces::active() {
             traces.start(&mut event.record, &event.id, commit_time_us);
@@ -378,7 +381,8 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     dead_letter::with_row(&mut record, row.as_row());
                 }
                 let why = r.to_string();
-                Box::pin(self.dead_letter(seq, record, &event_id, &why, counted)).await
+                let row = row.as_deref();
+                Box::pin(self.dead_letter(seq, record, &event_id, &why, counted, row)).await
             }
             Err(e) => Err(e.into()),
         }
@@ -407,35 +411,33 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         let dlq = &self.settings.dead_letter_topic;
         let why = error.to_string();
         let record = dead_letter::from_row_image(dlq, row.as_row(), reason, &why, event_id);
-        self.dead_letter(seq, record, event_id.unwrap_or("?"), &why, false)
+        self.dead_letter(seq, record, event_id.unwrap_or("?"), &why, false, Some(row))
             .await
     }
 
     /// Sends a dead letter in place of the event (policy `dead_letter`), or stops. `counted`:
     /// the event was held, so it already counts for its PostgreSQL transaction (which may be
-    /// over by now) and its dead letter stands in for it there; only its bytes are new.
+    /// over by now) and its dead letter stands in for it there; only its bytes are new. `row`:
+    /// the row it came from, when the session still has it. The dead letter keeps what its
+    /// topic and the producer take (`dead_letter::fit`); one that keeps neither payload nor
+    /// row image names the outbox row, which is kept from the sweeper ([`Self::keep_row`]).
     pub(super) async fn dead_letter(
         &mut self,
         seq: TxnSeq,
-        record: Record,
+        mut record: Record,
         event_id: &str,
         why: &str,
         counted: bool,
+        row: Option<&SourceRow>,
     ) -> Result<(), RelayError> {
         if self.settings.dead_letter_policy == DeadLetterPolicy::Stop {
             return Err(RelayError::Poison(format!("event {event_id}: {why}")));
         }
-        // Its only copy would be the outbox row, which the sweeper (or the application's
-        // insert-then-delete) removes: the relay does not take responsibility for it.
+        let limit = self.sink.record_limit(&record.topic);
+        dead_letter::fit(&mut record, limit);
         if let Some(omitted) = dead_letter::lost_content(&record) {
-            return Err(RelayError::TooLargeToKeep(format!(
-                "event {event_id} for topic `{}`: {why}; its dead letter cannot keep it ({omitted})",
-                record
-                    .headers
-                    .iter()
-                    .find(|(k, _)| &**k == dead_letter::HEADER_ORIGINAL_TOPIC)
-                    .map_or(String::new(), |(_, v)| String::from_utf8_lossy(v).into_owned())
-            )));
+            self.keep_row(&mut record, row, event_id, why, &omitted)
+                .await?;
         }
         if let Some(breaker) = &mut self.breaker {
             if !breaker.admit(tokio::time::Instant::now()) {
@@ -460,6 +462,69 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             return self.send_now(dead_letter, true).await;
         }
         self.send_or_hold(dead_letter).await
+    }
+
+    /// A dead letter that keeps neither payload nor row image (`omitted`): its outbox row is
+    /// the event's only copy once the slot passes it. The row is kept from the sweeper by id
+    /// (`relay::sweeper::kept`) and the dead letter names it, so the stream goes on and
+    /// `dead-letters redrive` re-sends the event from the row. Without such a row — a logical
+    /// message, a row without an id, a refusal reported after the row was let go, a row the
+    /// application deleted already — the session stops before confirming past it.
+    async fn keep_row(
+        &mut self,
+        record: &mut Record,
+        row: Option<&SourceRow>,
+        event_id: &str,
+        why: &str,
+        omitted: &str,
+    ) -> Result<(), RelayError> {
+        let original = record
+            .headers
+            .iter()
+            .find(|(k, _)| &**k == dead_letter::HEADER_ORIGINAL_TOPIC)
+            .map_or(String::new(), |(_, v)| {
+                String::from_utf8_lossy(v).into_owned()
+            });
+        let stop = |cause: &str| {
+            RelayError::TooLargeToKeep(format!(
+                "event {event_id} for topic `{original}`: {why}; its dead letter cannot keep it ({omitted}), and {cause}"
+            ))
+        };
+        let Some(row) = row else {
+            return Err(stop("its row was no longer at hand when Kafka refused it"));
+        };
+        let entry = self.relations.get(&row.relation.id);
+        let Some(entry) = entry.filter(|e| Arc::ptr_eq(&e.relation, &row.relation)) else {
+            return Err(stop(
+                "it comes from no outbox table the session knows (a logical message)",
+            ));
+        };
+        let Some((id_column, id)) = entry.bound.as_ref().and_then(|b| b.row_id(&row.tuple)) else {
+            return Err(stop("its row has no id to keep it by"));
+        };
+        let table = match &entry.bound_as {
+            Some((schema, table)) => format!("{schema}.{table}"),
+            None => format!("{}.{}", row.relation.namespace, row.relation.name),
+        };
+        let kept = KeptRow {
+            table,
+            id_column: id_column.to_string(),
+            id,
+            event_id: event_id.to_string(),
+            reason: format!("{why}; its dead letter left out {omitted}"),
+        };
+        match self.catalog.keep_row(&self.settings.kept, &kept).await? {
+            Kept::Kept | Kept::Unrecorded => {}
+            Kept::Gone => {
+                return Err(stop(
+                    "its outbox row is gone already (deleted in its transaction?)",
+                ))
+            }
+        }
+        info!(event_id, table = %kept.table, id = %kept.id, omitted,
+            "an event too large for its dead letter: the dead letter names its outbox row, kept until `dead-letters redrive` re-sends it");
+        dead_letter::name_row(record, &kept.table, &kept.id);
+        Ok(())
     }
 
     /// A record sent or held (`size` bytes): it counts against the in-flight caps and for

@@ -156,6 +156,8 @@ struct Sent {
     row: Option<String>,
     /// A dead letter's reason (`outbox-relay.dlq.reason`).
     reason: Option<String>,
+    /// The outbox row a dead letter names (`outbox-relay.dlq.outbox-row`).
+    outbox_row: Option<String>,
 }
 
 /// What the sink did with Kafka transactions, in order (exactly-once).
@@ -231,6 +233,7 @@ impl RecordSink for FakeSink {
             bytes: record.size(),
             row: header(crate::sink::dead_letter::HEADER_ROW),
             reason: header(crate::sink::dead_letter::HEADER_REASON),
+            outbox_row: header(crate::sink::dead_letter::HEADER_OUTBOX_ROW),
         };
         if self.auto_ack {
             let _ = self.deliveries.send(ok(&sent));
@@ -246,6 +249,11 @@ impl RecordSink for FakeSink {
     fn judge_size_refusal(&self, failure: &DeliveryFailure) -> SizeRefusal {
         let topic = failure.message.topic();
         self.limits.judge(topic, failure.content(), self.batch_size)
+    }
+
+    fn record_limit(&self, topic: &str) -> usize {
+        let max = crate::sink::limits::DEFAULT_MESSAGE_MAX_BYTES;
+        self.limits.record_limit(topic).map_or(max, |l| l.min(max))
     }
 
     fn refuses_timestamp(&self, topic: &str, timestamp_ms: Option<i64>) -> bool {
@@ -1040,8 +1048,94 @@ async fn exactly_once_learns_the_limit_from_a_refused_record_and_restarts() {
     assert!(rig.max_flush() < end);
 }
 
-/// An event too large for Kafka and for its dead letter (payload above what a dead letter
-/// keeps, no row left to attach): dead-lettering it would leave the outbox row as its only
+/// An event too large for Kafka and for its dead letter (1.2 MB, refused at `send`: payload
+/// and row image above what the dead-letter topic and the producer take): the dead letter
+/// names its outbox row, which is kept from the sweeper first, and the stream goes on past
+/// it — unless the row is gone already (deleted in its transaction), when nothing could bring
+/// the event back: then the session stops before confirming past it.
+#[tokio::test(start_paused = true)]
+async fn an_event_its_dead_letter_cannot_keep_is_named_by_its_kept_row() {
+    for gone in [false, true] {
+        let (mapping, metrics) = (mapping(), Metrics::default());
+        let mut rig = Rig::new(true);
+        rig.refuse_at_send(&event_id(2));
+        let huge = event_id(2);
+        let catalog = &mut rig.ends.as_mut().unwrap().catalog;
+        let kept = catalog.1.clone();
+        if gone {
+            catalog.2.push(huge.clone());
+        }
+        let mut wal = Wal::new();
+        let (first, end_first) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+        let (begin, final_lsn) = wal.begin(1);
+        let big = "x".repeat(1_200_000);
+        let row = vec![
+            text(&huge),
+            text("order"),
+            text("42"),
+            text("Huge"),
+            text(&format!("{{\"blob\": \"{big}\"}}")),
+        ];
+        let (commit, end_huge) = wal.commit(final_lsn);
+        let (last, end) = wal.txn(OUTBOX, &[Some(&event_id(3))]);
+        rig.push(std::iter::once(Wal::relation(OUTBOX, "outbox")).chain(first));
+        rig.push([begin, fakes::insert(OUTBOX, row), commit]);
+        rig.push(last);
+        let session = rig.session(settings(), &mapping, &metrics);
+        let driver = async {
+            if !gone {
+                rig.until("confirmed", |r| r.last_flush() == end).await;
+                rig.shutdown.cancel();
+            }
+        };
+        let result = rig.run(session, driver).await;
+        let sent = rig.sent();
+        let dead: Vec<&Sent> = sent
+            .iter()
+            .filter(|s| s.kind == RecordKind::DeadLetter)
+            .collect();
+        if gone {
+            assert!(
+                matches!(result, Err(RelayError::TooLargeToKeep(ref m)) if m.contains("gone")),
+                "{result:?}"
+            );
+            assert!(dead.is_empty(), "a dead letter naming no row was sent");
+            assert!(rig.max_flush() >= end_first && rig.max_flush() < end_huge);
+            continue;
+        }
+        result.unwrap();
+        assert_eq!(dead.len(), 1, "{sent:?}");
+        assert!(dead[0].bytes < 1_000_000, "{} bytes", dead[0].bytes);
+        assert_eq!(dead[0].row, None, "the row image is left out");
+        let named: serde_json::Value =
+            serde_json::from_str(dead[0].outbox_row.as_deref().expect("names its row")).unwrap();
+        assert_eq!(
+            named,
+            serde_json::json!({"table": "public.outbox", "id": huge})
+        );
+        let kept = kept.lock().unwrap().clone();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(
+            (
+                kept[0].table.as_str(),
+                kept[0].id_column.as_str(),
+                kept[0].id.as_str()
+            ),
+            ("public.outbox", "id", huge.as_str())
+        );
+        let events: Vec<&str> = sent
+            .iter()
+            .filter(|s| s.kind == RecordKind::Event)
+            .map(|s| s.event_id.as_str())
+            .collect();
+        assert_eq!(events, [event_id(1), event_id(3)], "the stream went on");
+        assert!(end_huge < end);
+    }
+}
+
+/// An event too large for Kafka and for its dead letter (payload above what the dead-letter
+/// topic and the producer take), refused in a delivery report, when the session no longer
+/// has its row to keep and name: dead-lettering it would leave the outbox row as its only
 /// copy, which the sweeper deletes. The session stops before confirming past it instead.
 #[tokio::test(start_paused = true)]
 async fn an_event_its_dead_letter_cannot_keep_stops_the_session() {
@@ -1062,7 +1156,7 @@ async fn an_event_its_dead_letter_cannot_keep_stops_the_session() {
         rig.acks.send(ok(&sent[0])).unwrap();
         let mut refused = failed(&sent[1], RDKafkaErrorCode::MessageSizeTooLarge);
         if let Err(f) = &mut refused.result {
-            let payload = vec![b'x'; crate::sink::dead_letter::MAX_KEPT_PAYLOAD_BYTES + 1];
+            let payload = vec![b'x'; crate::sink::limits::DEFAULT_MESSAGE_MAX_BYTES + 1];
             f.message = f.message.clone().set_payload(Some(payload));
         }
         rig.acks.send(refused).unwrap();

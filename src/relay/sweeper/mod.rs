@@ -78,6 +78,14 @@
 //! and a hold's `>= B` would not. A hold is meant to last the minutes to hours of a replay,
 //! not billions of transactions; release it (or replay) rather than keep it.
 //!
+//! # Rows kept by id
+//!
+//! An event too large for its dead letter to keep (neither payload nor row image) leaves its
+//! outbox row as its only copy: the relay records the row in [`kept`]'s table before it sends
+//! the dead letter, and no sweep deletes a recorded row (nor drops a partition holding one)
+//! until `dead-letters redrive` re-sent it and released it. The record exists before the slot
+//! can be confirmed past the row, so before any sweep could delete it.
+//!
 //! # Partitioned outbox tables
 //!
 //! A row's `ctid` is unique only within one partition: the same `(0,1)` exists in every leaf,
@@ -111,6 +119,7 @@
 //! unconfirmed (the queue is bounded) and nothing is deleted.
 
 pub mod hold;
+pub mod kept;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -124,6 +133,7 @@ use crate::lsn::Lsn;
 use crate::postgres::control::{query_err, quote_ident, Control, ControlError};
 use crate::serve::metrics::Metrics;
 use hold::{held_rows_sql, Hold, HoldStore};
+use kept::{not_kept_sql, KeptRows};
 
 /// Most marks kept while none is confirmed (the relay is down or far behind). When full, no
 /// new marks are taken until the oldest are confirmed and used.
@@ -178,6 +188,8 @@ struct Leaf {
 struct SweptTable {
     name: String,
     quoted: String,
+    /// Its id column, by which rows are kept ([`kept`]).
+    id_column: String,
 }
 
 pub struct Sweeper {
@@ -190,6 +202,8 @@ pub struct Sweeper {
     batch_size: i64,
     marks: VecDeque<Mark>,
     holds: HoldStore,
+    /// Rows kept by id for their dead letters.
+    kept: KeptRows,
     /// Holds (table, boundary) already logged, so that each is announced once.
     announced: HashSet<(String, i64)>,
 }
@@ -206,11 +220,15 @@ impl Sweeper {
         let sweeper = &config.outbox.sweeper;
         let tables = config
             .outbox
-            .publication_tables()
+            .table_configs()
             .into_iter()
-            .map(|(schema, table)| SweptTable {
-                name: format!("{schema}.{table}"),
-                quoted: format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
+            .map(|table_config| {
+                let (schema, table) = table_config.schema_and_table();
+                SweptTable {
+                    name: format!("{schema}.{table}"),
+                    quoted: format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
+                    id_column: table_config.id_column,
+                }
             })
             .collect();
         Sweeper {
@@ -223,6 +241,7 @@ impl Sweeper {
             batch_size: i64::try_from(sweeper.batch_size).unwrap_or(i64::MAX),
             marks: VecDeque::new(),
             holds: HoldStore::new(config),
+            kept: KeptRows::new(config),
             announced: HashSet::new(),
         }
     }
@@ -279,13 +298,20 @@ impl Sweeper {
         report.used = Some(mark);
         // Read after the slot's position: a slot created since was held before it existed.
         let holds = self.holds.list(self.control.client()).await?;
+        // Read after the slot's position too: a row kept for a dead letter was recorded
+        // before the slot could be confirmed past it.
+        let kept = match self.kept.exists(self.control.client()).await? {
+            true => self.kept.relation().map(str::to_string),
+            false => None,
+        };
         for table in self.tables.clone() {
             let floor = self.hold_floor(&table, &holds, &mut report).await?;
+            let kept = kept.as_deref().map(|k| (k, table.id_column.as_str()));
             for leaf in self.leaves(&table).await? {
                 if let (true, Some(parent)) = (self.drop_partitions, &leaf.droppable_from) {
                     // Its rows stay until the whole partition can go.
                     if self
-                        .drop_partition(parent, &leaf.quoted, mark, floor)
+                        .drop_partition(parent, &leaf.quoted, mark, floor, kept)
                         .await?
                     {
                         report.dropped.push(leaf.quoted.clone());
@@ -293,15 +319,20 @@ impl Sweeper {
                     continue;
                 }
                 let leaf = leaf.quoted;
-                let sql = delete_sql(&leaf, &self.created_at_column);
+                let sql = delete_sql(&leaf, &self.created_at_column, kept);
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+                    &self.retention_ms,
+                    &mark.xmin,
+                    &self.batch_size,
+                    &floor,
+                    &self.slot,
+                ];
+                let params = &params[..if kept.is_some() { 5 } else { 4 }];
                 for _ in 0..MAX_BATCHES_PER_SWEEP {
                     let deleted = self
                         .control
                         .client()
-                        .execute(
-                            &sql,
-                            &[&self.retention_ms, &mark.xmin, &self.batch_size, &floor],
-                        )
+                        .execute(&sql, params)
                         .await
                         .map_err(query_err(format!("deleting old rows of {leaf}")))?;
                     report.deleted += deleted;
@@ -419,16 +450,18 @@ impl Sweeper {
         leaf: &str,
         mark: Mark,
         floor: i64,
+        kept: Option<(&str, &str)>,
     ) -> Result<bool, SweepError> {
         let what = format!("dropping partition {leaf}");
         // Cheap and lock-free first: most partitions are young and fail at once.
-        let check = drop_check_sql(leaf, &self.created_at_column);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&self.retention_ms, &mark.xmin, &floor];
+        let check = drop_check_sql(leaf, &self.created_at_column, kept);
+        let all: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&self.retention_ms, &mark.xmin, &floor, &self.slot];
+        let params = &all[..if kept.is_some() { 4 } else { 3 }];
         let row = self
             .control
             .client()
-            .query_one(&check, &params)
+            .query_one(&check, params)
             .await
             .map_err(query_err(what.clone()))?;
         if !(row.get::<_, bool>(0) && row.get::<_, bool>(1)) {
@@ -452,7 +485,7 @@ impl Sweeper {
             .await
             .map_err(query_err(what.clone()))?;
         let locked =
-            detach_if_still_droppable(&tx, parent, leaf, &check, &params, lock_timeout_ms).await;
+            detach_if_still_droppable(&tx, parent, leaf, &check, params, lock_timeout_ms).await;
         match locked {
             Ok(true) => {
                 tx.commit().await.map_err(query_err(what))?;
@@ -491,10 +524,14 @@ pub(crate) const XMIN64: &str =
     "CASE WHEN x.same_epoch > h.next_xid THEN x.same_epoch - 4294967296 ELSE x.same_epoch END";
 
 /// One batch: at most `$3` rows older than `$1` ms whose widened xmin is below `$2` (the mark)
-/// and at or above `$4` (a hold's boundary; `i64::MIN` without one).
+/// and at or above `$4` (a hold's boundary; `i64::MIN` without one), and, with `kept` (the
+/// kept-rows table and this table's id column), none kept by slot `$5`.
 /// `relation` must not be a partitioned table (`ctid` is unique per partition only).
-fn delete_sql(relation: &str, created_at_column: &str) -> String {
+fn delete_sql(relation: &str, created_at_column: &str, kept: Option<(&str, &str)>) -> String {
     let created_at = quote_ident(created_at_column);
+    let not_kept = kept.map_or(String::new(), |(k, id)| {
+        format!("AND {}", not_kept_sql(k, id, "$5::text"))
+    });
     format!(
         "{HORIZON_CTE}
          DELETE FROM {relation}
@@ -505,6 +542,7 @@ fn delete_sql(relation: &str, created_at_column: &str) -> String {
              WHERE o.{created_at} < now() - $1::bigint * interval '1 millisecond'
                AND {XMIN64} < $2::bigint
                AND {XMIN64} >= $4::bigint
+               {not_kept}
              LIMIT $3::bigint))"
     )
 }
@@ -553,9 +591,13 @@ async fn detach_if_still_droppable(
 }
 
 /// Whether `relation` has rows, and whether every row would be deleted by [`delete_sql`]
-/// with the same parameters (`$1` retention ms, `$2` mark xmin, `$3` hold boundary).
-fn drop_check_sql(relation: &str, created_at_column: &str) -> String {
+/// with the same parameters (`$1` retention ms, `$2` mark xmin, `$3` hold boundary, `$4` the
+/// slot, with `kept`).
+fn drop_check_sql(relation: &str, created_at_column: &str, kept: Option<(&str, &str)>) -> String {
     let created_at = quote_ident(created_at_column);
+    let not_kept = kept.map_or(String::new(), |(k, id)| {
+        format!("AND {}", not_kept_sql(k, id, "$4::text"))
+    });
     format!(
         "{HORIZON_CTE}
          SELECT EXISTS (SELECT 1 FROM {relation}),
@@ -566,7 +608,8 @@ fn drop_check_sql(relation: &str, created_at_column: &str) -> String {
                     WHERE NOT COALESCE(
                         o.{created_at} < now() - $1::bigint * interval '1 millisecond'
                         AND {XMIN64} < $2::bigint
-                        AND {XMIN64} >= $3::bigint,
+                        AND {XMIN64} >= $3::bigint
+                        {not_kept},
                         false))"
     )
 }
@@ -644,22 +687,25 @@ mod tests {
 
     #[test]
     fn a_partition_is_dropped_only_when_no_row_fails_the_delete_rule() {
-        let sql = drop_check_sql("\"s\".\"t_2026_01\"", "created_at");
+        let sql = drop_check_sql("\"s\".\"t_2026_01\"", "created_at", None);
         assert!(
             sql.contains("SELECT EXISTS (SELECT 1 FROM \"s\".\"t_2026_01\")"),
             "{sql}"
         );
         // A NULL created_at is not "older than the retention".
         assert!(sql.contains("WHERE NOT COALESCE("), "{sql}");
+        assert!(sql.contains("END >= $3::bigint"), "{sql}");
+        assert!(sql.ends_with(",\n                        false))"), "{sql}");
+        let kept = drop_check_sql("t", "created_at", Some(("k", "id")));
         assert!(
-            sql.contains("END >= $3::bigint,\n                        false))"),
-            "{sql}"
+            kept.contains("k.slot = $4::text AND k.row_id = o.\"id\"::text"),
+            "{kept}"
         );
     }
 
     #[test]
     fn delete_quotes_names_and_binds_values() {
-        let sql = delete_sql("\"s\".\"t\"", "Created \"At\"");
+        let sql = delete_sql("\"s\".\"t\"", "Created \"At\"", None);
         assert!(sql.contains("DELETE FROM \"s\".\"t\""), "{sql}");
         assert!(sql.contains("o.\"Created \"\"At\"\"\" < now()"), "{sql}");
         for param in ["$1::bigint", "$2::bigint", "$3::bigint", "$4::bigint"] {
@@ -669,7 +715,12 @@ mod tests {
 
     #[test]
     fn a_hold_bounds_deletes_and_partition_drops_from_below() {
-        assert!(delete_sql("t", "created_at").contains("END >= $4::bigint"));
-        assert!(drop_check_sql("t", "created_at").contains("END >= $3::bigint"));
+        assert!(delete_sql("t", "created_at", None).contains("END >= $4::bigint"));
+        assert!(drop_check_sql("t", "created_at", None).contains("END >= $3::bigint"));
+        let kept = delete_sql("t", "created_at", Some(("k", "id")));
+        assert!(
+            kept.contains("k.slot = $5::text AND k.row_id = o.\"id\"::text"),
+            "{kept}"
+        );
     }
 }

@@ -50,7 +50,7 @@ use tracing::{info, warn};
 use super::blocked::{BlockReason, Blocked};
 use super::fault::KafkaFault;
 use super::kafka_latency::{KafkaLatency, STATISTICS_INTERVAL_MS};
-use super::limits::{RecordContent, SizeRefusal, DEFAULT_BATCH_SIZE};
+use super::limits::{RecordContent, SizeRefusal, DEFAULT_BATCH_SIZE, DEFAULT_MESSAGE_MAX_BYTES};
 use crate::config::KafkaConfig;
 use crate::mapping::Record;
 use crate::sink::traces;
@@ -236,6 +236,7 @@ impl Publisher {
             doomed: AtomicBool::new(false),
             holds_refusals,
             batch_size,
+            message_max_bytes: message_max_bytes(config),
         });
         let counts = Arc::new(PartitionCounts::new(
             shared.clone(),
@@ -324,6 +325,17 @@ impl Publisher {
                 record.topic.clone(),
                 event_id.to_string(),
                 KafkaError::MessageProduction(refusal),
+            ))));
+        }
+        // Over the producer's `message.max.bytes` by its bytes alone: librdkafka refuses it when
+        // it is produced (`rd_kafka_msg_new0`), which for a record waiting for its topic's
+        // first read comes after the session let go of its row, which the record's dead letter
+        // may need (`sink::dead_letter`). Refused here, as librdkafka would.
+        if record.wire_bytes() > self.shared.message_max_bytes {
+            return Err(PublishError::Rejected(Box::new(Rejection::new(
+                record.topic.clone(),
+                event_id.to_string(),
+                KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
             ))));
         }
         let Some(partition) = self.counts.route(record, opaque) else {
@@ -451,6 +463,26 @@ impl Publisher {
         )
     }
 
+    /// The most a record of `topic` may hold: the topic's `max.message.bytes` when read, and
+    /// the producer's `message.max.bytes`.
+    pub fn record_limit(&self, topic: &str) -> usize {
+        let topic_limit = self.shared.blocked.limits().record_limit(topic);
+        topic_limit.map_or(self.shared.message_max_bytes, |l| {
+            l.min(self.shared.message_max_bytes)
+        })
+    }
+
+    /// Reads `topic`'s record limit (DescribeConfigs) unless it is known; a topic the relay
+    /// may not describe keeps it unknown (learned from refusals instead). The dead-letter
+    /// topic's, read before the first dead letter is cut to it.
+    pub async fn read_limit(&self, topic: &str) {
+        if self.shared.blocked.limits().record_limit(topic).is_none() {
+            self.counts
+                .read_limits(vec![topic.to_string()], false)
+                .await;
+        }
+    }
+
     /// What Kafka refuses for deployment reasons now (shared with the metrics).
     pub fn blocked(&self) -> Arc<Blocked> {
         self.shared.blocked.clone()
@@ -566,6 +598,15 @@ fn capped_batch_size(config: &KafkaConfig, client: &mut ClientConfig, blocked: &
         .get("message.max.bytes")
         .and_then(|v| v.parse().ok())
         .map_or(batch_size, |max: usize| batch_size.min(max))
+}
+
+/// `kafka.properties` `message.max.bytes`, or librdkafka's default.
+fn message_max_bytes(config: &KafkaConfig) -> usize {
+    config
+        .properties
+        .get("message.max.bytes")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES)
 }
 
 /// How long the teardown thread waits to hold the producer's last reference.

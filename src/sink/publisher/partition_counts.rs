@@ -306,7 +306,7 @@ impl PartitionCounts {
                 // Before the waiting records go, so that the producer made next batches
                 // within the limit.
                 if !found.is_empty() {
-                    self.read_limits(found).await;
+                    self.read_limits(found, true).await;
                 }
             }
             let mut create = Vec::new();
@@ -483,8 +483,9 @@ impl PartitionCounts {
     /// DescribeConfigs request: every batch must fit it (`sink::limits`;
     /// a producer whose `batch.size` is above it is made again after the first refusal).
     /// When that is not allowed (no DESCRIBE_CONFIGS on the topic) or not answered, the limit
-    /// is learned from refusals instead.
-    async fn read_limits(&self, topics: Vec<String>) {
+    /// is learned from refusals instead (logged when `warn`: not for a topic read ahead of
+    /// its first record, which may not exist yet).
+    pub(super) async fn read_limits(&self, topics: Vec<String>, warn: bool) {
         let admin = match self.admin() {
             Ok(admin) => admin,
             Err(e) => {
@@ -496,10 +497,11 @@ impl PartitionCounts {
         let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
         let results = match admin.describe_configs(&resources, &options).await {
             Ok(results) => results,
-            Err(e) => {
+            Err(e) if warn => {
                 return warn!(topics = topics.len(), error = %e,
                     "cannot read the topics' max.message.bytes; record limits are learned from Kafka's refusals instead")
             }
+            Err(_) => return,
         };
         let limits = self.shared.blocked.limits();
         for (topic, result) in topics.iter().zip(results) {
@@ -517,9 +519,9 @@ impl PartitionCounts {
             });
             match (limit, result) {
                 (Some(limit), _) => limits.read(topic, limit),
-                (None, Err(code)) => warn!(topic, error = %code,
+                (None, Err(code)) if warn => warn!(topic, error = %code,
                     "cannot read the topic's max.message.bytes (grant the relay DescribeConfigs on it to know it before a refusal); its record limit is learned from Kafka's refusals instead"),
-                (None, Ok(_)) => {}
+                (None, Err(_)) | (None, Ok(_)) => {}
             }
         }
     }

@@ -45,6 +45,8 @@ pub(super) struct Shared {
     /// The most a batch holds (`batch.size`, or `message.max.bytes` when smaller): a record at
     /// least this large is alone in its batch.
     pub(super) batch_size: usize,
+    /// The producer's `message.max.bytes`: librdkafka refuses a larger record at once.
+    pub(super) message_max_bytes: usize,
 }
 
 /// How long a record waits for room in a full librdkafka queue before it is refused.

@@ -160,3 +160,40 @@ fn opaques_carry_the_transaction_and_each_records_place_in_send_order() {
     ));
     drop(publisher);
 }
+
+/// A record over the producer's `message.max.bytes` is refused at `send`, while the session
+/// still has its row, also as the first record of a topic (which otherwise waits for the
+/// topic's first read, and librdkafka would fail it from there, after the row was let go);
+/// one within it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_over_message_max_bytes_is_refused_at_send_even_before_its_topic_is_met() {
+    use super::PublishError;
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    let cluster = MockCluster::<DefaultProducerContext>::new(1).unwrap();
+    cluster.create_topic("t", 1, 1).unwrap();
+    let mut config = KafkaConfig {
+        brokers: cluster.bootstrap_servers(),
+        ..KafkaConfig::default()
+    };
+    config
+        .properties
+        .insert("message.max.bytes".into(), "10000".into());
+    let (publisher, mut deliveries) = Publisher::new(&config).unwrap();
+    assert_eq!(publisher.record_limit("t"), 10_000);
+    let big = Record {
+        payload: Some(Bytes::from(vec![b'x'; 10_000])),
+        ..record()
+    };
+    match publisher.send(&big, 0, "e0").await {
+        Err(PublishError::Rejected(r)) => assert_eq!(
+            r.error,
+            KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)
+        ),
+        other => panic!("{other:?}"),
+    }
+    publisher.send(&record(), 1, "e1").await.unwrap();
+    assert!(acknowledged(&mut deliveries, Duration::from_secs(10)).await);
+    tokio::task::spawn_blocking(move || drop(publisher))
+        .await
+        .unwrap();
+}

@@ -289,6 +289,16 @@ impl RecordSink for SimSink {
         judged
     }
 
+    /// What the `Publisher` knows: the topic's limit when read, within the producer's
+    /// default `message.max.bytes`. (The relay reads the dead-letter topic's limit when a
+    /// session starts; the world does not model that read: its small dead-letter topic is one
+    /// the relay may not describe.)
+    fn record_limit(&self, topic: &str) -> usize {
+        let max = crate::sink::limits::DEFAULT_MESSAGE_MAX_BYTES;
+        let world = self.world.borrow();
+        world.limits.record_limit(topic).map_or(max, |l| l.min(max))
+    }
+
     /// Not modelled: the simulated topics have no timestamp window.
     fn refuses_timestamp(&self, _topic: &str, _timestamp_ms: Option<i64>) -> bool {
         false
