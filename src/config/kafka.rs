@@ -687,6 +687,9 @@ fn unsafe_reason(key: &str, value: &str) -> Option<&'static str> {
         "message.send.max.retries" | "retries" if value == "0" => {
             Some("without retries a transient broker error fails the delivery instead of retrying it")
         }
+        "enable.gapless.guarantee" if is_false => {
+            Some("a batch refused for good lets the partition's later batches through, and the refused records are sent again after them: per-aggregate order breaks")
+        }
         "delivery.report.only.error" if is_true => {
             Some("the relay needs a delivery report for every record to confirm the slot")
         }

@@ -710,6 +710,7 @@ fn unsafe_kafka_properties_are_refused_unless_allowed() {
         ("message.send.max.retries", "0"),
         ("retries", "0"),
         ("delivery.report.only.error", "true"),
+        ("enable.gapless.guarantee", "false"),
     ];
     for (key, value) in cases {
         let config = with(|c| {
@@ -735,7 +736,7 @@ fn unsafe_kafka_properties_are_refused_unless_allowed() {
         ("enable.idempotence", "true"),
         ("max.in.flight.requests.per.connection", "5"),
         ("retries", "10"),
-        ("enable.gapless.guarantee", "false"),
+        ("enable.gapless.guarantee", "true"),
         ("queue.buffering.backpressure.threshold", "1"),
         ("delivery.report.only.error", "false"),
         ("partitioner", "murmur2_random"),
