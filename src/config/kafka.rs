@@ -134,7 +134,8 @@ pub struct KafkaConfig {
     /// dotted keys may be quoted (`"socket.timeout.ms" = "60000"`) or bare
     /// (`socket.timeout.ms = 60000`); numbers and booleans become strings. Keys the relay sets
     /// itself are refused, and so are settings that break at-least-once delivery or per-key order
-    /// (see [`KafkaConfig::unsafe_properties`]) unless `allow_unsafe_kafka_settings` is true.
+    /// unless `allow_unsafe_kafka_settings` is true (both lists: [refused librdkafka
+    /// properties](#refused-librdkafka-properties)).
     #[serde(deserialize_with = "flat_properties")]
     pub properties: BTreeMap<String, String>,
     /// Accept `properties` that weaken at-least-once delivery or ordering (logged as warnings).
@@ -667,34 +668,76 @@ impl KafkaConfig {
     }
 }
 
+/// A librdkafka setting that breaks at-least-once delivery or per-key order with some of its
+/// values: refused in `kafka.properties` unless `allow_unsafe_kafka_settings` is true.
+pub struct UnsafeProperty {
+    /// Its names (librdkafka's aliases included), lower case.
+    pub keys: &'static [&'static str],
+    /// The values refused, in words (for the configuration reference).
+    pub refused: &'static str,
+    /// Whether a value (trimmed, lower case) is refused.
+    refuses: fn(&str) -> bool,
+    /// Why.
+    pub reason: &'static str,
+}
+
+fn is_false(value: &str) -> bool {
+    matches!(value, "false" | "0" | "f" | "off" | "no")
+}
+
+fn is_true(value: &str) -> bool {
+    matches!(value, "true" | "1" | "t" | "on" | "yes")
+}
+
+/// Every setting that can break at-least-once delivery or ordering, and when.
+pub const UNSAFE_KAFKA_PROPERTIES: &[UnsafeProperty] = &[
+    UnsafeProperty {
+        keys: &["acks", "request.required.acks"],
+        refused: "anything but `all` or `-1`",
+        refuses: |v| v != "all" && v != "-1",
+        reason: "the broker would acknowledge records before all in-sync replicas have them, so an acknowledged record can be lost (use `all`)",
+    },
+    UnsafeProperty {
+        keys: &["enable.idempotence"],
+        refused: "`false`, `0`, `f`, `off`, `no`",
+        refuses: is_false,
+        reason: "without idempotence, retries can reorder or duplicate records within a partition",
+    },
+    UnsafeProperty {
+        keys: &["max.in.flight.requests.per.connection", "max.in.flight"],
+        refused: "more than 5",
+        refuses: |v| !matches!(v.parse::<u64>(), Ok(n) if n <= 5),
+        reason: "more than 5 in-flight requests per connection breaks ordering of the idempotent producer",
+    },
+    UnsafeProperty {
+        keys: &["message.send.max.retries", "retries"],
+        refused: "`0`",
+        refuses: |v| v == "0",
+        reason: "without retries a transient broker error fails the delivery instead of retrying it",
+    },
+    UnsafeProperty {
+        keys: &["enable.gapless.guarantee"],
+        refused: "`false`, `0`, `f`, `off`, `no`",
+        refuses: is_false,
+        reason: "a batch refused for good lets the partition's later batches through, and the refused records are sent again after them: per-aggregate order breaks",
+    },
+    UnsafeProperty {
+        keys: &["delivery.report.only.error"],
+        refused: "`true`, `1`, `t`, `on`, `yes`",
+        refuses: is_true,
+        reason: "the relay needs a delivery report for every record to confirm the slot",
+    },
+];
+
 /// Why `key = value` breaks at-least-once delivery or ordering, if it does.
 fn unsafe_reason(key: &str, value: &str) -> Option<&'static str> {
     let key = key.trim().to_ascii_lowercase();
     let value = value.trim().to_ascii_lowercase();
-    let is_false = matches!(value.as_str(), "false" | "0" | "f" | "off" | "no");
-    let is_true = matches!(value.as_str(), "true" | "1" | "t" | "on" | "yes");
-    match key.as_str() {
-        "acks" | "request.required.acks" if value != "all" && value != "-1" => {
-            Some("the broker would acknowledge records before all in-sync replicas have them, so an acknowledged record can be lost (use `all`)")
-        }
-        "enable.idempotence" if is_false => {
-            Some("without idempotence, retries can reorder or duplicate records within a partition")
-        }
-        "max.in.flight.requests.per.connection" | "max.in.flight" => match value.parse::<u64>() {
-            Ok(n) if n <= 5 => None,
-            _ => Some("more than 5 in-flight requests per connection breaks ordering of the idempotent producer"),
-        },
-        "message.send.max.retries" | "retries" if value == "0" => {
-            Some("without retries a transient broker error fails the delivery instead of retrying it")
-        }
-        "enable.gapless.guarantee" if is_false => {
-            Some("a batch refused for good lets the partition's later batches through, and the refused records are sent again after them: per-aggregate order breaks")
-        }
-        "delivery.report.only.error" if is_true => {
-            Some("the relay needs a delivery report for every record to confirm the slot")
-        }
-        _ => None,
-    }
+    UNSAFE_KAFKA_PROPERTIES
+        .iter()
+        .find(|p| p.keys.contains(&key.as_str()))
+        .filter(|p| (p.refuses)(&value))
+        .map(|p| p.reason)
 }
 
 fn is_secret_property(key: &str) -> bool {

@@ -54,7 +54,7 @@ pub use kafka::{
     Batching, Compression, Delivery, KafkaConfig, KafkaSecurityProtocol, OauthBearer,
     DEFAULT_MAX_IN_FLIGHT_MESSAGES, MAX_BATCH_NUM_MESSAGES, MAX_LINGER_MS, MAX_MESSAGE_TIMEOUT_MS,
     MIN_MAX_IN_FLIGHT_BYTES, MIN_MESSAGE_TIMEOUT_MS, OAUTHBEARER, OWNED_KAFKA_PROPERTIES,
-    SASL_MECHANISMS,
+    SASL_MECHANISMS, UNSAFE_KAFKA_PROPERTIES,
 };
 pub use layering::ENV_PREFIX;
 pub use outbox::{

@@ -210,7 +210,7 @@ impl NullPayload {
 }
 
 /// One `[[outbox.tables]]` entry: a table and the mapping keys it sets differently from
-/// `[outbox]`. `None` (key absent) inherits; an optional column (`key_column`,
+/// `[outbox]`. A key left out takes `[outbox]`'s value; an optional column (`key_column`,
 /// `topic_column`, …) set to `""` means none for this table.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::config::Config;
+use crate::config::{Config, OWNED_KAFKA_PROPERTIES, UNSAFE_KAFKA_PROPERTIES};
 
 /// A `pub struct` of the config sources: its doc and its fields.
 #[derive(Debug, Default)]
@@ -445,8 +445,41 @@ pub(super) fn page() -> String {
             ));
         }
     }
+    out.push_str(&refused_properties());
     while out.ends_with("\n\n") {
         out.pop();
     }
+    out
+}
+
+/// The librdkafka properties `kafka.properties` refuses: the ones the relay sets from its own
+/// keys, and the values that would break the delivery guarantee.
+fn refused_properties() -> String {
+    let mut out = String::from(
+        "\n## Refused librdkafka properties\n\n\
+         `kafka.properties` refuses (exit 2, naming the key) the librdkafka properties the relay \
+         sets from its own keys:\n\n\
+         | property | set it with |\n|---|---|\n",
+    );
+    for (property, key) in OWNED_KAFKA_PROPERTIES {
+        out.push_str(&format!("| `{property}` | `{key}` |\n"));
+    }
+    out.push_str(
+        "\nand the values that would break at-least-once delivery or per-key order, unless \
+         `kafka.allow_unsafe_kafka_settings = true` (then each is logged as a warning at start):\n\n\
+         | property | refused values | why |\n|---|---|---|\n",
+    );
+    for property in UNSAFE_KAFKA_PROPERTIES {
+        let keys: Vec<String> = property.keys.iter().map(|k| format!("`{k}`")).collect();
+        out.push_str(&format!(
+            "| {} | {} | {} |\n",
+            keys.join(", "),
+            property.refused,
+            property.reason
+        ));
+    }
+    out.push_str(
+        "\nProperty names are compared in lower case, values trimmed and in lower case.\n\n",
+    );
     out
 }

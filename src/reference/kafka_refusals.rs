@@ -39,8 +39,8 @@ pub(super) fn page() -> String {
          fix. See [dead letters](../guides/dead-letters.md) and [Kafka](../guides/kafka.md).\n\n",
     );
     out.push_str(
-        "| Kafka says | fault | whose fault | verdict (row's own time / commit time) | what the relay does |\n\
-         |---|---|---|---|---|\n",
+        "| Kafka says | whose fault | verdict (row's own time / commit time) | what the relay does |\n\
+         |---|---|---|---|\n",
     );
     for fault in faults {
         let codes: Vec<String> = CODES
@@ -63,9 +63,7 @@ pub(super) fn page() -> String {
         } else {
             format!("{own} / {commit}")
         };
-        out.push_str(&format!(
-            "| {codes} | `{fault:?}` | {whose} | {verdict} | {what} |\n"
-        ));
+        out.push_str(&format!("| {codes} | {whose} | {verdict} | {what} |\n"));
     }
     out.push_str(
         "\nA size refusal is judged because Kafka checks a topic's `max.message.bytes` against \

@@ -1,9 +1,11 @@
 //! `metrics.md`: every metric family with its type, labels and help, from what `/metrics`
 //! serves: the exposition of a `Metrics` with a series in every family.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::serve::metrics::tests::every_family;
+use crate::sink::blocked::BlockReason;
 
 /// One family of the exposition.
 struct Family {
@@ -13,9 +15,34 @@ struct Family {
     labels: Vec<String>,
 }
 
-/// The label names of a sample line (`name{a="x",b="y"} 1`), `le` and `quantile` aside
-/// (a histogram's buckets, a summary's quantiles: part of the type).
-fn label_names(sample: &str) -> Vec<String> {
+/// What the values of a label are: a closed set listed from the code (`None`: the values the
+/// exposition shows, every one of a one-hot family), or an open one described.
+fn label_values(label: &str) -> Option<String> {
+    let described = match label {
+        "kind" => "librdkafka's error code, by its name: `MessageTimedOut`, `QueueFull`, `MessageSizeTooLarge`, … (`Other`: an error without a code)",
+        "broker" => "librdkafka's name of the broker: `host:port/node id`",
+        "topic" => "a Kafka topic's name",
+        "subject" => "a Schema Registry subject",
+        "table" => "an outbox table, as `schema.table`",
+        "slot" => "`postgres.slot`",
+        "publication" => "`postgres.publication`",
+        "version" => "the relay's version",
+        "reason" => {
+            let names: Vec<String> = BlockReason::ALL
+                .iter()
+                .map(|r| format!("`{}`", r.name()))
+                .collect();
+            return Some(names.join(", "));
+        }
+        "state" | "status" | "quantile" => return None,
+        other => panic!("describe the values of the label `{other}` in src/reference/metrics.rs"),
+    };
+    Some(described.to_string())
+}
+
+/// The labels of a sample line (`name{a="x",b="y"} 1`) as `(name, value)`, `le` aside (a
+/// histogram's buckets: part of the type).
+fn labels_of(sample: &str) -> Vec<(String, String)> {
     let Some(open) = sample.find('{') else {
         return Vec::new();
     };
@@ -32,16 +59,18 @@ fn label_names(sample: &str) -> Vec<String> {
             end += 1;
         }
         if name != "le" {
-            names.push(name);
+            names.push((name, value[..end.min(value.len())].to_string()));
         }
         rest = value.get(end + 1..).unwrap_or("");
     }
     names
 }
 
-fn families() -> Vec<Family> {
+/// The families, and every value each label shows in the exposition.
+fn families() -> (Vec<Family>, BTreeMap<String, Vec<String>>) {
     let text = every_family().render(Duration::from_secs(5));
     let mut families: Vec<Family> = Vec::new();
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
@@ -60,14 +89,18 @@ fn families() -> Vec<Family> {
                 .to_string();
         } else if !line.starts_with('#') && !line.is_empty() {
             let family = families.last_mut().expect("a sample after HELP");
-            for name in label_names(line) {
+            for (name, value) in labels_of(line) {
+                let values = seen.entry(name.clone()).or_default();
+                if !values.contains(&value) {
+                    values.push(value);
+                }
                 if !family.labels.contains(&name) {
                     family.labels.push(name);
                 }
             }
         }
     }
-    families
+    (families, seen)
 }
 
 pub(super) fn page() -> String {
@@ -77,17 +110,39 @@ pub(super) fn page() -> String {
         "What `GET /metrics` serves (Prometheus text format 0.0.4) when `http.listen` is set. \
          Counters are exposed with their `_total`; a histogram as `_bucket` (label `le`), `_sum` \
          and `_count`, in seconds. A labelled family is listed before its first series, so rules \
-         and dashboards find it on a fresh relay.\n\n",
+         and dashboards find it on a fresh relay. Each label's values: [below](#label-values).\n\n",
     );
     out.push_str("| Metric | Type | Labels | Description |\n|---|---|---|---|\n");
-    for family in families() {
-        let labels: Vec<String> = family.labels.iter().map(|l| format!("`{l}`")).collect();
+    let (families, seen) = families();
+    let mut labels_used: Vec<String> = Vec::new();
+    for family in families {
+        let labels: Vec<String> = family
+            .labels
+            .iter()
+            .map(|l| format!("[`{l}`](#label-{l})"))
+            .collect();
+        for label in &family.labels {
+            if !labels_used.contains(label) {
+                labels_used.push(label.clone());
+            }
+        }
         out.push_str(&format!(
             "| `{}` | {} | {} | {} |\n",
             family.name,
             family.kind,
             labels.join(", "),
             family.help.replace('|', "\\|")
+        ));
+    }
+    out.push_str("\n## Label values\n\n");
+    labels_used.sort();
+    for label in labels_used {
+        let values = label_values(&label).unwrap_or_else(|| {
+            let shown: Vec<String> = seen[&label].iter().map(|v| format!("`{v}`")).collect();
+            shown.join(", ")
+        });
+        out.push_str(&format!(
+            "- <a id=\"label-{label}\"></a>`{label}`: {values}\n"
         ));
     }
     out

@@ -49,6 +49,18 @@ pub enum BlockReason {
 }
 
 impl BlockReason {
+    /// Every reason, for the metrics reference's `reason` values. `name` matches every
+    /// variant, so a new one is named there; list it here too.
+    pub const ALL: [BlockReason; 7] = [
+        BlockReason::TopicAuthorization,
+        BlockReason::ClusterAuthorization,
+        BlockReason::TransactionalIdAuthorization,
+        BlockReason::Authentication,
+        BlockReason::UnknownTopic,
+        BlockReason::TopicCreation,
+        BlockReason::RecordTimestamp,
+    ];
+
     /// The `reason` label.
     pub fn name(self) -> &'static str {
         match self {
