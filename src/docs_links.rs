@@ -8,7 +8,12 @@
 //! - names a file or folder that does not exist (relative to the page, as GitHub and mdBook
 //!   resolve it), or
 //! - names an `#anchor` that is not a heading of its page (GitHub's slug: lower case,
-//!   punctuation dropped, spaces to `-`, `-1`, `-2` … for repeated headings).
+//!   punctuation dropped, spaces to `-`, `-1`, `-2` … for repeated headings; mdBook makes the
+//!   same ids from the same headings), or
+//! - in a page of the book (`docs/src/`), leaves the book or names a folder: `mdbook build`
+//!   outputs only `docs/src/` (each `.md` as `.html`, other files copied), so a relative link
+//!   to `DEVELOPMENT.md`, `deploy/` or `examples/` is dead in the built book although it works
+//!   on GitHub. Such files are named as repository paths in code (`` `deploy/…` ``) instead.
 //!
 //! It also reads what the code and the operator files (`src/`, `tests/`, `examples/`,
 //! `config/`, `deploy/`, `migrations/`, `scripts/`, `bench/README.md`) say to a reader: every
@@ -286,8 +291,43 @@ fn broken(
     })
 }
 
+/// Why `target`, written in the book's page `from`, is dead in `mdbook build`'s output although
+/// the file exists: it leaves `book` (the book's `src`), even only on its way (`../../x/…`), or
+/// names a folder (the built book has a page per `.md`, no folder listings). `None` when it
+/// stays in the book, or is external or an anchor of the page itself.
+fn leaves_book(book: &Path, from: &Path, target: &str) -> Option<String> {
+    if target.contains("://") || target.starts_with("mailto:") || target.starts_with('#') {
+        return None;
+    }
+    let path = target.split('#').next().unwrap_or("");
+    let mut depth = from
+        .parent()
+        .and_then(|dir| dir.strip_prefix(book).ok())
+        .map_or(0, |dir| dir.components().count());
+    for part in Path::new(path).components() {
+        match part {
+            Component::ParentDir if depth == 0 => {
+                return Some(
+                    "leaves the book: `mdbook build` outputs docs/src/ only, so the link is dead \
+                     there; link a page of the book, or name the file as a repository path in \
+                     code (`deploy/…`) without a link"
+                        .to_string(),
+                );
+            }
+            Component::ParentDir => depth -= 1,
+            Component::Normal(_) => depth += 1,
+            _ => {}
+        }
+    }
+    let file = normalize(&from.parent().unwrap_or(book).join(path));
+    (file.is_dir()).then(|| {
+        "names a folder: the built book has no page for it; link a page of the book".to_string()
+    })
+}
+
 /// Every broken link of the markdown files, as `file:line: target: why`.
 fn broken_markdown_links(root: &Path) -> Vec<String> {
+    let book = root.join("docs/src");
     let mut cache = BTreeMap::new();
     let mut problems = Vec::new();
     for file in markdown_files(root) {
@@ -295,8 +335,14 @@ fn broken_markdown_links(root: &Path) -> Vec<String> {
             problems.push(format!("{}: cannot be read", file.display()));
             continue;
         };
+        let in_book = file.starts_with(&book);
         for link in links(&text) {
-            if let Some(why) = broken(root, &file, &link.target, &mut cache) {
+            let why = broken(root, &file, &link.target, &mut cache).or_else(|| {
+                in_book
+                    .then(|| leaves_book(&book, &file, &link.target))
+                    .flatten()
+            });
+            if let Some(why) = why {
                 problems.push(format!(
                     "{}:{}: ({}): {why}",
                     file.strip_prefix(root).unwrap_or(&file).display(),
@@ -385,7 +431,7 @@ fn every_markdown_link_points_to_a_file_and_heading_that_exist() {
     assert!(
         problems.is_empty(),
         "{} broken link(s) in README.md, DEVELOPMENT.md and docs/ (paths are relative to the page; \
-         anchors are GitHub heading slugs):\n  {}",
+         anchors are GitHub heading slugs; a page of the book may not leave docs/src):\n  {}",
         problems.len(),
         problems.join("\n  ")
     );
@@ -460,4 +506,70 @@ fn links_inside_code_are_not_links() {
         "See [`[kafka.x]`](#kafka) and `a](b)` and\n```\n[x](nowhere.md)\n```\n[d]: other.md\n";
     let targets: Vec<String> = links(page).into_iter().map(|l| l.target).collect();
     assert_eq!(targets, ["#kafka", "other.md"]);
+}
+
+#[test]
+fn a_book_page_may_not_leave_the_book() {
+    let root = root();
+    let book = root.join("docs/src");
+    let page = book.join("guides/managed/aws.md");
+    let leaves = |target: &str| leaves_book(&book, &page, target).is_some();
+    assert!(leaves("../../../../config/managed/rds-iam-msk-scram.toml"));
+    assert!(leaves("../../../../DEVELOPMENT.md#benchmark"));
+    // Back into the book, but through a folder the built book does not have.
+    assert!(leaves("../../../../docs/src/operations/runbooks.md"));
+    assert!(leaves("../../guides/"));
+    assert!(!leaves("../../operations/runbooks.md#sweeper-hold"));
+    assert!(!leaves("index.md"));
+    assert!(!leaves("#amazon-msk"));
+    assert!(!leaves("https://docs.aws.amazon.com/"));
+}
+
+/// The `###` sections of a page that its index, the links before its first `##` heading, does
+/// not name.
+fn missing_from_index(text: &str) -> Vec<String> {
+    let prose = prose_lines(text);
+    let first_section = prose
+        .iter()
+        .position(|(_, line)| line.starts_with("## "))
+        .unwrap_or(prose.len());
+    let head: String = prose[..first_section]
+        .iter()
+        .map(|(_, line)| *line)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let indexed: BTreeSet<String> = links(&head)
+        .into_iter()
+        .filter_map(|l| l.target.strip_prefix('#').map(str::to_string))
+        .collect();
+    let sections = anchors(
+        &prose
+            .iter()
+            .filter(|(_, line)| line.starts_with("### "))
+            .map(|(_, line)| *line)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    sections.difference(&indexed).cloned().collect()
+}
+
+/// The runbook pages, each with an index at its top that must name every one of its sections.
+const RUNBOOK_PAGES: &[&str] = &["docs/src/operations/runbooks.md"];
+
+#[test]
+fn every_runbook_is_in_its_page_index() {
+    let mut problems = Vec::new();
+    for page in RUNBOOK_PAGES {
+        let text = std::fs::read_to_string(root().join(page)).unwrap_or_default();
+        for missing in missing_from_index(&text) {
+            problems.push(format!("{page}: #{missing} is not in the index at its top"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn an_index_names_every_section() {
+    let page = "# R\n\n- [A](#a) · [B](#b)\n\n## Group\n\n### A\n\n### B\n\n### C\n\nsee [C](#c)\n";
+    assert_eq!(missing_from_index(page), ["c"]);
 }
