@@ -5,7 +5,7 @@
 #     non-firing case per alert), `promtool check config` of the example configuration;
 #   - every metric named in the rules and the dashboard is one src/serve/metrics/mod.rs serves;
 #   - every alert has a summary, a description and a runbook_url whose anchor is a heading of
-#     docs/src/operations/runbooks.md;
+#     docs/src/operations/alerts.md;
 #   - deploy/grafana/outbox-relay.json is valid JSON and every panel query parses as PromQL;
 #   - deploy/kubernetes: the YAML parses; 2 replicas on one slot; liveness on /healthz and
 #     readiness not on /readyz; terminationGracePeriodSeconds above relay.shutdown_timeout_ms;
@@ -27,7 +27,7 @@ RULE_TESTS=$PROM/outbox-relay.rules.test.yml
 DASHBOARD=deploy/grafana/outbox-relay.json
 K8S=deploy/kubernetes/outbox-relay.yaml
 K8S_JOB=deploy/kubernetes/outbox-relay-slot-job.yaml
-RUNBOOK=docs/src/operations/runbooks.md
+RUNBOOK=docs/src/operations/alerts.md
 
 WORK=$(mktemp -d)
 relay_pid=
