@@ -164,7 +164,12 @@ impl HoldStore {
         }
         let allowed: bool = client
             .query_one(
-                "SELECT has_table_privilege($1::text::regclass, 'SELECT, INSERT, UPDATE, DELETE')",
+                // One privilege per call: with a list, has_table_privilege says whether
+                // *any* of them is held.
+                "SELECT has_table_privilege($1::text::regclass, 'SELECT')
+                        AND has_table_privilege($1::text::regclass, 'INSERT')
+                        AND has_table_privilege($1::text::regclass, 'UPDATE')
+                        AND has_table_privilege($1::text::regclass, 'DELETE')",
                 &[relation],
             )
             .await
