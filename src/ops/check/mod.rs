@@ -4,13 +4,15 @@
 //!
 //! A failing item never stops the check: every item is reported, so that one run lists
 //! everything to fix. Only reading is done; nothing is created or changed. The PostgreSQL items
-//! live in [`postgres`], [`outbox_table`] and [`publication`], the Kafka ones in [`kafka`].
+//! live in [`postgres`], [`outbox_table`], [`privileges`] and [`publication`], the Kafka ones in
+//! [`kafka`].
 
 mod access;
 mod failover;
 mod kafka;
 mod outbox_table;
 mod postgres;
+mod privileges;
 mod publication;
 mod schema;
 

@@ -143,6 +143,7 @@ pub(super) async fn postgres(
     items.push(role(&server));
     items.push(receive_timeout(&server, config.postgres.receive_timeout_ms));
     let tables = super::outbox_table::outbox_tables(control, config, &server.role, items).await;
+    items.push(super::privileges::privileges(control, config, &server.role).await);
     items.extend(super::publication::publication(control, config).await);
     items.extend(slot_items(config, slot.as_ref(), &server));
     items.extend(sweeper_holds(control, config).await);
