@@ -3,8 +3,9 @@
 //! server, each missing one with the exact statement that grants it.
 //!
 //! - the retention sweeper (`[outbox.sweeper] enabled`): `SELECT, DELETE` on every table it
-//!   deletes from (a partitioned outbox's partitions, which it sweeps one by one), and the
-//!   sweeper hold table (`SELECT, INSERT, UPDATE, DELETE`, or `CREATE` on its schema to make it);
+//!   deletes from (a partitioned outbox's partitions, which it sweeps one by one), the sweeper
+//!   hold table (`SELECT, INSERT, UPDATE, DELETE`) and the kept-rows table (`SELECT, INSERT,
+//!   DELETE`), or `CREATE` on their schema to make them;
 //! - `drop_partitions`: ownership of each partitioned outbox table (DETACH and DROP);
 //! - with `postgres.create_slot`: ownership of the publication, whose comment records that the
 //!   slot was streamed (without it a relay restarted after a failover without failover slots
@@ -16,6 +17,7 @@ use super::{ok, problem, warning, Item};
 use crate::config::Config;
 use crate::postgres::control::{quote_ident, Control};
 use crate::relay::sweeper::hold::{HoldStore, HOLD_TABLE};
+use crate::relay::sweeper::kept::{KeptRows, KEPT_TABLE};
 
 const CHECK: &str = "privileges";
 
@@ -119,8 +121,24 @@ async fn missing(
                 }
             }
         }
-        if let Some(hold) = hold_table(client, config, &grantee).await? {
-            missing.push(hold);
+        let hold = SideTable {
+            relation: HoldStore::new(config).relation().map(str::to_string),
+            name: HOLD_TABLE,
+            what: "sweeper hold table",
+            privileges: &["SELECT", "INSERT", "UPDATE", "DELETE"],
+            migration: "migrations/002_sweeper_hold.sql",
+        };
+        let kept = SideTable {
+            relation: KeptRows::new(config).relation().map(str::to_string),
+            name: KEPT_TABLE,
+            what: "kept-rows table",
+            privileges: &["SELECT", "INSERT", "DELETE"],
+            migration: "migrations/003_kept_rows.sql",
+        };
+        for table in [hold, kept] {
+            if let Some(lacking) = side_table(client, config, table, &grantee).await? {
+                missing.push(lacking);
+            }
         }
     }
     if config.postgres.create_slot {
@@ -147,48 +165,68 @@ async fn missing(
     Ok(missing)
 }
 
-/// The sweeper hold table: usable if it exists, else creatable in its schema. (Each privilege
-/// is asked on its own: `has_table_privilege` with a list answers whether *any* is held.)
-async fn hold_table(
+/// A table of the relay's own beside the outbox (the sweeper hold table, the kept-rows table):
+/// usable if it exists, else creatable in its schema. (Each privilege is asked on its own:
+/// `has_table_privilege` with a list answers whether *any* is held.)
+struct SideTable {
+    /// Its quoted `schema.table`; `None` without an outbox table.
+    relation: Option<String>,
+    name: &'static str,
+    what: &'static str,
+    privileges: &'static [&'static str],
+    migration: &'static str,
+}
+
+async fn side_table(
     client: &Client,
     config: &Config,
+    table: SideTable,
     grantee: &str,
 ) -> Result<Option<Missing>, tokio_postgres::Error> {
-    let store = HoldStore::new(config);
     let (Some(relation), Some((schema, _))) = (
-        store.relation(),
+        table.relation,
         config.outbox.publication_tables().first().cloned(),
     ) else {
         return Ok(None);
     };
+    let granted: Vec<String> = table
+        .privileges
+        .iter()
+        .map(|p| format!("has_table_privilege(to_regclass($1), '{p}')"))
+        .collect();
     let row = client
         .query_one(
-            "SELECT to_regclass($1) IS NOT NULL,
-                    has_table_privilege(to_regclass($1), 'SELECT')
-                    AND has_table_privilege(to_regclass($1), 'INSERT')
-                    AND has_table_privilege(to_regclass($1), 'UPDATE')
-                    AND has_table_privilege(to_regclass($1), 'DELETE'),
-                    (SELECT has_schema_privilege(oid, 'CREATE') FROM pg_namespace WHERE nspname = $2)",
+            &format!(
+                "SELECT to_regclass($1) IS NOT NULL, {},
+                        (SELECT has_schema_privilege(oid, 'CREATE') FROM pg_namespace WHERE nspname = $2)",
+                granted.join(" AND ")
+            ),
             &[&relation, &schema],
         )
         .await?;
     let (exists, usable, creatable): (bool, Option<bool>, Option<bool>) =
         (row.get(0), row.get(1), row.get(2));
-    let grant = format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {relation} TO {grantee};");
+    let grant = format!(
+        "GRANT {} ON {relation} TO {grantee};",
+        table.privileges.join(", ")
+    );
     Ok(match (exists, usable, creatable) {
         (true, Some(false), _) => Some(Missing {
-            why: format!("the use of the sweeper hold table {relation}"),
+            why: format!("the use of the {} {relation}", table.what),
             fix: grant,
             optional: false,
         }),
         (false, _, Some(false)) => Some(Missing {
             why: format!(
-                "CREATE on schema {} for the sweeper hold table {HOLD_TABLE}",
-                quote_ident(&schema)
+                "CREATE on schema {} for the {} {}",
+                quote_ident(&schema),
+                table.what,
+                table.name
             ),
             fix: format!(
-                "as the schema's owner, with search_path = {}: psql -f migrations/002_sweeper_hold.sql; then {grant}",
-                quote_ident(&schema)
+                "as the schema's owner, with search_path = {}: psql -f {}; then {grant}",
+                quote_ident(&schema),
+                table.migration
             ),
             optional: false,
         }),
