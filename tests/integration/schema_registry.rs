@@ -850,6 +850,216 @@ async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
     db.cleanup().await;
 }
 
+/// A registry that takes connections and answers nothing, in front of the shared one, until
+/// [`SilentRegistry::answer`]: then each connection, held or new, is passed through to it.
+/// Its tasks end when it is dropped.
+struct SilentRegistry {
+    /// The ccompat URL through it.
+    url: String,
+    answering: tokio::sync::watch::Sender<bool>,
+    /// Connections taken while silent.
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl SilentRegistry {
+    async fn start(registry_url: &str) -> SilentRegistry {
+        let upstream = registry_url
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split('/').next())
+            .expect("an http:// registry URL")
+            .to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let here = listener.local_addr().unwrap().to_string();
+        let url = registry_url.replacen(&upstream, &here, 1);
+        let (answering, answered) = tokio::sync::watch::channel(false);
+        let held = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = held.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let mut answered = answered.clone();
+                if !*answered.borrow() {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    if answered.wait_for(|answering| *answering).await.is_err() {
+                        return;
+                    }
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        SilentRegistry {
+            url,
+            answering,
+            held,
+            accept,
+        }
+    }
+
+    fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn answer(&self) {
+        self.answering.send_replace(true);
+    }
+}
+
+impl Drop for SilentRegistry {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// A registry that does not answer holds only the topics whose schemas it must give (issue
+/// 50, point 7). `public.outbox` publishes JSON (no registry); `avro_outbox` is encoded with
+/// Avro by a registry that takes the relay's request and answers nothing (its
+/// `request_timeout_ms` 10 min, which the config allows). While it is silent: every JSON
+/// event written after the waiting Avro ones arrives, the slot is confirmed past the JSON
+/// events before them and never past the first waiting one, nothing Avro is published. Once
+/// the registry answers, the Avro events arrive, each once and in the order written, and the
+/// slot passes everything; nothing is dead-lettered. Before the request was an arm of the
+/// session's loop, it was awaited in a loop of its own that read no frame: no JSON event
+/// written after the Avro ones arrived while the registry was silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_silent_registry_holds_only_the_topics_whose_schemas_it_must_give() {
+    let url = registry_url();
+    let silent = SilentRegistry::start(&url).await;
+    let db = TestDb::new().await;
+    let p = db.topic_prefix.clone();
+    let (json, avro) = (db.topic("json"), db.topic("avro"));
+    let pg = db.client().await;
+    pg.batch_execute("CREATE TABLE avro_outbox (LIKE outbox INCLUDING ALL)")
+        .await
+        .unwrap();
+    let avro_id = register(&url, &avro).await;
+    db.create_slot().await;
+    let config = format!(
+        r#"
+[outbox]
+table = "public.outbox"
+topic = "{json}"
+[[outbox.tables]]
+table = "public.avro_outbox"
+topic = "{avro}"
+[outbox.tables.serialization]
+format = "avro"
+registry_url = "{}"
+request_timeout_ms = 600000
+[dead_letter]
+topic = "{p}.dlq"
+"#,
+        silent.url
+    );
+    let mut env: Vec<(String, String)> = db
+        .relay_env()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("OUTBOX_RELAY__OUTBOX__"))
+        .collect();
+    let path = write_config(&format!("{p}-silent-registry"), &config);
+    env.push(("OUTBOX_RELAY_CONFIG".into(), path.display().to_string()));
+    let mut relay = RelayProcess::start(&env, "registry_silent");
+    wait_for_slot(&db, &mut relay).await;
+
+    let mut client = db.client().await;
+    let before = events(20, "json");
+    insert_events(&mut client, &before[..10], true).await;
+    let last_before = insert_events_at(&mut client, &before[10..], true).await;
+    let first_waiting = wal_insert_lsn(&pg).await;
+    let waiting = events(10, "avro");
+    for pair in waiting.chunks(2) {
+        insert_into(&pg, "avro_outbox", pair).await;
+    }
+    let after = events(200, "json");
+    write_in_batches(&db, &after, 10).await;
+    let mut flowing = before.clone();
+    flowing.extend(after.iter().cloned());
+    expect_all(
+        "the JSON topic while the registry is silent",
+        std::slice::from_ref(&json),
+        &flowing,
+        Duration::from_secs(60),
+        Duration::ZERO,
+        &relay,
+    )
+    .await;
+    wait_for(
+        "the slot confirmed past the JSON events before the waiting ones",
+        Duration::from_secs(30),
+        || async { db.confirmed_flush_lsn().await > last_before },
+    )
+    .await;
+    assert!(silent.held() > 0, "the relay never asked the registry");
+    let early = read_until(
+        std::slice::from_ref(&avro),
+        1,
+        Duration::from_secs(2),
+        Duration::ZERO,
+        |_| false,
+    )
+    .await;
+    assert!(
+        early.is_empty(),
+        "{} records without their schema",
+        early.len()
+    );
+    let confirmed = db.confirmed_flush_lsn().await;
+    assert!(
+        confirmed <= first_waiting,
+        "the slot ({confirmed:X}) passed the first waiting event ({first_waiting:X})"
+    );
+    println!(
+        "while silent: {} of {} JSON events arrived, {} registry connections held, slot {confirmed:X} (first waiting event at {first_waiting:X})",
+        flowing.len(),
+        flowing.len(),
+        silent.held()
+    );
+
+    silent.answer();
+    let (received, t) = expect_all(
+        "the Avro topic once the registry answers",
+        std::slice::from_ref(&avro),
+        &waiting,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        &relay,
+    )
+    .await;
+    assert_eq!(t.duplicates, 0, "Avro events published twice");
+    assert_framed(&received, avro_id);
+    let order: Vec<usize> = received
+        .iter()
+        .map(|r| waiting.iter().position(|e| e.id == r.key_str()).unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        (0..waiting.len()).collect::<Vec<_>>(),
+        "the Avro events out of the order written"
+    );
+    let last = insert_events_at(&mut client, &events(1, "json"), true).await;
+    wait_for(
+        "the slot past every event",
+        Duration::from_secs(30),
+        || async { db.confirmed_flush_lsn().await > last },
+    )
+    .await;
+    let dead = read_until(
+        &[db.topic("dlq")],
+        1,
+        Duration::from_secs(2),
+        Duration::ZERO,
+        |_| false,
+    )
+    .await;
+    assert!(dead.is_empty(), "{} dead letters", dead.len());
+    assert!(relay.terminate(Duration::from_secs(30)).success());
+    db.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_five_times_with_avro_loses_nothing() {
     use rand::Rng;

@@ -5,15 +5,15 @@
 //!
 //! One loop (`Session::run`), by priority, each place's reason written at its `select!` arm:
 //! shutdown → the drain deadline → acknowledgements → a Kafka commit's outcome → a due
-//! confirmation → the status timer → a due Kafka commit → the event waiting for the schema
-//! registry, or else the next frame (only while in-flight work is under its caps) → an early
-//! Kafka commit when no frame is waiting. Frames already buffered skip the `select!` while
-//! nothing ranked above them is due (`reads.rs`). On shutdown the session stops reading (after
-//! finishing a half-read transaction), waits for every acknowledgement up to
-//! `shutdown_timeout`, confirms the last fully acknowledged commit and closes. While the
-//! registry gives no schema for an event, the session waits in this same loop
-//! (`serialize.rs`): at-least-once, only the event's topic waits; exactly-once, nothing after
-//! the event is read; everything else goes on.
+//! confirmation → the status timer → a due Kafka commit → a schema registry request answered
+//! → the next frame (only while in-flight work is under its caps) → an early Kafka commit when
+//! no frame is waiting. Frames already buffered skip the `select!` while nothing ranked above
+//! them is due (`reads.rs`). On shutdown the session stops reading (after finishing a
+//! half-read transaction), waits for every acknowledgement up to `shutdown_timeout`, confirms
+//! the last fully acknowledged commit and closes. A registry request is an arm of this same
+//! loop, never a wait of its own (`serialize.rs`): at-least-once, only the topics whose
+//! schemas the registry must give wait; exactly-once, nothing after the waiting event is
+//! read; everything else goes on.
 //!
 //! What differs between at-least-once and exactly-once sits behind one delivery contract
 //! (`contract.rs`), which the loop calls at the few points that matter: a record handed over,
@@ -61,7 +61,7 @@ use crate::sink::progress::{ChangeAt, ChangeKind, Progress};
 use crate::sink::publisher::{self, Delivery, DeliveryFailure, PublishError};
 use contract::{Ack, Contract};
 use reads::Reads;
-use serialize::{ParkedTopics, RegistryWait};
+use serialize::ParkedTopics;
 
 use crate::sink::window::InFlight;
 use crate::source::pgoutput::{self, Relation};
@@ -281,10 +281,8 @@ pub struct Session<'a, S, K, C> {
     shutdown: CancellationToken,
     /// Buffered frames taken in a run since the last `select!` turn.
     reads: Reads,
-    /// Exactly-once: an event waiting for the schema registry: until it is serialized, no
-    /// frame is read.
-    registry: Option<RegistryWait>,
-    /// At-least-once: topics whose events wait for the schema registry; the others go on.
+    /// Topics whose events wait for the schema registry, with its requests under way; the
+    /// others go on (exactly-once: nothing is read while one waits).
     parked: ParkedTopics,
 }
 
@@ -323,8 +321,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
             breaker,
             shutdown: CancellationToken::new(),
             reads: Reads::new(),
-            registry: None,
-            parked: ParkedTopics::new(),
+            parked: ParkedTopics::default(),
         }
     }
 
@@ -350,8 +347,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 break self.end();
             }
             let (due_at, early_at) = self.contract_wake_times();
-            let registry_retry = self.registry_retry_at();
-            let waits = self.waits_for_registry();
+            let (waits, asks) = (self.waits_for_registry(), self.asks_registry());
             let step = if settled.is_err() {
                 settled
             } else if let Some(step) = self.next_buffered(shutdown, due_at).await {
@@ -363,10 +359,9 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                 tokio::select! {
                     biased;
                     // 1. Shutdown: seen however busy the stream is, since it changes what every
-                    // arm below does (draining reads only to finish the open transaction). An
-                    // event waiting for the registry gets its last try first.
+                    // arm below does (draining reads only to finish the open transaction).
                     _ = shutdown.cancelled(), if matches!(self.phase, Phase::Streaming | Phase::Blocked) => {
-                        self.handle_shutdown().await
+                        self.handle_shutdown()
                     }
                     // 2. The drain deadline, armed only once 1 no longer is (draining, stopping):
                     // the operator's bound on the way out. Above every arm that may be ready
@@ -382,7 +377,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     Some(delivery) = self.deliveries.recv() => self.handle_deliveries(delivery).await,
                     // 4. Exactly-once: a Kafka commit's outcome, which makes acknowledgements
                     // durable (counted at the top of the loop). Not while an event waits for
-                    // the registry: the contract takes no turn then (`RegistryWait`).
+                    // the registry: the contract takes no turn then (`serialize.rs`).
                     outcome = self.contract.outcome(), if !waits => {
                         self.contract.outcome_arrived(outcome, self.metrics).map_err(Into::into)
                     }
@@ -400,12 +395,13 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
                     // 7. Exactly-once: a Kafka transaction got old or big; the top of the loop
                     // commits it before more is read into it.
                     _ = sleep_until(due_at), if due_at.is_some() => Ok(()),
-                    // 8. An event waiting for the registry. Exactly-once, in the frames' place:
-                    // it is the frame being handled, and none is read while it waits (9 is not
-                    // armed); at-least-once, before them: its topic's events wait behind it.
-                    _ = sleep_until(registry_retry), if registry_retry.is_some() => {
-                        self.retry_registry().await
-                    }
+                    // 8. A schema registry request answered (or failed, after its back-off's
+                    // pause): its event goes, then its topic's events that wait behind it.
+                    // Before the frames, which only add to them; exactly-once, none is read
+                    // while an event waits (9 is not armed). Below everything that frees room
+                    // or tells PostgreSQL where the relay stands: a silent registry holds none
+                    // of them.
+                    answer = self.parked.answered(), if asks => self.registry_answered(answer).await,
                     // 9. The next frame, last of the work and only under the in-flight caps:
                     // everything above frees room or tells PostgreSQL where the relay stands.
                     frame = self.source.next_frame(), if self.wants_frames() => match frame {
@@ -475,8 +471,15 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.handle_frame(frame).await
     }
 
-    /// The drain deadline passed with acknowledgements outstanding: the loop ends now.
+    /// The drain deadline passed with acknowledgements outstanding: the loop ends now; with
+    /// the registry's error when a request still waits for its answer.
     fn deadline_reached(&mut self) -> Result<(), RelayError> {
+        if matches!(self.phase, Phase::Draining { .. }) && self.asks_registry() {
+            return Err(RelayError::SchemaRegistry(format!(
+                "the registry had not answered {:?} (shutdown_timeout) after shutdown; the event is sent again after the restart",
+                self.settings.shutdown_timeout
+            )));
+        }
         warn!(
             in_flight = self.in_flight.messages(),
             "drain deadline reached; unacknowledged events will be sent again on restart"
@@ -484,20 +487,21 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
         self.end()
     }
 
-    /// Shutdown: an event waiting for the registry gets its last try first (the session ends
-    /// if the registry still fails); otherwise the session starts draining.
-    async fn handle_shutdown(&mut self) -> Result<(), RelayError> {
+    /// Shutdown: the session starts draining. Exactly-once, the event waiting for the
+    /// registry gets its last try now (the session ends if the registry still fails).
+    fn handle_shutdown(&mut self) -> Result<(), RelayError> {
         if self.waits_for_registry() {
-            return self.retry_registry().await;
+            self.ask_registry_now();
         }
         self.start_draining();
         Ok(())
     }
 
     fn start_draining(&mut self) {
-        // Events waiting for the registry (at-least-once) are not sent now: their
-        // transactions are not confirmed, the next start reads them again.
-        self.give_up_registry_wait();
+        // Events waiting for the registry's next try (at-least-once) are not sent now: their
+        // transactions are not confirmed, the next start reads them again. A request under
+        // way gets the drain's time.
+        self.give_up_registry_wait(false);
         if let Phase::Blocked = self.phase {
             // The transaction that tripped the breaker is not finished (nor confirmed): the
             // next start reads it again.
@@ -528,7 +532,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
     /// after what was sent before it is confirmed (`None`: the loop goes on, stopping); any
     /// other, or a second one, ends it now with the result given.
     fn stop_on(&mut self, error: RelayError) -> Option<Result<(), RelayError>> {
-        self.give_up_registry_wait();
+        self.give_up_registry_wait(true);
         if let Phase::Stopping { .. } = self.phase {
             warn!(error = %error, "a second error while stopping");
             return Some(self.end());
@@ -601,7 +605,7 @@ impl<'a, S: FrameSource, K: RecordSink, C: Catalog> Session<'a, S, K, C> {
 
     /// The delivery contract's turn at the top of the loop: a commit it finished makes its
     /// acknowledgements durable (the ledger counts them), and the records it held are sent.
-    /// None while an event waits for the registry (`RegistryWait`).
+    /// None while an event waits for the registry (exactly-once).
     async fn settle(&mut self) -> Result<(), RelayError> {
         if self.waits_for_registry() {
             return Ok(());

@@ -2415,6 +2415,8 @@ struct Subjects {
     present: Mutex<std::collections::HashSet<String>>,
     /// How long each answer takes.
     delay: Mutex<Duration>,
+    /// How long the answers for these subjects take instead.
+    slow: Mutex<std::collections::HashMap<String, Duration>>,
     /// Requests for a subject it did not know.
     missed: std::sync::atomic::AtomicUsize,
 }
@@ -2429,7 +2431,8 @@ impl SchemaRegistry for Subjects {
             self.missed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let delay = *self.delay.lock().unwrap();
+        let slow = self.slow.lock().unwrap().get(subject).copied();
+        let delay = slow.unwrap_or(*self.delay.lock().unwrap());
         Box::pin(async move {
             tokio::time::sleep(delay).await;
             if !known {
@@ -2579,12 +2582,86 @@ async fn a_subject_missing_for_one_topic_holds_only_that_topic() {
     assert!(health.readiness().is_ok(), "still blocked once registered");
 }
 
+/// A registry silent for one subject holds only its topic: while the request for the
+/// `order` subject waits (120 s, as a silent registry keeps one up to `request_timeout_ms`),
+/// the `payment` events read after it are sent and acknowledged, and the slot is confirmed
+/// up to them — never past the waiting event; once the registry answers, the waiting topic's
+/// events go, in order, and the slot moves on. Before the registry request was an arm of the
+/// loop, it was awaited in a loop of its own that read no frame: nothing behind the waiting
+/// event went out for 120 s.
+#[tokio::test(start_paused = true)]
+async fn a_registry_silent_for_one_subject_holds_only_its_topic() {
+    let (mapping, metrics) = (mapping(), Metrics::default());
+    let mut rig = Rig::new(true);
+    let mut wal = Wal::new();
+    rig.push([Wal::relation(OUTBOX, "outbox")]);
+    let (payment_0, end_0) = payment(&mut wal, 0);
+    let (order_1, end_1) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
+    let (payment_2, _) = payment(&mut wal, 2);
+    let (order_3, _) = wal.txn(OUTBOX, &[Some(&event_id(3))]);
+    let (payment_4, end_4) = payment(&mut wal, 4);
+    for frames in [payment_0, order_1, payment_2, order_3, payment_4] {
+        rig.push(frames);
+    }
+    let registry = Arc::new(Subjects::default());
+    for subject in ["outbox.event.payment-value", "outbox.event.order-value"] {
+        registry.present.lock().unwrap().insert(subject.into());
+    }
+    let silent = Duration::from_secs(120);
+    registry
+        .slow
+        .lock()
+        .unwrap()
+        .insert("outbox.event.order-value".into(), silent);
+    let (settings, _) = registry.settings();
+    let session = rig.session(settings, &mapping, &metrics);
+    let ids = |rig: &Rig, topic: &str| -> Vec<String> {
+        rig.sent()
+            .iter()
+            .filter(|s| s.topic == topic)
+            .map(|s| s.event_id.clone())
+            .collect()
+    };
+    let driver = async {
+        let started = tokio::time::Instant::now();
+        rig.until("the other topic's events sent", |r| {
+            ids(r, "outbox.event.payment").len() == 3
+        })
+        .await;
+        rig.until("the other topic's first event confirmed", |r| {
+            r.max_flush() >= end_0
+        })
+        .await;
+        assert!(
+            started.elapsed() < silent,
+            "the other topic waited for the silent subject's request"
+        );
+        assert!(
+            ids(&rig, "outbox.event.order").is_empty(),
+            "sent without a schema"
+        );
+        assert!(rig.max_flush() < end_1, "confirmed past the waiting event");
+        tokio::time::sleep(silent).await;
+        rig.until("every event confirmed", |r| r.last_flush() == end_4)
+            .await;
+        rig.shutdown.cancel();
+    };
+    rig.run(session, driver).await.unwrap();
+    assert_eq!(
+        ids(&rig, "outbox.event.order"),
+        [event_id(1), event_id(3)],
+        "the waiting topic's events, in order"
+    );
+}
+
 /// A delivery report that ends the session ends it while a registry request is under way:
 /// here the report of a record sent before (a delivery timeout) arrives while the next
 /// event's request waits on a slow registry (120 s). Waiting for the request first would
 /// leave librdkafka that long to write the partition's later records past the failed one (an
 /// idempotent producer goes on after an epoch bump): a gap in per-aggregate order that the
 /// simulation found (seed 162,567, once `latest` refreshes made registry waits mid-stream).
+/// The first event's schema comes at once, the next event's request is the slow one (the two
+/// requests run side by side since registry requests are arms of the loop).
 #[tokio::test(start_paused = true)]
 async fn a_delivery_report_that_ends_the_session_is_not_held_by_a_registry_request() {
     let (mapping, metrics) = (mapping(), Metrics::default());
@@ -2594,13 +2671,11 @@ async fn a_delivery_report_that_ends_the_session_is_not_held_by_a_registry_reque
     let (payment_0, _) = payment(&mut wal, 0);
     let (order_1, _) = wal.txn(OUTBOX, &[Some(&event_id(1))]);
     rig.push(payment_0);
-    rig.push(order_1);
     let registry = Arc::new(Subjects::default());
     for subject in ["outbox.event.payment-value", "outbox.event.order-value"] {
         registry.present.lock().unwrap().insert(subject.into());
     }
     let slow = Duration::from_secs(120);
-    *registry.delay.lock().unwrap() = slow;
     let (settings, _) = registry.settings();
     let session = rig.session(settings, &mapping, &metrics);
     let run = async {
@@ -2608,10 +2683,11 @@ async fn a_delivery_report_that_ends_the_session_is_not_held_by_a_registry_reque
         (result, tokio::time::Instant::now())
     };
     let driver = async {
-        tokio::time::sleep(slow).await;
         rig.until("the first event sent", |r| r.sent().len() == 1)
             .await;
-        // The next event's request has begun (its event was read behind the first).
+        *registry.delay.lock().unwrap() = slow;
+        // The next event's request begins once its frames are read.
+        rig.read_all(order_1).await;
         tokio::task::yield_now().await;
         let sent = rig.sent();
         rig.acks

@@ -22,7 +22,8 @@
 //! with a hold phase ([`Hold`]): one topic refuses while nothing else fails, and every event
 //! of the other topics must reach Kafka meanwhile. The refusal is Kafka's (WRITE, or the
 //! metadata read) or, in half the serialized runs that can have it (`auto_register` off), the
-//! registry's: the topic's subject is missing until the phase ends.
+//! registry's: the topic's subject is missing until the phase ends, or the registry keeps
+//! every request for it unanswered until then.
 //!
 //! After every step and at the end the invariants are checked (`World::check_slot`,
 //! `World::land`, `World::check_end`): the slot never passes an event neither in Kafka nor
@@ -160,7 +161,8 @@ struct Hold {
     /// The metadata read is refused (else WRITE, when records are sent).
     metadata: bool,
     /// Serialization on, `auto_register` off: the refusal is the registry's instead (the
-    /// topic's subject stays missing until the hold phase ends; Kafka refuses nothing).
+    /// topic's subject stays missing, or silent, until the hold phase ends; Kafka refuses
+    /// nothing).
     registry: bool,
 }
 
@@ -190,11 +192,18 @@ struct Hold {
 /// | `ForgetsInvalid` | 5 | 1,398 (all exactly-once) | sessions in a row that move nothing on |
 /// | `RefusalByKey` | 7 | 1,122 (456 exactly-once) | a healthy event dead-lettered |
 /// | `DeadLetterBatchStops` | 91 | 11 (all at-least-once) | the relay stopping for good |
+/// | `RegistryRequestsInLine` | 207 | 24 (all at-least-once) | another topic's event not in Kafka at the end of the hold phase |
 ///
 /// `RefusalByKey` needs `key_column = "aggregateid"`, drawn in 30% of the seeds;
 /// `DeadLetterBatchStops` a dead-letter topic whose limit takes any one dead letter but not
 /// always two, drawn in 30% (each from a generator of its own, so the rows above keep their
 /// first seeds; their counts were measured before these were drawn).
+///
+/// `RegistryRequestsInLine` was measured once a hold phase's subject could be silent (half the
+/// registry's holds; `registry.rs`). The defect that model was made for is no switch of the
+/// peers: the relay of before issue 50's one loop, which awaited a registry request in a
+/// `select!` of its own (`Session::ask`) reading no frame, fails 17 of these 5,000 seeds, the
+/// first at 460 (`a_subject_the_registry_keeps_silent_holds_only_its_topic`).
 ///
 /// `FixedTimeline` with the label invariant switched off (a throwaway change): 20 seeds of
 /// 5,000 catch it, first 24, by what it does downstream — the next session's `reconcile` cuts
@@ -274,6 +283,11 @@ pub(super) enum Defect {
     /// as `handle_failed_delivery` did (`was_dead_letter`: a permanent error): with a small
     /// dead-letter topic, a burst of dead letters stops the relay for good.
     DeadLetterBatchStops,
+    /// Serialization on: registry requests go one at a time, each waiting for the one before
+    /// (a client with one connection, or a lock held across the request): a request a silent
+    /// registry keeps holds every topic whose schema needs a request meanwhile (a `latest`
+    /// refresh too), not only its own (issue 50, point 7).
+    RegistryRequestsInLine,
 }
 
 /// The throwaway defects `injected_defects_are_caught` injects, one at a time.
@@ -293,6 +307,7 @@ const INJECTED: &[Defect] = &[
     Defect::ForgetsInvalid,
     Defect::RefusalByKey,
     Defect::DeadLetterBatchStops,
+    Defect::RegistryRequestsInLine,
 ];
 
 /// Mixed into the seed for the draw of `key_column`.
@@ -1020,8 +1035,8 @@ fn many_sessions_that_each_move_on_are_no_restart_loop() {
 /// event; its delivery report waited with it, so the session did not end and its producer
 /// wrote the partition's later records (events 78 and 89) past the refused ones (38 among
 /// them), re-sent only by the next session: event 78 of aggregate shipment/a2 in Kafka before
-/// event 38. A delivery report is now handled during a registry request (`Session::ask`;
-/// session test `a_delivery_report_that_ends_the_session_is_not_held_by_a_registry_request`).
+/// event 38. A delivery report is now handled during a registry request (once in
+/// `Session::ask`, now by the loop's own arm: the request is another arm; session test `a_delivery_report_that_ends_the_session_is_not_held_by_a_registry_request`).
 /// Replay: `OUTBOX_SIM_SEED=162567 cargo test --lib sim -- --nocapture`.
 #[test]
 fn a_refused_batch_ends_the_session_during_a_registry_request() {

@@ -12,7 +12,10 @@
 //! (`auto_register`) or when the operator does (without it: until then the events wait, a
 //! deployment error). After the chaos the registry answers and holds every subject — but
 //! the subject of a hold phase's topic, when the hold's refusal is the registry's: that one is
-//! missing until the hold phase ends, and the other topics must progress meanwhile.
+//! missing until the hold phase ends, or (half of those runs) registered but silent — every
+//! request for it kept unanswered until the request timeout, from the start until the hold
+//! phase ends — and the other topics must progress meanwhile (issue 50, point 7: a silent
+//! registry holds only the topics whose schemas it must give).
 //!
 //! A `latest` schema is asked again after `latest_ttl_ms` (drawn from 1 ms to the default
 //! 5 min; the serializer's cache times on tokio's clock, paused here), and while that refresh
@@ -83,6 +86,11 @@ const NEVER_REGISTERED: u32 = 999_999;
 /// Mixed into the seed, with [`SALT`], for the draws of `latest_ttl_ms`, the new version and
 /// `schema_id_header`.
 const VERSION_SALT: u64 = 0x0056_4552_5349_4F4E;
+/// Mixed into the seed, with [`SALT`], for the draw of a hold phase's subject kept silent
+/// rather than missing.
+const SILENT_SALT: u64 = 0x5349_4C45_4E54;
+/// `request_timeout_ms` of the runs with a silent subject.
+const SILENT_TIMEOUT_MS: u64 = 120_000;
 
 /// Takes every payload of the workload (`{"e":N,"p":"x…"}`); what `schema_file` holds, so
 /// what `auto_register` registers.
@@ -119,6 +127,8 @@ struct State {
     schemas: BTreeMap<u32, String>,
     next_id: u32,
     outage: Option<Outage>,
+    /// A subject whose requests it keeps unanswered (as [`Outage::Silent`] for that one).
+    silent: Option<String>,
     /// `request_timeout_ms`: how long a silent registry keeps a request.
     timeout: Duration,
     defect: Defect,
@@ -187,7 +197,10 @@ impl State {
 /// The simulated registry: a [`SchemaRegistry`] over shared state (the serializer is shared
 /// by threads in the relay, so the seam wants `Send + Sync`; the simulation runs on one).
 #[derive(Debug, Clone)]
-pub(super) struct SimRegistry(Arc<Mutex<State>>);
+pub(super) struct SimRegistry(Arc<Mutex<State>>, Line);
+
+/// `Defect::RegistryRequestsInLine`: one request at a time, the others waiting their turn.
+type Line = Arc<tokio::sync::Mutex<()>>;
 
 /// An answer: at once, or after the request timeout (a silent registry).
 type Answer<T> = (Result<T, RegistryError>, bool);
@@ -197,16 +210,22 @@ impl SimRegistry {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Answers a call (`what`, for the schedule): with the outage's error while one runs,
-    /// else with `answer`.
+    /// Answers a call (`what`, for the schedule; about `subject`, if any): with the outage's
+    /// error while one runs (a silent subject's: the silent one's), else with `answer`.
     fn call<T: Send + 'static>(
         &self,
         what: String,
+        subject: Option<&str>,
         answer: impl FnOnce(&mut State) -> Result<T, RegistryError>,
         refusing: impl FnOnce(&mut State) -> T,
     ) -> BoxFuture<'static, Result<T, RegistryError>> {
         let mut state = self.state();
-        let (result, silent): Answer<T> = match state.outage {
+        let silent_subject = subject.is_some() && state.silent.as_deref() == subject;
+        let outage = match state.outage {
+            None if silent_subject => Some(Outage::Silent),
+            outage => outage,
+        };
+        let (result, silent): Answer<T> = match outage {
             // The defect: the outage answered as a schema no payload fits, as a relay would
             // that judged the payload by what a failing registry gave it.
             Some(_) if state.defect == Defect::RegistryErrorDeadLetters => {
@@ -235,8 +254,13 @@ impl SimRegistry {
         };
         state.calls.push(format!("registry: {what} {told}"));
         let timeout = state.timeout;
+        let line = (state.defect == Defect::RegistryRequestsInLine).then(|| self.1.clone());
         drop(state);
         Box::pin(async move {
+            let _turn = match &line {
+                Some(line) => Some(line.lock().await),
+                None => None,
+            };
             if silent {
                 tokio::time::sleep(timeout).await;
             }
@@ -320,6 +344,7 @@ impl SchemaRegistry for SimRegistry {
         let subject = subject.to_string();
         self.call(
             format!("version {version:?} of `{subject}`"),
+            Some(&subject),
             |state| {
                 let Some(ids) = state.subjects.get(&subject) else {
                     return Err(State::not_found(format!("subject `{subject}`"), 40401));
@@ -346,6 +371,7 @@ impl SchemaRegistry for SimRegistry {
     fn by_id(&self, id: u32) -> BoxFuture<'_, Result<Registered, RegistryError>> {
         self.call(
             format!("schema id {id}"),
+            None,
             move |state| match state.schemas.contains_key(&id) {
                 true => Ok(state.registered(id)),
                 false => Err(State::not_found(format!("schema id {id}"), 40403)),
@@ -365,10 +391,11 @@ impl SchemaRegistry for SimRegistry {
         schema: &'a str,
         _schema_type: &'a str,
     ) -> BoxFuture<'a, Result<u32, RegistryError>> {
-        let (subject, schema) = (subject.to_string(), schema.to_string());
+        let (owned, schema) = (subject.to_string(), schema.to_string());
         self.call(
             format!("register `{subject}`"),
-            move |state| Ok(state.register(&subject, &schema)),
+            Some(subject),
+            move |state| Ok(state.register(&owned, &schema)),
             |state| state.id_of(REFUSES_ALL),
         )
     }
@@ -376,6 +403,7 @@ impl SchemaRegistry for SimRegistry {
     fn subjects(&self) -> BoxFuture<'_, Result<Vec<String>, RegistryError>> {
         self.call(
             "subjects".into(),
+            None,
             |state| Ok(state.subjects.keys().cloned().collect()),
             |state| state.subjects.keys().cloned().collect(),
         )
@@ -448,6 +476,7 @@ impl RegistryChaos {
             schemas: BTreeMap::new(),
             next_id: rng.range(1, 1_000) as u32,
             outage: None,
+            silent: None,
             timeout: Duration::from_millis(config.request_timeout_ms),
             defect,
             calls: Vec::new(),
@@ -522,7 +551,7 @@ impl RegistryChaos {
             .chain(to_register.iter().map(|(s, _)| s))
             .cloned()
             .collect();
-        let registry = SimRegistry(Arc::new(Mutex::new(state)));
+        let registry = SimRegistry(Arc::new(Mutex::new(state)), Line::default());
         world.note(format!(
             "serialization on (JSON Schema, auto_register {}, request_timeout_ms {}, latest_ttl_ms {}, a stale schema used up to {max_stale:?} past it{}{}): {}; {} events break the schema they are serialized with ({}'s is strict)",
             config.auto_register,
@@ -568,10 +597,24 @@ impl RegistryChaos {
             .map(|topic| format!("{topic}-value"))
             .filter(|subject| *subject != subjects[strict] && hold_rng.chance(50));
         if let Some(subject) = &deferred {
-            registry.state().subjects.remove(subject);
-            world.note(format!(
-                "the hold phase's refusal is the registry's: {subject} is missing until it ends"
-            ));
+            // Half of them (from a generator of its own): the subject is there, but the
+            // registry keeps every request for it unanswered.
+            // `request_timeout_ms` the longest drawn (120 s): a request that held the whole
+            // session, not only its topic, would outlast the hold phase.
+            if !Rng::new(seed ^ SALT ^ SILENT_SALT).chance(50) {
+                config.request_timeout_ms = SILENT_TIMEOUT_MS;
+                let mut state = registry.state();
+                state.silent = Some(subject.clone());
+                state.timeout = Duration::from_millis(SILENT_TIMEOUT_MS);
+                world.note(format!(
+                    "the hold phase's refusal is the registry's: it answers no request for {subject} until it ends (request_timeout_ms {SILENT_TIMEOUT_MS})"
+                ));
+            } else {
+                registry.state().subjects.remove(subject);
+                world.note(format!(
+                    "the hold phase's refusal is the registry's: {subject} is missing until it ends"
+                ));
+            }
         }
         // Half the seeds: the operator registers a second version of a subject the hold
         // phase leaves alone (not the strict one).
@@ -687,6 +730,16 @@ impl Driver {
                 }
             }
             let hold_over = step > self.steps + HOLD_STEPS;
+            if hold_over && state.silent.is_some() {
+                // As at the end of the chaos: the clock runs past the session's wait for the
+                // last request left unanswered, so that healing meets no silence.
+                state.silent = None;
+                let longest = state.timeout + MAX_BACKOFF;
+                pause_ms = Some(u64::try_from(longest.as_millis()).unwrap_or(u64::MAX));
+                notes.push(format!(
+                    "the registry answers every subject again; the clock runs {longest:?}"
+                ));
+            }
             if step == chaos.operator_at || chaos_over {
                 for (subject, schema) in &chaos.subjects {
                     let deferred = chaos.deferred.as_ref() == Some(subject) && !hold_over;
@@ -804,8 +857,9 @@ fn a_registry_wait_from_the_chaos_is_over_before_the_hold_phase_checks() {
 /// 120 s and the wal_sender_timeout check were modelled): a request to a silent registry was
 /// awaited inside an arm of the session's loop, so no status update went out until it timed
 /// out — 120 s, past `wal_sender_timeout` (60 s), after which PostgreSQL ends the stream; a
-/// shutdown waited as long. Fixed in `Session::ask` (serialize.rs): status updates flow during
-/// the request, and a shutdown bounds it by `shutdown_timeout` (session test
+/// shutdown waited as long. Fixed in `Session::ask` (serialize.rs), since replaced by the
+/// request as an arm of the session's loop: status updates flow during the request, and a
+/// shutdown bounds it by `shutdown_timeout` (session test
 /// `while_a_silent_registry_keeps_a_request_status_updates_flow_and_shutdown_is_bounded`).
 /// Replay: `OUTBOX_SIM_SEED=96 cargo test --lib sim -- --nocapture`.
 #[test]
@@ -815,5 +869,30 @@ fn a_silent_registry_does_not_silence_the_session() {
         outcome.violations.is_empty(),
         "{}",
         super::describe(96, &outcome)
+    );
+}
+
+/// Seed 460: at-least-once, serialized, a hold phase in which the registry keeps every request
+/// for one topic's subject (`outbox.event.invoice-value`) unanswered up to the request timeout
+/// (120 s). While the session awaited a registry request in a `select!` of its own
+/// (`Session::ask`, until the request became an arm of the session's loop: issue 50, point 7),
+/// it read no frame meanwhile, and the other topics stalled with the silent one: 17 of the
+/// first 5,000 seeds failed, the first at 460. Replay:
+/// `OUTBOX_SIM_SEED=460 cargo test --lib sim -- --nocapture`.
+#[test]
+fn a_subject_the_registry_keeps_silent_holds_only_its_topic() {
+    let outcome = super::run_seed(460);
+    assert!(
+        outcome.registry_hold
+            && outcome
+                .schedule
+                .iter()
+                .any(|s| s.contains("answers no request for")),
+        "seed 460 no longer draws a silent subject in its hold phase"
+    );
+    assert!(
+        outcome.violations.is_empty(),
+        "{}",
+        super::describe(460, &outcome)
     );
 }
