@@ -34,14 +34,18 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
+use rdkafka::message::OwnedMessage;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
+use rdkafka::Timestamp;
 use tokio::sync::mpsc;
 use tracing::info;
 
 use super::super::delivery::{owned_headers, Delivery, Opaque, Refused};
 use super::super::login::LoginContext;
 use super::{PartitionCounts, Waiting};
+use crate::sink::fault::KafkaFault;
+use crate::sink::traces::{self, Outcome};
 
 /// The first pause before a held topic's probe, doubled after each refused probe.
 const PROBE_PAUSE: Duration = Duration::from_secs(1);
@@ -200,9 +204,41 @@ impl PartitionCounts {
             sent = sent.partition(partition);
         }
         let timeout = Timeout::After(self.shared.message_timeout);
-        producer.send(sent, timeout).await.map_err(|(e, _)| e)?;
-        self.shared.blocked.delivered(&record.topic);
+        let written = producer.send(sent, timeout).await;
         let opaque = Opaque::decode(waiting.opaque);
+        // The event's span ends here, as the delivery callback ends it for the publisher's
+        // producer; a record held for a WRITE refusal keeps it for when it is written.
+        if let Some(traces) = traces::active() {
+            match &written {
+                Ok(at) => {
+                    let message = OwnedMessage::new(
+                        None,
+                        None,
+                        record.topic.clone(),
+                        Timestamp::NotAvailable,
+                        at.partition,
+                        at.offset,
+                        Some(owned_headers(record)),
+                    );
+                    let outcome = if opaque.dead_letter {
+                        Outcome::DeadLettered
+                    } else {
+                        Outcome::Acknowledged
+                    };
+                    traces.delivered(&message, outcome);
+                }
+                Err((error, _)) if self.shared.holds_refusal(error) => {}
+                Err((error, message)) => traces.delivered(message, Outcome::Failed(error)),
+            }
+        }
+        if let Err((error, _)) = &written {
+            // As the delivery callback keeps a refusal for the publisher's producer.
+            if let Some(reason) = KafkaFault::of(error).block() {
+                self.shared.blocked.block(reason, &record.topic, error);
+            }
+        }
+        written.map_err(|(e, _)| e)?;
+        self.shared.blocked.delivered(&record.topic);
         let _ = self.shared.deliveries.send(Delivery {
             seq: opaque.seq,
             dead_letter: opaque.dead_letter,
